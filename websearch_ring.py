@@ -1,0 +1,2664 @@
+#!/usr/bin/env python3
+# MIT License
+#
+# Copyright (c) 2026 websearch-ring contributors
+#
+# Permission is hereby granted, free of charge, to any person obtaining a copy
+# of this software and associated documentation files (the "Software"), to deal
+# in the Software without restriction, including without limitation the rights
+# to use, copy, modify, merge, publish, distribute, sublicense, and/or sell
+# copies of the Software, and to permit persons to whom the Software is
+# furnished to do so, subject to the following conditions:
+#
+# The above copyright notice and this permission notice shall be included in all
+# copies or substantial portions of the Software.
+#
+# THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+# IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+# FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+# AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+# LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+# OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+# SOFTWARE.
+"""websearch_ring: stdio MCP server for resilient web search. Standard library only.
+
+One file, no dependencies beyond the Python standard library (3.9 or newer).
+An MCP client starts it with ``python websearch_ring.py`` and gets a
+``web_search`` tool that rotates across search backends with failover
+(keyless by default, keys optional), caches and coalesces identical
+requests, and reports every failure as a structured result.
+
+Contents (grep -n '^# §'):
+ §1 Constants  §2 Errors  §3 Utilities  §4 Configuration  §5 Deadlines and cancellation
+ §6 HTTP transport  §7 Streaming LLM client  §8 HTML to Markdown  §9 Key pool and circuit breaker
+ §10 Cache and coalescing  §11 Vendors  §12 Ring  §13 Tools  §14 JSON-RPC server  §15 CLI
+"""
+
+__version__ = "0.1.0"
+__all__ = ["Config", "Server", "main", "__version__"]
+
+import base64
+import collections
+import difflib
+import enum
+import json
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import zlib
+
+# ---------------------------------------------------------------------------
+# §1 Constants
+# ---------------------------------------------------------------------------
+
+SERVER_NAME = "websearch-ring"
+
+# Handshake revisions, oldest first.  2025-03-26 is the only one with JSON-RPC
+# batches: 2025-06-18 removed them again.
+HANDSHAKE_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+BATCH_VERSIONS = frozenset({"2025-03-26"})
+# The stateless revision: no initialize, the version travels in every request.
+STATELESS_VERSIONS = ("2026-07-28",)
+LATEST_HANDSHAKE_VERSION = HANDSHAKE_VERSIONS[-1]
+ALL_VERSIONS = HANDSHAKE_VERSIONS + STATELESS_VERSIONS
+
+# JSON-RPC and MCP error codes.
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+UNSUPPORTED_VERSION = -32022
+
+MAX_LINE_BYTES = 16 * 1024 * 1024     # a stdin line longer than this is discarded
+MAX_BODY_BYTES = 5 * 1024 * 1024      # every upstream body, streams too
+MAX_QUERY_CHARS = 1000
+MIN_RESULTS, MAX_RESULTS, DEFAULT_RESULTS = 1, 20, 8
+SESSION_MAX, SESSION_TTL_S = 256, 3600.0
+CACHE_SWEEP_S = 60.0
+
+RING_VENDORS = ("exa", "tavily", "bing", "duckduckgo")
+KNOWN_VENDORS = RING_VENDORS
+
+DEFAULT_UA = ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 "
+              "(KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36")
+
+INSTRUCTIONS = (
+    "websearch-ring gives you web search that fails over across several engines. "
+    "Call web_search with a precise query for ranked results (title, URL, snippet); "
+    "every result says which engine served it and what failed on the way. "
+    "Use get_sources with a result's session_id to see its full source list again. "
+    "Errors are structured: fix the arguments named in validation.issues and retry."
+)
+
+# ---------------------------------------------------------------------------
+# §2 Errors
+# ---------------------------------------------------------------------------
+
+
+class RingError(Exception):
+    """Root of every error this module raises on purpose."""
+
+
+class ConfigError(RingError):
+    """Configuration problems, all of them at once (``problems`` is a list)."""
+
+    def __init__(self, problems):
+        self.problems = list(problems)
+        super().__init__("; ".join(p.message for p in self.problems))
+
+
+class Cancelled(RingError):
+    """The request was cancelled by the client (``notifications/cancelled``)."""
+
+
+class DeadlineExceeded(RingError):
+    """The request's overall deadline passed."""
+
+
+class TransportError(RingError):
+    """An HTTP exchange failed below the HTTP status level.
+
+    ``kind`` is one of ``timeout``, ``network``, ``too_large``, ``truncated``,
+    ``redirects``, ``bad_url``.
+    """
+
+    def __init__(self, kind, message):
+        self.kind = kind
+        self.message = message
+        super().__init__(message)
+
+
+class UpstreamError(RingError):
+    """A vendor answered, or failed to, in a way that counts as a failed attempt.
+
+    ``outcome`` is the attempt outcome (``rate_limited``, ``http_error``,
+    ``timeout``, ``network_error``, ``blocked``, ``no_results``,
+    ``bad_response``, ``quota_exhausted``, ``auth_error``); ``code`` is a finer
+    machine-readable reason.
+    """
+
+    def __init__(self, service, outcome, code, message, *, status=None,
+                 retryable=True, retry_after_s=None, upstream_code=None):
+        self.service = service
+        self.outcome = outcome
+        self.code = code
+        self.message = message
+        self.status = status
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+        self.upstream_code = upstream_code
+        super().__init__(message)
+
+
+class RpcError(RingError):
+    """A JSON-RPC protocol error: answered as ``{"error": {...}}``."""
+
+    def __init__(self, code, message, data=None):
+        self.code = code
+        self.message = message
+        self.data = data
+        super().__init__(message)
+
+
+# ---------------------------------------------------------------------------
+# §3 Utilities
+# ---------------------------------------------------------------------------
+
+# Secrets that look like keys even when we were not told about them.
+_SECRET_PATTERNS = re.compile(
+    r"(tvly-[A-Za-z0-9_-]{6,}|xai-[A-Za-z0-9_-]{6,}|sk-[A-Za-z0-9_-]{10,}"
+    r"|(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}|exaApiKey=[^&\s\"']+)")
+_WS = re.compile(r"\s+")
+
+
+class Redactor:
+    """Masks every known secret and anything shaped like an API key.
+
+    >>> r = Redactor(["s3cr3t-value-123"])
+    >>> r("key s3cr3t-value-123 and tvly-abcdefgh1234")
+    'key s3cr…-123 and tvly…1234'
+    """
+
+    def __init__(self, secrets=()):
+        self._secrets = sorted({s for s in secrets if s and len(s) >= 6}, key=len, reverse=True)
+
+    def __call__(self, text):
+        text = str(text)
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, fingerprint(secret))
+        return _SECRET_PATTERNS.sub(lambda m: fingerprint(m.group(0)), text)
+
+
+def fingerprint(secret):
+    """A masked form of a secret that still tells keys apart.
+
+    >>> fingerprint("tvly-abcdef123456")
+    'tvly…3456'
+    >>> fingerprint("short")
+    '…'
+    """
+    secret = str(secret)
+    if len(secret) < 10:
+        return "…"
+    return secret[:4] + "…" + secret[-4:]
+
+
+def collapse_ws(text):
+    """Collapse runs of whitespace to one space and strip the ends.
+
+    >>> collapse_ws("  a \\n\\t b ")
+    'a b'
+    """
+    return _WS.sub(" ", text).strip()
+
+
+def json_line(obj):
+    """One compact JSON message as UTF-8 bytes with a trailing newline."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def new_id(prefix):
+    """A short random identifier such as ``req_3f9a0c1b2d4e``."""
+    return prefix + os.urandom(6).hex()
+
+
+def parse_retry_after(value, now=None):
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date).
+
+    >>> parse_retry_after("7")
+    7.0
+    >>> parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0)
+    10.0
+    >>> parse_retry_after("soon") is None
+    True
+    """
+    if value is None:
+        return None
+    value = str(value).strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    from email.utils import parsedate_to_datetime
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    now = time.time() if now is None else now
+    return max(0.0, when.timestamp() - now)
+
+
+def closest(name, choices):
+    """The choice most like ``name``, or None.
+
+    >>> closest("numresults", ["query", "numResults", "vendor"])
+    'numResults'
+    """
+    lowered = {c.lower(): c for c in choices}
+    if name.lower() in lowered:
+        return lowered[name.lower()]
+    found = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def url_host(url):
+    """The lower-cased host of a URL, or ''."""
+    from urllib.parse import urlsplit
+    try:
+        return (urlsplit(url).hostname or "").lower()
+    except ValueError:
+        return ""
+
+
+class Logger:
+    """Every diagnostic line goes through here: to stderr (and a log file), redacted.
+
+    Tests silence or capture it by passing their own ``stream``.
+    """
+
+    LEVELS = {"debug": 10, "info": 20, "notice": 25, "warning": 30, "error": 40, "critical": 50}
+
+    def __init__(self, level="info", stream=None, redact=None, log_dir=None):
+        self.threshold = self.LEVELS.get(level, 20)
+        self._stream = stream if stream is not None else sys.stderr
+        self._redact = redact or Redactor()
+        self._lock = threading.Lock()
+        self._file = None
+        if log_dir:
+            try:
+                os.makedirs(log_dir, exist_ok=True)
+                self._file = open(os.path.join(log_dir, "websearch-ring.log"), "a", encoding="utf-8")
+            except OSError as exc:
+                self._write("warning", "cannot open log directory %r: %s" % (log_dir, exc))
+        self.listeners = []   # callables (level, text) -> None, e.g. MCP notifications/message
+
+    def log(self, level, message, *args):
+        """Log ``message % args`` at ``level`` (a name from LEVELS)."""
+        if args:
+            message = message % args
+        text = self._redact(message)
+        if self.LEVELS.get(level, 20) >= self.threshold:
+            self._write(level, text)
+        for listener in list(self.listeners):
+            try:
+                listener(level, text)
+            except Exception:  # a broken listener never breaks logging
+                pass
+
+    def _write(self, level, text):
+        line = "%s websearch-ring %s: %s\n" % (time.strftime("%H:%M:%S"), level, text)
+        with self._lock:
+            try:
+                self._stream.write(line)
+                self._stream.flush()
+            except (OSError, ValueError):
+                pass
+            if self._file is not None:
+                try:
+                    self._file.write(line)
+                    self._file.flush()
+                except (OSError, ValueError):
+                    pass
+
+    def debug(self, msg, *a):
+        self.log("debug", msg, *a)
+
+    def info(self, msg, *a):
+        self.log("info", msg, *a)
+
+    def warning(self, msg, *a):
+        self.log("warning", msg, *a)
+
+    def error(self, msg, *a):
+        self.log("error", msg, *a)
+
+# ---------------------------------------------------------------------------
+# §4 Configuration
+# ---------------------------------------------------------------------------
+
+
+class Var:
+    """One configuration variable: the single source for parsing, --help-env and the README."""
+
+    __slots__ = ("name", "field", "kind", "default", "lo", "hi", "help", "aliases", "secret", "scale")
+
+    def __init__(self, name, field, kind, default, help, *, lo=None, hi=None,
+                 aliases=(), secret=False, scale=1.0):
+        self.name = name
+        self.field = field
+        self.kind = kind          # int, str, url, vendors, level, bool
+        self.default = default    # as the user would write it ("" for none)
+        self.lo = lo
+        self.hi = hi
+        self.help = help
+        self.aliases = aliases    # other names read when ``name`` is unset
+        self.secret = secret
+        self.scale = scale        # multiplier applied to ints (ms -> s)
+
+    def expected(self):
+        """The form a valid value takes, in words."""
+        if self.kind == "int":
+            return "an integer from %d to %d" % (self.lo, self.hi)
+        if self.kind == "url":
+            return "an http:// or https:// URL"
+        if self.kind == "vendors":
+            return "a comma-separated list of: " + ", ".join(KNOWN_VENDORS)
+        if self.kind == "level":
+            return "one of: " + ", ".join(Logger.LEVELS)
+        if self.kind == "bool":
+            return "1/true/yes/on or 0/false/no/off"
+        return "any text"
+
+
+# Order is the order of --help-env and the README table.
+VARIABLES = (
+    Var("WEBSEARCH_VENDORS", "vendors", "vendors", "",
+        "Ring order for web_search, comma-separated. Unset: exa,tavily,bing,duckduckgo."),
+    Var("WEBSEARCH_TIMEOUT_MS", "timeout_s", "int", "12000",
+        "Timeout of one vendor attempt, in milliseconds.", lo=100, hi=600000, scale=0.001),
+    Var("WEBSEARCH_DEADLINE_MS", "deadline_s", "int", "30000",
+        "Overall deadline of one web_search call across all vendors, in milliseconds.",
+        lo=100, hi=3600000, scale=0.001),
+    Var("WEBSEARCH_MAX_CHARS", "max_chars", "int", "12000",
+        "Cap on the text block of a result; longer text ends with [TRUNCATED at N chars].",
+        lo=200, hi=10000000),
+    Var("WEBSEARCH_TTL_MS", "ttl_s", "int", "1200000",
+        "How long a successful search stays cached, in milliseconds; 0 disables the cache.",
+        lo=0, hi=604800000, scale=0.001),
+    Var("WEBSEARCH_CACHE_MAX", "cache_max", "int", "512",
+        "Most cached searches kept (least recently used evicted first).", lo=1, hi=1000000),
+    Var("WEBSEARCH_MAX_INFLIGHT", "max_inflight", "int", "16",
+        "Most upstream HTTP requests at once; further requests queue, never fail.", lo=1, hi=1024),
+    Var("WEBSEARCH_UA", "user_agent", "str", "",
+        "User-Agent sent to the HTML engines (bing, duckduckgo). Unset: a current desktop browser."),
+    Var("EXA_API_KEY", "exa_api_key", "str", "",
+        "Exa key: switches exa from the keyless hosted MCP endpoint to the REST /search API.",
+        secret=True),
+    Var("TAVILY_API_KEY", "tavily_api_key", "str", "",
+        "Tavily key (Bearer). Unset: Tavily's keyless mode.", secret=True),
+    Var("WEBSEARCH_EXA_URL", "exa_url", "url", "https://api.exa.ai",
+        "Base URL of the Exa REST API (used with EXA_API_KEY)."),
+    Var("WEBSEARCH_EXA_MCP_URL", "exa_mcp_url", "url", "https://mcp.exa.ai/mcp",
+        "Exa's hosted MCP endpoint (used without EXA_API_KEY)."),
+    Var("WEBSEARCH_TAVILY_URL", "tavily_url", "url", "https://api.tavily.com",
+        "Base URL of the Tavily API.", aliases=("TAVILY_API_URL",)),
+    Var("WEBSEARCH_BING_URL", "bing_url", "url", "https://www.bing.com",
+        "Base URL of Bing (GET /search)."),
+    Var("WEBSEARCH_DUCKDUCKGO_URL", "duckduckgo_url", "url", "https://html.duckduckgo.com",
+        "Base URL of DuckDuckGo's HTML endpoint (POST /html/)."),
+    Var("WEBSEARCH_PROXY", "proxy", "url", "",
+        "Proxy for every upstream request; overrides HTTPS_PROXY and HTTP_PROXY."),
+    Var("HTTPS_PROXY", "https_proxy", "url", "",
+        "Proxy for https:// upstreams (also read as https_proxy).", aliases=("https_proxy",)),
+    Var("HTTP_PROXY", "http_proxy", "url", "",
+        "Proxy for http:// upstreams (also read as http_proxy).", aliases=("http_proxy",)),
+    Var("NO_PROXY", "no_proxy", "str", "",
+        "Hosts that bypass the proxy: comma-separated names or suffixes, * for all "
+        "(also read as no_proxy). Loopback addresses never use a proxy.", aliases=("no_proxy",)),
+    Var("GROK_LOG_LEVEL", "log_level", "level", "info",
+        "Least severe stderr log level: debug, info, notice, warning, error, critical."),
+    Var("GROK_DEBUG", "debug", "bool", "0", "1 turns on debug logging (same as GROK_LOG_LEVEL=debug)."),
+    Var("GROK_LOG_DIR", "log_dir", "str", "",
+        "Folder for a websearch-ring.log copy of the stderr log. Unset: stderr only."),
+)
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+class Problem:
+    """One invalid configuration value: which variable, what it held, what was expected."""
+
+    __slots__ = ("variable", "value", "expected", "message")
+
+    def __init__(self, variable, value, expected, message):
+        self.variable = variable
+        self.value = value
+        self.expected = expected
+        self.message = message
+
+    def as_dict(self):
+        return {"variable": self.variable, "value": self.value,
+                "expected": self.expected, "message": self.message}
+
+
+def _parse_value(var, raw):
+    """Parse one raw string; returns the value or raises ValueError with a reason."""
+    text = raw.strip()
+    if var.kind == "int":
+        if not re.fullmatch(r"[+-]?\d+", text):
+            raise ValueError("not an integer")
+        value = int(text)
+        if not var.lo <= value <= var.hi:
+            raise ValueError("out of range")
+        return value * var.scale if var.scale != 1.0 else value
+    if var.kind == "url":
+        from urllib.parse import urlsplit
+        try:
+            parts = urlsplit(text)
+        except ValueError:
+            raise ValueError("not a URL") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("not an http(s) URL")
+        return text.rstrip("/")
+    if var.kind == "vendors":
+        names = [n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()]
+        unknown = [n for n in names if n not in KNOWN_VENDORS]
+        if unknown:
+            raise ValueError("unknown vendor " + ", ".join(repr(n) for n in unknown))
+        if not names:
+            raise ValueError("empty list")
+        return tuple(dict.fromkeys(names))
+    if var.kind == "level":
+        if text.lower() not in Logger.LEVELS:
+            raise ValueError("unknown level")
+        return text.lower()
+    if var.kind == "bool":
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ValueError("not a boolean")
+    return text
+
+
+class Config:
+    """Frozen configuration built by :meth:`from_env` from any mapping.
+
+    Every invalid value falls back to its default and is listed in ``problems``.
+    """
+
+    def __init__(self, values, problems, sources):
+        object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "problems", tuple(problems))
+        object.__setattr__(self, "sources", dict(sources))   # field -> variable that set it
+
+    def __getattr__(self, name):
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Config is frozen")
+
+    @classmethod
+    def from_env(cls, env):
+        """Parse ``env`` (a mapping such as ``os.environ``); never raises."""
+        values, problems, sources = {}, [], {}
+        for var in VARIABLES:
+            raw, used = None, var.name
+            for name in (var.name,) + var.aliases:
+                candidate = env.get(name)
+                if candidate is not None and candidate.strip():
+                    raw, used = candidate, name
+                    break
+            default = _parse_value(var, var.default) if var.default else (
+                () if var.kind == "vendors" else "")
+            if raw is None:
+                values[var.field] = default
+                continue
+            try:
+                values[var.field] = _parse_value(var, raw)
+                sources[var.field] = used
+            except ValueError as exc:
+                shown = "<hidden>" if var.secret else raw
+                problems.append(Problem(
+                    used, shown, var.expected(),
+                    "%s=%r is invalid (%s); expected %s; using the default %s" % (
+                        used, shown, exc, var.expected(), var.default or "(none)")))
+                values[var.field] = default
+        if values["debug"]:
+            values["log_level"] = "debug"
+        if not values["vendors"]:
+            values["vendors"] = RING_VENDORS
+        if not values["user_agent"]:
+            values["user_agent"] = DEFAULT_UA
+        return cls(values, problems, sources)
+
+    def secrets(self):
+        """Every secret value, for the redactor."""
+        return [self._values[v.field] for v in VARIABLES if v.secret and self._values[v.field]]
+
+    def masked(self):
+        """The configuration as a dict with secrets shown as fingerprints."""
+        out = {}
+        for var in VARIABLES:
+            value = self._values[var.field]
+            if var.secret:
+                value = fingerprint(value) if value else ""
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[var.name] = value
+        return out
+
+
+def help_env_text():
+    """The text of ``--help-env``: every variable, its default and meaning."""
+    lines = ["Environment variables (unset or blank means the default):", ""]
+    for var in VARIABLES:
+        names = " / ".join((var.name,) + tuple(a for a in var.aliases if a.upper() != var.name))
+        lines.append("  %s  (default: %s)" % (names, var.default or "unset"))
+        lines.append("      " + var.help)
+    return "\n".join(lines) + "\n"
+
+
+def env_table_markdown():
+    """The README's variable table, generated from the same table as --help-env."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for var in VARIABLES:
+        names = " / ".join("`%s`" % n for n in (var.name,) + tuple(
+            a for a in var.aliases if a.upper() != var.name))
+        default = "`%s`" % var.default if var.default else "unset"
+        rows.append("| %s | %s | %s |" % (names, default, var.help.replace("|", "\\|")))
+    return "\n".join(rows) + "\n"
+
+# ---------------------------------------------------------------------------
+# §5 Deadlines and cancellation
+# ---------------------------------------------------------------------------
+
+
+class Deadline:
+    """A point in monotonic time after which work must stop.
+
+    >>> t = [0.0]
+    >>> d = Deadline(5.0, clock=lambda: t[0])
+    >>> d.clip(10.0), d.expired()
+    (5.0, False)
+    >>> t[0] = 6.0
+    >>> d.remaining(), d.expired()
+    (0.0, True)
+    """
+
+    __slots__ = ("_clock", "at")
+
+    def __init__(self, timeout_s, clock=time.monotonic):
+        self._clock = clock
+        self.at = clock() + timeout_s
+
+    def remaining(self):
+        return max(0.0, self.at - self._clock())
+
+    def expired(self):
+        return self._clock() >= self.at
+
+    def clip(self, timeout_s):
+        """``min(timeout_s, remaining)``: the timeout one step may use."""
+        return min(timeout_s, self.remaining())
+
+    def child(self, timeout_s):
+        """A deadline no later than this one and ``timeout_s`` from now."""
+        d = Deadline(self.clip(timeout_s), self._clock)
+        return d
+
+
+class CancelToken:
+    """Set once when a request is cancelled; runs its callbacks then.
+
+    Callbacks close sockets and wake waiters; they run outside the lock.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._callbacks = {}
+        self._next = 0
+        self.cancelled = False
+        self.reason = None
+
+    def cancel(self, reason="cancelled"):
+        with self._lock:
+            if self.cancelled:
+                return
+            self.cancelled = True
+            self.reason = reason
+            callbacks = list(self._callbacks.values())
+            self._callbacks.clear()
+        for fn in callbacks:
+            try:
+                fn()
+            except Exception:
+                pass
+
+    def add_callback(self, fn):
+        """Register ``fn``; returns a handle for :meth:`remove`. Runs at once if already cancelled."""
+        with self._lock:
+            if not self.cancelled:
+                self._next += 1
+                self._callbacks[self._next] = fn
+                return self._next
+        fn()
+        return None
+
+    def remove(self, handle):
+        if handle is not None:
+            with self._lock:
+                self._callbacks.pop(handle, None)
+
+    def check(self):
+        """Raise :class:`Cancelled` if cancelled."""
+        if self.cancelled:
+            raise Cancelled(self.reason or "cancelled")
+
+
+class Slots:
+    """A counting semaphore whose waiters give up on cancellation or deadline.
+
+    Invariant (under ``_cond``): ``0 <= in_use <= limit``; ``waiting`` counts
+    threads blocked in :meth:`acquire`.
+    """
+
+    def __init__(self, limit, name="slots", on_queue=None):
+        self.limit = limit
+        self.name = name
+        self.in_use = 0
+        self.waiting = 0
+        self._cond = threading.Condition(threading.Lock())
+        self._on_queue = on_queue
+
+    def acquire(self, token=None, deadline=None):
+        """Take a slot; raises Cancelled or DeadlineExceeded instead of waiting past them."""
+        with self._cond:
+            if self.in_use < self.limit and not self.waiting:
+                self.in_use += 1
+                return
+        if self._on_queue is not None:
+            self._on_queue(self)
+        handle = token.add_callback(self._wake) if token is not None else None
+        try:
+            with self._cond:
+                self.waiting += 1
+                try:
+                    while self.in_use >= self.limit:
+                        if token is not None and token.cancelled:
+                            raise Cancelled(token.reason or "cancelled")
+                        if deadline is not None and deadline.expired():
+                            raise DeadlineExceeded("queued for an upstream slot until the deadline")
+                        self._cond.wait(deadline.remaining() if deadline is not None else None)
+                    self.in_use += 1
+                finally:
+                    self.waiting -= 1
+                    if self.in_use < self.limit:
+                        self._cond.notify()
+        finally:
+            if token is not None:
+                token.remove(handle)
+
+    def release(self):
+        with self._cond:
+            self.in_use -= 1
+            self._cond.notify()
+
+    def _wake(self):
+        with self._cond:
+            self._cond.notify_all()
+
+# ---------------------------------------------------------------------------
+# §6 HTTP transport
+# ---------------------------------------------------------------------------
+
+
+class Response:
+    """A finished HTTP exchange: status, lower-cased headers, the whole body."""
+
+    __slots__ = ("status", "reason", "headers", "body", "url", "elapsed_s")
+
+    def __init__(self, status, reason, headers, body, url, elapsed_s):
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.body = body
+        self.url = url
+        self.elapsed_s = elapsed_s
+
+    def text(self):
+        """The body decoded with the charset of Content-Type (UTF-8 otherwise), never raising."""
+        match = re.search(r"charset=([\w.:-]+)", self.headers.get("content-type", ""), re.I)
+        charset = match.group(1) if match else "utf-8"
+        try:
+            return self.body.decode(charset, errors="replace")
+        except LookupError:
+            return self.body.decode("utf-8", errors="replace")
+
+    def json(self):
+        """The body as JSON; raises ValueError when it is not."""
+        return json.loads(self.body.decode("utf-8", errors="replace"))
+
+
+_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class Transport:
+    """All upstream HTTP goes through :meth:`request`, built on ``http.client``.
+
+    Why not ``urllib.request``: the transport must close a socket from another
+    thread when a request is cancelled, cap bodies while they stream, apply one
+    deadline across connect, headers and a slowly dripping body, and choose
+    proxies only from the configuration (urllib reads the environment on its
+    own).  Each request takes one of ``WEBSEARCH_MAX_INFLIGHT`` slots.
+    """
+
+    def __init__(self, config, logger, clock=time.monotonic):
+        self._config = config
+        self._log = logger
+        self._clock = clock
+        self._ssl_context = None
+        self._ssl_lock = threading.Lock()
+        self.slots = Slots(config.max_inflight, "upstream", on_queue=self._queued)
+        self.requests_sent = 0
+
+    def _queued(self, slots):
+        self._log.info("all %d upstream slots busy (WEBSEARCH_MAX_INFLIGHT); request queued", slots.limit)
+
+    def _context(self):
+        with self._ssl_lock:
+            if self._ssl_context is None:
+                import ssl
+                self._ssl_context = ssl.create_default_context()
+            return self._ssl_context
+
+    def _proxy_for(self, scheme, host):
+        """The proxy URL for ``scheme://host``, or None (loopback never uses one)."""
+        cfg = self._config
+        proxy = cfg.proxy or (cfg.https_proxy if scheme == "https" else cfg.http_proxy)
+        if not proxy or host in _LOOPBACK_HOSTS or host.startswith("127."):
+            return None
+        for entry in (e.strip().lower() for e in cfg.no_proxy.split(",")):
+            if entry == "*" or (entry and (host == entry.lstrip(".") or host.endswith("." + entry.lstrip(".")))):
+                return None
+        return proxy
+
+    def _connect(self, scheme, host, port, timeout_s):
+        import http.client
+        from urllib.parse import urlsplit, unquote
+        proxy = self._proxy_for(scheme, host)
+        if proxy is None:
+            if scheme == "https":
+                return http.client.HTTPSConnection(host, port, timeout=timeout_s, context=self._context()), False
+            return http.client.HTTPConnection(host, port, timeout=timeout_s), False
+        p = urlsplit(proxy)
+        headers = {}
+        if p.username:
+            creds = "%s:%s" % (unquote(p.username), unquote(p.password or ""))
+            headers["Proxy-Authorization"] = "Basic " + base64.b64encode(creds.encode()).decode()
+        pport = p.port or (443 if p.scheme == "https" else 80)
+        if scheme == "https":
+            # CONNECT goes to the proxy in the clear; TLS then runs inside the tunnel.
+            conn = http.client.HTTPSConnection(p.hostname, pport, timeout=timeout_s, context=self._context())
+            conn.set_tunnel(host, port, headers=headers)
+            return conn, False
+        conn = http.client.HTTPConnection(p.hostname, pport, timeout=timeout_s)
+        conn._proxy_headers = headers
+        return conn, True
+
+    def request(self, method, url, *, headers=None, body=None, timeout_s=10.0, deadline=None,
+                token=None, max_bytes=MAX_BODY_BYTES, max_redirects=0):
+        """Send one request (following up to ``max_redirects`` redirects) and read the body.
+
+        Raises :class:`TransportError`, :class:`Cancelled` or :class:`DeadlineExceeded`.
+        An HTTP error status is not an exception: callers classify it.
+        """
+        deadline = deadline or Deadline(timeout_s, self._clock)
+        deadline = deadline.child(timeout_s)
+        started = self._clock()
+        self.slots.acquire(token, deadline)
+        try:
+            for _ in range(max_redirects + 1):
+                response = self._exchange(method, url, headers or {}, body, deadline, token, max_bytes)
+                location = response.headers.get("location")
+                if response.status not in _REDIRECTS or not location or max_redirects == 0:
+                    break
+                from urllib.parse import urljoin
+                url = urljoin(url, location)
+                if response.status == 303 or (response.status in (301, 302) and method == "POST"):
+                    method, body = "GET", None
+            else:
+                raise TransportError("redirects", "more than %d redirects" % max_redirects)
+            response.elapsed_s = self._clock() - started
+            return response
+        finally:
+            self.slots.release()
+
+    def _exchange(self, method, url, headers, body, deadline, token, max_bytes):
+        import http.client
+        from urllib.parse import urlsplit
+        try:
+            parts = urlsplit(url)
+            host = parts.hostname
+            port = parts.port
+        except ValueError:
+            raise TransportError("bad_url", "invalid URL %r" % url) from None
+        if parts.scheme not in ("http", "https") or not host:
+            raise TransportError("bad_url", "not an http(s) URL: %r" % url)
+        port = port or (443 if parts.scheme == "https" else 80)
+        if token is not None:
+            token.check()
+        if deadline.expired():
+            raise TransportError("timeout", "deadline passed before connecting")
+        conn, absolute = self._connect(parts.scheme, host, port, max(0.05, deadline.remaining()))
+        target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
+        hdrs = {"Accept-Encoding": "gzip, deflate"}
+        hdrs.update(headers)
+        if absolute:
+            hdrs.update(conn._proxy_headers)
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        handle = None
+        try:
+            conn.connect()
+            sock = conn.sock
+            if token is not None:
+                handle = token.add_callback(lambda: _shutdown(sock))
+                token.check()
+            self.requests_sent += 1
+            conn.request(method, target, body=body, headers=hdrs)
+            sock.settimeout(max(0.05, deadline.remaining()))
+            resp = conn.getresponse()
+            length = resp.getheader("content-length")
+            if length and length.isdigit() and int(length) > max_bytes:
+                raise TransportError("too_large", "body of %s bytes is over the %d byte cap" % (length, max_bytes))
+            chunks, total = [], 0
+            while True:
+                remaining = deadline.remaining()
+                if remaining <= 0:
+                    raise TransportError("timeout", "timed out reading the body")
+                sock.settimeout(remaining)
+                chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > max_bytes:
+                    raise TransportError("too_large", "body over the %d byte cap" % max_bytes)
+                chunks.append(chunk)
+            raw = b"".join(chunks)
+            headers_out = {}
+            for k, v in resp.getheaders():
+                k = k.lower()
+                headers_out[k] = headers_out[k] + ", " + v if k in headers_out else v
+            encoding = headers_out.get("content-encoding", "").lower()
+            if encoding in ("gzip", "deflate", "x-gzip"):
+                raw = _decompress(raw, max_bytes)
+            return Response(resp.status, resp.reason, headers_out, raw, url, 0.0)
+        except (TransportError, Cancelled):
+            raise
+        except http.client.IncompleteRead as exc:
+            if token is not None and token.cancelled:
+                raise Cancelled(token.reason or "cancelled") from None
+            raise TransportError("truncated", "connection closed after %d bytes of the body" % len(exc.partial)) from None
+        except socket.timeout:
+            if token is not None and token.cancelled:
+                raise Cancelled(token.reason or "cancelled") from None
+            raise TransportError("timeout", "timed out waiting for the upstream") from None
+        except (OSError, http.client.HTTPException) as exc:
+            if token is not None and token.cancelled:
+                raise Cancelled(token.reason or "cancelled") from None
+            if deadline.expired():
+                raise TransportError("timeout", "timed out") from None
+            raise TransportError("network", _describe_os_error(exc)) from None
+        finally:
+            if token is not None:
+                token.remove(handle)
+            conn.close()
+
+
+def _shutdown(sock):
+    """Abort a socket from another thread: a blocked recv() returns at once."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _describe_os_error(exc):
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, socket.gaierror):
+        return "DNS lookup failed (%s)" % (exc.strerror or exc)
+    name = type(exc).__name__
+    text = str(exc) or name
+    return text if name in text else "%s: %s" % (name, text)
+
+
+def _decompress(raw, max_bytes):
+    """gzip or zlib/deflate body, capped at ``max_bytes`` once inflated."""
+    for wbits in (47, -15):
+        try:
+            d = zlib.decompressobj(wbits)
+            out = d.decompress(raw, max_bytes + 1)
+            if len(out) > max_bytes:
+                raise TransportError("too_large", "decompressed body over the %d byte cap" % max_bytes)
+            return out
+        except zlib.error:
+            continue
+    raise TransportError("network", "body is not valid gzip/deflate data")
+
+# ---------------------------------------------------------------------------
+# §10 Cache and coalescing
+# ---------------------------------------------------------------------------
+
+_MISS = object()
+
+
+class TTLCache:
+    """Least-recently-used map whose entries expire ``ttl_s`` after they were written.
+
+    A hit moves the entry to the young end of the LRU order but never extends
+    its expiry.  ``on_evict(key, reason)`` is called outside the lock.
+
+    >>> t = [0.0]
+    >>> c = TTLCache(2, 10.0, clock=lambda: t[0])
+    >>> c.put("a", 1); c.put("b", 2); c.get("a")
+    1
+    >>> c.put("c", 3); c.get("b") is None
+    True
+    >>> t[0] = 11.0; c.get("a") is None
+    True
+    """
+
+    def __init__(self, maxsize, ttl_s, clock=time.monotonic, on_evict=None):
+        self.maxsize = maxsize
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._on_evict = on_evict
+        self._data = collections.OrderedDict()   # key -> (expires_at, value)
+        self._lock = threading.Lock()
+
+    def __len__(self):
+        return len(self._data)
+
+    def get(self, key, default=None):
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is None:
+                return default
+            if self._clock() >= entry[0]:
+                del self._data[key]
+                expired = True
+            else:
+                self._data.move_to_end(key)
+                return entry[1]
+        if expired and self._on_evict is not None:
+            self._on_evict(key, "expired")
+        return default
+
+    def put(self, key, value):
+        if self.ttl_s <= 0:
+            return
+        evicted = []
+        with self._lock:
+            self._data[key] = (self._clock() + self.ttl_s, value)
+            self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                evicted.append(self._data.popitem(last=False)[0])
+        if self._on_evict is not None:
+            for old in evicted:
+                self._on_evict(old, "lru")
+
+    def sweep(self):
+        """Drop every expired entry; returns how many went."""
+        now = self._clock()
+        with self._lock:
+            dead = [k for k, (exp, _) in self._data.items() if now >= exp]
+            for k in dead:
+                del self._data[k]
+        if self._on_evict is not None:
+            for k in dead:
+                self._on_evict(k, "expired")
+        return len(dead)
+
+
+class _Flight:
+    """One shared upstream call and the callers waiting for it."""
+
+    __slots__ = ("cond", "done", "value", "error", "waiters", "token", "listeners")
+
+    def __init__(self):
+        self.cond = threading.Condition(threading.Lock())
+        self.done = False
+        self.value = None
+        self.error = None
+        self.waiters = 0
+        self.token = CancelToken()
+        self.listeners = []
+
+    def emit(self, *event):
+        """Pass a progress event to every caller still waiting."""
+        for listener in list(self.listeners):
+            try:
+                listener(*event)
+            except Exception:
+                pass
+
+
+class Coalescer:
+    """Identical concurrent calls share one execution of ``work``.
+
+    The work runs on its own thread with its own cancel token, so no single
+    caller owns it: a caller that is cancelled stops waiting and leaves, and
+    the work is cancelled only when the last caller has left.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._flights = {}
+
+    def __len__(self):
+        return len(self._flights)
+
+    def run(self, key, work, token, deadline, listener=None):
+        """Return ``(value, shared)``; ``shared`` is True for callers that joined a flight.
+
+        ``work(flight_token, emit)`` runs at most once per flight; its exception
+        is re-raised in every caller.  ``emit(*event)`` reaches the ``listener``
+        of every caller still waiting.
+        """
+        with self._lock:
+            flight = self._flights.get(key)
+            shared = flight is not None
+            if flight is None:
+                flight = self._flights[key] = _Flight()
+                threading.Thread(target=self._fly, args=(key, flight, work),
+                                 name="flight", daemon=True).start()
+            flight.waiters += 1
+            if listener is not None:
+                flight.listeners.append(listener)
+        handle = token.add_callback(lambda: _notify(flight.cond))
+        try:
+            with flight.cond:
+                while not flight.done:
+                    if token.cancelled:
+                        break
+                    if deadline.expired():
+                        break
+                    flight.cond.wait(deadline.remaining())
+                done = flight.done
+        finally:
+            token.remove(handle)
+            if listener is not None:
+                with self._lock:
+                    flight.listeners.remove(listener)
+        if not done:
+            self._leave(key, flight)
+            if token.cancelled:
+                raise Cancelled(token.reason or "cancelled")
+            raise DeadlineExceeded("deadline passed while waiting for a shared call")
+        if flight.error is not None:
+            raise flight.error
+        return flight.value, shared
+
+    def _leave(self, key, flight):
+        with self._lock:
+            flight.waiters -= 1
+            last = flight.waiters == 0
+            if last and self._flights.get(key) is flight:
+                del self._flights[key]
+        if last:
+            flight.token.cancel("every caller left")
+
+    def _fly(self, key, flight, work):
+        value = error = None
+        try:
+            value = work(flight.token, flight.emit)
+        except BaseException as exc:   # handed to every waiter
+            error = exc
+        with self._lock:
+            if self._flights.get(key) is flight:
+                del self._flights[key]
+        with flight.cond:
+            flight.value, flight.error, flight.done = value, error, True
+            flight.cond.notify_all()
+
+
+def _notify(cond):
+    with cond:
+        cond.notify_all()
+
+# ---------------------------------------------------------------------------
+# §11 Vendors
+# ---------------------------------------------------------------------------
+
+# A 200 whose text apologises instead of answering.
+_RATE_LIMIT_PROSE = re.compile(
+    r"rate.?limit|too many requests|exceeded your|excessive requests|slow down|try again later",
+    re.I)
+# Bing's challenge page markers (third-party detectors; the page itself is unpublished).
+_BING_CAPTCHA = re.compile(
+    r'id="b_captcha"|challenges\.cloudflare\.com/turnstile|One last step|captchaform'
+    r"|captchaAnswer|/fd/ls/CAPT|/turing/captcha", re.I)
+# DuckDuckGo's in-page "are you a robot" dialog (served as 202 or 200).
+_DDG_ANOMALY = re.compile(
+    r"anomaly-modal|id=[\"']challenge-form|anomaly\.js|bots use DuckDuckGo too", re.I)
+_BING_DATE = re.compile(r"^\s*([A-Z][a-z]{2} \d{1,2}, \d{4})\s*(?:\u00b7|&#0?183;|-)\s*")
+
+
+class SearchContext:
+    """What a vendor needs for one attempt: transport, deadline, cancel token, configuration."""
+
+    __slots__ = ("transport", "deadline", "token", "config")
+
+    def __init__(self, transport, deadline, token, config):
+        self.transport = transport
+        self.deadline = deadline
+        self.token = token
+        self.config = config
+
+
+def make_result(title, url, snippet="", published=None, score=None):
+    """A normalised search result (before ranking)."""
+    return {"title": collapse_ws(title or ""), "url": url, "snippet": collapse_ws(snippet or ""),
+            "published": published or None, "score": score}
+
+
+def body_message(response, limit=300):
+    """The human message inside an error body: JSON fields if any, else the text."""
+    text = response.body[:20000].decode("utf-8", errors="replace")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        for path in (("error", "message"), ("detail", "error"), ("error",), ("message",),
+                     ("detail",), ("msg",)):
+            value = data
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            if isinstance(value, str) and value.strip():
+                return collapse_ws(value)[:limit]
+            if isinstance(value, list) and value:
+                return collapse_ws(json.dumps(value, ensure_ascii=False))[:limit]
+    if "<" in text:
+        title = re.search(r"<title[^>]*>(.*?)</title>", text, re.I | re.S)
+        text = title.group(1) if title else re.sub(r"<[^>]+>", " ", text)
+    return collapse_ws(text)[:limit] or ("HTTP %d" % response.status)
+
+
+def retry_after_of(response):
+    """Seconds to wait from Retry-After or X-RateLimit-Reset (epoch s or ms, or delta)."""
+    wait = parse_retry_after(response.headers.get("retry-after"))
+    if wait is not None:
+        return wait
+    reset = response.headers.get("x-ratelimit-reset", "").strip()
+    if reset.isdigit():
+        value = int(reset)
+        now = time.time()
+        if value > 1e12:
+            return max(0.0, value / 1000.0 - now)
+        if value > 1e9:
+            return max(0.0, value - now)
+        return float(value)
+    return None
+
+
+class Vendor:
+    """A search backend.  Subclasses build the request and parse the answer.
+
+    ``search`` returns a non-empty list of results or raises
+    :class:`UpstreamError`; the ring turns that into an attempt record.
+    """
+
+    name = "vendor"
+    keyless = True
+
+    def __init__(self, config):
+        self.config = config
+
+    def search(self, ctx, query, num):
+        raise NotImplementedError
+
+    def http(self, ctx, method, url, *, headers=None, body=None, max_redirects=0):
+        """One request through the shared transport, transport failures made attempt errors."""
+        try:
+            return ctx.transport.request(
+                method, url, headers=headers, body=body, timeout_s=self.config.timeout_s,
+                deadline=ctx.deadline, token=ctx.token, max_redirects=max_redirects)
+        except TransportError as exc:
+            outcome, code = {
+                "timeout": ("timeout", "timeout"),
+                "network": ("network_error", "connection_error"),
+                "too_large": ("bad_response", "body_too_large"),
+                "truncated": ("bad_response", "truncated_body"),
+                "redirects": ("bad_response", "too_many_redirects"),
+                "bad_url": ("network_error", "bad_url"),
+            }[exc.kind]
+            raise UpstreamError(self.name, outcome, code, exc.message) from None
+        except DeadlineExceeded as exc:
+            raise UpstreamError(self.name, "timeout", "deadline", str(exc)) from None
+
+    def fail_http(self, response, message=None):
+        """Raise the attempt error for a non-success HTTP status."""
+        status = response.status
+        message = message or body_message(response)
+        if status == 429:
+            raise UpstreamError(self.name, "rate_limited", "rate_limited", message, status=status,
+                                retry_after_s=retry_after_of(response))
+        if status == 401:
+            raise UpstreamError(self.name, "auth_error", "invalid_key", message, status=status, retryable=False)
+        if status == 403:
+            raise UpstreamError(self.name, "auth_error", "forbidden", message, status=status, retryable=False)
+        if status == 402:
+            raise UpstreamError(self.name, "quota_exhausted", "quota_exhausted", message, status=status,
+                                retryable=False)
+        if status >= 500:
+            raise UpstreamError(self.name, "http_error", "server_error", message, status=status)
+        raise UpstreamError(self.name, "http_error", "bad_request" if status < 500 else "http_error",
+                            message, status=status, retryable=False)
+
+    def no_results(self, text=""):
+        """Zero usable results: an apology in disguise, or a genuinely empty answer."""
+        if text and _RATE_LIMIT_PROSE.search(text):
+            raise UpstreamError(self.name, "rate_limited", "rate_limit_prose",
+                                collapse_ws(text)[:300], status=200)
+        raise UpstreamError(self.name, "no_results", "empty", "no usable results", status=200)
+
+    def parse_json(self, response):
+        try:
+            return response.json()
+        except ValueError:
+            raise UpstreamError(self.name, "bad_response", "invalid_json",
+                                "response is not JSON: " + body_message(response, 120),
+                                status=response.status) from None
+
+
+class ExaVendor(Vendor):
+    """Exa: keyless through the hosted MCP endpoint, or REST ``/search`` with ``EXA_API_KEY``."""
+
+    name = "exa"
+
+    def search(self, ctx, query, num):
+        if self.config.exa_api_key:
+            return self._search_rest(ctx, query, num)
+        return self._search_mcp(ctx, query, num)
+
+    def _search_rest(self, ctx, query, num):
+        body = json.dumps({"query": query, "numResults": num, "type": "auto",
+                           "contents": {"highlights": True}})
+        resp = self.http(ctx, "POST", self.config.exa_url + "/search", body=body, headers={
+            "Content-Type": "application/json", "Accept": "application/json",
+            "x-api-key": self.config.exa_api_key})
+        if resp.status != 200:
+            data = None
+            try:
+                data = resp.json()
+            except ValueError:
+                pass
+            tag = data.get("tag") if isinstance(data, dict) else None
+            if tag in ("NO_MORE_CREDITS", "API_KEY_BUDGET_EXCEEDED", "TEAM_BUDGET_EXCEEDED"):
+                raise UpstreamError(self.name, "quota_exhausted", "quota_exhausted", body_message(resp),
+                                    status=resp.status, retryable=False, upstream_code=tag)
+            try:
+                self.fail_http(resp)
+            except UpstreamError as exc:
+                exc.upstream_code = tag
+                raise
+        data = self.parse_json(resp)
+        results = []
+        for item in data.get("results") or []:
+            if not isinstance(item, dict) or not item.get("url"):
+                continue
+            highlights = item.get("highlights") or []
+            snippet = " ".join(h for h in highlights if isinstance(h, str)) or item.get("summary") \
+                or (item.get("text") or "")[:500]
+            score = item.get("score") if isinstance(item.get("score"), (int, float)) else None
+            results.append(make_result(item.get("title") or "", item["url"], snippet,
+                                       item.get("publishedDate"), score))
+        if not results:
+            self.no_results()
+        return results
+
+    def _search_mcp(self, ctx, query, num):
+        rpc_id = 1
+        body = json.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": "tools/call",
+                           "params": {"name": "web_search_exa",
+                                      "arguments": {"query": query, "numResults": num}}})
+        resp = self.http(ctx, "POST", self.config.exa_mcp_url, body=body, headers={
+            "Content-Type": "application/json", "Accept": "application/json, text/event-stream"})
+        if resp.status != 200:
+            self.fail_http(resp)
+        message = self._rpc_message(resp, rpc_id)
+        if "error" in message:
+            err = message.get("error") or {}
+            text = str(err.get("message") if isinstance(err, dict) else err)
+            if _RATE_LIMIT_PROSE.search(text):
+                raise UpstreamError(self.name, "rate_limited", "rate_limit_prose", text[:300], status=200)
+            raise UpstreamError(self.name, "bad_response", "mcp_error", text[:300], status=200,
+                                upstream_code=err.get("code") if isinstance(err, dict) else None)
+        result = message.get("result") or {}
+        text = "\n".join(c.get("text", "") for c in result.get("content") or []
+                         if isinstance(c, dict) and c.get("type") == "text")
+        if result.get("isError"):
+            if _RATE_LIMIT_PROSE.search(text):
+                raise UpstreamError(self.name, "rate_limited", "free_tier_rate_limit", collapse_ws(text)[:300],
+                                    status=200)
+            match = re.search(r"error \((\d{3})\)", text)
+            raise UpstreamError(self.name, "http_error", "tool_error", collapse_ws(text)[:300], status=200,
+                                upstream_code=int(match.group(1)) if match else None)
+        results = parse_exa_text(text)
+        if not results:
+            self.no_results(text if "No search results found" not in text else "")
+        return results
+
+    def _rpc_message(self, resp, rpc_id):
+        """The JSON-RPC response with our id, from an SSE stream or a plain JSON body."""
+        ctype = resp.headers.get("content-type", "")
+        text = resp.body.decode("utf-8", errors="replace")
+        candidates = []
+        if "text/event-stream" in ctype:
+            for event in iter_sse_events(text):
+                try:
+                    candidates.append(json.loads(event))
+                except ValueError:
+                    continue
+        else:
+            try:
+                candidates.append(json.loads(text))
+            except ValueError:
+                pass
+        for msg in candidates:
+            if isinstance(msg, dict) and msg.get("id") == rpc_id and ("result" in msg or "error" in msg):
+                return msg
+        code = "truncated_stream" if "text/event-stream" in ctype else "invalid_json"
+        raise UpstreamError(self.name, "bad_response", code,
+                            "the MCP endpoint's answer ended without a complete JSON-RPC response",
+                            status=resp.status)
+
+
+def iter_sse_events(text):
+    """The ``data`` payloads of complete SSE events (an event ends at a blank line).
+
+    >>> list(iter_sse_events("event: message\\ndata: {\\"a\\":1}\\n\\ndata: x"))
+    ['{"a":1}']
+    """
+    data = []
+    for line in text.replace("\r\n", "\n").split("\n"):
+        if not line:
+            if data:
+                yield "\n".join(data)
+            data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip(" ") if line[5:6] == " " else line[5:])
+
+
+def parse_exa_text(text):
+    """Results from the hosted Exa MCP text format (blocks joined by a ``---`` line).
+
+    >>> r = parse_exa_text("Title: A\\nURL: https://a.example/\\nPublished: N/A\\nAuthor: N/A\\nHighlights:\\nx\\ny")
+    >>> (r[0]["title"], r[0]["url"], r[0]["snippet"], r[0]["published"])
+    ('A', 'https://a.example/', 'x y', None)
+    """
+    text = re.sub(r"^Search Time: [\d.]+ ?ms\s*\n", "", text.strip())
+    results = []
+    for block in re.split(r"\n\s*---\s*\n", text):
+        fields, body_lines, in_body = {}, [], False
+        for line in block.strip("\n").split("\n"):
+            if in_body:
+                body_lines.append(line)
+                continue
+            match = re.match(r"(Title|URL|Published|Author|Highlights|Text|Summary):\s?(.*)$", line)
+            if not match:
+                continue
+            key, value = match.group(1), match.group(2)
+            if key in ("Highlights", "Text", "Summary"):
+                in_body = True
+                if value:
+                    body_lines.append(value)
+            else:
+                fields[key] = value.strip()
+        url = fields.get("URL", "")
+        if not url.startswith(("http://", "https://")):
+            continue
+        title = fields.get("Title", "")
+        published = fields.get("Published")
+        results.append(make_result("" if title == "N/A" else title, url, " ".join(body_lines),
+                                   None if published in (None, "", "N/A") else published))
+    return results
+
+
+class TavilyVendor(Vendor):
+    """Tavily ``/search``: Bearer key, or keyless mode by header."""
+
+    name = "tavily"
+
+    def search(self, ctx, query, num):
+        headers = {"Content-Type": "application/json", "Accept": "application/json",
+                   "X-Client-Source": "websearch-ring"}
+        if self.config.tavily_api_key:
+            headers["Authorization"] = "Bearer " + self.config.tavily_api_key
+        else:
+            headers["X-Tavily-Access-Mode"] = "keyless"
+        body = json.dumps({"query": query, "max_results": num, "search_depth": "basic"})
+        resp = self.http(ctx, "POST", self.config.tavily_url + "/search", body=body, headers=headers)
+        if resp.status != 200:
+            self._fail(resp)
+        data = self.parse_json(resp)
+        if not isinstance(data, dict):
+            raise UpstreamError(self.name, "bad_response", "invalid_json", "unexpected JSON shape", status=200)
+        if isinstance(data.get("error"), dict):
+            self._fail(resp)
+        results = []
+        for item in data.get("results") or []:
+            if isinstance(item, dict) and item.get("url"):
+                score = item.get("score") if isinstance(item.get("score"), (int, float)) else None
+                results.append(make_result(item.get("title") or "", item["url"], item.get("content") or "",
+                                           item.get("published_date"), score))
+        if not results:
+            self.no_results()
+        return results
+
+    def _fail(self, resp):
+        data = None
+        try:
+            data = resp.json()
+        except ValueError:
+            pass
+        envelope = data.get("error") if isinstance(data, dict) else None
+        if isinstance(envelope, dict) and isinstance(envelope.get("code"), str):
+            # The keyless-limit envelope: {"error": {"code", "message", "retry_after_seconds", ...}}.
+            wait = envelope.get("retry_after_seconds")
+            raise UpstreamError(self.name, "rate_limited", "keyless_limit",
+                                str(envelope.get("message") or envelope["code"])[:300], status=resp.status,
+                                retry_after_s=float(wait) if isinstance(wait, (int, float)) else retry_after_of(resp),
+                                upstream_code=envelope["code"])
+        if resp.status in (432, 433):
+            raise UpstreamError(self.name, "quota_exhausted",
+                                "plan_limit" if resp.status == 432 else "payg_limit",
+                                body_message(resp), status=resp.status, retryable=False)
+        if resp.status in (400, 422):
+            raise UpstreamError(self.name, "http_error", "bad_parameters", body_message(resp),
+                                status=resp.status, retryable=False)
+        if resp.status == 200:
+            raise UpstreamError(self.name, "bad_response", "error_in_200", body_message(resp), status=200)
+        self.fail_http(resp)
+
+
+def decode_bing_url(href):
+    """The target of a Bing result link (``/ck/a?...&u=a1<base64url>``), or None.
+
+    >>> decode_bing_url("https://www.bing.com/ck/a?!&&p=x&u=a1aHR0cHM6Ly9leGFtcGxlLmNvbS8&ntb=1")
+    'https://example.com/'
+    >>> decode_bing_url("https://example.org/x")
+    'https://example.org/x'
+    >>> decode_bing_url("https://www.bing.com/ck/a?!&&p=abc&ntb=1") is None
+    True
+    """
+    from urllib.parse import urlsplit, parse_qs
+    if not href:
+        return None
+    if href.startswith("//"):
+        href = "https:" + href
+    try:
+        parts = urlsplit(href)
+    except ValueError:
+        return None
+    host = (parts.hostname or "").lower()
+    if parts.scheme not in ("http", "https"):
+        return None
+    if host == "bing.com" or host.endswith(".bing.com"):
+        if parts.path.startswith("/aclick"):
+            return None
+        if not parts.path.startswith("/ck/a"):
+            return None
+        u = (parse_qs(parts.query).get("u") or [""])[0]
+        if u.startswith("a1"):
+            u = u[2:]
+        if not u:
+            return None
+        try:
+            target = base64.urlsafe_b64decode(u + "=" * (-len(u) % 4)).decode("utf-8", errors="replace")
+        except (ValueError, TypeError):
+            return None
+        return target if target.startswith(("http://", "https://")) else None
+    return href
+
+
+def decode_ddg_url(href):
+    """The target of a DuckDuckGo result link (``//duckduckgo.com/l/?uddg=...``), or None for ads.
+
+    >>> decode_ddg_url("//duckduckgo.com/l/?uddg=https%3A%2F%2Fexample.com%2Fdocs&rut=ab")
+    'https://example.com/docs'
+    >>> decode_ddg_url("https://duckduckgo.com/y.js?ad_domain=x") is None
+    True
+    """
+    from urllib.parse import urlsplit, parse_qs
+    if not href:
+        return None
+    if href.startswith("//"):
+        href = "https:" + href
+    try:
+        parts = urlsplit(href)
+    except ValueError:
+        return None
+    host = (parts.hostname or "").lower()
+    if parts.scheme not in ("http", "https"):
+        return None
+    if host == "duckduckgo.com" or host.endswith(".duckduckgo.com"):
+        if parts.path.startswith("/l/"):
+            target = (parse_qs(parts.query).get("uddg") or [""])[0]
+            return target if target.startswith(("http://", "https://")) else None
+        return None
+    if (host.endswith("google.com") and parts.path.startswith("/search")) or "ad_domain=" in parts.query:
+        return None
+    return href
+
+
+def _html_parser_class():
+    """``html.parser.HTMLParser``, imported on first use (start-up stays fast)."""
+    from html.parser import HTMLParser
+    return HTMLParser
+
+
+def _classes(attrs):
+    return set((dict(attrs).get("class") or "").split())
+
+
+def parse_bing_html(html):
+    """Organic results of a Bing result page (ads skipped, ``ck/a`` links decoded)."""
+
+    class BingParser(_html_parser_class()):
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.items = []
+            self.item = None
+            self.li_depth = 0
+            self.in_h2 = self.in_a = self.in_p = False
+            self.skip = 0          # depth inside span.algoSlug_icon
+            self.in_date = False
+
+        def handle_starttag(self, tag, attrs):
+            if self.item is None:
+                if tag == "li" and "b_algo" in _classes(attrs):
+                    self.item = {"href": None, "title": [], "snippet": [], "date": []}
+                    self.li_depth = 1
+                return
+            if tag == "li":
+                self.li_depth += 1
+            elif tag == "h2":
+                self.in_h2 = True
+            elif tag == "a" and self.in_h2 and self.item["href"] is None:
+                self.item["href"] = dict(attrs).get("href") or ""
+                self.in_a = True
+            elif tag == "p":
+                self.in_p = True
+            elif tag == "span" and self.in_p:
+                cls = _classes(attrs)
+                if "algoSlug_icon" in cls or self.skip:
+                    self.skip += 1
+                elif "news_dt" in cls:
+                    self.in_date = True
+
+        def handle_endtag(self, tag):
+            if self.item is None:
+                return
+            if tag == "li":
+                self.li_depth -= 1
+                if self.li_depth == 0:
+                    self.items.append(self.item)
+                    self.item = None
+            elif tag == "h2":
+                self.in_h2 = self.in_a = False
+            elif tag == "a":
+                self.in_a = False
+            elif tag == "p":
+                self.in_p = False
+                self.item["snippet"].append(" ")
+            elif tag == "span":
+                if self.skip:
+                    self.skip -= 1
+                self.in_date = False
+
+        def handle_data(self, data):
+            if self.item is None:
+                return
+            if self.in_a:
+                self.item["title"].append(data)
+            elif self.in_p and not self.skip:
+                (self.item["date"] if self.in_date else self.item["snippet"]).append(data)
+
+    parser = BingParser()
+    parser.feed(html)
+    parser.close()
+    if parser.item is not None:
+        parser.items.append(parser.item)
+    results = []
+    for item in parser.items:
+        url = decode_bing_url(item["href"])
+        title = collapse_ws("".join(item["title"]))
+        if not url or not title:
+            continue
+        snippet = collapse_ws("".join(item["snippet"]))
+        published = collapse_ws("".join(item["date"])) or None
+        match = _BING_DATE.match(snippet)
+        if match:
+            published = published or match.group(1)
+            snippet = snippet[match.end():]
+        snippet = re.sub(r"^\u00b7\s*", "", snippet)
+        results.append(make_result(title, url, snippet, published))
+    return results
+
+
+def parse_ddg_html(html):
+    """Organic results of a DuckDuckGo HTML page (ads skipped, ``uddg`` links decoded)."""
+
+    class DdgParser(_html_parser_class()):
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.items = []
+            self.item = None
+            self.depth = 0
+            self.field = None
+            self.field_tag = None
+
+        def handle_starttag(self, tag, attrs):
+            if self.item is None:
+                if tag == "div":
+                    cls = _classes(attrs)
+                    if "result" in cls and "web-result" in cls and "result--ad" not in cls:
+                        self.item = {"href": None, "title": [], "snippet": []}
+                        self.depth = 1
+                return
+            if tag == "div":
+                self.depth += 1
+            cls = _classes(attrs)
+            if tag == "a" and "result__a" in cls and self.item["href"] is None:
+                self.item["href"] = dict(attrs).get("href") or ""
+                self.field, self.field_tag = "title", "a"
+            elif "result__snippet" in cls and not self.item["snippet"]:
+                self.field, self.field_tag = "snippet", tag
+
+        def handle_endtag(self, tag):
+            if self.item is None:
+                return
+            if self.field and tag == self.field_tag:
+                self.field = None
+            if tag == "div":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.items.append(self.item)
+                    self.item = None
+                    self.field = None
+
+        def handle_data(self, data):
+            if self.item is not None and self.field:
+                self.item[self.field].append(data)
+
+    parser = DdgParser()
+    parser.feed(html)
+    parser.close()
+    if parser.item is not None:
+        parser.items.append(parser.item)
+    results = []
+    for item in parser.items:
+        url = decode_ddg_url(item["href"])
+        title = collapse_ws("".join(item["title"]))
+        if url and title:
+            results.append(make_result(title, url, "".join(item["snippet"])))
+    return results
+
+
+class BingVendor(Vendor):
+    """Bing's HTML result page, scraped; a captcha or challenge page is a failure."""
+
+    name = "bing"
+
+    def search(self, ctx, query, num):
+        from urllib.parse import urlencode
+        url = self.config.bing_url + "/search?" + urlencode({"q": query})
+        resp = self.http(ctx, "GET", url, max_redirects=3, headers={
+            "User-Agent": self.config.user_agent,
+            "Accept": "text/html,application/xhtml+xml;q=0.9,*/*;q=0.8",
+            "Accept-Language": "en-US,en;q=0.9"})
+        html = resp.text()
+        if "/turing/captcha" in resp.url or _BING_CAPTCHA.search(html[:200000]):
+            raise UpstreamError(self.name, "blocked", "captcha",
+                                "Bing answered with a captcha/challenge page", status=resp.status)
+        if resp.status != 200:
+            self.fail_http(resp)
+        results = parse_bing_html(html)
+        if not results:
+            if 'id="b_results"' not in html and "b_no" not in html:
+                raise UpstreamError(self.name, "blocked", "unexpected_page",
+                                    "Bing answered with a page that is not a result page", status=resp.status)
+            self.no_results(re.sub(r"<[^>]+>", " ", html)[:5000] if "b_no" not in html else "")
+        return results[:num]
+
+
+class DuckDuckGoVendor(Vendor):
+    """DuckDuckGo's no-JavaScript HTML endpoint; its anomaly dialog (202 or 200) is a failure."""
+
+    name = "duckduckgo"
+
+    def search(self, ctx, query, num):
+        from urllib.parse import urlencode
+        base = self.config.duckduckgo_url
+        resp = self.http(ctx, "POST", base + "/html/", body=urlencode({"q": query, "b": "", "kl": "wt-wt"}),
+                         max_redirects=2, headers={
+                             "User-Agent": self.config.user_agent,
+                             "Content-Type": "application/x-www-form-urlencoded",
+                             "Accept": "text/html,application/xhtml+xml;q=0.9,*/*;q=0.8",
+                             "Accept-Language": "en-US,en;q=0.9",
+                             "Referer": base + "/"})
+        html = resp.text()
+        if _DDG_ANOMALY.search(html[:200000]):
+            raise UpstreamError(self.name, "blocked", "anomaly",
+                                "DuckDuckGo answered with its bot challenge (anomaly page)", status=resp.status)
+        if resp.status != 200:
+            self.fail_http(resp)
+        results = parse_ddg_html(html)
+        if not results:
+            if 'id="links"' not in html and "no-results" not in html:
+                raise UpstreamError(self.name, "blocked", "unexpected_page",
+                                    "DuckDuckGo answered with a page that is not a result page",
+                                    status=resp.status)
+            self.no_results()
+        return results[:num]
+
+
+VENDOR_CLASSES = {cls.name: cls for cls in (ExaVendor, TavilyVendor, BingVendor, DuckDuckGoVendor)}
+
+# ---------------------------------------------------------------------------
+# §12 Ring
+# ---------------------------------------------------------------------------
+
+
+def attempt_record(vendor, outcome, elapsed_s, *, code=None, http_status=None, message=None):
+    """One entry of ``attempts[]``."""
+    return {"vendor": vendor, "outcome": outcome, "code": code, "http_status": http_status,
+            "elapsed_ms": round(elapsed_s * 1000.0, 1), "message": message}
+
+
+class Ring:
+    """Failover across the configured vendors, in order, within one deadline."""
+
+    def __init__(self, config, transport, logger, clock=time.monotonic):
+        self.config = config
+        self.transport = transport
+        self.log = logger
+        self._clock = clock
+        self.vendors = {name: cls(config) for name, cls in VENDOR_CLASSES.items()}
+
+    def search(self, query, num, vendor, token, deadline, emit=None):
+        """Ask vendors in turn until one gives results.
+
+        Returns ``{"ok", "vendor", "results", "attempts"}``; raises Cancelled.
+        """
+        order = [vendor] if vendor else list(self.config.vendors)
+        attempts = []
+        for index, name in enumerate(order):
+            token.check()
+            if deadline.expired():
+                attempts.append(attempt_record(name, "timeout", 0.0, code="deadline_exhausted",
+                                               message="the call's deadline passed before this vendor was tried"))
+                continue
+            started = self._clock()
+            ctx = SearchContext(self.transport, deadline.child(self.config.timeout_s), token, self.config)
+            try:
+                results = self.vendors[name].search(ctx, query, num)
+            except Cancelled:
+                raise
+            except UpstreamError as exc:
+                if token.cancelled:
+                    raise Cancelled(token.reason or "cancelled") from None
+                record = attempt_record(name, exc.outcome, self._clock() - started, code=exc.code,
+                                        http_status=exc.status, message=exc.message)
+                if exc.retry_after_s is not None:
+                    record["retry_after_s"] = round(exc.retry_after_s, 1)
+                attempts.append(record)
+                self.log.info("%s failed: %s (%s)%s", name, exc.outcome, exc.code,
+                              "; trying " + order[index + 1] if index + 1 < len(order) else "")
+            except Exception as exc:   # a parser bug must not end the ring
+                if token.cancelled:
+                    raise Cancelled(token.reason or "cancelled") from None
+                attempts.append(attempt_record(name, "bad_response", self._clock() - started,
+                                               code="internal_error", message="%s: %s" % (type(exc).__name__, exc)))
+                self.log.error("%s raised %s: %s", name, type(exc).__name__, exc)
+            else:
+                ranked = rank_results(results, num, name)
+                attempts.append(attempt_record(name, "success", self._clock() - started, http_status=200))
+                if emit is not None:
+                    emit(len(order), len(order), "%s answered with %d results" % (name, len(ranked)))
+                return {"ok": True, "vendor": name, "results": ranked, "attempts": attempts}
+            if emit is not None:
+                emit(index + 1, len(order), "%s failed (%s)" % (name, attempts[-1]["outcome"]))
+        token.check()
+        return {"ok": False, "vendor": None, "results": [], "attempts": attempts}
+
+
+def rank_results(results, num, vendor):
+    """De-duplicate by URL, keep the first ``num``, number them from 1."""
+    seen, ranked = set(), []
+    for item in results:
+        if item["url"] in seen:
+            continue
+        seen.add(item["url"])
+        ranked.append(dict(item, rank=len(ranked) + 1, vendors=[vendor]))
+        if len(ranked) >= num:
+            break
+    return ranked
+
+# ---------------------------------------------------------------------------
+# §13 Tools
+# ---------------------------------------------------------------------------
+
+_STATUS_PROPS = {
+    "status": {"type": "string", "enum": ["success", "partial_success", "error"],
+               "description": "Outcome of the call."},
+    "partial": {"type": "boolean", "description": "True when status is partial_success."},
+    "error": {"type": ["string", "null"], "description": "Short error code, null on success."},
+    "error_detail": {"type": ["object", "null"],
+                     "description": "code, message, service, retryable, http_status, upstream_code, diagnostics."},
+    "config_problems": {"type": "array", "items": {"type": "object"},
+                        "description": "Invalid environment variables (each fell back to its default)."},
+}
+
+_ATTEMPT_SCHEMA = {"type": "object", "properties": {
+    "vendor": {"type": "string"}, "outcome": {"type": "string"}, "code": {"type": ["string", "null"]},
+    "http_status": {"type": ["integer", "null"]}, "elapsed_ms": {"type": "number"},
+    "message": {"type": ["string", "null"]}}}
+
+_RESULT_SCHEMA = {"type": "object", "properties": {
+    "rank": {"type": "integer"}, "title": {"type": "string"}, "url": {"type": "string"},
+    "snippet": {"type": "string"}, "published": {"type": ["string", "null"]},
+    "score": {"type": ["number", "null"]}, "vendors": {"type": "array", "items": {"type": "string"}}}}
+
+WEB_SEARCH_INPUT = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
+                  "description": "What to search for: a precise query, 1 to 1000 characters."},
+        "numResults": {"type": "integer", "minimum": MIN_RESULTS, "maximum": MAX_RESULTS,
+                       "default": DEFAULT_RESULTS,
+                       "description": "How many results to return (1-20, default 8)."},
+        "vendor": {"type": "string", "enum": list(KNOWN_VENDORS),
+                   "description": "Ask only this engine instead of the failover ring."},
+    },
+    "required": ["query"],
+    "additionalProperties": False,
+}
+
+WEB_SEARCH_OUTPUT = {
+    "type": "object",
+    "properties": dict(_STATUS_PROPS, **{
+        "request_id": {"type": "string", "description": "Identifier of this call, for logs."},
+        "duration_ms": {"type": "number", "description": "Wall time of the call."},
+        "session_id": {"type": ["string", "null"], "description": "Pass to get_sources to see these sources again."},
+        "query": {"type": "string", "description": "The query as searched (whitespace collapsed)."},
+        "vendor": {"type": ["string", "null"], "description": "The engine that served the results."},
+        "vendors": {"type": "array", "items": {"type": "string"}, "description": "Every engine that contributed."},
+        "cached": {"type": "boolean", "description": "Served from the cache."},
+        "coalesced": {"type": "boolean", "description": "Shared with an identical concurrent call."},
+        "results": {"type": "array", "items": _RESULT_SCHEMA, "description": "Ranked results."},
+        "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA,
+                     "description": "Every vendor tried, in order, with its outcome."},
+        "filters_applied": {"type": "object", "description": "How each filter was honoured (none yet)."},
+        "truncated": {"type": "boolean", "description": "The text block was cut at WEBSEARCH_MAX_CHARS."},
+        "adjustments": {"type": "array", "items": {"type": "object"},
+                        "description": "Arguments the server changed (e.g. numResults clamped)."},
+        "validation": {"type": "object", "description": "On invalid arguments: issues[] with path, code, suggestion."},
+    }),
+    "required": ["status", "partial", "error"],
+}
+
+GET_SOURCES_INPUT = {
+    "type": "object",
+    "properties": {"session_id": {"type": "string", "minLength": 1,
+                                  "description": "The session_id of an earlier web_search result."}},
+    "required": ["session_id"],
+    "additionalProperties": False,
+}
+
+GET_SOURCES_OUTPUT = {
+    "type": "object",
+    "properties": dict(_STATUS_PROPS, **{
+        "session_id": {"type": "string"},
+        "tool": {"type": "string", "description": "The tool that produced the sources."},
+        "query": {"type": "string"},
+        "sources": {"type": "array", "items": {"type": "object"}},
+        "sources_count": {"type": "integer"},
+    }),
+    "required": ["status", "partial", "error"],
+}
+
+TOOLS = (
+    {"name": "web_search", "title": "Web search (failover ring)",
+     "description": (
+         "Search the web and get ranked results (title, URL, snippet, date when known). "
+         "Engines are tried in turn until one answers (exa, tavily, bing, duckduckgo by default), "
+         "so a dead or rate-limited engine does not fail the search; the result names the engine "
+         "that served it and every failed attempt. Use it first for any question that needs current "
+         "or external information; identical searches are cached for a while."),
+     "inputSchema": WEB_SEARCH_INPUT, "outputSchema": WEB_SEARCH_OUTPUT,
+     "annotations": {"title": "Web search", "readOnlyHint": True, "destructiveHint": False,
+                     "idempotentHint": True, "openWorldHint": True}},
+    {"name": "get_sources", "title": "Sources of an earlier call",
+     "description": (
+         "Return the full source list (titles and URLs) of an earlier web_search call, by the "
+         "session_id that call returned. Sessions are kept for one hour (256 at most)."),
+     "inputSchema": GET_SOURCES_INPUT, "outputSchema": GET_SOURCES_OUTPUT,
+     "annotations": {"title": "Get sources", "readOnlyHint": True, "destructiveHint": False,
+                     "idempotentHint": True, "openWorldHint": False}},
+)
+TOOL_NAMES = tuple(t["name"] for t in TOOLS)
+
+# web_search parameters that arrive with filtering and fan-out; rejected until then.
+_LATER_PARAMS = ("lang", "time_range", "include_domains", "exclude_domains", "max_results_per_domain", "mode")
+
+
+class Call:
+    """One tools/call in progress: its cancel token and progress sink."""
+
+    __slots__ = ("token", "progress", "request_id")
+
+    def __init__(self, token, progress=None):
+        self.token = token
+        self.progress = progress
+        self.request_id = new_id("req_")
+
+
+def issue(path, code, message, suggestion):
+    """One validation issue (RFC 6901 ``path``)."""
+    return {"path": path, "code": code, "message": message, "suggestion": suggestion}
+
+
+def status_fields(status, error=None, detail=None):
+    return {"status": status, "partial": status == "partial_success", "error": error, "error_detail": detail}
+
+
+def error_detail(code, message, service, *, retryable=False, http_status=None, upstream_code=None,
+                 diagnostics=None):
+    return {"code": code, "message": message, "service": service, "retryable": retryable,
+            "http_status": http_status, "upstream_code": upstream_code, "diagnostics": diagnostics or {}}
+
+
+def validate_search_args(args):
+    """Check web_search arguments; returns ``(values, issues, adjustments)``."""
+    issues, adjustments, values = [], [], {}
+    for name in args:
+        if name in WEB_SEARCH_INPUT["properties"]:
+            continue
+        if name in _LATER_PARAMS:
+            issues.append(issue("/" + name, "unsupported_argument",
+                                "%r is not supported by this server version" % name,
+                                "remove %r; accepted arguments: query, numResults, vendor" % name))
+        else:
+            guess = closest(name, list(WEB_SEARCH_INPUT["properties"]))
+            issues.append(issue("/" + _escape_pointer(name), "unknown_argument", "unknown argument %r" % name,
+                                ("did you mean %r?" % guess) if guess else
+                                "remove it; accepted arguments: query, numResults, vendor"))
+    query = args.get("query")
+    if query is None:
+        issues.append(issue("/query", "required", "query is required", "pass a search query string"))
+    elif not isinstance(query, str):
+        issues.append(issue("/query", "type", "query must be a string, got %s" % _json_type(query),
+                            "pass the query as a JSON string"))
+    else:
+        query = collapse_ws(query)
+        if not query:
+            issues.append(issue("/query", "empty", "query is empty or only whitespace",
+                                "pass a non-empty search query"))
+        elif len(query) > MAX_QUERY_CHARS:
+            issues.append(issue("/query", "too_long", "query has %d characters; the limit is %d" % (
+                len(query), MAX_QUERY_CHARS), "shorten the query to at most %d characters" % MAX_QUERY_CHARS))
+        values["query"] = query
+    num = args.get("numResults")
+    if num is None:
+        if "numResults" in args:
+            adjustments.append({"path": "/numResults", "received": None, "used": DEFAULT_RESULTS,
+                                "reason": "null means the default"})
+        values["numResults"] = DEFAULT_RESULTS
+    elif isinstance(num, bool) or not isinstance(num, (int, float)) or num != num or num in (
+            float("inf"), float("-inf")):
+        hint = "pass an integer from 1 to 20"
+        if isinstance(num, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", num):
+            hint = "pass the number %s, not the string %r" % (num.strip(), num)
+        issues.append(issue("/numResults", "type", "numResults must be an integer, got %s" % _json_type(num), hint))
+    else:
+        used = int(num)
+        reason = "non-integer truncated" if used != num else None
+        clamped = min(MAX_RESULTS, max(MIN_RESULTS, used))
+        if clamped != used:
+            reason = "clamped to %d-%d" % (MIN_RESULTS, MAX_RESULTS)
+        if reason:
+            adjustments.append({"path": "/numResults", "received": num, "used": clamped, "reason": reason})
+        values["numResults"] = clamped
+    vendor = args.get("vendor")
+    if vendor is not None:
+        if not isinstance(vendor, str):
+            issues.append(issue("/vendor", "type", "vendor must be a string", "one of: " + ", ".join(KNOWN_VENDORS)))
+        elif vendor.strip().lower() not in KNOWN_VENDORS:
+            guess = closest(vendor.strip(), KNOWN_VENDORS)
+            issues.append(issue("/vendor", "unknown_vendor", "unknown vendor %r" % vendor,
+                                ("did you mean %r?" % guess) if guess else "one of: " + ", ".join(KNOWN_VENDORS)))
+        else:
+            values["vendor"] = vendor.strip().lower()
+    return values, issues, adjustments
+
+
+def _escape_pointer(name):
+    """RFC 6901 escaping of one reference token.
+
+    >>> _escape_pointer("a/b~c")
+    'a~1b~0c'
+    """
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _json_type(value):
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def validation_result(tool, issues, extra=None):
+    """A tool result for invalid arguments: every issue at once, so one retry can fix them all."""
+    lines = ["Invalid arguments for %s:" % tool]
+    for item in issues:
+        lines.append("- %s: %s (%s)" % (item["path"], item["message"], item["suggestion"]))
+    structured = status_fields("error", "invalid_arguments", error_detail(
+        "invalid_arguments", "%d invalid argument(s)" % len(issues), tool))
+    structured["validation"] = {"issues": issues}
+    if extra:
+        structured.update(extra)
+    return structured, "\n".join(lines), True
+
+
+def render_search_text(s, max_chars):
+    """The readable text of a web_search result; returns ``(text, truncated)``."""
+    if s["status"] == "error":
+        lines = ["Search failed for %s: %s" % (json.dumps(s.get("query", ""), ensure_ascii=False),
+                                               s["error_detail"]["message"])]
+        for a in s.get("attempts") or []:
+            lines.append("- %s: %s%s%s" % (a["vendor"], a["outcome"],
+                                            " (HTTP %s)" % a["http_status"] if a.get("http_status") else "",
+                                            ": " + a["message"] if a.get("message") else ""))
+        text = "\n".join(lines)
+    else:
+        how = ["via " + (s["vendor"] or "?")]
+        if s["cached"]:
+            how.append("cached")
+        if s["coalesced"]:
+            how.append("shared with a concurrent call")
+        n = len(s["results"])
+        lines = ["%d result%s for %s (%s)" % (n, "" if n == 1 else "s",
+                                             json.dumps(s["query"], ensure_ascii=False), ", ".join(how))]
+        failed = [a for a in s["attempts"] if a["outcome"] != "success"]
+        notes = ["%s failed first (%s%s)" % (a["vendor"], a["outcome"],
+                                             ", HTTP %s" % a["http_status"] if a.get("http_status") else "")
+                 for a in failed]
+        notes += ["numResults %s -> %s (%s)" % (json.dumps(a["received"]), a["used"], a["reason"])
+                  for a in s.get("adjustments") or []]
+        if notes:
+            lines.append("Note: " + "; ".join(notes) + ".")
+        for r in s["results"]:
+            lines.append("")
+            lines.append("%d. %s" % (r["rank"], r["title"] or url_host(r["url"]) or r["url"]))
+            lines.append("   " + r["url"])
+            if r.get("published"):
+                lines.append("   Published: " + r["published"])
+            if r.get("snippet"):
+                lines.append("   " + r["snippet"])
+        text = "\n".join(lines)
+    if len(text) > max_chars:
+        return text[:max_chars] + "\n[TRUNCATED at %d chars]" % max_chars, True
+    return text, False
+
+
+class SearchTools:
+    """The web_search and get_sources tools over one ring, cache, coalescer and session store."""
+
+    def __init__(self, config, ring, cache, sessions, coalescer, logger, clock=time.monotonic):
+        self.config = config
+        self.ring = ring
+        self.cache = cache
+        self.sessions = sessions
+        self.coalescer = coalescer
+        self.log = logger
+        self._clock = clock
+
+    def web_search(self, args, call):
+        started = self._clock()
+        values, issues, adjustments = validate_search_args(args)
+        if issues:
+            return validation_result("web_search", issues, {"request_id": call.request_id,
+                                                            "duration_ms": 0.0})
+        query, num, vendor = values["query"], values["numResults"], values.get("vendor")
+        key = ("web_search", query, num, vendor or "", self.config.vendors)
+        cached, shared = self.cache.get(key), False
+        if cached is not None:
+            outcome, age = cached[0], self._clock() - cached[1]
+            self.log.info("cache hit for web_search %r (age %.0f s)", query[:80], age)
+        else:
+            def work(flight_token, emit):
+                deadline = Deadline(self.config.deadline_s, self._clock)
+                result = self.ring.search(query, num, vendor, flight_token, deadline, emit)
+                if result["ok"] and not flight_token.cancelled:
+                    self.cache.put(key, (result, self._clock()))
+                return result
+
+            outcome, shared = self.coalescer.run(
+                key, work, call.token, Deadline(self.config.deadline_s + 5.0, self._clock), call.progress)
+            if shared:
+                self.log.info("web_search %r shared a concurrent call", query[:80])
+        s = {"request_id": call.request_id, "duration_ms": 0.0, "session_id": None, "query": query,
+             "vendor": outcome["vendor"], "vendors": [outcome["vendor"]] if outcome["vendor"] else [],
+             "cached": cached is not None, "coalesced": shared, "results": outcome["results"],
+             "attempts": [] if cached is not None else outcome["attempts"], "filters_applied": {},
+             "truncated": False, "adjustments": adjustments}
+        if outcome["ok"]:
+            s.update(status_fields("success"))
+            s["session_id"] = self._remember("web_search", query, outcome["results"])
+        else:
+            attempts = outcome["attempts"]
+            s.update(status_fields("error", "all_vendors_failed", error_detail(
+                "all_vendors_failed", "every vendor failed (%s)" % ", ".join(
+                    "%s: %s" % (a["vendor"], a["outcome"]) for a in attempts),
+                "web_search", retryable=any(a["outcome"] in ("rate_limited", "timeout", "network_error", "http_error")
+                                            for a in attempts),
+                diagnostics={"attempts": len(attempts)})))
+        s["duration_ms"] = round((self._clock() - started) * 1000.0, 2)
+        text, s["truncated"] = render_search_text(s, self.config.max_chars)
+        return s, text, s["status"] == "error"
+
+    def get_sources(self, args, call):
+        issues = []
+        for name in args:
+            if name != "session_id":
+                issues.append(issue("/" + _escape_pointer(name), "unknown_argument", "unknown argument %r" % name,
+                                    "remove it; the only argument is session_id"))
+        sid = args.get("session_id")
+        if not isinstance(sid, str) or not sid.strip():
+            issues.append(issue("/session_id", "required" if sid is None else "type",
+                                "session_id must be a non-empty string",
+                                "pass the session_id returned by web_search"))
+        if issues:
+            return validation_result("get_sources", issues)
+        entry = self.sessions.get(sid.strip())
+        if entry is None:
+            s = status_fields("error", "session_id_not_found_or_expired", error_detail(
+                "session_id_not_found_or_expired",
+                "no session %r: it never existed or expired (sessions last one hour, 256 at most)" % sid,
+                "get_sources"))
+            s.update({"session_id": sid, "sources": [], "sources_count": 0})
+            return s, "Unknown or expired session_id %r: run the search again." % sid, True
+        s = status_fields("success")
+        s.update({"session_id": sid, "tool": entry["tool"], "query": entry["query"],
+                  "sources": entry["sources"], "sources_count": len(entry["sources"])})
+        lines = ["%d sources for %s (%s)" % (len(entry["sources"]), json.dumps(entry["query"], ensure_ascii=False),
+                                              entry["tool"])]
+        for i, src in enumerate(entry["sources"], 1):
+            lines.append("%d. %s\n   %s" % (i, src.get("title") or src["url"], src["url"]))
+        return s, "\n".join(lines), False
+
+    def _remember(self, tool, query, results):
+        sid = new_id("ses_")
+        self.sessions.put(sid, {"tool": tool, "query": query, "sources": [
+            {"title": r["title"], "url": r["url"], "snippet": r["snippet"], "published": r["published"],
+             "vendors": r["vendors"]} for r in results]})
+        return sid
+
+# ---------------------------------------------------------------------------
+# §14 JSON-RPC server
+# ---------------------------------------------------------------------------
+
+_META_VERSION = "io.modelcontextprotocol/protocolVersion"
+_META_CAPS = "io.modelcontextprotocol/clientCapabilities"
+_META_SERVER = "io.modelcontextprotocol/serverInfo"
+_MCP_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+TOOLS_LIST_TTL_MS = 300000   # the tool list only changes when the process restarts
+
+
+def rpc_error(msg_id, code, message, data=None):
+    err = {"code": code, "message": message}
+    if data is not None:
+        err["data"] = data
+    return {"jsonrpc": "2.0", "id": msg_id, "error": err}
+
+
+def rpc_result(msg_id, result):
+    return {"jsonrpc": "2.0", "id": msg_id, "result": result}
+
+
+class Server:
+    """The MCP server: reads JSON-RPC lines, runs tool calls on worker threads, writes answers.
+
+    Owns every piece of state (cache, sessions, in-flight maps), so a new
+    Server is a clean slate.  Every stdout write goes through :meth:`send`.
+    """
+
+    def __init__(self, config, *, stdin=None, stdout=None, logger=None, clock=time.monotonic):
+        self.config = config
+        self.log = logger or Logger(config.log_level, redact=Redactor(config.secrets()), log_dir=config.log_dir)
+        self._clock = clock
+        self._stdin = stdin if stdin is not None else sys.stdin.buffer
+        self._stdout = stdout if stdout is not None else sys.stdout.buffer
+        self._write_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._calls = {}          # json.dumps(request id) -> CancelToken, for notifications/cancelled
+        self._workers = set()
+        self._sweeper = None
+        self._stdout_broken = False
+        self.protocol_version = None   # negotiated by initialize (handshake era)
+        self.client_log_level = None   # set by logging/setLevel
+        self.cache = TTLCache(config.cache_max, config.ttl_s, clock, on_evict=self._evicted)
+        self.sessions = TTLCache(SESSION_MAX, SESSION_TTL_S, clock)
+        self.coalescer = Coalescer()
+        self.transport = Transport(config, self.log, clock)
+        self.ring = Ring(config, self.transport, self.log, clock)
+        self.search_tools = SearchTools(config, self.ring, self.cache, self.sessions, self.coalescer,
+                                        self.log, clock)
+        self.handlers = {"web_search": self.search_tools.web_search,
+                         "get_sources": self.search_tools.get_sources}
+        self.log.listeners.append(self._forward_log)
+
+    # -- output ---------------------------------------------------------------
+
+    def send(self, message):
+        """Write one JSON-RPC message (or batch) as one line; never raises."""
+        data = json_line(message)
+        with self._write_lock:
+            if self._stdout_broken:
+                return
+            try:
+                self._stdout.write(data)
+                self._stdout.flush()
+            except (OSError, ValueError):
+                self._stdout_broken = True
+
+    def notify(self, method, params):
+        self.send({"jsonrpc": "2.0", "method": method, "params": params})
+
+    def _forward_log(self, level, text):
+        wanted = self.client_log_level
+        if wanted is None or _MCP_LEVELS.index(level if level in _MCP_LEVELS else "info") < _MCP_LEVELS.index(wanted):
+            return
+        self.notify("notifications/message", {"level": level, "logger": SERVER_NAME, "data": text})
+
+    def _evicted(self, key, reason):
+        self.log.info("cache %s eviction: %s %r", "LRU" if reason == "lru" else "TTL", key[0], key[1][:80])
+
+    # -- input ----------------------------------------------------------------
+
+    def serve(self):
+        """Read stdin until EOF, answer everything, wait for in-flight calls; returns 0."""
+        for problem in self.config.problems:
+            self.log.warning("configuration: %s", problem.message)
+        while True:
+            try:
+                line = self._stdin.readline(MAX_LINE_BYTES + 1)
+            except (OSError, ValueError):
+                break
+            if not line:
+                break
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                self._discard_rest_of_line()
+                self.send(rpc_error(None, INVALID_REQUEST, "message longer than %d bytes" % MAX_LINE_BYTES))
+                continue
+            try:
+                self.handle_line(line)
+            except Exception as exc:   # nothing escapes the stdin loop
+                self.log.error("internal error handling a message: %s: %s", type(exc).__name__, exc)
+        self.drain()
+        return 0
+
+    def _discard_rest_of_line(self):
+        while True:
+            chunk = self._stdin.readline(MAX_LINE_BYTES)
+            if not chunk or chunk.endswith(b"\n"):
+                return
+
+    def drain(self, timeout_s=None):
+        """Wait until every in-flight call has answered."""
+        while True:
+            with self._state_lock:
+                workers = list(self._workers)
+            if not workers:
+                return
+            for worker in workers:
+                worker.join(timeout_s)
+
+    def handle_line(self, line):
+        """Parse one stdin line and answer it (tool calls answer from their own thread)."""
+        line = line.strip()
+        if not line:
+            return
+        try:
+            message = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            self.send(rpc_error(None, PARSE_ERROR, "Parse error: the line is not valid UTF-8"))
+            return
+        except (ValueError, RecursionError):
+            self.send(rpc_error(None, PARSE_ERROR, "Parse error: the line is not valid JSON"))
+            return
+        if isinstance(message, list):
+            self._handle_batch(message)
+            return
+        if self._is_call(message):
+            self._spawn(self._answer_call, message)
+            return
+        response = self.dispatch(message)
+        if response is not None:
+            self.send(response)
+
+    def _handle_batch(self, batch):
+        if self.protocol_version not in BATCH_VERSIONS:
+            self.send(rpc_error(None, INVALID_REQUEST, "batches are not supported in protocol version %s" % (
+                self.protocol_version or "(none negotiated)")))
+            return
+        if not batch:
+            self.send(rpc_error(None, INVALID_REQUEST, "empty batch"))
+            return
+        for item in batch:
+            if isinstance(item, dict) and item.get("method") == "initialize":
+                self.send(rpc_error(item.get("id"), INVALID_REQUEST, "initialize must not be part of a batch"))
+                return
+
+        def run_batch():
+            results = [None] * len(batch)
+
+            def one(i):
+                results[i] = self._call_response(batch[i]) if self._is_call(batch[i]) else self.dispatch(batch[i])
+            threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(batch))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            answers = [r for r in results if r is not None]
+            if answers:
+                self.send(answers)
+        self._spawn(run_batch)
+
+    @staticmethod
+    def _is_call(message):
+        return isinstance(message, dict) and message.get("method") == "tools/call" and "id" in message
+
+    def _spawn(self, target, *args):
+        def run():
+            try:
+                target(*args)
+            except Exception as exc:
+                self.log.error("internal error in a worker: %s: %s", type(exc).__name__, exc)
+            finally:
+                with self._state_lock:
+                    self._workers.discard(threading.current_thread())
+        worker = threading.Thread(target=run, name="call", daemon=True)
+        with self._state_lock:
+            self._workers.add(worker)
+        if self._sweeper is None:
+            self._start_sweeper()
+        worker.start()
+
+    def _start_sweeper(self):
+        def sweep():
+            while True:
+                time.sleep(CACHE_SWEEP_S)
+                self.cache.sweep()
+                self.sessions.sweep()
+        self._sweeper = threading.Thread(target=sweep, name="sweeper", daemon=True)
+        self._sweeper.start()
+
+    def _answer_call(self, message):
+        response = self._call_response(message)
+        if response is not None:
+            self.send(response)
+
+    # -- dispatch ---------------------------------------------------------------
+
+    def dispatch(self, message):
+        """The response to one message (None for notifications and client responses)."""
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            return rpc_error(message.get("id") if isinstance(message, dict) and _valid_id(message.get("id"))
+                             else None, INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message")
+        method = message.get("method")
+        if method is None and "id" in message and ("result" in message or "error" in message):
+            return None   # a response to a request we never send; nothing to do
+        if not isinstance(method, str):
+            return rpc_error(message.get("id") if _valid_id(message.get("id")) else None,
+                             INVALID_REQUEST, "Invalid Request: method must be a string")
+        if "id" not in message:
+            self._notification(method, message.get("params"))
+            return None
+        msg_id = message["id"]
+        if not _valid_id(msg_id):
+            return rpc_error(None, INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
+        params = message.get("params", {})
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            return rpc_error(msg_id, INVALID_PARAMS, "params must be an object")
+        try:
+            modern = self._check_modern(params)
+            result = self._method(method, params, modern)
+        except RpcError as exc:
+            return rpc_error(msg_id, exc.code, exc.message, exc.data)
+        if modern:
+            result = dict(result, resultType="complete")
+            meta = dict(result.get("_meta") or {})
+            meta[_META_SERVER] = self._server_info()
+            result["_meta"] = meta
+        return rpc_result(msg_id, result)
+
+    def _check_modern(self, params):
+        """True for a request of the stateless revision (its version in ``_meta``)."""
+        meta = params.get("_meta")
+        if not isinstance(meta, dict) or _META_VERSION not in meta:
+            return False
+        version = meta[_META_VERSION]
+        if version not in STATELESS_VERSIONS:
+            raise RpcError(UNSUPPORTED_VERSION, "Unsupported protocol version",
+                           {"supported": list(reversed(ALL_VERSIONS)), "requested": version})
+        if not isinstance(meta.get(_META_CAPS), dict):
+            raise RpcError(INVALID_PARAMS, "params._meta is missing the required key " + _META_CAPS)
+        return True
+
+    def _server_info(self):
+        return {"name": SERVER_NAME, "title": "websearch-ring", "version": __version__}
+
+    def _capabilities(self):
+        return {"tools": {"listChanged": False}, "logging": {}}
+
+    def _method(self, method, params, modern):
+        if method == "initialize":
+            return self._initialize(params)
+        if method == "server/discover":
+            return {"supportedVersions": list(reversed(ALL_VERSIONS)), "capabilities": self._capabilities(),
+                    "instructions": INSTRUCTIONS, "ttlMs": TOOLS_LIST_TTL_MS, "cacheScope": "public"}
+        if method == "ping":
+            return {}
+        if method == "tools/list":
+            result = {"tools": [dict(t) for t in TOOLS]}
+            if modern:
+                result.update(ttlMs=TOOLS_LIST_TTL_MS, cacheScope="public")
+            return result
+        if method == "logging/setLevel":
+            level = params.get("level")
+            if level not in _MCP_LEVELS:
+                raise RpcError(INVALID_PARAMS, "level must be one of: " + ", ".join(_MCP_LEVELS))
+            self.client_log_level = level
+            return {}
+        if method == "tools/call":
+            raise RpcError(INTERNAL_ERROR, "tools/call must be answered by a worker")
+        raise RpcError(METHOD_NOT_FOUND, "Method not found: %s" % method)
+
+    def _initialize(self, params):
+        requested = params.get("protocolVersion")
+        if not isinstance(requested, str):
+            raise RpcError(INVALID_PARAMS, "initialize needs params.protocolVersion (a string)")
+        version = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
+        self.protocol_version = version
+        client = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else {}
+        self.log.info("initialize from %s %s: protocol %s", client.get("name", "?"), client.get("version", ""),
+                      version)
+        return {"protocolVersion": version, "capabilities": self._capabilities(),
+                "serverInfo": self._server_info(), "instructions": INSTRUCTIONS}
+
+    def _notification(self, method, params):
+        if method == "notifications/cancelled" and isinstance(params, dict):
+            request_id = params.get("requestId")
+            if _valid_id(request_id):
+                with self._state_lock:
+                    token = self._calls.get(json.dumps(request_id))
+                if token is not None:
+                    self.log.info("request %s cancelled by the client", json.dumps(request_id))
+                    token.cancel(str(params.get("reason") or "cancelled by the client"))
+
+    # -- tools/call ---------------------------------------------------------------
+
+    def _call_response(self, message):
+        """Run one tools/call to completion; None when it was cancelled."""
+        msg_id = message["id"]
+        if not _valid_id(msg_id):
+            return rpc_error(None, INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
+        params = message.get("params")
+        if not isinstance(params, dict):
+            return rpc_error(msg_id, INVALID_PARAMS, "tools/call needs params with a tool name")
+        try:
+            modern = self._check_modern(params)
+        except RpcError as exc:
+            return rpc_error(msg_id, exc.code, exc.message, exc.data)
+        name = params.get("name")
+        args = params.get("arguments", {})
+        if args is None:
+            args = {}
+        if not isinstance(name, str) or name not in self.handlers:
+            return rpc_error(msg_id, INVALID_PARAMS, "Unknown tool: %s" % (name,), {"available": list(TOOL_NAMES)})
+        if not isinstance(args, dict):
+            return rpc_error(msg_id, INVALID_PARAMS, "tools/call arguments must be an object, got %s" % _json_type(args))
+        key = json.dumps(msg_id)
+        token = CancelToken()
+        with self._state_lock:
+            if key in self._calls:
+                return rpc_error(msg_id, INVALID_REQUEST, "request id %s is already in use" % key)
+            self._calls[key] = token
+        try:
+            meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+            progress = self._progress_sink(meta.get("progressToken"), token)
+            call = Call(token, progress)
+            try:
+                structured, text, is_error = self.handlers[name](args, call)
+            except Cancelled:
+                return None
+            except Exception as exc:
+                if token.cancelled:
+                    return None
+                self.log.error("tool %s failed internally: %s: %s", name, type(exc).__name__, exc)
+                structured = status_fields("error", "internal_error", error_detail(
+                    "internal_error", "%s: %s" % (type(exc).__name__, exc), name))
+                text, is_error = "Internal error in %s: %s" % (name, exc), True
+            if token.cancelled:
+                return None
+            if self.config.problems:
+                structured = dict(structured, config_problems=[p.as_dict() for p in self.config.problems])
+                text = "\n".join("Configuration problem: " + p.message for p in self.config.problems) + "\n\n" + text
+                is_error = True
+            result = {"content": [{"type": "text", "text": self.log._redact(text)}],
+                      "structuredContent": structured, "isError": bool(is_error)}
+            if modern:
+                result["resultType"] = "complete"
+                result["_meta"] = {_META_SERVER: self._server_info()}
+            return rpc_result(msg_id, result)
+        finally:
+            with self._state_lock:
+                self._calls.pop(key, None)
+
+    def _progress_sink(self, progress_token, cancel_token):
+        """A function sending notifications/progress for this call, or None without a token."""
+        if not isinstance(progress_token, (str, int)) or isinstance(progress_token, bool):
+            return None
+        lock = threading.Lock()
+        last = [0.0]
+
+        def progress(done, total=None, message=None):
+            with lock:
+                if cancel_token.cancelled or done <= last[0]:
+                    return
+                last[0] = done
+                params = {"progressToken": progress_token, "progress": done}
+                if total is not None:
+                    params["total"] = total
+                if message:
+                    params["message"] = message
+                self.notify("notifications/progress", params)
+        return progress
+
+
+def _valid_id(value):
+    return (isinstance(value, (str, int)) and not isinstance(value, bool))
+
+# ---------------------------------------------------------------------------
+# §15 CLI
+# ---------------------------------------------------------------------------
+
+USAGE = """usage: python websearch_ring.py [--help | --help-env | --version]
+
+Serves MCP (JSON-RPC 2.0, one message per line) on stdin/stdout for an MCP
+client such as Claude Code, Codex, Cursor, Claude Desktop or VS Code.
+Configuration comes from environment variables: see --help-env.
+"""
+
+
+def main(argv=None, env=None):
+    """Entry point: serve MCP on stdio, or print help; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    env = os.environ if env is None else env
+    if argv and argv[0] in ("-h", "--help"):
+        sys.stdout.write(USAGE)
+        return 0
+    if argv and argv[0] == "--help-env":
+        sys.stdout.write(help_env_text())
+        return 0
+    if argv and argv[0] in ("-V", "--version"):
+        sys.stdout.write("websearch-ring %s\n" % __version__)
+        return 0
+    if argv:
+        sys.stderr.write("unknown argument %r\n\n%s" % (argv[0], USAGE))
+        return 2
+    config = Config.from_env(env)
+    server = Server(config)
+    try:
+        if sys.stdin.isatty():
+            server.log.info("waiting for an MCP client on stdin (try: %s --help)", os.path.basename(sys.argv[0]))
+    except (AttributeError, ValueError):
+        pass
+    try:
+        return server.serve()
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
