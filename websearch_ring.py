@@ -290,7 +290,7 @@ class Logger:
     def __init__(self, level="info", stream=None, redact=None, log_dir=None):
         self.threshold = self.LEVELS.get(level, 20)
         self._stream = stream if stream is not None else sys.stderr
-        self._redact = redact or Redactor()
+        self.redact = redact or Redactor()
         self._lock = threading.Lock()
         self._file = None
         if log_dir:
@@ -305,7 +305,7 @@ class Logger:
         """Log ``message % args`` at ``level`` (a name from LEVELS)."""
         if args:
             message = message % args
-        text = self._redact(message)
+        text = self.redact(message)
         if self.LEVELS.get(level, 20) >= self.threshold:
             self._write(level, text)
         for listener in list(self.listeners):
@@ -1157,7 +1157,8 @@ _BING_CAPTCHA = re.compile(
 # DuckDuckGo's in-page "are you a robot" dialog (served as 202 or 200).
 _DDG_ANOMALY = re.compile(
     r"anomaly-modal|id=[\"']challenge-form|anomaly\.js|bots use DuckDuckGo too", re.I)
-_BING_DATE = re.compile(r"^\s*([A-Z][a-z]{2} \d{1,2}, \d{4})\s*(?:\u00b7|&#0?183;|-)\s*")
+# "Jan 14, 2024 · snippet": the date the HTML engines put before a snippet.
+_LEADING_DATE = re.compile(r"^\s*([A-Z][a-z]{2} \d{1,2}, \d{4})\s*(?:\u00b7|-)\s*")
 
 
 class SearchContext:
@@ -1579,6 +1580,19 @@ def _classes(attrs):
     return set((dict(attrs).get("class") or "").split())
 
 
+def split_leading_date(snippet):
+    """``(published, rest)`` when a snippet starts with a date, else ``(None, snippet)``.
+
+    >>> split_leading_date("Jan 14, 2024 \u00b7 You can wait")
+    ('Jan 14, 2024', 'You can wait')
+    """
+    snippet = collapse_ws(snippet)
+    match = _LEADING_DATE.match(snippet)
+    if match:
+        return match.group(1), snippet[match.end():]
+    return None, snippet
+
+
 def parse_bing_html(html):
     """Organic results of a Bing result page (ads skipped, ``ck/a`` links decoded)."""
 
@@ -1653,14 +1667,9 @@ def parse_bing_html(html):
         title = collapse_ws("".join(item["title"]))
         if not url or not title:
             continue
-        snippet = collapse_ws("".join(item["snippet"]))
-        published = collapse_ws("".join(item["date"])) or None
-        match = _BING_DATE.match(snippet)
-        if match:
-            published = published or match.group(1)
-            snippet = snippet[match.end():]
-        snippet = re.sub(r"^\u00b7\s*", "", snippet)
-        results.append(make_result(title, url, snippet, published))
+        published, snippet = split_leading_date("".join(item["snippet"]))
+        published = collapse_ws("".join(item["date"])) or published
+        results.append(make_result(title, url, re.sub(r"^\u00b7\s*", "", snippet), published))
     return results
 
 
@@ -1719,7 +1728,8 @@ def parse_ddg_html(html):
         url = decode_ddg_url(item["href"])
         title = collapse_ws("".join(item["title"]))
         if url and title:
-            results.append(make_result(title, url, "".join(item["snippet"])))
+            published, snippet = split_leading_date("".join(item["snippet"]))
+            results.append(make_result(title, url, snippet, published))
     return results
 
 
@@ -1827,7 +1837,7 @@ class Ring:
                 if token.cancelled:
                     raise Cancelled(token.reason or "cancelled") from None
                 record = attempt_record(name, exc.outcome, self._clock() - started, code=exc.code,
-                                        http_status=exc.status, message=exc.message)
+                                        http_status=exc.status, message=self.log.redact(exc.message))
                 if exc.retry_after_s is not None:
                     record["retry_after_s"] = round(exc.retry_after_s, 1)
                 attempts.append(record)
@@ -1837,7 +1847,8 @@ class Ring:
                 if token.cancelled:
                     raise Cancelled(token.reason or "cancelled") from None
                 attempts.append(attempt_record(name, "bad_response", self._clock() - started,
-                                               code="internal_error", message="%s: %s" % (type(exc).__name__, exc)))
+                                               code="internal_error",
+                                               message=self.log.redact("%s: %s" % (type(exc).__name__, exc))))
                 self.log.error("%s raised %s: %s", name, type(exc).__name__, exc)
             else:
                 ranked = rank_results(results, num, name)
@@ -2174,13 +2185,13 @@ class SearchTools:
                 key, work, call.token, Deadline(self.config.deadline_s + 5.0, self._clock), call.progress)
             if shared:
                 self.log.info("web_search %r shared a concurrent call", query[:80])
-        s = {"request_id": call.request_id, "duration_ms": 0.0, "session_id": None, "query": query,
+        s = status_fields("success")
+        s.update({"request_id": call.request_id, "duration_ms": 0.0, "session_id": None, "query": query,
              "vendor": outcome["vendor"], "vendors": [outcome["vendor"]] if outcome["vendor"] else [],
              "cached": cached is not None, "coalesced": shared, "results": outcome["results"],
              "attempts": [] if cached is not None else outcome["attempts"], "filters_applied": {},
-             "truncated": False, "adjustments": adjustments}
+             "truncated": False, "adjustments": adjustments})
         if outcome["ok"]:
-            s.update(status_fields("success"))
             s["session_id"] = self._remember("web_search", query, outcome["results"])
         else:
             attempts = outcome["attempts"]
@@ -2585,7 +2596,7 @@ class Server:
                 structured = dict(structured, config_problems=[p.as_dict() for p in self.config.problems])
                 text = "\n".join("Configuration problem: " + p.message for p in self.config.problems) + "\n\n" + text
                 is_error = True
-            result = {"content": [{"type": "text", "text": self.log._redact(text)}],
+            result = {"content": [{"type": "text", "text": self.log.redact(text)}],
                       "structuredContent": structured, "isError": bool(is_error)}
             if modern:
                 result["resultType"] = "complete"
