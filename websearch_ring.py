@@ -1074,16 +1074,22 @@ class Coalescer:
     def __len__(self):
         return len(self._flights)
 
-    def run(self, key, work, token, deadline, listener=None):
-        """Return ``(value, shared)``; ``shared`` is True for callers that joined a flight.
+    def run(self, key, work, token, deadline, listener=None, lookup=None):
+        """Return ``(value, how)``: ``how`` is ``"own"``, ``"shared"`` or ``"cached"``.
 
         ``work(flight_token, emit)`` runs at most once per flight; its exception
         is re-raised in every caller.  ``emit(*event)`` reaches the ``listener``
-        of every caller still waiting.
+        of every caller still waiting.  ``lookup()`` (a cache read) is asked
+        under the lock before a new flight starts, so a caller arriving just as
+        a flight lands takes its cached value instead of starting another.
         """
         with self._lock:
             flight = self._flights.get(key)
-            shared = flight is not None
+            if flight is None and lookup is not None:
+                value = lookup()
+                if value is not None:
+                    return value, "cached"
+            how = "own" if flight is None else "shared"
             if flight is None:
                 flight = self._flights[key] = _Flight()
                 threading.Thread(target=self._fly, args=(key, flight, work),
@@ -1113,7 +1119,7 @@ class Coalescer:
             raise DeadlineExceeded("deadline passed while waiting for a shared call")
         if flight.error is not None:
             raise flight.error
-        return flight.value, shared
+        return flight.value, how
 
     def _leave(self, key, flight):
         with self._lock:
@@ -2169,28 +2175,39 @@ class SearchTools:
                                                             "duration_ms": 0.0})
         query, num, vendor = values["query"], values["numResults"], values.get("vendor")
         key = ("web_search", query, num, vendor or "", self.config.vendors)
-        cached, shared = self.cache.get(key), False
-        if cached is not None:
-            outcome, age = cached[0], self._clock() - cached[1]
-            self.log.info("cache hit for web_search %r (age %.0f s)", query[:80], age)
-        else:
-            def work(flight_token, emit):
-                deadline = Deadline(self.config.deadline_s, self._clock)
-                result = self.ring.search(query, num, vendor, flight_token, deadline, emit)
-                if result["ok"] and not flight_token.cancelled:
-                    self.cache.put(key, (result, self._clock()))
-                return result
 
-            outcome, shared = self.coalescer.run(
-                key, work, call.token, Deadline(self.config.deadline_s + 5.0, self._clock), call.progress)
-            if shared:
-                self.log.info("web_search %r shared a concurrent call", query[:80])
+        def work(flight_token, emit):
+            deadline = Deadline(self.config.deadline_s, self._clock)
+            result = self.ring.search(query, num, vendor, flight_token, deadline, emit)
+            if result["ok"] and not flight_token.cancelled:
+                self.cache.put(key, (result, self._clock()))
+            return result
+
+        def lookup():
+            return self.cache.get(key)
+
+        cached, how = lookup(), "cached"
+        if cached is None:
+            try:
+                value, how = self.coalescer.run(key, work, call.token, Deadline(
+                    self.config.deadline_s + 5.0, self._clock), call.progress, lookup)
+            except DeadlineExceeded as exc:
+                s = status_fields("error", "deadline_exceeded", error_detail(
+                    "deadline_exceeded", str(exc), "web_search", retryable=True))
+                s.update({"request_id": call.request_id, "query": query, "results": [], "attempts": []})
+                return s, "Search for %s timed out: %s" % (json.dumps(query, ensure_ascii=False), exc), True
+            cached, outcome = (value, None) if how == "cached" else (None, value)
+        if cached is not None:
+            outcome = cached[0]
+            self.log.info("cache hit for web_search %r (age %.0f s)", query[:80], self._clock() - cached[1])
+        elif how == "shared":
+            self.log.info("web_search %r shared a concurrent call", query[:80])
         s = status_fields("success")
         s.update({"request_id": call.request_id, "duration_ms": 0.0, "session_id": None, "query": query,
-             "vendor": outcome["vendor"], "vendors": [outcome["vendor"]] if outcome["vendor"] else [],
-             "cached": cached is not None, "coalesced": shared, "results": outcome["results"],
-             "attempts": [] if cached is not None else outcome["attempts"], "filters_applied": {},
-             "truncated": False, "adjustments": adjustments})
+                  "vendor": outcome["vendor"], "vendors": [outcome["vendor"]] if outcome["vendor"] else [],
+                  "cached": how == "cached", "coalesced": how == "shared", "results": outcome["results"],
+                  "attempts": [] if how == "cached" else outcome["attempts"], "filters_applied": {},
+                  "truncated": False, "adjustments": adjustments})
         if outcome["ok"]:
             s["session_id"] = self._remember("web_search", query, outcome["results"])
         else:
@@ -2379,7 +2396,11 @@ class Server:
             self._handle_batch(message)
             return
         if self._is_call(message):
-            self._spawn(self._answer_call, message)
+            token = self._register(message["id"])
+            if isinstance(token, dict):
+                self.send(token)
+            else:
+                self._spawn(self._answer_call, message, token)
             return
         response = self.dispatch(message)
         if response is not None:
@@ -2398,11 +2419,16 @@ class Server:
                 self.send(rpc_error(item.get("id"), INVALID_REQUEST, "initialize must not be part of a batch"))
                 return
 
+        tokens = [self._register(m["id"]) if self._is_call(m) else None for m in batch]
+
         def run_batch():
             results = [None] * len(batch)
 
             def one(i):
-                results[i] = self._call_response(batch[i]) if self._is_call(batch[i]) else self.dispatch(batch[i])
+                if isinstance(tokens[i], CancelToken):
+                    results[i] = self._call_response(batch[i], tokens[i])
+                else:
+                    results[i] = tokens[i] or self.dispatch(batch[i])
             threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(batch))]
             for t in threads:
                 t.start()
@@ -2442,8 +2468,24 @@ class Server:
         self._sweeper = threading.Thread(target=sweep, name="sweeper", daemon=True)
         self._sweeper.start()
 
-    def _answer_call(self, message):
-        response = self._call_response(message)
+    def _register(self, msg_id):
+        """A cancel token for a tools/call, registered before its worker starts.
+
+        Registering on the reader thread means a ``notifications/cancelled``
+        read right after the call always finds it.  Returns an error response
+        instead when the id is invalid or already in flight.
+        """
+        if not _valid_id(msg_id):
+            return rpc_error(None, INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
+        key = json.dumps(msg_id)
+        with self._state_lock:
+            if key in self._calls:
+                return rpc_error(msg_id, INVALID_REQUEST, "request id %s is already in use" % key)
+            token = self._calls[key] = CancelToken()
+        return token
+
+    def _answer_call(self, message, token):
+        response = self._call_response(message, token)
         if response is not None:
             self.send(response)
 
@@ -2549,11 +2591,16 @@ class Server:
 
     # -- tools/call ---------------------------------------------------------------
 
-    def _call_response(self, message):
+    def _call_response(self, message, token):
         """Run one tools/call to completion; None when it was cancelled."""
+        try:
+            return self._run_call(message, token)
+        finally:
+            with self._state_lock:
+                self._calls.pop(json.dumps(message["id"]), None)
+
+    def _run_call(self, message, token):
         msg_id = message["id"]
-        if not _valid_id(msg_id):
-            return rpc_error(None, INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
         params = message.get("params")
         if not isinstance(params, dict):
             return rpc_error(msg_id, INVALID_PARAMS, "tools/call needs params with a tool name")
@@ -2569,42 +2616,32 @@ class Server:
             return rpc_error(msg_id, INVALID_PARAMS, "Unknown tool: %s" % (name,), {"available": list(TOOL_NAMES)})
         if not isinstance(args, dict):
             return rpc_error(msg_id, INVALID_PARAMS, "tools/call arguments must be an object, got %s" % _json_type(args))
-        key = json.dumps(msg_id)
-        token = CancelToken()
-        with self._state_lock:
-            if key in self._calls:
-                return rpc_error(msg_id, INVALID_REQUEST, "request id %s is already in use" % key)
-            self._calls[key] = token
+        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        progress = self._progress_sink(meta.get("progressToken"), token)
+        call = Call(token, progress)
         try:
-            meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-            progress = self._progress_sink(meta.get("progressToken"), token)
-            call = Call(token, progress)
-            try:
-                structured, text, is_error = self.handlers[name](args, call)
-            except Cancelled:
-                return None
-            except Exception as exc:
-                if token.cancelled:
-                    return None
-                self.log.error("tool %s failed internally: %s: %s", name, type(exc).__name__, exc)
-                structured = status_fields("error", "internal_error", error_detail(
-                    "internal_error", "%s: %s" % (type(exc).__name__, exc), name))
-                text, is_error = "Internal error in %s: %s" % (name, exc), True
+            structured, text, is_error = self.handlers[name](args, call)
+        except Cancelled:
+            return None
+        except Exception as exc:
             if token.cancelled:
                 return None
-            if self.config.problems:
-                structured = dict(structured, config_problems=[p.as_dict() for p in self.config.problems])
-                text = "\n".join("Configuration problem: " + p.message for p in self.config.problems) + "\n\n" + text
-                is_error = True
-            result = {"content": [{"type": "text", "text": self.log.redact(text)}],
-                      "structuredContent": structured, "isError": bool(is_error)}
-            if modern:
-                result["resultType"] = "complete"
-                result["_meta"] = {_META_SERVER: self._server_info()}
-            return rpc_result(msg_id, result)
-        finally:
-            with self._state_lock:
-                self._calls.pop(key, None)
+            self.log.error("tool %s failed internally: %s: %s", name, type(exc).__name__, exc)
+            structured = status_fields("error", "internal_error", error_detail(
+                "internal_error", "%s: %s" % (type(exc).__name__, exc), name))
+            text, is_error = "Internal error in %s: %s" % (name, exc), True
+        if token.cancelled:
+            return None
+        if self.config.problems:
+            structured = dict(structured, config_problems=[p.as_dict() for p in self.config.problems])
+            text = "\n".join("Configuration problem: " + p.message for p in self.config.problems) + "\n\n" + text
+            is_error = True
+        result = {"content": [{"type": "text", "text": self.log.redact(text)}],
+                  "structuredContent": structured, "isError": bool(is_error)}
+        if modern:
+            result["resultType"] = "complete"
+            result["_meta"] = {_META_SERVER: self._server_info()}
+        return rpc_result(msg_id, result)
 
     def _progress_sink(self, progress_token, cancel_token):
         """A function sending notifications/progress for this call, or None without a token."""
