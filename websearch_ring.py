@@ -80,8 +80,12 @@ MIN_RESULTS, MAX_RESULTS, DEFAULT_RESULTS = 1, 20, 8
 SESSION_MAX, SESSION_TTL_S = 256, 3600.0
 CACHE_SWEEP_S = 60.0
 
+# The keyless four close every default ring; keyed vendors and SearXNG go first when configured.
 RING_VENDORS = ("exa", "tavily", "bing", "duckduckgo")
-KNOWN_VENDORS = RING_VENDORS
+KEYED_VENDORS = ("brave", "serper", "yep", "searxng")
+KNOWN_VENDORS = KEYED_VENDORS + RING_VENDORS
+TIME_RANGES = {"day": 1, "week": 7, "month": 31, "year": 366}   # window in days
+MAX_DOMAINS = 20
 
 DEFAULT_UA = ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 "
               "(KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36")
@@ -279,6 +283,143 @@ def url_host(url):
         return ""
 
 
+# Query parameters that only track the visitor: dropped when URLs are compared.
+_TRACKING_PARAMS = re.compile(
+    r"^(utm_\w+|fbclid|gclid|dclid|gbraid|wbraid|msclkid|yclid|mc_cid|mc_eid|igshid|_hsenc|_hsmi"
+    r"|mkt_tok|ref_src|ref_url|vero_id|oly_enc_id|oly_anon_id|__s|s_cid|spm)$", re.I)
+# Second-level labels under which a country TLD sells names (example.co.uk, example.com.au).
+_SECOND_LEVEL = frozenset({"co", "com", "net", "org", "gov", "edu", "ac", "or", "ne", "go", "gob", "mil", "nic"})
+# Hosting suffixes where every subdomain belongs to a different owner.
+_SHARED_SUFFIXES = ("github.io", "gitlab.io", "blogspot.com", "wordpress.com", "substack.com",
+                    "medium.com", "netlify.app", "vercel.app", "pages.dev", "herokuapp.com")
+_HOST_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+
+
+def normalize_url(url):
+    """The form of a URL used to tell duplicates apart.
+
+    Lower-cases scheme and host, drops ``www.``, default ports, tracking
+    parameters (``utm_*``, ``fbclid`` ...), the fragment and a trailing slash.
+
+    >>> normalize_url("HTTPS://WWW.Example.com:443/a/?utm_source=x&id=3#top")
+    'https://example.com/a?id=3'
+    >>> normalize_url("http://example.com/")
+    'http://example.com'
+    """
+    from urllib.parse import urlsplit, urlunsplit, parse_qsl, urlencode
+    try:
+        parts = urlsplit(url.strip())
+        host = (parts.hostname or "").lower()
+        port = parts.port
+    except ValueError:
+        return url.strip()
+    scheme = parts.scheme.lower()
+    if host.startswith("www."):
+        host = host[4:]
+    if ":" in host:
+        host = "[%s]" % host
+    if port and not ((scheme == "http" and port == 80) or (scheme == "https" and port == 443)):
+        host = "%s:%d" % (host, port)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if not _TRACKING_PARAMS.match(k)]
+    path = parts.path.rstrip("/")
+    return urlunsplit((scheme, host, path, urlencode(query), ""))
+
+
+def registrable_domain(host):
+    """The part of a host name that one owner registers (an approximation without the PSL).
+
+    >>> registrable_domain("docs.python.org"), registrable_domain("news.bbc.co.uk")
+    ('python.org', 'bbc.co.uk')
+    >>> registrable_domain("alice.github.io")
+    'alice.github.io'
+    """
+    host = host.lower().strip(".")
+    if host.startswith("www."):
+        host = host[4:]
+    for suffix in _SHARED_SUFFIXES:
+        if host.endswith("." + suffix):
+            return ".".join(host.split(".")[-(suffix.count(".") + 2):])
+    labels = host.split(".")
+    if len(labels) >= 3 and len(labels[-1]) == 2 and labels[-2] in _SECOND_LEVEL:
+        return ".".join(labels[-3:])
+    return ".".join(labels[-2:])
+
+
+def host_in_domain(host, domain):
+    """True when ``host`` is ``domain`` or one of its subdomains.
+
+    >>> host_in_domain("docs.python.org", "python.org"), host_in_domain("notpython.org", "python.org")
+    (True, False)
+    """
+    host = host.lower()
+    if host.startswith("www."):
+        host = host[4:]
+    return host == domain or host.endswith("." + domain)
+
+
+def is_domain(text):
+    """True for a bare host name such as ``example.com`` (no scheme, path or port)."""
+    labels = text.split(".")
+    return len(text) <= 253 and len(labels) >= 2 and all(_HOST_LABEL.match(l) for l in labels) \
+        and not labels[-1].isdigit()
+
+
+_MONTHS = {m: i for i, m in enumerate(
+    ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), 1)}
+_RELATIVE = re.compile(r"^(\d+|an?|one)\s+(minute|hour|day|week|month|year)s?\s+ago$", re.I)
+_UNIT_S = {"minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400, "month": 31 * 86400, "year": 366 * 86400}
+
+
+def parse_published(text, now=None):
+    """Seconds since the epoch for the date forms engines use, or None.
+
+    ISO 8601 (with or without time and zone), ``Jan 14, 2024``,
+    ``14 January 2024``, RFC 2822 and ``3 days ago``.
+
+    >>> parse_published("2024-01-14T00:00:00Z"), parse_published("Jan 14, 2024")
+    (1705190400.0, 1705190400.0)
+    >>> parse_published("2 days ago", now=1705190400.0)
+    1705017600.0
+    >>> parse_published("N/A") is None
+    True
+    """
+    import calendar
+    if not text or not isinstance(text, str):
+        return None
+    text = text.strip()
+    now = time.time() if now is None else now
+    m = re.match(r"^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?(?:\.\d+)?)?\s*(Z|[+-]\d{2}:?\d{2})?$",
+                 text)
+    if m:
+        y, mo, d, hh, mm, ss, tz = m.groups()
+        try:
+            value = calendar.timegm((int(y), int(mo), int(d), int(hh or 0), int(mm or 0), int(ss or 0), 0, 0, 0))
+        except (ValueError, OverflowError):
+            return None
+        if tz and tz != "Z":
+            sign = 1 if tz[0] == "+" else -1
+            digits = tz[1:].replace(":", "")
+            value -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+        return float(value)
+    m = re.match(r"^([A-Za-z]{3})[a-z]*\.? (\d{1,2}),? (\d{4})$", text) or None
+    if m and m.group(1).lower() in _MONTHS:
+        return float(calendar.timegm((int(m.group(3)), _MONTHS[m.group(1).lower()], int(m.group(2)), 0, 0, 0, 0, 0, 0)))
+    m = re.match(r"^(\d{1,2}) ([A-Za-z]{3})[a-z]*\.?,? (\d{4})$", text)
+    if m and m.group(2).lower() in _MONTHS:
+        return float(calendar.timegm((int(m.group(3)), _MONTHS[m.group(2).lower()], int(m.group(1)), 0, 0, 0, 0, 0, 0)))
+    m = _RELATIVE.match(text)
+    if m:
+        count = 1 if not m.group(1).isdigit() else int(m.group(1))
+        return now - count * _UNIT_S[m.group(2).lower()]
+    if "," in text and re.search(r"\d{1,2}:\d{2}", text):
+        from email.utils import parsedate_to_datetime
+        try:
+            return parsedate_to_datetime(text).timestamp()
+        except (TypeError, ValueError, IndexError):
+            return None
+    return None
+
+
 class Logger:
     """Every diagnostic line goes through here: to stderr (and a log file), redacted.
 
@@ -382,7 +523,8 @@ class Var:
 # Order is the order of --help-env and the README table.
 VARIABLES = (
     Var("WEBSEARCH_VENDORS", "vendors", "vendors", "",
-        "Ring order for web_search, comma-separated. Unset: exa,tavily,bing,duckduckgo."),
+        "Ring order for web_search, comma-separated. Unset: the keyed vendors that have a key "
+        "(brave, serper, yep), then searxng when SEARXNG_URL is set, then exa,tavily,bing,duckduckgo."),
     Var("WEBSEARCH_TIMEOUT_MS", "timeout_s", "int", "12000",
         "Timeout of one vendor attempt, in milliseconds.", lo=100, hi=600000, scale=0.001),
     Var("WEBSEARCH_DEADLINE_MS", "deadline_s", "int", "30000",
@@ -398,6 +540,14 @@ VARIABLES = (
         "Most cached searches kept (least recently used evicted first).", lo=1, hi=1000000),
     Var("WEBSEARCH_MAX_INFLIGHT", "max_inflight", "int", "16",
         "Most upstream HTTP requests at once; further requests queue, never fail.", lo=1, hi=1024),
+    Var("WEBSEARCH_COOLDOWN_MS", "cooldown_s", "int", "60000",
+        "How long a vendor that is rate limited (without Retry-After) or keeps failing is skipped.",
+        lo=1000, hi=86400000, scale=0.001),
+    Var("WEBSEARCH_FAILURE_THRESHOLD", "failure_threshold", "int", "3",
+        "Consecutive failures (errors, timeouts, blocks) that put a vendor in cooldown.", lo=1, hi=100),
+    Var("WEBSEARCH_AUTH_COOLDOWN_MS", "auth_cooldown_s", "int", "3600000",
+        "How long a vendor with a rejected key or an exhausted quota is skipped.",
+        lo=1000, hi=604800000, scale=0.001),
     Var("WEBSEARCH_UA", "user_agent", "str", "",
         "User-Agent sent to the HTML engines (bing, duckduckgo). Unset: a current desktop browser."),
     Var("EXA_API_KEY", "exa_api_key", "str", "",
@@ -405,6 +555,15 @@ VARIABLES = (
         secret=True),
     Var("TAVILY_API_KEY", "tavily_api_key", "str", "",
         "Tavily key (Bearer). Unset: Tavily's keyless mode.", secret=True),
+    Var("BRAVE_API_KEY", "brave_api_key", "str", "",
+        "Brave Search key (X-Subscription-Token); adds brave to the default ring.",
+        aliases=("BRAVE_SEARCH_API_KEY",), secret=True),
+    Var("SERPER_API_KEY", "serper_api_key", "str", "",
+        "Serper (Google results) key (X-API-KEY); adds serper to the default ring.", secret=True),
+    Var("YEP_API_KEY", "yep_api_key", "str", "",
+        "Yep key (Bearer); adds yep to the default ring.", secret=True),
+    Var("SEARXNG_URL", "searxng_url", "url", "",
+        "Base URL of your SearXNG instance (JSON output enabled); adds searxng to the default ring."),
     Var("WEBSEARCH_EXA_URL", "exa_url", "url", "https://api.exa.ai",
         "Base URL of the Exa REST API (used with EXA_API_KEY)."),
     Var("WEBSEARCH_EXA_MCP_URL", "exa_mcp_url", "url", "https://mcp.exa.ai/mcp",
@@ -415,6 +574,12 @@ VARIABLES = (
         "Base URL of Bing (GET /search)."),
     Var("WEBSEARCH_DUCKDUCKGO_URL", "duckduckgo_url", "url", "https://html.duckduckgo.com",
         "Base URL of DuckDuckGo's HTML endpoint (POST /html/)."),
+    Var("WEBSEARCH_BRAVE_URL", "brave_url", "url", "https://api.search.brave.com",
+        "Base URL of the Brave Search API (GET /res/v1/web/search)."),
+    Var("WEBSEARCH_SERPER_URL", "serper_url", "url", "https://google.serper.dev",
+        "Base URL of the Serper API (POST /search)."),
+    Var("WEBSEARCH_YEP_URL", "yep_url", "url", "https://platform.yep.com",
+        "Base URL of the Yep API (POST /api/search)."),
     Var("WEBSEARCH_PROXY", "proxy", "url", "",
         "Proxy for every upstream request; overrides HTTPS_PROXY and HTTP_PROXY."),
     Var("HTTPS_PROXY", "https_proxy", "url", "",
@@ -491,6 +656,15 @@ def _parse_value(var, raw):
     return text
 
 
+# What a vendor needs before it can serve: the field of its key or URL.
+_VENDOR_CREDENTIALS = {"brave": "brave_api_key", "serper": "serper_api_key", "yep": "yep_api_key",
+                       "searxng": "searxng_url"}
+
+
+def _field_var(field):
+    return next(v for v in VARIABLES if v.field == field)
+
+
 class Config:
     """Frozen configuration built by :meth:`from_env` from any mapping.
 
@@ -539,11 +713,31 @@ class Config:
                 values[var.field] = default
         if values["debug"]:
             values["log_level"] = "debug"
+        configured = {name: bool(values[field]) for name, field in _VENDOR_CREDENTIALS.items()}
+        if values["vendors"]:
+            missing = [n for n in values["vendors"] if not configured.get(n, True)]
+            for name in missing:
+                var = _field_var(_VENDOR_CREDENTIALS[name])
+                problems.append(Problem(
+                    "WEBSEARCH_VENDORS", ",".join(values["vendors"]), "vendors whose credentials are set",
+                    "WEBSEARCH_VENDORS names %s but %s is unset; %s is left out of the ring" % (
+                        name, var.name, name)))
+            values["vendors"] = tuple(n for n in values["vendors"] if n not in missing)
         if not values["vendors"]:
-            values["vendors"] = RING_VENDORS
+            values["vendors"] = tuple(n for n in KEYED_VENDORS if configured[n]) + RING_VENDORS
         if not values["user_agent"]:
             values["user_agent"] = DEFAULT_UA
         return cls(values, problems, sources)
+
+    def is_configured(self, vendor):
+        """True when ``vendor`` has what it needs (keyless vendors always do)."""
+        field = _VENDOR_CREDENTIALS.get(vendor)
+        return field is None or bool(self._values[field])
+
+    def requirement(self, vendor):
+        """The variable a vendor needs, or None for keyless vendors."""
+        field = _VENDOR_CREDENTIALS.get(vendor)
+        return _field_var(field).name if field else None
 
     def secrets(self):
         """Every secret value, for the redactor."""
@@ -1167,16 +1361,67 @@ _DDG_ANOMALY = re.compile(
 _LEADING_DATE = re.compile(r"^\s*([A-Z][a-z]{2} \d{1,2}, \d{4})\s*(?:\u00b7|-)\s*")
 
 
+class Filters:
+    """The filters of one web_search call (all optional)."""
+
+    __slots__ = ("lang", "time_range", "include", "exclude", "per_domain")
+    NAMES = ("lang", "time_range", "include_domains", "exclude_domains", "max_results_per_domain")
+
+    def __init__(self, lang=None, time_range=None, include=(), exclude=(), per_domain=None):
+        self.lang = lang
+        self.time_range = time_range
+        self.include = tuple(include)
+        self.exclude = tuple(exclude)
+        self.per_domain = per_domain
+
+    def active(self):
+        """The names of the filters that are set, in NAMES order."""
+        values = (self.lang, self.time_range, self.include, self.exclude, self.per_domain)
+        return [n for n, v in zip(self.NAMES, values) if v]
+
+    def key(self):
+        return (self.lang, self.time_range, self.include, self.exclude, self.per_domain)
+
+    def since(self, now=None):
+        """Epoch seconds where the time window starts, or None."""
+        if not self.time_range:
+            return None
+        return (time.time() if now is None else now) - TIME_RANGES[self.time_range] * 86400.0
+
+    def site_query(self, query):
+        """``query`` with ``site:`` operators for the domain filters (engines with Google syntax).
+
+        >>> Filters(include=("a.org", "b.org"), exclude=("c.org",)).site_query("q")
+        'q (site:a.org OR site:b.org) -site:c.org'
+        """
+        parts = [query]
+        if len(self.include) == 1:
+            parts.append("site:" + self.include[0])
+        elif self.include:
+            parts.append("(" + " OR ".join("site:" + d for d in self.include) + ")")
+        parts.extend("-site:" + d for d in self.exclude)
+        return " ".join(parts)
+
+
+NO_FILTERS = Filters()
+
+
 class SearchContext:
-    """What a vendor needs for one attempt: transport, deadline, cancel token, configuration."""
+    """What a vendor needs for one attempt: transport, deadline, cancel token, configuration, filters.
 
-    __slots__ = ("transport", "deadline", "token", "config")
+    ``headers`` holds the headers of the vendor's last response, so the ring
+    can read rate-limit headers from successes too.
+    """
 
-    def __init__(self, transport, deadline, token, config):
+    __slots__ = ("transport", "deadline", "token", "config", "filters", "headers")
+
+    def __init__(self, transport, deadline, token, config, filters=NO_FILTERS):
         self.transport = transport
         self.deadline = deadline
         self.token = token
         self.config = config
+        self.filters = filters
+        self.headers = {}
 
 
 def make_result(title, url, snippet="", published=None, score=None):
@@ -1208,21 +1453,56 @@ def body_message(response, limit=300):
     return collapse_ws(text)[:limit] or ("HTTP %d" % response.status)
 
 
-def retry_after_of(response):
-    """Seconds to wait from Retry-After or X-RateLimit-Reset (epoch s or ms, or delta)."""
-    wait = parse_retry_after(response.headers.get("retry-after"))
+def _reset_seconds(value, now=None):
+    """X-RateLimit-Reset as seconds from now: an epoch in s or ms, or a delta."""
+    value = int(value)
+    now = time.time() if now is None else now
+    if value > 1e12:
+        return max(0.0, value / 1000.0 - now)
+    if value > 1e9:
+        return max(0.0, value - now)
+    return float(value)
+
+
+def retry_after_of(headers):
+    """Seconds to wait from Retry-After or X-RateLimit-Reset (the longest window).
+
+    >>> retry_after_of({"retry-after": "7"}), retry_after_of({"x-ratelimit-reset": "1, 30"})
+    (7.0, 30.0)
+    """
+    wait = parse_retry_after(headers.get("retry-after"))
     if wait is not None:
         return wait
-    reset = response.headers.get("x-ratelimit-reset", "").strip()
-    if reset.isdigit():
-        value = int(reset)
-        now = time.time()
-        if value > 1e12:
-            return max(0.0, value / 1000.0 - now)
-        if value > 1e9:
-            return max(0.0, value - now)
-        return float(value)
-    return None
+    resets = [r.strip() for r in headers.get("x-ratelimit-reset", "").split(",")]
+    resets = [_reset_seconds(r) for r in resets if r.isdigit()]
+    return max(resets) if resets else None
+
+
+def exhausted_window(headers):
+    """Seconds until a rate-limit window that has no requests left resets, or None.
+
+    Windows are comma-separated (Brave: per second, per month); a limit of 0
+    means unlimited, not exhausted.
+
+    >>> exhausted_window({"x-ratelimit-limit": "1, 2000", "x-ratelimit-remaining": "0, 1946",
+    ...                   "x-ratelimit-reset": "1, 1419704"})
+    1.0
+    >>> exhausted_window({"x-ratelimit-limit": "50, 0", "x-ratelimit-remaining": "49, 0",
+    ...                   "x-ratelimit-reset": "1, 2558678"}) is None
+    True
+    """
+    remaining = [r.strip() for r in headers.get("x-ratelimit-remaining", "").split(",")]
+    if not any(r == "0" for r in remaining):
+        return None
+    limits = [r.strip() for r in headers.get("x-ratelimit-limit", "").split(",")]
+    resets = [r.strip() for r in headers.get("x-ratelimit-reset", "").split(",")]
+    waits = []
+    for i, r in enumerate(remaining):
+        if r != "0" or (i < len(limits) and limits[i] == "0"):
+            continue
+        if i < len(resets) and resets[i].isdigit():
+            waits.append(_reset_seconds(resets[i]))
+    return max(waits) if waits else None
 
 
 class Vendor:
@@ -1233,10 +1513,14 @@ class Vendor:
     """
 
     name = "vendor"
-    keyless = True
+    # Filters this vendor passes to the engine itself; the ring post-filters the rest.
+    NATIVE = frozenset()
 
     def __init__(self, config):
         self.config = config
+
+    def native_filters(self):
+        return self.NATIVE
 
     def search(self, ctx, query, num):
         raise NotImplementedError
@@ -1244,9 +1528,11 @@ class Vendor:
     def http(self, ctx, method, url, *, headers=None, body=None, max_redirects=0):
         """One request through the shared transport, transport failures made attempt errors."""
         try:
-            return ctx.transport.request(
+            response = ctx.transport.request(
                 method, url, headers=headers, body=body, timeout_s=self.config.timeout_s,
                 deadline=ctx.deadline, token=ctx.token, max_redirects=max_redirects)
+            ctx.headers = response.headers
+            return response
         except TransportError as exc:
             outcome, code = {
                 "timeout": ("timeout", "timeout"),
@@ -1266,7 +1552,7 @@ class Vendor:
         message = message or body_message(response)
         if status == 429:
             raise UpstreamError(self.name, "rate_limited", "rate_limited", message, status=status,
-                                retry_after_s=retry_after_of(response))
+                                retry_after_s=retry_after_of(response.headers))
         if status == 401:
             raise UpstreamError(self.name, "auth_error", "invalid_key", message, status=status, retryable=False)
         if status == 403:
@@ -1299,6 +1585,11 @@ class ExaVendor(Vendor):
     """Exa: keyless through the hosted MCP endpoint, or REST ``/search`` with ``EXA_API_KEY``."""
 
     name = "exa"
+    REST_NATIVE = frozenset({"include_domains", "exclude_domains", "time_range"})
+
+    def native_filters(self):
+        # The hosted MCP tool takes only a query and a count.
+        return self.REST_NATIVE if self.config.exa_api_key else frozenset()
 
     def search(self, ctx, query, num):
         if self.config.exa_api_key:
@@ -1306,8 +1597,15 @@ class ExaVendor(Vendor):
         return self._search_mcp(ctx, query, num)
 
     def _search_rest(self, ctx, query, num):
-        body = json.dumps({"query": query, "numResults": num, "type": "auto",
-                           "contents": {"highlights": True}})
+        request = {"query": query, "numResults": num, "type": "auto", "contents": {"highlights": True}}
+        f = ctx.filters
+        if f.include:
+            request["includeDomains"] = list(f.include)
+        if f.exclude:
+            request["excludeDomains"] = list(f.exclude)
+        if f.time_range:
+            request["startPublishedDate"] = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(f.since()))
+        body = json.dumps(request)
         resp = self.http(ctx, "POST", self.config.exa_url + "/search", body=body, headers={
             "Content-Type": "application/json", "Accept": "application/json",
             "x-api-key": self.config.exa_api_key})
@@ -1453,6 +1751,7 @@ class TavilyVendor(Vendor):
     """Tavily ``/search``: Bearer key, or keyless mode by header."""
 
     name = "tavily"
+    NATIVE = frozenset({"include_domains", "exclude_domains", "time_range"})
 
     def search(self, ctx, query, num):
         headers = {"Content-Type": "application/json", "Accept": "application/json",
@@ -1461,7 +1760,15 @@ class TavilyVendor(Vendor):
             headers["Authorization"] = "Bearer " + self.config.tavily_api_key
         else:
             headers["X-Tavily-Access-Mode"] = "keyless"
-        body = json.dumps({"query": query, "max_results": num, "search_depth": "basic"})
+        request = {"query": query, "max_results": num, "search_depth": "basic"}
+        f = ctx.filters
+        if f.include:
+            request["include_domains"] = list(f.include)
+        if f.exclude:
+            request["exclude_domains"] = list(f.exclude)
+        if f.time_range:
+            request["time_range"] = f.time_range
+        body = json.dumps(request)
         resp = self.http(ctx, "POST", self.config.tavily_url + "/search", body=body, headers=headers)
         if resp.status != 200:
             self._fail(resp)
@@ -1492,7 +1799,8 @@ class TavilyVendor(Vendor):
             wait = envelope.get("retry_after_seconds")
             raise UpstreamError(self.name, "rate_limited", "keyless_limit",
                                 str(envelope.get("message") or envelope["code"])[:300], status=resp.status,
-                                retry_after_s=float(wait) if isinstance(wait, (int, float)) else retry_after_of(resp),
+                                retry_after_s=float(wait) if isinstance(wait, (int, float))
+                                else retry_after_of(resp.headers),
                                 upstream_code=envelope["code"])
         if resp.status in (432, 433):
             raise UpstreamError(self.name, "quota_exhausted",
@@ -1743,14 +2051,24 @@ class BingVendor(Vendor):
     """Bing's HTML result page, scraped; a captcha or challenge page is a failure."""
 
     name = "bing"
+    NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains"})
+    # Bing's freshness filter: ez1 day, ez2 week, ez3 month; a year is an explicit day range.
+    _FRESHNESS = {"day": 'ex1:"ez1"', "week": 'ex1:"ez2"', "month": 'ex1:"ez3"'}
 
     def search(self, ctx, query, num):
         from urllib.parse import urlencode
-        url = self.config.bing_url + "/search?" + urlencode({"q": query})
+        f = ctx.filters
+        params = {"q": f.site_query(query)}
+        if f.lang:
+            params["setlang"] = f.lang
+        if f.time_range:
+            today = int(time.time() // 86400)
+            params["filters"] = self._FRESHNESS.get(f.time_range, 'ex1:"ez5_%d_%d"' % (today - 365, today))
+        url = self.config.bing_url + "/search?" + urlencode(params)
         resp = self.http(ctx, "GET", url, max_redirects=3, headers={
             "User-Agent": self.config.user_agent,
             "Accept": "text/html,application/xhtml+xml;q=0.9,*/*;q=0.8",
-            "Accept-Language": "en-US,en;q=0.9"})
+            "Accept-Language": "%s,en;q=0.5" % f.lang if f.lang else "en-US,en;q=0.9"})
         html = resp.text()
         if "/turing/captcha" in resp.url or _BING_CAPTCHA.search(html[:200000]):
             raise UpstreamError(self.name, "blocked", "captcha",
@@ -1770,11 +2088,16 @@ class DuckDuckGoVendor(Vendor):
     """DuckDuckGo's no-JavaScript HTML endpoint; its anomaly dialog (202 or 200) is a failure."""
 
     name = "duckduckgo"
+    NATIVE = frozenset({"time_range", "include_domains", "exclude_domains"})
 
     def search(self, ctx, query, num):
         from urllib.parse import urlencode
         base = self.config.duckduckgo_url
-        resp = self.http(ctx, "POST", base + "/html/", body=urlencode({"q": query, "b": "", "kl": "wt-wt"}),
+        f = ctx.filters
+        form = {"q": f.site_query(query), "b": "", "kl": "wt-wt"}
+        if f.time_range:
+            form["df"] = f.time_range[0]     # d, w, m, y
+        resp = self.http(ctx, "POST", base + "/html/", body=urlencode(form),
                          max_redirects=2, headers={
                              "User-Agent": self.config.user_agent,
                              "Content-Type": "application/x-www-form-urlencoded",
@@ -1797,11 +2120,233 @@ class DuckDuckGoVendor(Vendor):
         return results[:num]
 
 
-VENDOR_CLASSES = {cls.name: cls for cls in (ExaVendor, TavilyVendor, BingVendor, DuckDuckGoVendor)}
+def strip_tags(text):
+    """Plain text of a snippet that may carry ``<strong>`` highlights and entities.
+
+    >>> strip_tags("With <strong>server-sent events</strong> &amp; more")
+    'With server-sent events & more'
+    """
+    import html
+    return html.unescape(re.sub(r"<[^>]+>", "", text or ""))
+
+
+class BraveVendor(Vendor):
+    """Brave Search API: a bad key is 422, and an exhausted monthly quota is a 429 too."""
+
+    name = "brave"
+    NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains"})
+    # Brave's own codes for a few languages (https://api.search.brave.com docs).
+    _LANG = {"ja": "jp", "zh": "zh-hans", "pt": "pt-pt"}
+
+    def search(self, ctx, query, num):
+        from urllib.parse import urlencode
+        f = ctx.filters
+        params = {"q": f.site_query(query), "count": min(num, 20)}
+        if f.lang:
+            params["search_lang"] = self._LANG.get(f.lang, f.lang)
+        if f.time_range:
+            params["freshness"] = "p" + f.time_range[0]     # pd, pw, pm, py
+        resp = self.http(ctx, "GET", self.config.brave_url + "/res/v1/web/search?" + urlencode(params), headers={
+            "Accept": "application/json", "X-Subscription-Token": self.config.brave_api_key})
+        if resp.status != 200:
+            self._fail(resp)
+        data = self.parse_json(resp)
+        results = []
+        for item in ((data.get("web") or {}).get("results") or []) if isinstance(data, dict) else []:
+            if isinstance(item, dict) and item.get("url"):
+                snippet = strip_tags(item.get("description"))
+                extra = [strip_tags(x) for x in item.get("extra_snippets") or [] if isinstance(x, str)]
+                if extra:
+                    snippet = " ".join([snippet] + extra[:2])
+                results.append(make_result(strip_tags(item.get("title")), item["url"], snippet,
+                                           item.get("page_age") or item.get("age")))
+        if not results:
+            self.no_results()
+        return results
+
+    def _fail(self, resp):
+        try:
+            err = (resp.json() or {}).get("error") or {}
+        except (ValueError, AttributeError):
+            err = {}
+        if not isinstance(err, dict):
+            err = {}
+        code, detail = err.get("code"), err.get("detail") or body_message(resp)
+        meta = err.get("meta") if isinstance(err.get("meta"), dict) else {}
+        if code == "SUBSCRIPTION_TOKEN_INVALID" or (resp.status == 401):
+            raise UpstreamError(self.name, "auth_error", "invalid_key",
+                                "Brave rejected BRAVE_API_KEY: %s" % detail, status=resp.status,
+                                retryable=False, upstream_code=code)
+        if resp.status == 429:
+            quota, used = meta.get("quota_limit"), meta.get("quota_current")
+            if isinstance(quota, int) and quota > 0 and isinstance(used, int) and used >= quota:
+                raise UpstreamError(self.name, "quota_exhausted", "quota_exhausted",
+                                    "Brave monthly quota used up (%d of %d requests on the %s plan)" % (
+                                        used, quota, meta.get("plan", "current")),
+                                    status=429, retryable=False, retry_after_s=retry_after_of(resp.headers),
+                                    upstream_code=code)
+            raise UpstreamError(self.name, "rate_limited", "rate_limited", detail, status=429,
+                                retry_after_s=exhausted_window(resp.headers) or retry_after_of(resp.headers),
+                                upstream_code=code)
+        if code == "VALIDATION" or resp.status in (400, 422):
+            raise UpstreamError(self.name, "http_error", "bad_parameters", detail, status=resp.status,
+                                retryable=False, upstream_code=code)
+        if resp.status == 403:
+            raise UpstreamError(self.name, "blocked", "forbidden",
+                                "a firewall in front of Brave refused the request: " + body_message(resp),
+                                status=403)
+        self.fail_http(resp, detail)
+
+
+class SerperVendor(Vendor):
+    """Serper (Google results): a bad key is 403 and no credits is a 400 with that message."""
+
+    name = "serper"
+    NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains"})
+
+    def search(self, ctx, query, num):
+        f = ctx.filters
+        request = {"q": f.site_query(query), "num": 10 if num <= 10 else 20}
+        if f.lang:
+            request["hl"] = f.lang
+        if f.time_range:
+            request["tbs"] = "qdr:" + f.time_range[0]
+        resp = self.http(ctx, "POST", self.config.serper_url + "/search", body=json.dumps(request), headers={
+            "Content-Type": "application/json", "Accept": "application/json",
+            "X-API-KEY": self.config.serper_api_key})
+        if resp.status != 200:
+            message = body_message(resp)
+            if resp.status == 403:
+                raise UpstreamError(self.name, "auth_error", "invalid_key",
+                                    "Serper rejected SERPER_API_KEY: " + message, status=403, retryable=False)
+            if resp.status == 400 and "credit" in message.lower():
+                raise UpstreamError(self.name, "quota_exhausted", "quota_exhausted",
+                                    "Serper has no credits left: " + message, status=400, retryable=False)
+            if resp.status == 400:
+                raise UpstreamError(self.name, "http_error", "bad_parameters", message, status=400,
+                                    retryable=False)
+            self.fail_http(resp, message)
+        data = self.parse_json(resp)
+        results = []
+        for item in (data.get("organic") or []) if isinstance(data, dict) else []:
+            if isinstance(item, dict) and item.get("link"):
+                results.append(make_result(item.get("title") or "", item["link"], item.get("snippet") or "",
+                                           item.get("date")))
+        if not results:
+            self.no_results()
+        return results
+
+
+class YepVendor(Vendor):
+    """Yep's search API: Bearer key, ``{"error", "request_id"}`` bodies, X-RateLimit-* on every answer."""
+
+    name = "yep"
+    NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains"})
+
+    def search(self, ctx, query, num):
+        f = ctx.filters
+        request = {"query": query, "type": "highlights", "limit": num}
+        if f.lang:
+            request["language"] = [f.lang]
+        if f.include:
+            request["include_domains"] = ",".join("https://" + d for d in f.include)
+        if f.exclude:
+            request["exclude_domains"] = ",".join("https://" + d for d in f.exclude)
+        if f.time_range:
+            request["start_published_date"] = time.strftime("%Y-%m-%d", time.gmtime(f.since()))
+        resp = self.http(ctx, "POST", self.config.yep_url + "/api/search", body=json.dumps(request), headers={
+            "Content-Type": "application/json", "Accept": "application/json",
+            "Authorization": "Bearer " + self.config.yep_api_key})
+        if resp.status != 200:
+            message = body_message(resp)
+            if resp.status == 400:
+                raise UpstreamError(self.name, "http_error", "bad_parameters", message, status=400,
+                                    retryable=False)
+            if resp.status == 401:
+                raise UpstreamError(self.name, "auth_error", "invalid_key",
+                                    "Yep rejected YEP_API_KEY: " + message, status=401, retryable=False)
+            if resp.status == 402:
+                raise UpstreamError(self.name, "quota_exhausted", "insufficient_balance",
+                                    "Yep account balance is used up: " + message, status=402, retryable=False)
+            self.fail_http(resp, message)
+        data = self.parse_json(resp)
+        results = []
+        for item in (data.get("results") or []) if isinstance(data, dict) else []:
+            if isinstance(item, dict) and item.get("url"):
+                highlights = [h for h in item.get("highlights") or [] if isinstance(h, str)]
+                snippet = item.get("description") or " ".join(highlights)
+                results.append(make_result(item.get("title") or "", item["url"], snippet,
+                                           item.get("published_date")))
+        if not results:
+            self.no_results()
+        return results
+
+
+class SearxngVendor(Vendor):
+    """A self-hosted SearXNG instance's JSON API; a 403 means JSON output is disabled there."""
+
+    name = "searxng"
+    NATIVE = frozenset({"lang", "time_range"})
+    # SearXNG's bot limiter rejects Python's default User-Agent, JSON-only Accept,
+    # a missing Accept-Language and clients that cannot take gzip.
+    HEADERS = {"User-Agent": "websearch-ring/%s (+MCP server)" % __version__,
+               "Accept": "application/json, text/html;q=0.9, */*;q=0.8",
+               "Accept-Language": "en-US,en;q=0.7"}
+
+    def search(self, ctx, query, num):
+        from urllib.parse import urlencode
+        f = ctx.filters
+        params = {"q": query, "format": "json", "pageno": 1}
+        if f.lang:
+            params["language"] = f.lang
+        if f.time_range:
+            params["time_range"] = f.time_range
+        headers = dict(self.HEADERS)
+        if f.lang:
+            headers["Accept-Language"] = "%s,en;q=0.5" % f.lang
+        resp = self.http(ctx, "GET", self.config.searxng_url + "/search?" + urlencode(params), headers=headers,
+                         max_redirects=2)
+        if resp.status == 403:
+            raise UpstreamError(self.name, "http_error", "json_disabled",
+                                "this SearXNG instance has JSON output disabled: add json to search.formats "
+                                "in its settings.yml", status=403, retryable=False)
+        if resp.status == 429:
+            raise UpstreamError(self.name, "rate_limited", "rate_limited",
+                                "SearXNG's limiter refused the request: " + body_message(resp), status=429,
+                                retry_after_s=retry_after_of(resp.headers))
+        if resp.status == 400:
+            raise UpstreamError(self.name, "http_error", "bad_parameters", body_message(resp), status=400,
+                                retryable=False)
+        if resp.status != 200:
+            self.fail_http(resp)
+        data = self.parse_json(resp)
+        if not isinstance(data, dict):
+            raise UpstreamError(self.name, "bad_response", "invalid_json", "unexpected JSON shape", status=200)
+        results = []
+        for item in data.get("results") or []:
+            url = item.get("url") if isinstance(item, dict) else None
+            if isinstance(url, str) and url.startswith(("http://", "https://")):
+                score = item.get("score") if isinstance(item.get("score"), (int, float)) else None
+                results.append(make_result(item.get("title") or "", url, item.get("content") or "",
+                                           item.get("publishedDate"), score))
+        if not results:
+            dead = data.get("unresponsive_engines") or []
+            reasons = ", ".join("%s: %s" % tuple(e[:2]) for e in dead if isinstance(e, list) and len(e) >= 2)
+            if reasons:
+                raise UpstreamError(self.name, "no_results", "engines_unresponsive",
+                                    "no results; unresponsive engines: " + reasons[:300], status=200)
+            self.no_results()
+        return results
+
+
+VENDOR_CLASSES = {cls.name: cls for cls in (BraveVendor, SerperVendor, YepVendor, SearxngVendor,
+                                             ExaVendor, TavilyVendor, BingVendor, DuckDuckGoVendor)}
 
 # ---------------------------------------------------------------------------
 # §12 Ring
 # ---------------------------------------------------------------------------
+
+RRF_K = 60   # reciprocal rank fusion constant (Cormack et al., 2009)
 
 
 def attempt_record(vendor, outcome, elapsed_s, *, code=None, http_status=None, message=None):
@@ -1810,8 +2355,216 @@ def attempt_record(vendor, outcome, elapsed_s, *, code=None, http_status=None, m
             "elapsed_ms": round(elapsed_s * 1000.0, 1), "message": message}
 
 
+class Health(enum.Enum):
+    """A vendor's state in the ring."""
+    HEALTHY = "healthy"
+    COOLDOWN = "cooldown"
+    HALF_OPEN = "half_open"     # cooldown over; one probe request may go through
+
+
+class _VendorHealth:
+    __slots__ = ("state", "until", "reason", "failures", "probing", "long")
+
+    def __init__(self):
+        self.state = Health.HEALTHY
+        self.until = 0.0
+        self.reason = None
+        self.failures = 0
+        self.probing = False
+        self.long = False
+
+
+class HealthBoard:
+    """Cooldowns per vendor, learned from 429s, Retry-After, X-RateLimit-* and repeated failures.
+
+    A vendor in cooldown is skipped.  When the cooldown ends the first caller
+    becomes the one probe (``half_open``); the others keep skipping until the
+    probe succeeds (healthy again) or fails (a new cooldown).
+    """
+
+    # Outcomes that say nothing about the vendor's health.
+    NEUTRAL = frozenset({"success", "no_results", "cancelled"})
+
+    def __init__(self, config, logger, clock=time.monotonic):
+        self.config = config
+        self.log = logger
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._vendors = collections.defaultdict(_VendorHealth)
+
+    def admit(self, name):
+        """``None`` when ``name`` may be asked now, else ``(seconds_left, reason)``."""
+        with self._lock:
+            h = self._vendors[name]
+            if h.state is Health.HEALTHY:
+                return None
+            left = h.until - self._clock()
+            if h.state is Health.COOLDOWN and left > 0:
+                return left, h.reason
+            if h.probing:
+                return 0.0, "a probe request is in flight after the cooldown (%s)" % h.reason
+            h.state, h.probing = Health.HALF_OPEN, True
+        self.log.info("%s cooldown over: letting one probe request through", name)
+        return None
+
+    def record(self, name, outcome, headers=None, retry_after_s=None, code=None, message=None):
+        """Update ``name`` after an attempt that ended with ``outcome``."""
+        headers = headers or {}
+        cooldown, long = None, False
+        with self._lock:
+            h = self._vendors[name]
+            was = h.state
+            h.probing = False
+            if outcome == "cancelled":
+                if h.state is Health.HALF_OPEN:
+                    h.state = Health.COOLDOWN       # expired: the next caller probes again
+                return
+            if outcome in ("auth_error", "quota_exhausted"):
+                cooldown, long = retry_after_s or self.config.auth_cooldown_s, True
+                if retry_after_s:
+                    cooldown = max(retry_after_s, 1.0)
+            elif outcome == "rate_limited":
+                cooldown = retry_after_s if retry_after_s else self.config.cooldown_s
+            elif outcome == "blocked":
+                cooldown = self.config.cooldown_s       # a captcha does not go away in seconds
+            elif outcome in self.NEUTRAL or code in ("bad_parameters", "bad_request"):
+                h.failures = 0
+                if outcome == "success":
+                    window = exhausted_window(headers)
+                    if window:
+                        cooldown, message = window, "no requests left in the rate-limit window"
+            else:
+                h.failures += 1
+                if h.failures >= self.config.failure_threshold or was is Health.HALF_OPEN:
+                    cooldown = self.config.cooldown_s
+                    message = "%d consecutive failures, last: %s" % (h.failures, message or outcome)
+            if cooldown is None:
+                if h.state is not Health.HEALTHY:
+                    h.state, h.reason, h.long = Health.HEALTHY, None, False
+                    self.log.info("%s is healthy again", name)
+                return
+            h.state, h.until, h.long = Health.COOLDOWN, self._clock() + cooldown, long
+            h.reason = "%s%s" % (outcome, ": " + message if message else "")
+            h.failures = 0
+        self.log.warning("%s in cooldown for %.0f s (%s)%s", name, cooldown, h.reason,
+                         "; check its key or plan" if long else "")
+
+    def snapshot(self, names):
+        """Health of ``names`` for structured output."""
+        now = self._clock()
+        out = {}
+        with self._lock:
+            for name in names:
+                h = self._vendors.get(name)
+                if h is None or h.state is Health.HEALTHY:
+                    out[name] = {"state": "healthy", "consecutive_failures": h.failures if h else 0}
+                    continue
+                out[name] = {"state": h.state.value if h.until > now or h.state is Health.HALF_OPEN else "half_open",
+                             "cooldown_remaining_s": round(max(0.0, h.until - now), 1), "reason": h.reason}
+        return out
+
+
+def apply_post_filters(results, filters, native, now=None):
+    """Drop results outside the domain and time filters the vendor did not apply itself.
+
+    Domain filters are always checked (a vendor that takes them natively can
+    still return a stray result); the time window only when the vendor has
+    no native parameter, and then undated results go too.
+    """
+    since = filters.since(now) if "time_range" not in native else None
+    kept = []
+    for item in results:
+        host = url_host(item["url"])
+        if filters.include and not any(host_in_domain(host, d) for d in filters.include):
+            continue
+        if any(host_in_domain(host, d) for d in filters.exclude):
+            continue
+        if since is not None:
+            when = parse_published(item.get("published"), now)
+            if when is None or when < since:
+                continue
+        kept.append(item)
+    return kept
+
+
+def cap_per_domain(results, per_domain):
+    """Keep at most ``per_domain`` results of each registrable domain, order kept."""
+    if not per_domain:
+        return results
+    counts, kept = collections.Counter(), []
+    for item in results:
+        domain = registrable_domain(url_host(item["url"]))
+        if counts[domain] < per_domain:
+            counts[domain] += 1
+            kept.append(item)
+    return kept
+
+
+def filters_how(filters, native, reason_vendor):
+    """``filters_applied`` for one vendor: native, post_filter, or why not."""
+    out = {}
+    for name in filters.active():
+        if name == "max_results_per_domain":
+            out[name] = "post_filter"
+        elif name in native:
+            out[name] = "native"
+        elif name == "lang":
+            out[name] = "unsupported: %s has no language parameter and results carry no language" % reason_vendor
+        else:
+            out[name] = "post_filter"
+    return out
+
+
+def rank_results(results, num, vendor):
+    """De-duplicate by normalized URL, keep the first ``num``, number them from 1."""
+    seen, ranked = set(), []
+    for item in results:
+        key = normalize_url(item["url"])
+        if key in seen:
+            continue
+        seen.add(key)
+        ranked.append(dict(item, rank=len(ranked) + 1, vendors=[vendor]))
+        if len(ranked) >= num:
+            break
+    return ranked
+
+
+def fuse_rrf(lists, num, per_domain=None, k=RRF_K):
+    """Reciprocal rank fusion of ``{vendor: [results]}``, de-duplicated by normalized URL.
+
+    Each result keeps every vendor that returned it; title and snippet come from
+    the best-ranked copy (a longer snippet from another copy wins).  Returns
+    ``(fused, duplicates_removed)``.
+    """
+    merged, total = {}, 0
+    for vendor, results in lists.items():
+        for position, item in enumerate(results, 1):
+            total += 1
+            key = normalize_url(item["url"])
+            entry = merged.get(key)
+            if entry is None:
+                entry = merged[key] = dict(item, vendors=[], score=0.0, _best=position)
+            elif position < entry["_best"]:
+                entry.update(title=item["title"] or entry["title"], url=item["url"], _best=position)
+            if len(item.get("snippet") or "") > len(entry.get("snippet") or ""):
+                entry["snippet"] = item["snippet"]
+            if not entry.get("published") and item.get("published"):
+                entry["published"] = item["published"]
+            if vendor not in entry["vendors"]:
+                entry["vendors"].append(vendor)
+                entry["score"] += 1.0 / (k + position)
+    ordered = sorted(merged.values(), key=lambda e: (-e["score"], e["_best"]))
+    fused = []
+    for entry in cap_per_domain(ordered, per_domain)[:num]:
+        del entry["_best"]
+        entry["score"] = round(entry["score"], 6)
+        entry["rank"] = len(fused) + 1
+        fused.append(entry)
+    return fused, total - len(merged)
+
+
 class Ring:
-    """Failover across the configured vendors, in order, within one deadline."""
+    """The vendors, their health, failover in order and fan-out in parallel."""
 
     def __init__(self, config, transport, logger, clock=time.monotonic):
         self.config = config
@@ -1819,66 +2572,151 @@ class Ring:
         self.log = logger
         self._clock = clock
         self.vendors = {name: cls(config) for name, cls in VENDOR_CLASSES.items()}
+        self.health = HealthBoard(config, logger, clock)
 
-    def search(self, query, num, vendor, token, deadline, emit=None):
-        """Ask vendors in turn until one gives results.
+    def _attempt(self, name, query, num, filters, token, deadline):
+        """Ask one vendor; returns ``(results, record, filters_applied)``; raises Cancelled.
 
-        Returns ``{"ok", "vendor", "results", "attempts"}``; raises Cancelled.
+        ``results`` is None when the attempt failed or was skipped.
         """
-        order = [vendor] if vendor else list(self.config.vendors)
+        vendor = self.vendors[name]
+        native = vendor.native_filters()
+        gate = self.health.admit(name)
+        if gate is not None:
+            record = attempt_record(name, "skipped_cooldown", 0.0, code="cooldown",
+                                    message="in cooldown for %.1f s more (%s)" % gate)
+            record["cooldown_remaining_s"] = round(gate[0], 1)
+            return None, record, {}
+        if deadline.expired():
+            return None, attempt_record(name, "timeout", 0.0, code="deadline_exhausted",
+                                        message="the call's deadline passed before this vendor was tried"), {}
+        post = bool(filters.include or filters.exclude or filters.per_domain
+                    or (filters.time_range and "time_range" not in native))
+        ask = min(MAX_RESULTS, num * 2) if post else num
+        started = self._clock()
+        ctx = SearchContext(self.transport, deadline.child(self.config.timeout_s), token, self.config, filters)
+        try:
+            results = vendor.search(ctx, query, ask)
+        except Cancelled:
+            self.health.record(name, "cancelled")
+            raise
+        except UpstreamError as exc:
+            if token.cancelled:
+                self.health.record(name, "cancelled")
+                raise Cancelled(token.reason or "cancelled") from None
+            record = attempt_record(name, exc.outcome, self._clock() - started, code=exc.code,
+                                    http_status=exc.status, message=self.log.redact(exc.message))
+            if exc.retry_after_s is not None:
+                record["retry_after_s"] = round(exc.retry_after_s, 1)
+            self.health.record(name, exc.outcome, ctx.headers, exc.retry_after_s, exc.code, exc.message)
+            return None, record, {}
+        except Exception as exc:   # a parser bug must not end the ring
+            if token.cancelled:
+                self.health.record(name, "cancelled")
+                raise Cancelled(token.reason or "cancelled") from None
+            self.log.error("%s raised %s: %s", name, type(exc).__name__, exc)
+            self.health.record(name, "bad_response", ctx.headers, None, "internal_error", str(exc))
+            return None, attempt_record(name, "bad_response", self._clock() - started, code="internal_error",
+                                        message=self.log.redact("%s: %s" % (type(exc).__name__, exc))), {}
+        self.health.record(name, "success", ctx.headers)
+        elapsed = self._clock() - started
+        kept = apply_post_filters(results, filters, native) if post else results
+        if not kept:
+            return None, attempt_record(name, "no_results", elapsed, code="filtered_out", http_status=200,
+                                        message="%d results, none inside the filters" % len(results)), {}
+        return kept, attempt_record(name, "success", elapsed, http_status=200), filters_how(filters, native, name)
+
+    def order(self, vendor=None):
+        return [vendor] if vendor else list(self.config.vendors)
+
+    def search(self, query, num, vendor, token, deadline, emit=None, filters=NO_FILTERS):
+        """Failover: ask vendors in turn until one gives results.
+
+        Returns ``{"ok", "vendor", "vendors", "results", "attempts", "filters_applied"}``;
+        raises Cancelled.
+        """
+        order = self.order(vendor)
         attempts = []
         for index, name in enumerate(order):
             token.check()
-            if deadline.expired():
-                attempts.append(attempt_record(name, "timeout", 0.0, code="deadline_exhausted",
-                                               message="the call's deadline passed before this vendor was tried"))
-                continue
-            started = self._clock()
-            ctx = SearchContext(self.transport, deadline.child(self.config.timeout_s), token, self.config)
-            try:
-                results = self.vendors[name].search(ctx, query, num)
-            except Cancelled:
-                raise
-            except UpstreamError as exc:
-                if token.cancelled:
-                    raise Cancelled(token.reason or "cancelled") from None
-                record = attempt_record(name, exc.outcome, self._clock() - started, code=exc.code,
-                                        http_status=exc.status, message=self.log.redact(exc.message))
-                if exc.retry_after_s is not None:
-                    record["retry_after_s"] = round(exc.retry_after_s, 1)
-                attempts.append(record)
-                self.log.info("%s failed: %s (%s)%s", name, exc.outcome, exc.code,
-                              "; trying " + order[index + 1] if index + 1 < len(order) else "")
-            except Exception as exc:   # a parser bug must not end the ring
-                if token.cancelled:
-                    raise Cancelled(token.reason or "cancelled") from None
-                attempts.append(attempt_record(name, "bad_response", self._clock() - started,
-                                               code="internal_error",
-                                               message=self.log.redact("%s: %s" % (type(exc).__name__, exc))))
-                self.log.error("%s raised %s: %s", name, type(exc).__name__, exc)
-            else:
-                ranked = rank_results(results, num, name)
-                attempts.append(attempt_record(name, "success", self._clock() - started, http_status=200))
+            results, record, how = self._attempt(name, query, num, filters, token, deadline)
+            attempts.append(record)
+            if results is not None:
+                ranked = rank_results(cap_per_domain(results, filters.per_domain), num, name)
                 if emit is not None:
                     emit(len(order), len(order), "%s answered with %d results" % (name, len(ranked)))
-                return {"ok": True, "vendor": name, "results": ranked, "attempts": attempts}
+                return {"ok": True, "vendor": name, "vendors": [name], "results": ranked,
+                        "attempts": attempts, "filters_applied": how}
+            if record["outcome"] != "skipped_cooldown":
+                self.log.info("%s failed: %s (%s)%s", name, record["outcome"], record["code"],
+                              "; trying " + order[index + 1] if index + 1 < len(order) else "")
             if emit is not None:
-                emit(index + 1, len(order), "%s failed (%s)" % (name, attempts[-1]["outcome"]))
+                emit(index + 1, len(order), "%s: %s" % (name, record["outcome"]))
         token.check()
-        return {"ok": False, "vendor": None, "results": [], "attempts": attempts}
+        return {"ok": False, "vendor": None, "vendors": [], "results": [], "attempts": attempts,
+                "filters_applied": {}}
 
+    def fanout(self, query, num, token, deadline, emit=None, filters=NO_FILTERS):
+        """Ask every vendor of the ring at once and fuse the rankings (RRF, k = 60).
 
-def rank_results(results, num, vendor):
-    """De-duplicate by URL, keep the first ``num``, number them from 1."""
-    seen, ranked = set(), []
-    for item in results:
-        if item["url"] in seen:
-            continue
-        seen.add(item["url"])
-        ranked.append(dict(item, rank=len(ranked) + 1, vendors=[vendor]))
-        if len(ranked) >= num:
-            break
-    return ranked
+        Returns the same shape as :meth:`search` plus ``duplicates_removed``;
+        ``ok`` is True when at least one vendor answered, ``partial`` when some failed.
+        """
+        order = self.order()
+        started = self._clock()
+        done, finished = {}, [0]
+        cond, emit_lock = threading.Condition(), threading.Lock()
+
+        def run(name):
+            try:
+                outcome = self._attempt(name, query, num, filters, token, deadline)
+            except Cancelled:
+                outcome = None
+            except Exception as exc:   # never leave a slot in the fan-out unfilled
+                outcome = (None, attempt_record(name, "bad_response", 0.0, code="internal_error",
+                                                message="%s: %s" % (type(exc).__name__, exc)), {})
+            with cond:
+                done[name] = outcome
+                cond.notify_all()
+            if emit is not None and outcome is not None:
+                results, record = outcome[0], outcome[1]
+                with emit_lock:     # progress numbers must rise in the order they are sent
+                    finished[0] += 1
+                    emit(finished[0], len(order), "%s: %s%s" % (
+                        name, record["outcome"], " (%d results)" % len(results) if results else ""))
+
+        handle = token.add_callback(lambda: _notify(cond))
+        threads = [threading.Thread(target=run, args=(n,), name="fanout-" + n, daemon=True) for n in order]
+        for t in threads:
+            t.start()
+        grace = Deadline(deadline.remaining() + 2.0, self._clock)
+        try:
+            with cond:
+                while len(done) < len(order) and not token.cancelled and not grace.expired():
+                    cond.wait(max(0.05, grace.remaining()))
+                done = dict(done)
+        finally:
+            token.remove(handle)
+        token.check()
+        attempts, lists, how = [], {}, {}
+        for name in order:
+            results, record, applied = done.get(name) or (None, attempt_record(
+                name, "timeout", self._clock() - started, code="deadline_exhausted",
+                message="no answer before the call's deadline"), {})
+            attempts.append(record)
+            if results is not None:
+                lists[name] = results
+                how[name] = applied
+        fused, removed = fuse_rrf(lists, num, filters.per_domain)
+        applied = {}
+        for name in filters.active() if lists else ():
+            values = {how[v].get(name) for v in lists}
+            applied[name] = values.pop() if len(values) == 1 else "mixed: " + ", ".join(
+                "%s %s" % (v, how[v].get(name)) for v in lists)
+        return {"ok": bool(fused), "vendor": None, "vendors": list(lists), "results": fused,
+                "attempts": attempts, "filters_applied": applied, "duplicates_removed": removed,
+                "partial": bool(fused) and len(lists) < len(order)}
+
 
 # ---------------------------------------------------------------------------
 # §13 Tools
@@ -1905,16 +2743,29 @@ _RESULT_SCHEMA = {"type": "object", "properties": {
     "snippet": {"type": "string"}, "published": {"type": ["string", "null"]},
     "score": {"type": ["number", "null"]}, "vendors": {"type": "array", "items": {"type": "string"}}}}
 
+_DOMAIN_LIST = {"type": "array", "maxItems": MAX_DOMAINS, "uniqueItems": True,
+                "items": {"type": "string", "minLength": 1, "description": "A bare domain such as example.com."}}
+
 WEB_SEARCH_INPUT = {
     "type": "object",
     "properties": {
         "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
                   "description": "What to search for: a precise query, 1 to 1000 characters."},
-        "numResults": {"type": "integer", "minimum": MIN_RESULTS, "maximum": MAX_RESULTS,
-                       "default": DEFAULT_RESULTS,
-                       "description": "How many results to return (1-20, default 8)."},
+        "numResults": {"type": "integer", "default": DEFAULT_RESULTS,
+                       "description": "How many results to return: 1-20, default 8 (other values are clamped)."},
+        "lang": {"type": "string", "pattern": "^[a-z]{2}$",
+                 "description": "Language of the results as an ISO 639-1 code, e.g. en, de, ja."},
+        "time_range": {"type": "string", "enum": list(TIME_RANGES),
+                       "description": "Only results published within the last day, week, month or year."},
+        "include_domains": dict(_DOMAIN_LIST, description="Only results from these domains (and their subdomains)."),
+        "exclude_domains": dict(_DOMAIN_LIST, description="No results from these domains (or their subdomains)."),
+        "max_results_per_domain": {"type": "integer", "minimum": 1, "maximum": 10,
+                                   "description": "At most this many results from one site (1-10)."},
         "vendor": {"type": "string", "enum": list(KNOWN_VENDORS),
-                   "description": "Ask only this engine instead of the failover ring."},
+                   "description": "Ask only this engine instead of the ring (it must be configured)."},
+        "mode": {"type": "string", "enum": ["failover", "fanout"], "default": "failover",
+                 "description": "failover: engines in turn until one answers (fast, cheap). fanout: every "
+                                "healthy engine at once, rankings fused (broader, slower, costs more)."},
     },
     "required": ["query"],
     "additionalProperties": False,
@@ -1934,7 +2785,12 @@ WEB_SEARCH_OUTPUT = {
         "results": {"type": "array", "items": _RESULT_SCHEMA, "description": "Ranked results."},
         "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA,
                      "description": "Every vendor tried, in order, with its outcome."},
-        "filters_applied": {"type": "object", "description": "How each filter was honoured (none yet)."},
+        "mode": {"type": "string", "description": "failover or fanout."},
+        "filters_applied": {"type": "object",
+                            "description": "Per filter: native, post_filter, or why it could not be honoured."},
+        "health": {"type": "object", "description": "Per vendor: state (healthy, cooldown, half_open), "
+                                                    "cooldown_remaining_s, reason."},
+        "duplicates_removed": {"type": "integer", "description": "Fan-out: results merged by normalized URL."},
         "truncated": {"type": "boolean", "description": "The text block was cut at WEBSEARCH_MAX_CHARS."},
         "adjustments": {"type": "array", "items": {"type": "object"},
                         "description": "Arguments the server changed (e.g. numResults clamped)."},
@@ -1967,10 +2823,12 @@ TOOLS = (
     {"name": "web_search", "title": "Web search (failover ring)",
      "description": (
          "Search the web and get ranked results (title, URL, snippet, date when known). "
-         "Engines are tried in turn until one answers (exa, tavily, bing, duckduckgo by default), "
-         "so a dead or rate-limited engine does not fail the search; the result names the engine "
-         "that served it and every failed attempt. Use it first for any question that needs current "
-         "or external information; identical searches are cached for a while."),
+         "Engines are tried in turn until one answers (keyed engines first, then exa, tavily, bing, "
+         "duckduckgo), so a dead or rate-limited engine does not fail the search; the result names the "
+         "engine that served it and every failed attempt. Filters (lang, time_range, include_domains, "
+         "exclude_domains, max_results_per_domain) survive failover. mode=fanout asks every healthy "
+         "engine at once and fuses the rankings. Use it first for any question that needs current or "
+         "external information; identical searches are cached for a while."),
      "inputSchema": WEB_SEARCH_INPUT, "outputSchema": WEB_SEARCH_OUTPUT,
      "annotations": {"title": "Web search", "readOnlyHint": True, "destructiveHint": False,
                      "idempotentHint": True, "openWorldHint": True}},
@@ -1984,8 +2842,6 @@ TOOLS = (
 )
 TOOL_NAMES = tuple(t["name"] for t in TOOLS)
 
-# web_search parameters that arrive with filtering and fan-out; rejected until then.
-_LATER_PARAMS = ("lang", "time_range", "include_domains", "exclude_domains", "max_results_per_domain", "mode")
 
 
 class Call:
@@ -2014,21 +2870,19 @@ def error_detail(code, message, service, *, retryable=False, http_status=None, u
             "http_status": http_status, "upstream_code": upstream_code, "diagnostics": diagnostics or {}}
 
 
-def validate_search_args(args):
-    """Check web_search arguments; returns ``(values, issues, adjustments)``."""
+def validate_search_args(args, config=None):
+    """Check web_search arguments; returns ``(values, issues, adjustments)``.
+
+    Every problem is reported at once, each with an RFC 6901 path and a
+    suggestion, so that one retry can fix them all.
+    """
     issues, adjustments, values = [], [], {}
+    accepted = ", ".join(WEB_SEARCH_INPUT["properties"])
     for name in args:
-        if name in WEB_SEARCH_INPUT["properties"]:
-            continue
-        if name in _LATER_PARAMS:
-            issues.append(issue("/" + name, "unsupported_argument",
-                                "%r is not supported by this server version" % name,
-                                "remove %r; accepted arguments: query, numResults, vendor" % name))
-        else:
+        if name not in WEB_SEARCH_INPUT["properties"]:
             guess = closest(name, list(WEB_SEARCH_INPUT["properties"]))
             issues.append(issue("/" + _escape_pointer(name), "unknown_argument", "unknown argument %r" % name,
-                                ("did you mean %r?" % guess) if guess else
-                                "remove it; accepted arguments: query, numResults, vendor"))
+                                ("did you mean %r?" % guess) if guess else "remove it; accepted arguments: " + accepted))
     query = args.get("query")
     if query is None:
         issues.append(issue("/query", "required", "query is required", "pass a search query string"))
@@ -2050,8 +2904,7 @@ def validate_search_args(args):
             adjustments.append({"path": "/numResults", "received": None, "used": DEFAULT_RESULTS,
                                 "reason": "null means the default"})
         values["numResults"] = DEFAULT_RESULTS
-    elif isinstance(num, bool) or not isinstance(num, (int, float)) or num != num or num in (
-            float("inf"), float("-inf")):
+    elif not _is_number(num):
         hint = "pass an integer from 1 to 20"
         if isinstance(num, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", num):
             hint = "pass the number %s, not the string %r" % (num.strip(), num)
@@ -2065,17 +2918,101 @@ def validate_search_args(args):
         if reason:
             adjustments.append({"path": "/numResults", "received": num, "used": clamped, "reason": reason})
         values["numResults"] = clamped
+    lang = args.get("lang")
+    if lang is not None:
+        if not isinstance(lang, str) or not re.fullmatch(r"[a-z]{2}", lang):
+            hint = "a two-letter ISO 639-1 code such as 'en', 'de' or 'ja'"
+            if isinstance(lang, str) and re.fullmatch(r"[A-Za-z]{2}", lang.strip()):
+                hint = "use lower case: %r" % lang.strip().lower()
+            elif isinstance(lang, str) and re.fullmatch(r"[A-Za-z]{2}[-_][A-Za-z]{2}", lang.strip()):
+                hint = "use the language part only: %r" % lang.strip()[:2].lower()
+            issues.append(issue("/lang", "pattern", "lang must match ^[a-z]{2}$, got %s" % json.dumps(lang), hint))
+        else:
+            values["lang"] = lang
+    time_range = args.get("time_range")
+    if time_range is not None:
+        if time_range not in TIME_RANGES:
+            guess = closest(str(time_range), list(TIME_RANGES)) if isinstance(time_range, str) else None
+            issues.append(issue("/time_range", "enum", "time_range must be day, week, month or year, got %s" %
+                                json.dumps(time_range), ("did you mean %r?" % guess) if guess else
+                                "one of: day, week, month, year"))
+        else:
+            values["time_range"] = time_range
+    for name in ("include_domains", "exclude_domains"):
+        values[name] = _validate_domains(name, args.get(name), issues)
+    clash = set(values["include_domains"]) & set(values["exclude_domains"])
+    for domain in sorted(clash):
+        issues.append(issue("/exclude_domains/%d" % values["exclude_domains"].index(domain), "conflict",
+                            "%s is both included and excluded" % domain, "remove it from one of the two lists"))
+    per_domain = args.get("max_results_per_domain")
+    if per_domain is not None:
+        if not _is_number(per_domain) or per_domain != int(per_domain) or not 1 <= per_domain <= 10:
+            issues.append(issue("/max_results_per_domain", "range",
+                                "max_results_per_domain must be an integer from 1 to 10, got %s" %
+                                json.dumps(per_domain), "pass an integer from 1 to 10, or leave it out"))
+        else:
+            values["max_results_per_domain"] = int(per_domain)
+    mode = args.get("mode")
+    if mode is not None and mode not in ("failover", "fanout"):
+        issues.append(issue("/mode", "enum", "mode must be failover or fanout, got %s" % json.dumps(mode),
+                            "use 'failover' (default) or 'fanout'"))
+    values["mode"] = mode if mode in ("failover", "fanout") else "failover"
     vendor = args.get("vendor")
     if vendor is not None:
-        if not isinstance(vendor, str):
-            issues.append(issue("/vendor", "type", "vendor must be a string", "one of: " + ", ".join(KNOWN_VENDORS)))
-        elif vendor.strip().lower() not in KNOWN_VENDORS:
-            guess = closest(vendor.strip(), KNOWN_VENDORS)
-            issues.append(issue("/vendor", "unknown_vendor", "unknown vendor %r" % vendor,
+        name = vendor.strip().lower() if isinstance(vendor, str) else None
+        if name not in KNOWN_VENDORS:
+            guess = closest(vendor.strip(), KNOWN_VENDORS) if isinstance(vendor, str) else None
+            issues.append(issue("/vendor", "unknown_vendor", "unknown vendor %s" % json.dumps(vendor),
                                 ("did you mean %r?" % guess) if guess else "one of: " + ", ".join(KNOWN_VENDORS)))
+        elif config is not None and not config.is_configured(name):
+            ready = [v for v in KNOWN_VENDORS if config.is_configured(v)]
+            issues.append(issue("/vendor", "vendor_not_configured", "%s is not configured (%s is unset)" % (
+                name, config.requirement(name)), "set %s, or use one of: %s" % (
+                config.requirement(name), ", ".join(ready))))
         else:
-            values["vendor"] = vendor.strip().lower()
+            values["vendor"] = name
+            if mode == "fanout":
+                issues.append(issue("/mode", "conflict", "vendor asks one engine; fanout asks all of them",
+                                    "leave out vendor for a fan-out, or mode for a single engine"))
     return values, issues, adjustments
+
+
+def _is_number(value):
+    """A JSON number that is finite (bool is not a number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
+        and value not in (float("inf"), float("-inf"))
+
+
+def _validate_domains(name, value, issues):
+    """A list of bare, lower-cased domains, or issues explaining each bad entry."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        issues.append(issue("/" + name, "type", "%s must be an array of domains" % name,
+                            'pass a list such as ["example.com"]'))
+        return []
+    if len(value) > MAX_DOMAINS:
+        issues.append(issue("/" + name, "too_many", "%s has %d entries; the limit is %d" % (
+            name, len(value), MAX_DOMAINS), "keep the %d most important domains" % MAX_DOMAINS))
+    domains = []
+    for index, item in enumerate(value):
+        path = "/%s/%d" % (name, index)
+        if not isinstance(item, str) or not item.strip():
+            issues.append(issue(path, "empty", "domain entries must be non-empty strings",
+                                "remove the entry or give a domain such as example.com"))
+            continue
+        text = item.strip().lower()
+        if is_domain(text):
+            if text.startswith("www."):
+                text = text[4:]
+            if text not in domains:
+                domains.append(text)
+            continue
+        host = url_host(text if "//" in text else "//" + text)
+        hint = "use the bare domain %r" % host if host and is_domain(host) else "give a domain such as example.com"
+        issues.append(issue(path, "not_a_domain", "%s is not a bare domain (no scheme, path or port)" %
+                            json.dumps(item), hint))
+    return domains
 
 
 def _escape_pointer(name):
@@ -2114,8 +3051,16 @@ def validation_result(tool, issues, extra=None):
     return structured, "\n".join(lines), True
 
 
+def _attempt_note(a, fanout):
+    if a["outcome"] == "skipped_cooldown":
+        return "%s skipped (cooldown, %.0f s left)" % (a["vendor"], a.get("cooldown_remaining_s") or 0)
+    return "%s failed%s (%s%s)" % (a["vendor"], "" if fanout else " first", a["outcome"],
+                                   ", HTTP %s" % a["http_status"] if a.get("http_status") else "")
+
+
 def render_search_text(s, max_chars):
     """The readable text of a web_search result; returns ``(text, truncated)``."""
+    fanout = s.get("mode") == "fanout"
     if s["status"] == "error":
         lines = ["Search failed for %s: %s" % (json.dumps(s.get("query", ""), ensure_ascii=False),
                                                s["error_detail"]["message"])]
@@ -2125,7 +3070,7 @@ def render_search_text(s, max_chars):
                                             ": " + a["message"] if a.get("message") else ""))
         text = "\n".join(lines)
     else:
-        how = ["via " + (s["vendor"] or "?")]
+        how = ["fan-out via " + ", ".join(s["vendors"])] if fanout else ["via " + (s["vendor"] or "?")]
         if s["cached"]:
             how.append("cached")
         if s["coalesced"]:
@@ -2133,17 +3078,16 @@ def render_search_text(s, max_chars):
         n = len(s["results"])
         lines = ["%d result%s for %s (%s)" % (n, "" if n == 1 else "s",
                                              json.dumps(s["query"], ensure_ascii=False), ", ".join(how))]
-        failed = [a for a in s["attempts"] if a["outcome"] != "success"]
-        notes = ["%s failed first (%s%s)" % (a["vendor"], a["outcome"],
-                                             ", HTTP %s" % a["http_status"] if a.get("http_status") else "")
-                 for a in failed]
+        notes = [_attempt_note(a, fanout) for a in s["attempts"] if a["outcome"] != "success"]
         notes += ["numResults %s -> %s (%s)" % (json.dumps(a["received"]), a["used"], a["reason"])
                   for a in s.get("adjustments") or []]
+        notes += ["%s: %s" % (k, v) for k, v in (s.get("filters_applied") or {}).items()]
         if notes:
             lines.append("Note: " + "; ".join(notes) + ".")
         for r in s["results"]:
             lines.append("")
-            lines.append("%d. %s" % (r["rank"], r["title"] or url_host(r["url"]) or r["url"]))
+            lines.append("%d. %s%s" % (r["rank"], r["title"] or url_host(r["url"]) or r["url"],
+                                       " [%s]" % ", ".join(r["vendors"]) if fanout else ""))
             lines.append("   " + r["url"])
             if r.get("published"):
                 lines.append("   Published: " + r["published"])
@@ -2169,16 +3113,21 @@ class SearchTools:
 
     def web_search(self, args, call):
         started = self._clock()
-        values, issues, adjustments = validate_search_args(args)
+        values, issues, adjustments = validate_search_args(args, self.config)
         if issues:
             return validation_result("web_search", issues, {"request_id": call.request_id,
                                                             "duration_ms": 0.0})
-        query, num, vendor = values["query"], values["numResults"], values.get("vendor")
-        key = ("web_search", query, num, vendor or "", self.config.vendors)
+        query, num, vendor, mode = values["query"], values["numResults"], values.get("vendor"), values["mode"]
+        filters = Filters(values.get("lang"), values.get("time_range"), values["include_domains"],
+                          values["exclude_domains"], values.get("max_results_per_domain"))
+        key = ("web_search", query, num, vendor or "", mode, filters.key(), self.config.vendors)
 
         def work(flight_token, emit):
             deadline = Deadline(self.config.deadline_s, self._clock)
-            result = self.ring.search(query, num, vendor, flight_token, deadline, emit)
+            if mode == "fanout":
+                result = self.ring.fanout(query, num, flight_token, deadline, emit, filters)
+            else:
+                result = self.ring.search(query, num, vendor, flight_token, deadline, emit, filters)
             if result["ok"] and not flight_token.cancelled:
                 self.cache.put(key, (result, self._clock()))
             return result
@@ -2202,25 +3151,44 @@ class SearchTools:
             self.log.info("cache hit for web_search %r (age %.0f s)", query[:80], self._clock() - cached[1])
         elif how == "shared":
             self.log.info("web_search %r shared a concurrent call", query[:80])
-        s = status_fields("success")
+        s = status_fields("partial_success" if outcome.get("partial") else "success")
         s.update({"request_id": call.request_id, "duration_ms": 0.0, "session_id": None, "query": query,
-                  "vendor": outcome["vendor"], "vendors": [outcome["vendor"]] if outcome["vendor"] else [],
+                  "mode": mode, "vendor": outcome["vendor"], "vendors": outcome["vendors"],
                   "cached": how == "cached", "coalesced": how == "shared", "results": outcome["results"],
-                  "attempts": [] if how == "cached" else outcome["attempts"], "filters_applied": {},
-                  "truncated": False, "adjustments": adjustments})
+                  "attempts": [] if how == "cached" else outcome["attempts"],
+                  "filters_applied": outcome["filters_applied"], "truncated": False, "adjustments": adjustments,
+                  "health": self.ring.health.snapshot(self.ring.order(vendor))})
+        if mode == "fanout":
+            s["duplicates_removed"] = outcome.get("duplicates_removed", 0)
         if outcome["ok"]:
             s["session_id"] = self._remember("web_search", query, outcome["results"])
+            if s["status"] == "partial_success":
+                s["error"] = "some_vendors_failed"
         else:
-            attempts = outcome["attempts"]
-            s.update(status_fields("error", "all_vendors_failed", error_detail(
-                "all_vendors_failed", "every vendor failed (%s)" % ", ".join(
-                    "%s: %s" % (a["vendor"], a["outcome"]) for a in attempts),
-                "web_search", retryable=any(a["outcome"] in ("rate_limited", "timeout", "network_error", "http_error")
-                                            for a in attempts),
-                diagnostics={"attempts": len(attempts)})))
+            s.update(self._failure(outcome["attempts"], vendor))
         s["duration_ms"] = round((self._clock() - started) * 1000.0, 2)
         text, s["truncated"] = render_search_text(s, self.config.max_chars)
         return s, text, s["status"] == "error"
+
+    @staticmethod
+    def _failure(attempts, vendor):
+        """Status fields for a search where no vendor gave results."""
+        skipped = [a for a in attempts if a["outcome"] == "skipped_cooldown"]
+        if vendor and skipped:
+            code = "vendor_in_cooldown"
+            message = "%s is in cooldown: %s" % (vendor, skipped[0]["message"])
+        elif skipped and len(skipped) == len(attempts):
+            code, message = "all_vendors_in_cooldown", "every vendor is in cooldown; retry later"
+        else:
+            code = "all_vendors_failed"
+            message = "every vendor failed (%s)" % ", ".join("%s: %s" % (a["vendor"], a["outcome"]) for a in attempts)
+        retryable = any(a["outcome"] in ("rate_limited", "timeout", "network_error", "http_error", "skipped_cooldown")
+                        for a in attempts)
+        wait = [a.get("cooldown_remaining_s") or a.get("retry_after_s") for a in attempts]
+        wait = [w for w in wait if w]
+        return status_fields("error", code, error_detail(
+            code, message, "web_search", retryable=retryable,
+            diagnostics={"attempts": len(attempts), "retry_after_s": min(wait) if wait else None}))
 
     def get_sources(self, args, call):
         issues = []
@@ -2518,7 +3486,7 @@ class Server:
             result = self._method(method, params, modern)
         except RpcError as exc:
             return rpc_error(msg_id, exc.code, exc.message, exc.data)
-        if modern:
+        if modern or method == "server/discover":
             result = dict(result, resultType="complete")
             meta = dict(result.get("_meta") or {})
             meta[_META_SERVER] = self._server_info()
