@@ -37,18 +37,14 @@ Contents (grep -n '^# §'):
 __version__ = "0.1.0"
 __all__ = ["Config", "Server", "main", "__version__"]
 
-import base64
 import collections
-import difflib
 import enum
 import json
 import os
 import re
-import socket
 import sys
 import threading
 import time
-import zlib
 
 # ---------------------------------------------------------------------------
 # §1 Constants
@@ -270,6 +266,7 @@ def closest(name, choices):
     lowered = {c.lower(): c for c in choices}
     if name.lower() in lowered:
         return lowered[name.lower()]
+    import difflib
     found = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
     return found[0] if found else None
 
@@ -300,29 +297,33 @@ def normalize_url(url):
 
     Lower-cases scheme and host, drops ``www.``, default ports, tracking
     parameters (``utm_*``, ``fbclid`` ...), the fragment and a trailing slash.
+    Plain string work: this runs for every result of every search.
 
     >>> normalize_url("HTTPS://WWW.Example.com:443/a/?utm_source=x&id=3#top")
     'https://example.com/a?id=3'
     >>> normalize_url("http://example.com/")
     'http://example.com'
     """
-    from urllib.parse import urlsplit, urlunsplit, parse_qsl, urlencode
-    try:
-        parts = urlsplit(url.strip())
-        host = (parts.hostname or "").lower()
-        port = parts.port
-    except ValueError:
-        return url.strip()
-    scheme = parts.scheme.lower()
-    if host.startswith("www."):
-        host = host[4:]
-    if ":" in host:
-        host = "[%s]" % host
-    if port and not ((scheme == "http" and port == 80) or (scheme == "https" and port == 443)):
-        host = "%s:%d" % (host, port)
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if not _TRACKING_PARAMS.match(k)]
-    path = parts.path.rstrip("/")
-    return urlunsplit((scheme, host, path, urlencode(query), ""))
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    scheme = scheme.lower()
+    cut = len(rest)
+    for mark in "/?#":
+        i = rest.find(mark)
+        if 0 <= i < cut:
+            cut = i
+    netloc, tail = rest[:cut].lower(), rest[cut:]
+    if netloc.startswith("www."):
+        netloc = netloc[4:]
+    if (scheme == "http" and netloc.endswith(":80")) or (scheme == "https" and netloc.endswith(":443")):
+        netloc = netloc.rsplit(":", 1)[0]
+    tail = tail.split("#", 1)[0]
+    path, _, query = tail.partition("?")
+    if query:
+        query = "&".join(p for p in query.split("&") if p and not _TRACKING_PARAMS.match(p.split("=", 1)[0]))
+    return scheme + "://" + netloc + path.rstrip("/") + ("?" + query if query else "")
 
 
 def registrable_domain(host):
@@ -947,6 +948,8 @@ class Response:
         return json.loads(self.body.decode("utf-8", errors="replace"))
 
 
+POOL_PER_HOST = 8       # idle kept-alive connections per upstream host
+POOL_IDLE_S = 30.0      # older idle connections are closed rather than reused
 _LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
@@ -969,6 +972,8 @@ class Transport:
         self._ssl_lock = threading.Lock()
         self.slots = Slots(config.max_inflight, "upstream", on_queue=self._queued)
         self.requests_sent = 0
+        self._pool = {}               # (scheme, host, port) -> [(idle connection, since)]
+        self._pool_lock = threading.Lock()
 
     def _queued(self, slots):
         self._log.info("all %d upstream slots busy (WEBSEARCH_MAX_INFLIGHT); request queued", slots.limit)
@@ -1003,6 +1008,7 @@ class Transport:
         headers = {}
         if p.username:
             creds = "%s:%s" % (unquote(p.username), unquote(p.password or ""))
+            import base64
             headers["Proxy-Authorization"] = "Basic " + base64.b64encode(creds.encode()).decode()
         pport = p.port or (443 if p.scheme == "https" else 80)
         if scheme == "https":
@@ -1042,8 +1048,27 @@ class Transport:
         finally:
             self.slots.release()
 
+    def _take(self, key):
+        """An idle kept-alive connection for ``key``, or None."""
+        now = self._clock()
+        with self._pool_lock:
+            idle = self._pool.get(key)
+            while idle:
+                conn, since = idle.pop()
+                if now - since < POOL_IDLE_S:
+                    return conn
+                conn.close()
+        return None
+
+    def _give(self, key, conn):
+        with self._pool_lock:
+            idle = self._pool.setdefault(key, [])
+            if len(idle) < POOL_PER_HOST:
+                idle.append((conn, self._clock()))
+                return
+        conn.close()
+
     def _exchange(self, method, url, headers, body, deadline, token, max_bytes):
-        import http.client
         from urllib.parse import urlsplit
         try:
             parts = urlsplit(url)
@@ -1054,29 +1079,51 @@ class Transport:
         if parts.scheme not in ("http", "https") or not host:
             raise TransportError("bad_url", "not an http(s) URL: %r" % url)
         port = port or (443 if parts.scheme == "https" else 80)
-        if token is not None:
-            token.check()
-        if deadline.expired():
-            raise TransportError("timeout", "deadline passed before connecting")
-        conn, absolute = self._connect(parts.scheme, host, port, max(0.05, deadline.remaining()))
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        key = (parts.scheme, host, port)
+        # A kept-alive connection may have been closed by the server meanwhile:
+        # such a failure before any answer is retried once on a new connection.
+        for attempt in (0, 1):
+            if token is not None:
+                token.check()
+            if deadline.expired():
+                raise TransportError("timeout", "deadline passed before connecting")
+            conn = self._take(key) if attempt == 0 else None
+            reused = conn is not None
+            absolute = False
+            if conn is None:
+                conn, absolute = self._connect(parts.scheme, host, port, max(0.05, deadline.remaining()))
+            try:
+                return self._send(conn, reused, absolute, key, method, url, parts, headers, body,
+                                  deadline, token, max_bytes)
+            except _StaleConnection:
+                continue
+        raise TransportError("network", "the connection was closed before an answer")
+
+    def _send(self, conn, reused, absolute, key, method, url, parts, headers, body, deadline, token, max_bytes):
+        import http.client
+        import socket
         target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
         hdrs = {"Accept-Encoding": "gzip, deflate"}
         hdrs.update(headers)
         if absolute:
             hdrs.update(conn._proxy_headers)
-        if isinstance(body, str):
-            body = body.encode("utf-8")
         handle = None
+        keep = False
+        answered = False
         try:
-            conn.connect()
+            if conn.sock is None:
+                conn.connect()
             sock = conn.sock
             if token is not None:
                 handle = token.add_callback(lambda: _shutdown(sock))
                 token.check()
+            sock.settimeout(max(0.05, deadline.remaining()))
             self.requests_sent += 1
             conn.request(method, target, body=body, headers=hdrs)
-            sock.settimeout(max(0.05, deadline.remaining()))
             resp = conn.getresponse()
+            answered = True
             length = resp.getheader("content-length")
             if length and length.isdigit() and int(length) > max_bytes:
                 raise TransportError("too_large", "body of %s bytes is over the %d byte cap" % (length, max_bytes))
@@ -1098,6 +1145,8 @@ class Transport:
             for k, v in resp.getheaders():
                 k = k.lower()
                 headers_out[k] = headers_out[k] + ", " + v if k in headers_out else v
+            resp.close()    # a body read to its length leaves the response open; reuse needs it closed
+            keep = not resp.will_close and not absolute and getattr(conn, "_tunnel_host", None) is None
             encoding = headers_out.get("content-encoding", "").lower()
             if encoding in ("gzip", "deflate", "x-gzip"):
                 raw = _decompress(raw, max_bytes)
@@ -1115,17 +1164,28 @@ class Transport:
         except (OSError, http.client.HTTPException) as exc:
             if token is not None and token.cancelled:
                 raise Cancelled(token.reason or "cancelled") from None
+            if reused and not answered and isinstance(exc, (ConnectionError, http.client.RemoteDisconnected,
+                                                            http.client.BadStatusLine)):
+                raise _StaleConnection() from None
             if deadline.expired():
                 raise TransportError("timeout", "timed out") from None
             raise TransportError("network", _describe_os_error(exc)) from None
         finally:
             if token is not None:
                 token.remove(handle)
-            conn.close()
+            if keep:
+                self._give(key, conn)
+            else:
+                conn.close()
+
+
+class _StaleConnection(Exception):
+    """A kept-alive connection turned out to be closed before it answered."""
 
 
 def _shutdown(sock):
     """Abort a socket from another thread: a blocked recv() returns at once."""
+    import socket
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
@@ -1133,6 +1193,7 @@ def _shutdown(sock):
 
 
 def _describe_os_error(exc):
+    import socket
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
     if isinstance(exc, socket.gaierror):
@@ -1144,6 +1205,7 @@ def _describe_os_error(exc):
 
 def _decompress(raw, max_bytes):
     """gzip or zlib/deflate body, capped at ``max_bytes`` once inflated."""
+    import zlib
     for wbits in (47, -15):
         try:
             d = zlib.decompressobj(wbits)
@@ -1256,9 +1318,11 @@ class _Flight:
 class Coalescer:
     """Identical concurrent calls share one execution of ``work``.
 
-    The work runs on its own thread with its own cancel token, so no single
-    caller owns it: a caller that is cancelled stops waiting and leaves, and
-    the work is cancelled only when the last caller has left.
+    The first caller runs the work on its own thread, but under a token of
+    the flight's, not its own: a caller that is cancelled (the first one
+    included) only leaves, and the work is cancelled when the last caller has
+    left.  A first caller that leaves while others wait keeps running the work
+    for them and then drops its own answer.
     """
 
     def __init__(self):
@@ -1286,37 +1350,46 @@ class Coalescer:
             how = "own" if flight is None else "shared"
             if flight is None:
                 flight = self._flights[key] = _Flight()
-                threading.Thread(target=self._fly, args=(key, flight, work),
-                                 name="flight", daemon=True).start()
             flight.waiters += 1
             if listener is not None:
                 flight.listeners.append(listener)
-        handle = token.add_callback(lambda: _notify(flight.cond))
-        try:
-            with flight.cond:
-                while not flight.done:
-                    if token.cancelled:
-                        break
-                    if deadline.expired():
-                        break
-                    flight.cond.wait(deadline.remaining())
-                done = flight.done
-        finally:
-            token.remove(handle)
-            if listener is not None:
-                with self._lock:
-                    flight.listeners.remove(listener)
+        if how == "own":
+            handle = token.add_callback(lambda: self._leave(key, flight))
+            try:
+                self._fly(key, flight, work)
+            finally:
+                token.remove(handle)
+                self._unlisten(flight, listener)
+            done = True
+        else:
+            handle = token.add_callback(lambda: _notify(flight.cond))
+            try:
+                with flight.cond:
+                    while not flight.done and not token.cancelled and not deadline.expired():
+                        flight.cond.wait(deadline.remaining())
+                    done = flight.done
+            finally:
+                token.remove(handle)
+                self._unlisten(flight, listener)
+            if not done:
+                self._leave(key, flight)
+        if token.cancelled:
+            raise Cancelled(token.reason or "cancelled")
         if not done:
-            self._leave(key, flight)
-            if token.cancelled:
-                raise Cancelled(token.reason or "cancelled")
             raise DeadlineExceeded("deadline passed while waiting for a shared call")
         if flight.error is not None:
             raise flight.error
         return flight.value, how
 
+    def _unlisten(self, flight, listener):
+        if listener is not None:
+            with self._lock:
+                flight.listeners.remove(listener)
+
     def _leave(self, key, flight):
         with self._lock:
+            if flight.done:
+                return
             flight.waiters -= 1
             last = flight.waiters == 0
             if last and self._flights.get(key) is flight:
@@ -1824,6 +1897,7 @@ def decode_bing_url(href):
     >>> decode_bing_url("https://www.bing.com/ck/a?!&&p=abc&ntb=1") is None
     True
     """
+    import base64
     from urllib.parse import urlsplit, parse_qs
     if not href:
         return None
@@ -3111,7 +3185,9 @@ class SearchTools:
         self.log = logger
         self._clock = clock
 
-    def web_search(self, args, call):
+    def web_search(self, args, call, inline=False):
+        """The web_search tool.  With ``inline`` it answers only what needs no
+        upstream (invalid arguments, cache hits) and returns None otherwise."""
         started = self._clock()
         values, issues, adjustments = validate_search_args(args, self.config)
         if issues:
@@ -3136,6 +3212,8 @@ class SearchTools:
             return self.cache.get(key)
 
         cached, how = lookup(), "cached"
+        if cached is None and inline:
+            return None
         if cached is None:
             try:
                 value, how = self.coalescer.run(key, work, call.token, Deadline(
@@ -3279,6 +3357,9 @@ class Server:
                                         self.log, clock)
         self.handlers = {"web_search": self.search_tools.web_search,
                          "get_sources": self.search_tools.get_sources}
+        # Handlers that can answer on the reader thread, or return None to defer.
+        self.inline_handlers = {"web_search": lambda args, call: self.search_tools.web_search(args, call, True),
+                                "get_sources": self.search_tools.get_sources}
         self.log.listeners.append(self._forward_log)
 
     # -- output ---------------------------------------------------------------
@@ -3367,8 +3448,14 @@ class Server:
             token = self._register(message["id"])
             if isinstance(token, dict):
                 self.send(token)
-            else:
+                return
+            # What needs no upstream (a cache hit, invalid arguments) is answered
+            # here on the reader thread; the rest goes to a worker thread.
+            response = self._call_response(message, token, inline=True)
+            if response is _DEFER:
                 self._spawn(self._answer_call, message, token)
+            elif response is not None:
+                self.send(response)
             return
         response = self.dispatch(message)
         if response is not None:
@@ -3559,15 +3646,21 @@ class Server:
 
     # -- tools/call ---------------------------------------------------------------
 
-    def _call_response(self, message, token):
-        """Run one tools/call to completion; None when it was cancelled."""
-        try:
-            return self._run_call(message, token)
-        finally:
-            with self._state_lock:
-                self._calls.pop(json.dumps(message["id"]), None)
+    def _call_response(self, message, token, inline=False):
+        """Run one tools/call to completion; None when it was cancelled.
 
-    def _run_call(self, message, token):
+        With ``inline`` the call may instead return ``_DEFER``: it needs a worker.
+        """
+        response = _DEFER
+        try:
+            response = self._run_call(message, token, inline)
+            return response
+        finally:
+            if response is not _DEFER:
+                with self._state_lock:
+                    self._calls.pop(json.dumps(message["id"]), None)
+
+    def _run_call(self, message, token, inline=False):
         msg_id = message["id"]
         params = message.get("params")
         if not isinstance(params, dict):
@@ -3584,11 +3677,19 @@ class Server:
             return rpc_error(msg_id, INVALID_PARAMS, "Unknown tool: %s" % (name,), {"available": list(TOOL_NAMES)})
         if not isinstance(args, dict):
             return rpc_error(msg_id, INVALID_PARAMS, "tools/call arguments must be an object, got %s" % _json_type(args))
+        handler = self.handlers[name]
+        if inline:
+            handler = self.inline_handlers.get(name)
+            if handler is None:
+                return _DEFER
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
         progress = self._progress_sink(meta.get("progressToken"), token)
         call = Call(token, progress)
         try:
-            structured, text, is_error = self.handlers[name](args, call)
+            answer = handler(args, call)
+            if answer is None:
+                return _DEFER
+            structured, text, is_error = answer
         except Cancelled:
             return None
         except Exception as exc:
@@ -3630,6 +3731,9 @@ class Server:
                     params["message"] = message
                 self.notify("notifications/progress", params)
         return progress
+
+
+_DEFER = object()   # a tools/call that needs a worker thread
 
 
 def _valid_id(value):
