@@ -3347,6 +3347,7 @@ class Server:
         self._sweeper = None
         self._stdout_broken = False
         self.protocol_version = None   # negotiated by initialize (handshake era)
+        self.after_first_message = None   # run once on a daemon thread after the first message
         self.client_log_level = None   # set by logging/setLevel
         self.cache = TTLCache(config.cache_max, config.ttl_s, clock, on_evict=self._evicted)
         self.sessions = TTLCache(SESSION_MAX, SESSION_TTL_S, clock)
@@ -3409,6 +3410,9 @@ class Server:
                 self.handle_line(line)
             except Exception as exc:   # nothing escapes the stdin loop
                 self.log.error("internal error handling a message: %s: %s", type(exc).__name__, exc)
+            if self.after_first_message is not None:
+                hook, self.after_first_message = self.after_first_message, None
+                threading.Thread(target=hook, name="after-first-message", daemon=True).start()
         self.drain()
         return 0
 
@@ -3751,6 +3755,24 @@ Configuration comes from environment variables: see --help-env.
 """
 
 
+def release_startup_memory():
+    """Give the memory the compiler used for this file back to the OS (glibc only).
+
+    Python compiles a main script at every start; the syntax tree of this
+    file is freed afterwards but stays in the C heap, about a third of the
+    idle footprint.  ``malloc_trim`` returns it.  Elsewhere this does nothing.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import gc
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError, ImportError):
+        pass
+
+
 def main(argv=None, env=None):
     """Entry point: serve MCP on stdio, or print help; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -3769,6 +3791,7 @@ def main(argv=None, env=None):
         return 2
     config = Config.from_env(env)
     server = Server(config)
+    server.after_first_message = release_startup_memory
     try:
         if sys.stdin.isatty():
             server.log.info("waiting for an MCP client on stdin (try: %s --help)", os.path.basename(sys.argv[0]))

@@ -1,0 +1,2362 @@
+"""Tests for websearch_ring.py. Python 3.9+, pytest, nothing else.
+
+Run: ``python -m pytest -q test_websearch_ring.py``
+
+Contents (grep -n '^# §'): the test infrastructure first, then the server's own sections in order
+ § Test infrastructure   FIXTURES (vendor payloads carried in this file), FakeUpstream (a loopback
+                         HTTP fake), ServerProcess (the real server over pipes), FakeClock, pytest
+                         fixtures, and self-tests of all of these that need no server
+ §1 Constants  §2 Errors  §3 Utilities  §4 Configuration  §5 Deadlines and cancellation
+ §6 HTTP transport  §7 Streaming LLM client  §8 HTML to Markdown  §9 Key pool and circuit breaker
+ §10 Cache and coalescing  §11 Vendors  §12 Ring  §13 Tools  §14 JSON-RPC server  §15 CLI
+
+Protocol behaviour is tested against the real server started as a subprocess
+(``ServerProcess``); unit behaviour by importing the module (the ``ring`` fixture).
+
+No test reaches beyond 127.0.0.1: every vendor base URL of a server under test points either at
+a ``FakeUpstream`` or at a closed loopback port. The payloads come from the contracts in
+``../shared/contracts/fixtures`` and are carried inside this file, byte for byte, because a
+user's clone of the repository has no ``../shared``. Nothing here reads that folder at run time.
+"""
+
+import ast
+import contextlib
+import http.server
+import importlib.util
+import json
+import os
+import pathlib
+import queue
+import re
+import select
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import urllib.parse
+
+import pytest
+
+
+# ----------------------------------------------------------------------------------------------
+# § Test infrastructure
+# ----------------------------------------------------------------------------------------------
+
+SERVER_PATH = pathlib.Path(__file__).resolve().with_name("websearch_ring.py")
+KNOWN_PROTOCOLS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+LATEST_PROTOCOL = "2025-11-25"
+
+# JSON-RPC 2.0 error codes the server uses (DESIGN.md §4).
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+
+# Bounds for every wait in this file. Generous, because a loaded CI machine is slow; a passing
+# test never waits for them, only a failing one does.
+DEFAULT_TIMEOUT_S = 10.0
+_POLL_S = 0.02  # slice for loops that must also notice a closed peer or a shutdown
+
+needs_server = pytest.mark.skipif(
+    not SERVER_PATH.exists(), reason="websearch_ring.py is not written yet")
+
+
+def fixture_json(name):
+    """The body of ``FIXTURES[name]`` parsed as JSON (JSON payloads and the decode tables)."""
+    return json.loads(FIXTURES[name]["body"])
+
+
+def closed_port():
+    """A loopback port nothing listens on: connecting to it is refused.
+
+    The port is bound and released at once, so it is free but closed; the kernel hands out
+    ephemeral ports in turn, so it is not reused within a test run in practice.
+    """
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def closed_url():
+    """``http://127.0.0.1:PORT`` for a port from :func:`closed_port` (connection refused)."""
+    return "http://127.0.0.1:%d" % closed_port()
+
+
+# ---- FakeUpstream: a scriptable loopback HTTP server --------------------------------------------
+
+# Keys a response spec may carry; anything else is a mistake in the test and fails loudly.
+_SPEC_KEYS = frozenset({
+    "fixture", "status", "headers", "body", "delay_s", "drip", "chunked", "truncate", "close",
+    "size", "block_until", "block_timeout_s",
+})
+
+
+def resolve_spec(spec):
+    """Normalise one response spec (a fixture name or a dict) into a complete dict.
+
+    Spec keys:
+      fixture          name in FIXTURES; its status, headers and body are the defaults
+      status           HTTP status (default 200)
+      headers          dict, added to (and overriding) the fixture's headers
+      body             str (sent as UTF-8), bytes, or a dict/list (sent as JSON)
+      delay_s          wait this long before sending the status line
+      drip             (chunk_bytes, pause_s): send the body in small pieces with pauses
+      chunked          True: Transfer-Encoding: chunked
+      truncate         True: declare a Content-Length 1000 bytes longer than the body, send the
+                       body, close. An int n: declare the full length, send only n bytes, close.
+                       With chunked, the terminating zero-length chunk is never sent.
+      close            True: read the request, then close the connection without answering
+      size             generate a body of exactly this many bytes (the body repeated, or "x")
+      block_until      threading.Event: hold the request open (before the status line) until
+                       it is set, at most block_timeout_s (default 10 s), then answer anyway
+    While delayed or held, a client that closes its socket is noticed and recorded in
+    ``FakeUpstream.disconnects`` (how cancellation tests see an abort).
+    """
+    if isinstance(spec, str):
+        spec = {"fixture": spec}
+    unknown = set(spec) - _SPEC_KEYS
+    if unknown:
+        raise ValueError("unknown response spec keys: %s" % sorted(unknown))
+    resolved = {
+        "status": 200, "headers": {}, "body": b"", "delay_s": 0.0, "drip": None,
+        "chunked": False, "truncate": False, "close": False, "size": None,
+        "block_until": None, "block_timeout_s": DEFAULT_TIMEOUT_S,
+    }
+    if "fixture" in spec:
+        fixture = FIXTURES[spec["fixture"]]
+        if fixture["status"] is None:
+            raise ValueError("%s is a decode table, not a response" % spec["fixture"])
+        resolved.update(status=fixture["status"], headers=dict(fixture["headers"]),
+                        body=fixture["body"])
+    for key, value in spec.items():
+        if key == "headers":
+            resolved["headers"] = {**resolved["headers"], **value}
+        elif key != "fixture":
+            resolved[key] = value
+    body = resolved["body"]
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body).encode("utf-8")
+        resolved["headers"].setdefault("Content-Type", "application/json")
+    elif isinstance(body, str):
+        body = body.encode("utf-8")
+    resolved["body"] = body
+    if resolved["size"] is not None:
+        pattern = body or b"x"
+        resolved["body"] = (pattern * (resolved["size"] // len(pattern) + 1))[:resolved["size"]]
+    if resolved["drip"] is not None and len(resolved["drip"]) != 2:
+        raise ValueError("drip is (chunk_bytes, pause_s)")
+    return resolved
+
+
+class RecordedRequest:
+    """One request a FakeUpstream received."""
+
+    def __init__(self, method, path, headers, body):
+        self.method = method          # "GET", "POST", ...
+        self.path = path              # as sent, with the query string
+        self.headers = headers        # http.client.HTTPMessage: case-insensitive .get()
+        self.body = body              # bytes
+        parts = urllib.parse.urlsplit(path)
+        self.route_path = parts.path  # what routes match on
+        self.query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+
+    def header(self, name, default=None):
+        """A request header, case-insensitive."""
+        return self.headers.get(name, default)
+
+    def json(self):
+        """The body parsed as JSON."""
+        return json.loads(self.body.decode("utf-8"))
+
+    def form(self):
+        """The body parsed as an urlencoded form: {name: first value}."""
+        fields = urllib.parse.parse_qs(self.body.decode("utf-8"), keep_blank_values=True)
+        return {name: values[0] for name, values in fields.items()}
+
+    def __repr__(self):
+        return "<RecordedRequest %s %s %d bytes>" % (self.method, self.path, len(self.body))
+
+
+def _peer_closed(sock):
+    """True when the client has closed its end (readable with nothing to read)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+class _FakeHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive and chunked, like the real vendors
+    server_version = "FakeUpstream/1"
+    timeout = 30  # socket timeout: a stuck client cannot hold a handler thread forever
+
+    def log_message(self, format, *args):
+        """Quiet: failures show up as assertions, not as access-log noise."""
+
+    def _serve(self):
+        fake = self.server.fake
+        request = RecordedRequest(self.command, self.path, self.headers, self._read_body())
+        spec = fake._record_and_pick(request)
+        try:
+            self._answer(spec, request)
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            fake._record_disconnect(request)
+            self.close_connection = True
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
+
+    def _read_body(self):
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            data = bytearray()
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return bytes(data)
+                data += self.rfile.read(size)
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _hold(self, event, timeout_s, request):
+        """Wait until `event` is set or `timeout_s` passes; False if the client left meanwhile."""
+        fake = self.server.fake
+        deadline = time.monotonic() + timeout_s
+        while event is None or not event.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            if fake._stopping.is_set():
+                self.close_connection = True
+                return False
+            if _peer_closed(self.connection):
+                fake._record_disconnect(request)
+                self.close_connection = True
+                return False
+            (event or fake._stopping).wait(min(_POLL_S, remaining))
+        return True
+
+    def _answer(self, spec, request):
+        if spec["block_until"] is not None:
+            if not self._hold(spec["block_until"], spec["block_timeout_s"], request):
+                return
+        if spec["delay_s"] and not self._hold(None, spec["delay_s"], request):
+            return
+        if spec["close"]:
+            self.close_connection = True
+            return
+        body, truncate, chunked = spec["body"], spec["truncate"], spec["chunked"]
+        self.send_response(spec["status"])
+        for name, value in spec["headers"].items():
+            self.send_header(name, value)
+        explicit = {name.lower() for name in spec["headers"]}
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        elif "content-length" not in explicit:
+            declared = len(body) + 1000 if truncate is True else len(body)
+            self.send_header("Content-Length", str(declared))
+        if truncate is not False and truncate is not True:
+            body = body[:truncate]
+        if truncate:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        chunk_bytes, pause_s = spec["drip"] or (65536, 0)
+        for start in range(0, len(body), chunk_bytes):
+            piece = body[start:start + chunk_bytes]
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+            if pause_s:
+                self.wfile.flush()
+                if not self._hold(None, pause_s, request):
+                    return
+        if chunked and not truncate:
+            self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+class _FakeHTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def server_bind(self):
+        # HTTPServer.server_bind calls socket.getfqdn(), a reverse DNS lookup that can stall.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+    def handle_error(self, request, client_address):
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, socket.timeout)):
+            return  # the client went away: normal in timeout and cancellation tests
+        self.fake.errors.append(traceback.format_exc())
+
+
+class FakeUpstream:
+    """A loopback HTTP server on 127.0.0.1, port 0, whose answers a test scripts per route.
+
+        with FakeUpstream() as fake:
+            fake.route("POST", "/search", ["tavily/rate_limited.json",
+                                           "tavily/search_success.json"])
+            ... point the server at fake.url ...
+            assert fake.hits("POST", "/search") == 2
+
+    Routes match on method and path without the query string. A route's responses are served
+    in order and the last one repeats. An unrouted request gets a 404 JSON body and is recorded
+    like any other. Every request is kept in ``requests``; clients that hung up while a
+    response was held or dripped are kept in ``disconnects``; unexpected handler exceptions in
+    ``errors`` (the ``fake_upstream`` fixture asserts there are none).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._routes = {}
+        self._stopping = threading.Event()
+        self.requests = []
+        self.disconnects = []
+        self.errors = []
+        self._httpd = _FakeHTTPServer(("127.0.0.1", 0), _FakeHandler)
+        self._httpd.fake = self
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+            name="FakeUpstream:%d" % self.port, daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self):
+        """The port the fake listens on."""
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self):
+        """``http://127.0.0.1:PORT``, the base URL to configure."""
+        return "http://127.0.0.1:%d" % self.port
+
+    def route(self, method, path, responses):
+        """Script `method path`: one response spec or a list of them (see resolve_spec)."""
+        specs = responses if isinstance(responses, list) else [responses]
+        if not specs:
+            raise ValueError("a route needs at least one response")
+        resolved = [resolve_spec(spec) for spec in specs]  # a typo fails here, not in a thread
+        with self._lock:
+            self._routes[(method.upper(), path)] = {"specs": resolved, "served": 0}
+
+    def requests_to(self, method=None, path=None):
+        """The recorded requests, optionally only those for `method` and/or `path`."""
+        with self._lock:
+            return [r for r in self.requests if _matches(r, method, path)]
+
+    def hits(self, method, path):
+        """How many requests `method path` received."""
+        return len(self.requests_to(method, path))
+
+    def wait_for_requests(self, n=1, *, method=None, path=None, timeout=DEFAULT_TIMEOUT_S):
+        """Wait until at least `n` matching requests arrived; return them."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                found = [r for r in self.requests if _matches(r, method, path)]
+                remaining = deadline - time.monotonic()
+                if len(found) >= n or remaining <= 0:
+                    break
+                self._changed.wait(remaining)
+        if len(found) < n:
+            raise AssertionError("FakeUpstream: %d of %d requests (%s %s) within %.1fs; got %r"
+                                 % (len(found), n, method, path, timeout, self.requests))
+        return found
+
+    def wait_for_disconnects(self, n=1, *, timeout=DEFAULT_TIMEOUT_S):
+        """Wait until `n` clients hung up on a held or dripping response; return those requests."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while len(self.disconnects) < n:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError("FakeUpstream: %d of %d disconnects within %.1fs"
+                                         % (len(self.disconnects), n, timeout))
+                self._changed.wait(remaining)
+            return list(self.disconnects)
+
+    def close(self):
+        """Stop serving; held and delayed responses are dropped at once."""
+        self._stopping.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(DEFAULT_TIMEOUT_S)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def _record_and_pick(self, request):
+        with self._changed:
+            self.requests.append(request)
+            self._changed.notify_all()
+            route = self._routes.get((request.method, request.route_path))
+            if route is None:
+                message = "FakeUpstream has no route for %s %s" % (
+                    request.method, request.route_path)
+                return resolve_spec({"status": 404, "body": {"error": message}})
+            specs = route["specs"]
+            spec = specs[min(route["served"], len(specs) - 1)]
+            route["served"] += 1
+            return spec
+
+    def _record_disconnect(self, request):
+        with self._changed:
+            self.disconnects.append(request)
+            self._changed.notify_all()
+
+
+def _matches(request, method, path):
+    return ((method is None or request.method == method.upper())
+            and (path is None or request.route_path == path))
+
+
+# ---- ServerProcess: the real server over pipes ---------------------------------------------------
+
+_PROXY_NAMES = frozenset({"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "FTP_PROXY", "NO_PROXY"})
+_STRIPPED_PREFIXES = (
+    "WEBSEARCH_", "WEB_SEARCH_", "GROK_", "TAVILY_", "EXA_", "BRAVE_", "SERPER_", "YEP_",
+    "SEARXNG_", "JINA_", "XAI_", "OPENROUTER_",
+)
+
+
+def _is_stripped_env_name(name):
+    upper = name.upper()
+    return (upper in _PROXY_NAMES
+            or upper.endswith(("_API_KEY", "_API_KEYS"))
+            or upper.startswith(_STRIPPED_PREFIXES))
+
+
+def server_env(overrides=None, *, base=None):
+    """The environment for a server subprocess.
+
+    Starts from `base` (default os.environ) without proxies, credentials (``*_API_KEY(S)``)
+    and the server's own variables (``WEBSEARCH_*``, ``GROK_*``, ``TAVILY_*``, ...). Then, so
+    that a test which forgets to route a vendor gets "connection refused" instead of the
+    internet, every documented vendor base URL points at a closed loopback port and
+    ``NO_PROXY=*``. `overrides` come last; an override whose value is None removes the name.
+    """
+    source = os.environ if base is None else base
+    env = {name: value for name, value in source.items() if not _is_stripped_env_name(name)}
+    dead = closed_url()
+    env.update({
+        "NO_PROXY": "*",
+        "WEBSEARCH_EXA_URL": dead,
+        "WEBSEARCH_EXA_MCP_URL": dead + "/mcp",
+        "WEBSEARCH_TAVILY_URL": dead,
+        "WEBSEARCH_BING_URL": dead,
+        "WEBSEARCH_DUCKDUCKGO_URL": dead,
+    })
+    for name, value in (overrides or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = str(value)
+    return env
+
+
+def tavily_env(fake, **extra):
+    """Environment overrides for a ring of just tavily, served by `fake` (keyless)."""
+    return {"WEBSEARCH_VENDORS": "tavily", "WEBSEARCH_TAVILY_URL": fake.url, **extra}
+
+
+def jsonrpc_problem(message):
+    """Why `message` (one parsed stdout line) is not JSON-RPC 2.0 from a server; None if it is.
+
+    >>> jsonrpc_problem({"jsonrpc": "2.0", "id": 1, "result": {}}) is None
+    True
+    >>> jsonrpc_problem({"id": 1, "result": {}})
+    'missing "jsonrpc": "2.0"'
+    """
+    if isinstance(message, list):
+        if not message:
+            return "empty array"
+        for item in message:
+            if not isinstance(item, dict):
+                return "array element is not an object"
+            problem = jsonrpc_problem(item)
+            if problem:
+                return "in array: " + problem
+        return None
+    if not isinstance(message, dict):
+        return "not an object or array: %s" % type(message).__name__
+    if message.get("jsonrpc") != "2.0":
+        return 'missing "jsonrpc": "2.0"'
+    if "method" in message:
+        return None if isinstance(message["method"], str) else "method is not a string"
+    if "id" not in message:
+        return "response without id"
+    if ("result" in message) == ("error" in message):
+        return "response needs exactly one of result and error"
+    error = message.get("error")
+    if "error" in message and not (isinstance(error, dict) and isinstance(error.get("code"), int)
+                                   and isinstance(error.get("message"), str)):
+        return "error is not {code: int, message: str}"
+    return None
+
+
+def _id_key(request_id):
+    return json.dumps(request_id)
+
+
+class ServerProcess:
+    """The server as an MCP client sees it: a subprocess speaking JSON-RPC lines over pipes.
+
+        server = ServerProcess(tavily_env(fake))
+        server.initialize("2025-06-18")
+        response = server.call_tool("web_search", {"query": "x"})
+        server.close_stdin(); assert server.wait_exit() == 0
+
+    A reader thread parses every stdout line: responses are filed by id (``wait_response``),
+    notifications and server-to-client requests kept in lists, array lines in ``batches`` (and
+    their elements filed by id too). Every raw line is kept in ``raw_lines``, and anything that
+    is not one JSON-RPC 2.0 message per ``\\n``-terminated UTF-8 line is listed by
+    ``check_stdout()``. stderr is collected by another thread (``stderr_text()``), stdin is
+    written by a third, so that no call here can block without bound. Ids the helpers pick
+    count up from 1; raw lines written by tests use ids from 9000 up.
+    """
+
+    def __init__(self, env=None, *, args=(), script=SERVER_PATH, cwd=None):
+        self.env = server_env(env)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), *args], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env,
+            cwd=str(cwd or pathlib.Path(script).parent))
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self.raw_lines = []        # every stdout line, bytes as received
+        self.messages = []         # every parsed stdout message, in order
+        self.responses = []        # every response object (batch elements too), in order
+        self.notifications = []    # server -> client notifications
+        self.server_requests = []  # server -> client requests (have an id and a method)
+        self.batches = []          # stdout lines that were JSON arrays
+        self.write_errors = []
+        self._impure = []          # (line, reason)
+        self._pending = {}         # id key -> responses not yet taken by wait_response
+        self._answered = {}        # id key -> number of responses seen
+        self._stderr = bytearray()
+        self._stdout_eof = False
+        self._next_id = 0
+        self._stdin_closed = False
+        self._writes = queue.Queue()
+        self._threads = [
+            threading.Thread(target=self._read_stdout, name="server-stdout", daemon=True),
+            threading.Thread(target=self._read_stderr, name="server-stderr", daemon=True),
+            threading.Thread(target=self._write_stdin, name="server-stdin", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- sending --
+
+    def send_raw(self, data, timeout=DEFAULT_TIMEOUT_S):
+        """Write bytes to stdin as they are (include the b"\\n" yourself)."""
+        if self._stdin_closed:
+            raise AssertionError("stdin is already closed")
+        done, errors_before = threading.Event(), len(self.write_errors)
+        self._writes.put((data, done))
+        if not done.wait(timeout):
+            raise AssertionError("server did not read %d bytes of stdin within %.1fs%s"
+                                 % (len(data), timeout, self._diagnostics()))
+        if len(self.write_errors) > errors_before:
+            raise AssertionError("writing to stdin failed: %s%s"
+                                 % (self.write_errors[-1], self._diagnostics()))
+
+    def send(self, message, timeout=DEFAULT_TIMEOUT_S):
+        """Write one message (any JSON value) as one compact UTF-8 line."""
+        line = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+        self.send_raw(line.encode("utf-8") + b"\n", timeout)
+
+    def notify(self, method, params=None):
+        """Send a notification (no id)."""
+        message = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        self.send(message)
+
+    def start_request(self, method, params=None, *, id=None):
+        """Send a request without waiting; return its id."""
+        if id is None:
+            with self._lock:
+                self._next_id += 1
+                id = self._next_id
+        message = {"jsonrpc": "2.0", "id": id, "method": method}
+        if params is not None:
+            message["params"] = params
+        self.send(message)
+        return id
+
+    def request(self, method, params=None, timeout=DEFAULT_TIMEOUT_S, *, id=None):
+        """Send a request and return its whole response message (result or error)."""
+        return self.wait_response(self.start_request(method, params, id=id), timeout)
+
+    def start_call_tool(self, name, arguments, meta=None, *, id=None):
+        """Send tools/call without waiting; return its id. `meta` becomes params._meta."""
+        params = {"name": name, "arguments": arguments}
+        if meta is not None:
+            params["_meta"] = meta
+        return self.start_request("tools/call", params, id=id)
+
+    def call_tool(self, name, arguments, meta=None, timeout=DEFAULT_TIMEOUT_S, *, id=None):
+        """tools/call; return the whole response message."""
+        return self.wait_response(self.start_call_tool(name, arguments, meta, id=id), timeout)
+
+    def initialize(self, version="2025-06-18", *, capabilities=None, send_initialized=True,
+                   timeout=DEFAULT_TIMEOUT_S):
+        """The MCP handshake; return the initialize result (fails on an error response)."""
+        response = self.request("initialize", {
+            "protocolVersion": version,
+            "capabilities": capabilities or {},
+            "clientInfo": {"name": "test_websearch_ring", "version": "0"},
+        }, timeout)
+        assert "result" in response, response
+        if send_initialized:
+            self.notify("notifications/initialized")
+        return response["result"]
+
+    def close_stdin(self):
+        """Close stdin (EOF for the server), after everything sent before it is written."""
+        if not self._stdin_closed:
+            self._stdin_closed = True
+            self._writes.put((None, threading.Event()))
+
+    # -- receiving --
+
+    def _wait_until(self, pick, timeout, what):
+        """Wait until pick() (called under the lock) returns non-None; return that."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                value = pick()
+                if value is not None:
+                    return value
+                remaining = deadline - time.monotonic()
+                if self._stdout_eof or remaining <= 0:
+                    break
+                self._changed.wait(remaining)
+        reason = "server closed stdout" if self._stdout_eof else "timed out after %.1fs" % timeout
+        raise AssertionError("%s waiting for %s%s" % (reason, what, self._diagnostics()))
+
+    def wait_response(self, id, timeout=DEFAULT_TIMEOUT_S):
+        """The next response with this id (None for id-null errors); fails after `timeout`."""
+        return self.wait_first_response([id], timeout)
+
+    def wait_first_response(self, ids, timeout=DEFAULT_TIMEOUT_S):
+        """The first response whose id is one of `ids` (taken from the queue)."""
+        keys = [_id_key(i) for i in ids]
+
+        def pick():
+            for key in keys:
+                if self._pending.get(key):
+                    return self._pending[key].pop(0)
+            return None
+        return self._wait_until(pick, timeout, "a response with id in %r" % (list(ids),))
+
+    def expect_no_response(self, id, within_s=0.3):
+        """Assert that no response with this id arrives within `within_s` seconds."""
+        key = _id_key(id)
+        deadline = time.monotonic() + within_s
+        with self._changed:
+            while not self._pending.get(key) and not self._stdout_eof:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._changed.wait(remaining)
+            unexpected = list(self._pending.get(key) or ())
+        assert not unexpected, "unexpected response for id %r: %r" % (id, unexpected)
+
+    def expect_quiet(self, within_s=0.3):
+        """Assert that no further response of any kind arrives within `within_s` seconds."""
+        with self._lock:
+            before = len(self.responses)
+        deadline = time.monotonic() + within_s
+        with self._changed:
+            while len(self.responses) == before and not self._stdout_eof:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._changed.wait(remaining)
+            extra = self.responses[before:]
+        assert not extra, "unexpected responses: %r" % (extra,)
+
+    def response_count(self):
+        """How many response objects arrived so far (batch elements count one each)."""
+        with self._lock:
+            return len(self.responses)
+
+    def wait_batch(self, index=0, timeout=DEFAULT_TIMEOUT_S):
+        """The `index`-th stdout line that was a JSON array."""
+        return self._wait_until(
+            lambda: self.batches[index] if len(self.batches) > index else None,
+            timeout, "array line #%d" % index)
+
+    def wait_notification(self, method, timeout=DEFAULT_TIMEOUT_S, *, predicate=None):
+        """The first notification with this method (and matching `predicate`, if given)."""
+        def pick():
+            for note in self.notifications:
+                if note["method"] == method and (predicate is None or predicate(note)):
+                    return note
+            return None
+        return self._wait_until(pick, timeout, "notification %s" % method)
+
+    def stderr_text(self):
+        """Everything the server wrote to stderr so far, decoded leniently."""
+        with self._lock:
+            return self._stderr.decode("utf-8", "replace")
+
+    def wait_stderr(self, text, timeout=DEFAULT_TIMEOUT_S):
+        """Wait until stderr contains `text`; return all of stderr."""
+        def pick():
+            found = self._stderr.decode("utf-8", "replace")
+            return found if text in found else None
+        return self._wait_until(pick, timeout, "%r on stderr" % text)
+
+    # -- process lifetime --
+
+    def wait_exit(self, timeout=DEFAULT_TIMEOUT_S):
+        """Wait for the process to exit; return its exit code. stdout is then fully read."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("server still running after %.1fs%s"
+                                 % (timeout, self._diagnostics())) from None
+        self._threads[0].join(timeout)
+        self._threads[1].join(timeout)
+        return code
+
+    def expect_running(self, within_s=0.2):
+        """Assert that the process does not exit within `within_s` seconds."""
+        try:
+            code = self.proc.wait(within_s)
+        except subprocess.TimeoutExpired:
+            return
+        raise AssertionError("server exited early with %r%s" % (code, self._diagnostics()))
+
+    def close(self, timeout=5.0):
+        """EOF, a bounded wait, then kill if needed; joins the helper threads."""
+        self.close_stdin()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout)
+        for thread in self._threads:
+            thread.join(timeout)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            stream.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    # -- stdout purity --
+
+    def check_stdout(self):
+        """Problems with stdout so far: lines that are not JSON-RPC 2.0, duplicate answers."""
+        with self._lock:
+            problems = ["%s: %r" % (reason, line[:300]) for line, reason in self._impure]
+            problems += ["%d responses for id %s" % (count, key)
+                         for key, count in self._answered.items() if count > 1 and key != "null"]
+        return problems
+
+    def assert_stdout_pure(self):
+        """Fail with every stdout problem found so far."""
+        problems = self.check_stdout()
+        assert not problems, "stdout is not pure JSON-RPC:\n" + "\n".join(problems)
+
+    # -- threads --
+
+    def _read_stdout(self):
+        for line in iter(self.proc.stdout.readline, b""):
+            self._on_line(line)
+        with self._changed:
+            self._stdout_eof = True
+            self._changed.notify_all()
+
+    def _on_line(self, line):
+        message, problem = None, None
+        if not line.endswith(b"\n"):
+            problem = "line not terminated by \\n"
+        elif line.endswith(b"\r\n"):
+            problem = "line terminated by \\r\\n"
+        try:
+            message = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            problem = "not JSON (%s)" % exc
+        else:
+            problem = problem or jsonrpc_problem(message)
+        with self._changed:
+            self.raw_lines.append(line)
+            if problem:
+                self._impure.append((line, problem))
+            if message is not None:
+                self.messages.append(message)
+                if isinstance(message, list):
+                    self.batches.append(message)
+                for item in message if isinstance(message, list) else [message]:
+                    if isinstance(item, dict):
+                        self._file_locked(item)
+            self._changed.notify_all()
+
+    def _file_locked(self, message):
+        if "method" in message:
+            (self.server_requests if "id" in message else self.notifications).append(message)
+            return
+        key = _id_key(message.get("id"))
+        self.responses.append(message)
+        self._pending.setdefault(key, []).append(message)
+        self._answered[key] = self._answered.get(key, 0) + 1
+
+    def _read_stderr(self):
+        while True:
+            chunk = self.proc.stderr.read1(65536)
+            if not chunk:
+                return
+            with self._changed:
+                self._stderr += chunk
+                self._changed.notify_all()
+
+    def _write_stdin(self):
+        while True:
+            data, done = self._writes.get()
+            try:
+                if data is None:
+                    self.proc.stdin.close()
+                else:
+                    self.proc.stdin.write(data)
+                    self.proc.stdin.flush()
+            except (OSError, ValueError) as exc:  # BrokenPipeError: the server is gone
+                self.write_errors.append(repr(exc))
+            finally:
+                done.set()
+            if data is None:
+                return
+
+    def _diagnostics(self):
+        with self._lock:
+            tail = [line[:500] for line in self.raw_lines[-8:]]
+            stderr = self._stderr[-3000:].decode("utf-8", "replace")
+        return "\n  exit code: %r\n  last stdout lines: %r\n  stderr tail:\n%s" % (
+            self.proc.poll(), tail, stderr)
+
+
+def tool_result(response):
+    """The result of a tools/call response, failing clearly on a JSON-RPC error."""
+    assert "result" in response, "expected a tool result, got %r" % (response,)
+    return response["result"]
+
+
+def structured(response):
+    """structuredContent of a tools/call response."""
+    result = tool_result(response)
+    assert isinstance(result.get("structuredContent"), dict), result
+    return result["structuredContent"]
+
+
+def result_text(response):
+    """The text of the first content block of a tools/call response."""
+    return tool_result(response)["content"][0]["text"]
+
+
+def import_server_module():
+    """websearch_ring imported in-process, for unit tests of its classes (one module object)."""
+    module = sys.modules.get("websearch_ring")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("websearch_ring", SERVER_PATH)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["websearch_ring"] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules["websearch_ring"]
+            raise
+    return module
+
+
+class FakeClock:
+    """An injectable monotonic clock: ``clock()`` is now; ``advance`` and ``sleep`` move it.
+
+    Pass ``clock=fake_clock, sleep=fake_clock.sleep`` to constructors that take them; nothing
+    really sleeps, and ``sleeps`` records what was asked for.
+    """
+
+    def __init__(self, start=1000.0):
+        self.now = start
+        self.sleeps = []
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds):
+        """Move time forward."""
+        self.now += seconds
+
+    def sleep(self, seconds):
+        """Record the sleep and move time forward by it."""
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+# ---- pytest fixtures -----------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def _no_proxies(monkeypatch):
+    """In-process code (urllib in self-tests, the module in unit tests) never sees a proxy."""
+    for name in list(os.environ):
+        if name.upper() in _PROXY_NAMES or name.upper() == "WEBSEARCH_PROXY":
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def fake_upstream():
+    """A running FakeUpstream, shut down after the test; its handlers must not have crashed."""
+    with FakeUpstream() as fake:
+        yield fake
+    assert not fake.errors, "FakeUpstream handler errors:\n" + "\n".join(fake.errors)
+
+
+@pytest.fixture
+def start_server():
+    """Factory ``start_server(env=None, **kwargs) -> ServerProcess``.
+
+    Skips when websearch_ring.py does not exist yet. Every server started is closed after the
+    test, and its stdout must have been pure JSON-RPC for the whole test.
+    """
+    if not SERVER_PATH.exists():
+        pytest.skip("websearch_ring.py is not written yet")
+    started = []
+
+    def start(env=None, **kwargs):
+        server = ServerProcess(env, **kwargs)
+        started.append(server)
+        return server
+    yield start
+    problems = []
+    for server in started:
+        server.close()
+        problems += server.check_stdout()
+    assert not problems, "stdout is not pure JSON-RPC:\n" + "\n".join(problems)
+
+
+@pytest.fixture
+def session(start_server):
+    """A server (all vendors refused) after an initialize handshake at 2025-06-18."""
+    server = start_server()
+    server.initialize("2025-06-18")
+    return server
+
+
+@pytest.fixture
+def ring():
+    """The websearch_ring module imported in-process; skips when it does not exist yet."""
+    if not SERVER_PATH.exists():
+        pytest.skip("websearch_ring.py is not written yet")
+    return import_server_module()
+
+
+@pytest.fixture
+def fake_clock():
+    """A FakeClock starting at 1000.0."""
+    return FakeClock()
+
+
+# ---- Vendor payloads ---------------------------------------------------------------------------
+# Copied byte for byte from ../shared/contracts/fixtures/<vendor>/ with the status and headers of
+# its manifest.json (and the manifest's note, where it has one). Keys are "<folder>/<file>".
+# status None marks a decode table for unit tests, not a response. ../shared is never read here.
+
+FIXTURES = {
+    # ---- exa: hosted MCP (keyless, POST {WEBSEARCH_EXA_MCP_URL}), REST (POST {base}/search)
+    "exa/mcp_stream_ok.sse": {
+        "status": 200,
+        "headers": {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+        "note": "exact current text format (exa-mcp-server HEAD 2026-08-20)",
+        "body": r"""event: message
+data: {"result":{"content":[{"type":"text","text":"Title: Write-Ahead Logging\nURL: https://www.sqlite.org/wal.html\nPublished: 2025-06-02T00:00:00.000Z\nAuthor: N/A\nHighlights:\nThe default method by which SQLite implements atomic commit and rollback is a rollback journal. Beginning with version 3.7.0, a new \"Write-Ahead Log\" option (hereafter referred to as \"WAL\") is available.\nWAL is significantly faster in most scenarios and provides more concurrency as readers do not block writers.\n\n---\n\nTitle: SQLite Internals: WAL\nURL: https://fly.io/blog/sqlite-internals-wal/\nPublished: 2022-09-21T00:00:00.000Z\nAuthor: Ben Johnson\nHighlights:\nThe write-ahead log works by writing new pages to a separate file and only later checkpointing them back into the main database file.\n\n---\n\nTitle: N/A\nURL: https://news.ycombinator.com/item?id=41832547\nPublished: N/A\nAuthor: N/A\nHighlights:\nWAL mode plus synchronous=NORMAL is the sweet spot for most apps;\ncheckpoint starvation is the gotcha to watch for.","_meta":{"searchTime":412.7}}]},"jsonrpc":"2.0","id":1}
+
+""",
+    },
+    "exa/mcp_stream_empty.sse": {
+        "status": 200,
+        "headers": {"Content-Type": "text/event-stream"},
+        "body": r"""event: message
+data: {"result":{"content":[{"type":"text","text":"No search results found. Please try a different query."}]},"jsonrpc":"2.0","id":1}
+
+""",
+    },
+    "exa/mcp_stream_tool_error.sse": {
+        "status": 200,
+        "headers": {"Content-Type": "text/event-stream"},
+        "note": "isError:true result inside a 200",
+        "body": r"""event: message
+data: {"result":{"content":[{"type":"text","text":"web_search_exa error (500): Internal server error\nTimestamp: 2026-08-21T10:14:03.512Z"}],"isError":true},"jsonrpc":"2.0","id":1}
+
+""",
+    },
+    "exa/mcp_stream_free_tier_tool_429.sse": {
+        "status": 200,
+        "headers": {"Content-Type": "text/event-stream"},
+        "note": "upstream Exa 429 on the free key surfaces as isError text",
+        "body": r"""event: message
+data: {"result":{"content":[{"type":"text","text":"You've hit Exa's free MCP rate limit. To continue using without limits, create your own Exa API key.\n\nFix: Create API key at https://dashboard.exa.ai/api-keys , and then update Exa MCP URL to this https://mcp.exa.ai/mcp?exaApiKey=YOUR_EXA_API_KEY"}],"isError":true},"jsonrpc":"2.0","id":1}
+
+""",
+    },
+    "exa/mcp_stream_text_fallback.sse": {
+        "status": 200,
+        "headers": {"Content-Type": "text/event-stream"},
+        "note": "'Text:' fallback line and a block with neither highlights nor text; Published N/A",
+        "body": r"""event: message
+data: {"result":{"content":[{"type":"text","text":"Title: Pragma statements supported by SQLite\nURL: https://www.sqlite.org/pragma.html\nPublished: N/A\nAuthor: N/A\nText: PRAGMA schema.journal_mode = DELETE | TRUNCATE | PERSIST | MEMORY | WAL | OFF\n\n---\n\nTitle: WAL mode notes\nURL: https://example.org/notes/wal\nPublished: 2026-01-15T00:00:00.000Z\nAuthor: J. Doe","_meta":{"searchTime":188.0}}]},"jsonrpc":"2.0","id":1}
+
+""",
+    },
+    "exa/mcp_stream_legacy_search_time.sse": {
+        "status": 200,
+        "headers": {"Content-Type": "text/event-stream"},
+        "note": "2026-03-21..23 format with 'Search Time: Nms' header",
+        "body": r"""event: message
+data: {"result":{"content":[{"type":"text","text":"Search Time: 388ms\n\nTitle: Write-Ahead Logging\nURL: https://www.sqlite.org/wal.html\nPublished: 2025-06-02T00:00:00.000Z\nAuthor: N/A\nHighlights:\nThe default method by which SQLite implements atomic commit and rollback is a rollback journal. Beginning with version 3.7.0, a new \"Write-Ahead Log\" option (hereafter referred to as \"WAL\") is available.\nWAL is significantly faster in most scenarios and provides more concurrency as readers do not block writers.\n\n---\n\nTitle: SQLite Internals: WAL\nURL: https://fly.io/blog/sqlite-internals-wal/\nPublished: 2022-09-21T00:00:00.000Z\nAuthor: Ben Johnson\nHighlights:\nThe write-ahead log works by writing new pages to a separate file and only later checkpointing them back into the main database file."}]},"jsonrpc":"2.0","id":1}
+
+""",
+    },
+    "exa/mcp_stream_truncated.sse": {
+        "status": 200,
+        "headers": {"Content-Type": "text/event-stream"},
+        "note": "close socket mid-event",
+        "body": r"""event: message
+data: {"result":{"content":[{"type":"text","text":"Title: Write-Ahead Logging\nURL: https://www.sqlite.org/wal.html\nPublished: 2025-06-02T00:00:00.000Z\nAuthor: N/A\nHighlights:\nThe default method by which SQLite implements atomic commit and rollback is a rollback journal. Beginning with version 3.7.0, a new \"Write-Ahead Log\" option (hereafter referred to as \"WAL\") is available.\nWAL is significantly faster in most scenarios and provides more concurrency as readers do not block writers.\n\n---\n\nTitle: SQLite Internals: """,
+    },
+    "exa/mcp_rate_limited.json": {
+        "status": 429,
+        "headers": {"Content-Type": "application/json", "Retry-After": "1", "X-RateLimit-Limit": "0", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1787997600000"},
+        "note": "keyless IP limit (2 QPS / 50 per day); JSON not SSE",
+        "body": r"""{
+  "jsonrpc": "2.0",
+  "error": {
+    "code": -32000,
+    "message": "You've hit Exa's free MCP rate limit. To continue using without limits, create your own Exa API key.\n\nFix: Create API key at https://dashboard.exa.ai/api-keys , then either:\n- Set the header: Authorization: Bearer YOUR_EXA_API_KEY\n- Or use the URL: https://mcp.exa.ai/mcp?exaApiKey=YOUR_EXA_API_KEY"
+  },
+  "id": null
+}""",
+    },
+    "exa/mcp_internal_error.json": {
+        "status": 500,
+        "headers": {"Content-Type": "application/json"},
+        "body": r"""{
+  "jsonrpc": "2.0",
+  "error": {
+    "code": -32603,
+    "message": "Internal server error"
+  },
+  "id": null
+}""",
+    },
+    "exa/search_success.json": {
+        "status": 200,
+        "headers": {"Content-Type": "application/json"},
+        "note": "one result has title:null and no publishedDate",
+        "body": r"""{
+  "requestId": "4f1d2a7c9e0b83d56a1c7e2f9b4d6a08",
+  "resolvedSearchType": "",
+  "results": [
+    {
+      "id": "https://www.sqlite.org/wal.html",
+      "title": "Write-Ahead Logging",
+      "url": "https://www.sqlite.org/wal.html",
+      "publishedDate": "2025-06-02T00:00:00.000Z",
+      "author": null,
+      "favicon": "https://www.sqlite.org/favicon.ico",
+      "highlights": [
+        "The default method by which SQLite implements atomic commit and rollback is a rollback journal. Beginning with version 3.7.0, a new \"Write-Ahead Log\" option (hereafter referred to as \"WAL\") is available.",
+        "WAL is significantly faster in most scenarios and provides more concurrency as readers do not block writers."
+      ]
+    },
+    {
+      "id": "https://fly.io/blog/sqlite-internals-wal/",
+      "title": "SQLite Internals: WAL",
+      "url": "https://fly.io/blog/sqlite-internals-wal/",
+      "publishedDate": "2022-09-21T00:00:00.000Z",
+      "author": "Ben Johnson",
+      "image": "https://fly.io/blog/sqlite-internals-wal/assets/wal-cover.webp",
+      "favicon": "https://fly.io/static/images/favicon/favicon-32x32.png",
+      "highlights": [
+        "The write-ahead log works by writing new pages to a separate file and only later checkpointing them back into the main database file."
+      ]
+    },
+    {
+      "id": "https://news.ycombinator.com/item?id=41832547",
+      "title": null,
+      "url": "https://news.ycombinator.com/item?id=41832547",
+      "author": null,
+      "highlights": [
+        "WAL mode plus synchronous=NORMAL is the sweet spot for most apps;\ncheckpoint starvation is the gotcha to watch for."
+      ]
+    }
+  ],
+  "searchTime": 412.7,
+  "costDollars": {
+    "total": 0.007,
+    "search": {
+      "neural": 0.007
+    }
+  }
+}""",
+    },
+    "exa/empty.json": {
+        "status": 200,
+        "headers": {"Content-Type": "application/json"},
+        "body": r"""{
+  "requestId": "9b3e7d1f0a2c4e6b8d0f1a3c5e7b9d2f",
+  "resolvedSearchType": "",
+  "results": [],
+  "searchTime": 203.1,
+  "costDollars": {
+    "total": 0.007,
+    "search": {
+      "neural": 0.007
+    }
+  }
+}""",
+    },
+    "exa/rate_limited.json": {
+        "status": 429,
+        "headers": {"Content-Type": "application/json", "Retry-After": "1"},
+        "note": "reduced shape; Retry-After presence UNCONFIRMED",
+        "body": r"""{
+  "error": "You've exceeded your Exa rate limit of 10 requests per second. If you want this increased, please email hello@exa.ai :)"
+}""",
+    },
+    "exa/invalid_key.json": {
+        "status": 401,
+        "headers": {"Content-Type": "application/json"},
+        "note": "message text UNCONFIRMED",
+        "body": r"""{
+  "requestId": "1a9f3c7e5b2d4086c1e3a5b7d9f0e2c4",
+  "error": "Invalid API key",
+  "tag": "INVALID_API_KEY"
+}""",
+    },
+    "exa/no_credits.json": {
+        "status": 402,
+        "headers": {"Content-Type": "application/json"},
+        "body": r"""{
+  "error": "You have exceeded your credits limit. Please top up to keep using Exa at dashboard.exa.ai",
+  "tag": "NO_MORE_CREDITS"
+}""",
+    },
+    "exa/server_error.json": {
+        "status": 500,
+        "headers": {"Content-Type": "application/json"},
+        "note": "text UNCONFIRMED",
+        "body": r"""{
+  "requestId": "f0e1d2c3b4a5968778695a4b3c2d1e0f",
+  "error": "Internal server error",
+  "tag": "INTERNAL_ERROR"
+}""",
+    },
+    "exa/gateway_html_502.html": {
+        "status": 502,
+        "headers": {"Content-Type": "text/html"},
+        "body": r"""<!DOCTYPE html>
+<html lang="en"><head><title>502: Bad gateway</title></head>
+<body><h1>Bad gateway</h1><p>Error code 502</p><p>The web server reported a bad gateway error.</p></body></html>
+""",
+    },
+    # ---- tavily: POST {WEBSEARCH_TAVILY_URL}/search
+    "tavily/search_success.json": {
+        "status": 200,
+        "headers": {"Content-Type": "application/json"},
+        "body": r"""{
+  "query": "python asyncio timeout context manager",
+  "follow_up_questions": null,
+  "answer": null,
+  "images": [],
+  "results": [
+    {
+      "url": "https://docs.python.org/3/library/asyncio-task.html",
+      "title": "Coroutines and Tasks — Python 3.14.0 documentation",
+      "content": "asyncio.timeout(delay) returns an asynchronous context manager that can be used to limit the amount of time spent waiting on something. If the long running operation takes more than delay seconds to complete, the context manager will cancel the current task.",
+      "score": 0.8941,
+      "raw_content": null,
+      "favicon": "https://docs.python.org/favicon.ico"
+    },
+    {
+      "url": "https://superfastpython.com/asyncio-timeout/",
+      "title": "Asyncio Timeout Best Practices - Super Fast Python",
+      "content": "You can use asyncio.timeout() as an async context manager in Python 3.11+, or asyncio.wait_for() in older versions, to cancel a coroutine that runs too long.",
+      "score": 0.7712,
+      "raw_content": null,
+      "favicon": "https://superfastpython.com/favicon.ico"
+    },
+    {
+      "url": "https://stackoverflow.com/questions/75142154/asyncio-timeout-vs-wait-for",
+      "title": "asyncio.timeout vs asyncio.wait_for - Stack Overflow",
+      "content": "asyncio.timeout is the structured alternative introduced in 3.11; wait_for wraps a single awaitable while timeout can wrap a whole block.",
+      "score": 0.6325,
+      "raw_content": null,
+      "favicon": "https://stackoverflow.com/favicon.ico"
+    }
+  ],
+  "response_time": 1.08,
+  "usage": {"credits": 1},
+  "request_id": "3c1f7e2a-8b9d-4f60-a2e5-7d0c9b1e6f42"
+}
+""",
+    },
+    "tavily/empty.json": {
+        "status": 200,
+        "headers": {"Content-Type": "application/json"},
+        "body": r"""{
+  "query": "xqzvw plorfnak 9d8s7f6 nonexistent phrase",
+  "follow_up_questions": null,
+  "answer": null,
+  "images": [],
+  "results": [],
+  "response_time": 0.61,
+  "request_id": "0a9c7e5b-3d1f-4b26-8e40-6f2b1d9c3a57"
+}
+""",
+    },
+    "tavily/invalid_key.json": {
+        "status": 401,
+        "headers": {"Content-Type": "application/json"},
+        "body": r"""{"detail":{"error":"Unauthorized: missing or invalid API key."}}
+""",
+    },
+    "tavily/rate_limited.json": {
+        "status": 429,
+        "headers": {"Content-Type": "application/json", "Retry-After": "30"},
+        "body": r"""{"detail":{"error":"Your request has been blocked due to excessive requests. Please reduce rate of requests."}}
+""",
+    },
+    "tavily/plan_limit_432.json": {
+        "status": 432,
+        "headers": {"Content-Type": "application/json"},
+        "body": r"""{"detail":{"error":"This request exceeds your plan's set usage limit. Please upgrade your plan or contact support@tavily.com"}}
+""",
+    },
+    "tavily/payg_limit_433.json": {
+        "status": 433,
+        "headers": {"Content-Type": "application/json"},
+        "body": r"""{"detail":{"error":"This request exceeds the pay-as-you-go limit. You can increase your limit on the Tavily dashboard."}}
+""",
+    },
+    "tavily/server_error.json": {
+        "status": 500,
+        "headers": {"Content-Type": "application/json"},
+        "body": r"""{"detail":{"error":"Internal Server Error"}}
+""",
+    },
+    "tavily/keyless_limit.json": {
+        "status": 429,
+        "headers": {"Content-Type": "application/json"},
+        "note": "envelope shape from SDKs; status, code and message values UNCONFIRMED",
+        "body": r"""{
+  "error": {
+    "code": "keyless_hourly_limit",
+    "message": "Keyless usage limit reached for this hour. Sign up for a free Tavily API key (1,000 credits/month) to continue.",
+    "window": "hour",
+    "retry_after_seconds": 1800,
+    "next_actions": [
+      {"type": "signup", "url": "https://app.tavily.com/sign-in"},
+      {"type": "bonus_credits", "endpoint": "https://api.tavily.com/keyless/bonus", "questions": ["What are you building?"], "credits_on_completion": 50}
+    ]
+  }
+}
+""",
+    },
+    "tavily/bad_request.json": {
+        "status": 400,
+        "headers": {"Content-Type": "application/json"},
+        "note": "message text UNCONFIRMED",
+        "body": r"""{"detail":{"error":"Invalid topic. Must be one of general, news or finance."}}
+""",
+    },
+    "tavily/validation_error_list.json": {
+        "status": 422,
+        "headers": {"Content-Type": "application/json"},
+        "note": "FastAPI-style list detail; UNCONFIRMED for Tavily",
+        "body": r"""{"detail":[{"type":"less_than_equal","loc":["body","max_results"],"msg":"Input should be less than or equal to 20","input":50,"ctx":{"le":20}}]}
+""",
+    },
+    # ---- bing: GET {WEBSEARCH_BING_URL}/search?q=...
+    "bing_html/success.html": {
+        "status": 200,
+        "headers": {"Content-Type": "text/html; charset=utf-8"},
+        "note": "4 organic li.b_algo (2 ck/a redirect hrefs, 1 direct, 1 ck/a to a non-ASCII URL whose base64url has '_'), 1 ad (li.b_ad with aclick), algoSlug_icon span inside snippet, sb_count, pagination li.b_pag",
+        "body": r"""<!DOCTYPE html><html dir="ltr" lang="en" xml:lang="en" xmlns="http://www.w3.org/1999/xhtml"><head><meta content="text/html; charset=utf-8" http-equiv="content-type" /><title>python asyncio timeout - Search</title><link rel="icon" sizes="any" href="/sa/simg/favicon-trans-bg-blue-mg.ico" /></head>
+<body class="b_respl"><header id="b_header" role="banner"><form action="/search" id="sb_form" role="search"><input class="b_searchbox" id="sb_form_q" name="q" type="search" value="python asyncio timeout" /></form></header>
+<main aria-label="Search Results"><div id="b_content"><div id="b_tween"><span class="sb_count">About 1,230,000 results</span></div>
+<ol id="b_results" class="">
+<li class="b_ad b_adTop"><ul><li><div class="sb_add sb_adTA"><h2><a class="" href="https://www.bing.com/aclick?ld=e8abcdefghijklmnop&amp;u=aHR0cHMlM2ElMmYlMmZleGFtcGxlLWFkcy5jb20lMmY&amp;rlid=0123456789abcdef&amp;ntb=1" h="ID=SERP,5061.1">Learn Python Fast - Online Course</a></h2><div class="b_caption"><p>Sponsored course. Enroll today.</p></div></div></li></ul></li>
+<li class="b_algo" data-id="" data-bm="6"><div class="b_tpcn"><a class="tilk" aria-label="Python documentation" href="https://www.bing.com/ck/a?!&amp;&amp;p=3f1c7a0b9e2d4c5a8b6e0f1d2c3b4a596877665544332211aabbccddeeff0011JmltdHM9MTczMjQwMDAwMA&amp;ptn=3&amp;ver=2&amp;hsh=4&amp;fclid=1f0c2d3e-4a5b-6c7d-8e9f-0a1b2c3d4e5f&amp;u=a1aHR0cHM6Ly9kb2NzLnB5dGhvbi5vcmcvMy9saWJyYXJ5L2FzeW5jaW8tdGFzay5odG1s&amp;ntb=1" h="ID=SERP,5139.1"><div class="tpic"><div class="wr_fav"><img class="rms_img" src="https://th.bing.com/th?id=ODLS.abc&amp;w=32&amp;h=32" /></div></div><div class="tptxt"><div class="tptt">Python documentation</div><div class="tpmeta"><div class="b_attribution" u="0|5074|4876543210987|AbCdEf"><cite>https://docs.python.org &#8250; library &#8250; asyncio-task</cite></div></div></div></a></div><h2 class=""><a target="_blank" href="https://www.bing.com/ck/a?!&amp;&amp;p=3f1c7a0b9e2d4c5a8b6e0f1d2c3b4a596877665544332211aabbccddeeff0011JmltdHM9MTczMjQwMDAwMA&amp;ptn=3&amp;ver=2&amp;hsh=4&amp;fclid=1f0c2d3e-4a5b-6c7d-8e9f-0a1b2c3d4e5f&amp;u=a1aHR0cHM6Ly9kb2NzLnB5dGhvbi5vcmcvMy9saWJyYXJ5L2FzeW5jaW8tdGFzay5odG1s&amp;ntb=1" h="ID=SERP,5140.1">Coroutines and Tasks &#8212; Python 3.13.1 documentation</a></h2><div class="b_caption" role="contentinfo"><p class="b_lineclamp3 b_algoSlug"><span class="algoSlug_icon" data-priority="2">WEB</span>This section outlines high-level <strong>asyncio</strong> APIs to work with coroutines and Tasks. <strong>asyncio</strong>.<strong>timeout</strong>(delay) Return an asynchronous context manager that can be used to limit the amount of time spent waiting on something.</p></div></li>
+<li class="b_algo" data-id="" data-bm="7"><div class="b_tpcn"><a class="tilk" aria-label="Stack Overflow" href="https://www.bing.com/ck/a?!&amp;&amp;p=9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8bJmltdHM9MTczMjQwMDAwMA&amp;ptn=3&amp;ver=2&amp;hsh=4&amp;fclid=1f0c2d3e-4a5b-6c7d-8e9f-0a1b2c3d4e5f&amp;u=a1aHR0cHM6Ly9zdGFja292ZXJmbG93LmNvbS9xdWVzdGlvbnMvMjg2MDk1MzQvcHl0aG9uLWFzeW5jaW8tZm9yY2UtdGltZW91dD90YWI9dm90ZXMmcGFnZT0x&amp;ntb=1" h="ID=SERP,5157.1"><div class="tptxt"><div class="tptt">Stack Overflow</div><div class="tpmeta"><div class="b_attribution"><cite>https://stackoverflow.com &#8250; questions &#8250; 28609534</cite></div></div></div></a></div><h2 class=""><a target="_blank" href="https://www.bing.com/ck/a?!&amp;&amp;p=9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8bJmltdHM9MTczMjQwMDAwMA&amp;ptn=3&amp;ver=2&amp;hsh=4&amp;fclid=1f0c2d3e-4a5b-6c7d-8e9f-0a1b2c3d4e5f&amp;u=a1aHR0cHM6Ly9zdGFja292ZXJmbG93LmNvbS9xdWVzdGlvbnMvMjg2MDk1MzQvcHl0aG9uLWFzeW5jaW8tZm9yY2UtdGltZW91dD90YWI9dm90ZXMmcGFnZT0x&amp;ntb=1" h="ID=SERP,5158.1">Python asyncio force timeout - Stack Overflow</a></h2><div class="b_caption" role="contentinfo"><p class="b_lineclamp2"><span class="news_dt">Feb 19, 2015</span>&#0183; Using <strong>asyncio</strong> a coroutine can be executed with a <strong>timeout</strong> so it gets cancelled after the <strong>timeout</strong>: &#8230;</p></div></li>
+<li class="b_algo" data-id="" data-bm="8"><h2 class=""><a target="_blank" href="https://superfastpython.com/asyncio-timeout/" h="ID=SERP,5175.1">Asyncio Timeout Best Practices - Super Fast Python</a></h2><div class="b_caption" role="contentinfo"><div class="b_attribution"><cite>https://superfastpython.com &#8250; asyncio-timeout</cite></div><p class="b_lineclamp2">Jan 14, 2024&ensp;&#0183;&ensp;You can wait for an <strong>asyncio</strong> task or coroutine to complete with a <strong>timeout</strong> using the asyncio.wait_for() function.</p></div></li>
+<li class="b_algo" data-id="" data-bm="9"><h2 class=""><a target="_blank" href="https://www.bing.com/ck/a?!&amp;&amp;p=0011223344556677889900aabbccddeeff00112233445566778899aabbccddeeJmltdHM9MTczMjQwMDAwMA&amp;ptn=3&amp;ver=2&amp;hsh=4&amp;fclid=1f0c2d3e-4a5b-6c7d-8e9f-0a1b2c3d4e5f&amp;u=a1aHR0cHM6Ly_kvovjgYguanAv44OR44K5P3E9w7w&amp;ntb=1" h="ID=SERP,5190.1">非同期タイムアウトの解説 &amp; サンプル</a></h2><div class="b_caption" role="contentinfo"><p class="b_lineclamp2">asyncio.timeout を使った例。</p></div></li>
+<li class="b_pag"><nav role="navigation" aria-label="More results for python asyncio timeout"><ul class="sb_pagF"><li><a class="sb_pagS sb_pagS_bp b_widePag sb_bp" aria-label="Page 1">1</a></li><li><a class="b_widePag sb_bp" aria-label="Page 2" href="/search?q=python+asyncio+timeout&amp;first=11&amp;FORM=PERE">2</a></li><li><a class="sb_pagN sb_pagN_bp b_widePag sb_bp" title="Next page" href="/search?q=python+asyncio+timeout&amp;first=11&amp;FORM=PORE"></a></li></ul></nav></li>
+</ol>
+<ol id="b_context"><li class="b_ans"><h2>Related searches</h2><ul class="b_vList"><li><a href="/search?q=asyncio+wait_for&amp;FORM=QSRE1"><div class="b_suggestionText">asyncio wait_for</div></a></li></ul></li></ol>
+</div></main><footer id="b_footer" role="contentinfo"><a href="https://go.microsoft.com/fwlink/?LinkId=521839">Privacy</a></footer></body></html>
+""",
+    },
+    "bing_html/no_results.html": {
+        "status": 200,
+        "headers": {"Content-Type": "text/html; charset=utf-8"},
+        "note": "li.b_no 'There are no results for ...'",
+        "body": r"""<!DOCTYPE html><html dir="ltr" lang="en" xml:lang="en" xmlns="http://www.w3.org/1999/xhtml"><head><meta content="text/html; charset=utf-8" http-equiv="content-type" /><title>zxqv8f3k2 nonexistent phrase - Search</title></head>
+<body class="b_respl"><header id="b_header" role="banner"><form action="/search" id="sb_form" role="search"><input class="b_searchbox" id="sb_form_q" name="q" type="search" value="&quot;zxqv8f3k2 nonexistent phrase&quot;" /></form></header>
+<main aria-label="Search Results"><div id="b_content">
+<ol id="b_results" class="">
+<li class="b_no"><h1>There are no results for <strong>"zxqv8f3k2 nonexistent phrase"</strong></h1><ul><li><span>Check your spelling or try different keywords</span></li></ul></li>
+</ol>
+</div></main><footer id="b_footer" role="contentinfo"></footer></body></html>
+""",
+    },
+    "bing_html/captcha.html": {
+        "status": 200,
+        "headers": {"Content-Type": "text/html; charset=utf-8"},
+        "note": "challenge page; real one is usually reached via redirect to https://www.bing.com/turing/captcha/challenge. Markup UNCONFIRMED; carries the markers 3p detectors use: id=b_captcha, 'One last step', 'Please solve the challenge below to continue.', challenges.cloudflare.com/turnstile script",
+        "body": r"""<!DOCTYPE html><html lang="en"><head><meta charset="utf-8" /><meta name="viewport" content="width=device-width, initial-scale=1" /><title>Bing</title>
+<script src="https://challenges.cloudflare.com/turnstile/v0/api.js" async defer></script></head>
+<body><div id="b_captcha" class="captcha"><div class="captcha_header"><h1>One last step</h1><p>Please solve the challenge below to continue.</p></div>
+<form id="challenge-form" method="post" action="/turing/captcha/verify"><div class="cf-turnstile" data-sitekey="0x4AAAAAAAxxxxxxxxxxxxxx"></div><input type="hidden" name="q" value="python asyncio timeout" /></form></div></body></html>
+""",
+    },
+    "bing_html/ck_links.json": {
+        "status": None,
+        "headers": {},
+        "note": "unit-test table: ck/a href -> decoded URL",
+        "body": r"""{
+  "_comment": "href as it appears after HTML-unescaping -> expected decoded target URL (u param minus 'a1' prefix, base64url without padding)",
+  "cases": [
+    {
+      "href": "https://www.bing.com/ck/a?!&&p=3f1c7a0b9e2d4c5a8b6e0f1d2c3b4a596877665544332211aabbccddeeff0011JmltdHM9MTczMjQwMDAwMA&ptn=3&ver=2&hsh=4&fclid=1f0c2d3e-4a5b-6c7d-8e9f-0a1b2c3d4e5f&u=a1aHR0cHM6Ly9kb2NzLnB5dGhvbi5vcmcvMy9saWJyYXJ5L2FzeW5jaW8tdGFzay5odG1s&ntb=1",
+      "expected": "https://docs.python.org/3/library/asyncio-task.html"
+    },
+    {
+      "href": "https://www.bing.com/ck/a?!&&p=9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8bJmltdHM9MTczMjQwMDAwMA&ptn=3&ver=2&hsh=4&fclid=1f0c2d3e-4a5b-6c7d-8e9f-0a1b2c3d4e5f&u=a1aHR0cHM6Ly9zdGFja292ZXJmbG93LmNvbS9xdWVzdGlvbnMvMjg2MDk1MzQvcHl0aG9uLWFzeW5jaW8tZm9yY2UtdGltZW91dD90YWI9dm90ZXMmcGFnZT0x&ntb=1",
+      "expected": "https://stackoverflow.com/questions/28609534/python-asyncio-force-timeout?tab=votes&page=1"
+    },
+    {
+      "href": "https://www.bing.com/ck/a?!&&p=0011223344556677889900aabbccddeeff00112233445566778899aabbccddeeJmltdHM9MTczMjQwMDAwMA&ptn=3&ver=2&hsh=4&fclid=1f0c2d3e-4a5b-6c7d-8e9f-0a1b2c3d4e5f&u=a1aHR0cHM6Ly_kvovjgYguanAv44OR44K5P3E9w7w&ntb=1",
+      "expected": "https://例え.jp/パス?q=ü"
+    },
+    {
+      "href": "https://www.bing.com/ck/a?!&&p=abc&u=a1&ntb=1",
+      "expected": null,
+      "note": "empty payload -> keep/skip"
+    },
+    {
+      "href": "https://www.bing.com/ck/a?!&&p=abc&ntb=1",
+      "expected": null,
+      "note": "no u param -> keep/skip"
+    }
+  ]
+}
+""",
+    },
+    # ---- duckduckgo: POST form {WEBSEARCH_DUCKDUCKGO_URL}/html/
+    "duckduckgo_html/html_success.html": {
+        "status": 200,
+        "headers": {"Content-Type": "text/html; charset=UTF-8"},
+        "note": "zero-click abstract, 1 ad (result--ad, y.js href), 4 web results: 3 uddg-wrapped hrefs (one non-ASCII target) + 1 direct href; Next-page form with vqd/s/dc/nextParams/api/o/v/kl",
+        "body": r"""<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.0 Transitional//EN" "http://www.w3.org/TR/xhtml1/DTD/xhtml1-transitional.dtd">
+<!--[if IE 6]><html class="ie6" xmlns="http://www.w3.org/1999/xhtml"><![endif]-->
+<html xmlns="http://www.w3.org/1999/xhtml">
+<head>
+  <meta http-equiv="content-type" content="text/html; charset=UTF-8">
+  <meta name="viewport" content="width=device-width, initial-scale=1.0, maximum-scale=3.0, user-scalable=1" />
+  <meta name="referrer" content="origin" />
+  <meta name="HandheldFriendly" content="true" />
+  <meta name="robots" content="noindex, nofollow" />
+  <title>python asyncio timeout at DuckDuckGo</title>
+  <link title="DuckDuckGo (HTML)" type="application/opensearchdescription+xml" rel="search" href="//duckduckgo.com/opensearch_html_v2.xml" />
+  <link rel="stylesheet" media="handheld, all" href="//duckduckgo.com/dist/h.aeda52882d97098ab9ec.css" type="text/css"/>
+</head>
+<body class="body--html">
+  <a name="top" id="top"></a>
+  <form action="/html/" method="post">
+    <input type="text" name="state_hidden" id="state_hidden" />
+  </form>
+  <div>
+    <div class="site-wrapper-border"></div>
+    <div id="header" class="header cw header--html">
+        <a title="DuckDuckGo" href="/html/" class="header__logo-wrap"></a>
+      <form name="x" class="header__form" action="/html/" method="post">
+        <div class="search search--header">
+          <input name="q" autocomplete="off" class="search__input" id="search_form_input_homepage" type="text" value="python asyncio timeout" />
+          <input name="b" id="search_button_homepage" class="search__button search__button--html" value="" title="Search" alt="Search" type="submit" />
+        </div>
+        <div class="frm__select">
+          <select name="kl">
+              <option value="" >All Regions</option>
+              <option value="us-en" >US (English)</option>
+              <option value="wt-wt" selected>No region</option>
+          </select>
+        </div>
+        <div class="frm__select frm__select--last">
+          <select class="" name="df">
+            <option value="" selected>Any Time</option>
+            <option value="d" >Past Day</option>
+            <option value="w" >Past Week</option>
+            <option value="m" >Past Month</option>
+            <option value="y" >Past Year</option>
+          </select>
+        </div>
+      </form>
+    </div>
+    <!-- Web results are present -->
+<div>
+<div class="serp__results">
+<div id="links" class="results">
+          <div class="zci-wrapper">
+            <div class="zci">
+              <h1 class="zci__heading"><a rel="nofollow" href="https://en.wikipedia.org/wiki/Async/await">Async/await</a></h1>
+              <div class="zci__result" id="zero_click_abstract">
+                In computer programming, the async/await pattern is a syntactic feature of many programming languages that allows an asynchronous, non-blocking function to be structured in a way similar to an ordinary synchronous function.
+                <a rel="nofollow" href="https://en.wikipedia.org/wiki/Async/await">More at Wikipedia</a>
+              </div>
+            </div>
+          </div>
+            <div class="result results_links results_links_deep result--ad result--ad--small">
+          <div class="links_main links_deep result__body"> <!-- This is the visible part -->
+          <h2 class="result__title">
+            <a rel="nofollow" class="result__a" href="https://duckduckgo.com/y.js?ad_domain=example-ads.com&amp;ad_provider=bingv7aa&amp;ad_type=txad&amp;eddgt=Qz4Hk9w%3D%3D&amp;rut=aa11&amp;u3=https%3A%2F%2Fwww.bing.com%2Faclick%3Fld%3De8abc">Learn Python Fast - Online Course</a>
+          </h2>
+              <a class="result__snippet" href="https://duckduckgo.com/y.js?ad_domain=example-ads.com&amp;ad_provider=bingv7aa">Sponsored. Enroll today.</a>
+            <div class="clear"></div>
+          </div>
+        </div>
+            <div class="result results_links results_links_deep web-result ">
+          <div class="links_main links_deep result__body"> <!-- This is the visible part -->
+          <h2 class="result__title">
+            <a rel="nofollow" class="result__a" href="//duckduckgo.com/l/?uddg=https%3A%2F%2Fdocs.python.org%2F3%2Flibrary%2Fasyncio-task.html&amp;rut=6d2f0e9c3b1a5f4e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e">Coroutines and Tasks &#x2014; <b>Python</b> 3.13.1 documentation</a>
+          </h2>
+      <div class="result__extras">
+        <div class="result__extras__url">
+          <span class="result__icon">
+            <a rel="nofollow" href="//duckduckgo.com/l/?uddg=https%3A%2F%2Fdocs.python.org%2F3%2Flibrary%2Fasyncio-task.html&amp;rut=6d2f0e9c3b1a5f4e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e">
+              <img class="result__icon__img" width="16" height="16" alt="" src="//external-content.duckduckgo.com/ip3/docs.python.org.ico" name="i15" />
+            </a>
+          </span>
+          <a class="result__url" href="//duckduckgo.com/l/?uddg=https%3A%2F%2Fdocs.python.org%2F3%2Flibrary%2Fasyncio-task.html&amp;rut=6d2f0e9c3b1a5f4e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e">
+                  docs.python.org/3/library/asyncio-task.html
+          </a>
+        </div>
+      </div>
+                <a class="result__snippet" href="//duckduckgo.com/l/?uddg=https%3A%2F%2Fdocs.python.org%2F3%2Flibrary%2Fasyncio-task.html&amp;rut=6d2f0e9c3b1a5f4e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e">This section outlines high-level <b>asyncio</b> APIs to work with coroutines and Tasks. <b>asyncio</b>.<b>timeout</b>(delay) Return an asynchronous context manager that can be used to limit the amount of time spent waiting on something.</a>
+            <div class="clear"></div>
+          </div>
+        </div>
+            <div class="result results_links results_links_deep web-result ">
+          <div class="links_main links_deep result__body"> <!-- This is the visible part -->
+          <h2 class="result__title">
+            <a rel="nofollow" class="result__a" href="//duckduckgo.com/l/?uddg=https%3A%2F%2Fstackoverflow.com%2Fquestions%2F28609534%2Fpython-asyncio-force-timeout%3Ftab%3Dvotes%26page%3D1&amp;rut=0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9"><b>Python</b> <b>asyncio</b> force <b>timeout</b> - Stack Overflow</a>
+          </h2>
+      <div class="result__extras">
+        <div class="result__extras__url">
+          <span class="result__icon">
+            <a rel="nofollow" href="//duckduckgo.com/l/?uddg=https%3A%2F%2Fstackoverflow.com%2Fquestions%2F28609534%2Fpython-asyncio-force-timeout%3Ftab%3Dvotes%26page%3D1&amp;rut=0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9">
+              <img class="result__icon__img" width="16" height="16" alt="" src="//external-content.duckduckgo.com/ip3/stackoverflow.com.ico" name="i15" />
+            </a>
+          </span>
+          <a class="result__url" href="//duckduckgo.com/l/?uddg=https%3A%2F%2Fstackoverflow.com%2Fquestions%2F28609534%2Fpython-asyncio-force-timeout%3Ftab%3Dvotes%26page%3D1&amp;rut=0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9">
+                  stackoverflow.com/questions/28609534/python-asyncio-force-timeout
+          </a>
+        </div>
+      </div>
+                <a class="result__snippet" href="//duckduckgo.com/l/?uddg=https%3A%2F%2Fstackoverflow.com%2Fquestions%2F28609534%2Fpython-asyncio-force-timeout%3Ftab%3Dvotes%26page%3D1&amp;rut=0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9">Using <b>asyncio</b> a coroutine can be executed with a <b>timeout</b> so it gets cancelled after the <b>timeout</b>: @asyncio.coroutine def ...</a>
+            <div class="clear"></div>
+          </div>
+        </div>
+            <div class="result results_links results_links_deep web-result ">
+          <div class="links_main links_deep result__body"> <!-- This is the visible part -->
+          <h2 class="result__title">
+            <a rel="nofollow" class="result__a" href="https://superfastpython.com/asyncio-timeout/"><b>Asyncio</b> <b>Timeout</b> Best Practices - Super Fast <b>Python</b></a>
+          </h2>
+      <div class="result__extras">
+        <div class="result__extras__url">
+          <span class="result__icon">
+            <a rel="nofollow" href="https://superfastpython.com/asyncio-timeout/">
+              <img class="result__icon__img" width="16" height="16" alt="" src="//external-content.duckduckgo.com/ip3/superfastpython.com.ico" name="i15" />
+            </a>
+          </span>
+          <a class="result__url" href="https://superfastpython.com/asyncio-timeout/">
+                  superfastpython.com/asyncio-timeout/
+          </a>
+        </div>
+      </div>
+                <a class="result__snippet" href="https://superfastpython.com/asyncio-timeout/">Jan 14, 2024 &#183; You can wait for an <b>asyncio</b> task or coroutine to complete with a <b>timeout</b> using the asyncio.wait_for() function.</a>
+            <div class="clear"></div>
+          </div>
+        </div>
+            <div class="result results_links results_links_deep web-result ">
+          <div class="links_main links_deep result__body"> <!-- This is the visible part -->
+          <h2 class="result__title">
+            <a rel="nofollow" class="result__a" href="//duckduckgo.com/l/?uddg=https%3A%2F%2Fja.wikipedia.org%2Fwiki%2F%E9%9D%9E%E5%90%8C%E6%9C%9FI%2FO&amp;rut=ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100">非同期I/O - Wikipedia</a>
+          </h2>
+      <div class="result__extras">
+        <div class="result__extras__url">
+          <span class="result__icon">
+            <a rel="nofollow" href="//duckduckgo.com/l/?uddg=https%3A%2F%2Fja.wikipedia.org%2Fwiki%2F%E9%9D%9E%E5%90%8C%E6%9C%9FI%2FO&amp;rut=ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100">
+              <img class="result__icon__img" width="16" height="16" alt="" src="//external-content.duckduckgo.com/ip3/ja.wikipedia.org.ico" name="i15" />
+            </a>
+          </span>
+          <a class="result__url" href="//duckduckgo.com/l/?uddg=https%3A%2F%2Fja.wikipedia.org%2Fwiki%2F%E9%9D%9E%E5%90%8C%E6%9C%9FI%2FO&amp;rut=ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100">
+                  ja.wikipedia.org/wiki/非同期I/O
+          </a>
+        </div>
+      </div>
+                <a class="result__snippet" href="//duckduckgo.com/l/?uddg=https%3A%2F%2Fja.wikipedia.org%2Fwiki%2F%E9%9D%9E%E5%90%8C%E6%9C%9FI%2FO&amp;rut=ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100">非同期I/O (asynchronous I/O) とは &amp; ...</a>
+            <div class="clear"></div>
+          </div>
+        </div>
+                <div class="nav-link">
+        <form action="/html/" method="post">
+          <input type="submit" class='btn btn--alt' value="Next" />
+          <input type="hidden" name="q" value="python asyncio timeout" />
+          <input type="hidden" name="s" value="10" />
+          <input type="hidden" name="nextParams" value="" />
+          <input type="hidden" name="v" value="l" />
+          <input type="hidden" name="o" value="json" />
+          <input type="hidden" name="dc" value="11" />
+          <input type="hidden" name="api" value="d.js" />
+          <input type="hidden" name="vqd" value="4-187341522961034571981354962281398201263" />
+          <input name="kl" value="wt-wt" type="hidden" />
+        </form>
+                </div>
+</div>
+</div>
+</div>
+    </div> <!-- links wrapper //-->
+  </div>
+</body>
+</html>
+""",
+    },
+    "duckduckgo_html/html_no_results.html": {
+        "status": 200,
+        "headers": {"Content-Type": "text/html; charset=UTF-8"},
+        "note": "div.result.result--no-result > div.no-results 'No  results.' (double space, per old duckduckgo_search byte check). Exact text UNCONFIRMED",
+        "body": r"""<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.0 Transitional//EN" "http://www.w3.org/TR/xhtml1/DTD/xhtml1-transitional.dtd">
+<!--[if IE 6]><html class="ie6" xmlns="http://www.w3.org/1999/xhtml"><![endif]-->
+<html xmlns="http://www.w3.org/1999/xhtml">
+<head>
+  <meta http-equiv="content-type" content="text/html; charset=UTF-8">
+  <meta name="viewport" content="width=device-width, initial-scale=1.0, maximum-scale=3.0, user-scalable=1" />
+  <meta name="referrer" content="origin" />
+  <meta name="HandheldFriendly" content="true" />
+  <meta name="robots" content="noindex, nofollow" />
+  <title>zxqv8f3k2 nonexistent phrase at DuckDuckGo</title>
+  <link title="DuckDuckGo (HTML)" type="application/opensearchdescription+xml" rel="search" href="//duckduckgo.com/opensearch_html_v2.xml" />
+  <link rel="stylesheet" media="handheld, all" href="//duckduckgo.com/dist/h.aeda52882d97098ab9ec.css" type="text/css"/>
+</head>
+<body class="body--html">
+  <a name="top" id="top"></a>
+  <form action="/html/" method="post">
+    <input type="text" name="state_hidden" id="state_hidden" />
+  </form>
+  <div>
+    <div class="site-wrapper-border"></div>
+    <div id="header" class="header cw header--html">
+        <a title="DuckDuckGo" href="/html/" class="header__logo-wrap"></a>
+      <form name="x" class="header__form" action="/html/" method="post">
+        <div class="search search--header">
+          <input name="q" autocomplete="off" class="search__input" id="search_form_input_homepage" type="text" value="zxqv8f3k2 nonexistent phrase" />
+          <input name="b" id="search_button_homepage" class="search__button search__button--html" value="" title="Search" alt="Search" type="submit" />
+        </div>
+        <div class="frm__select">
+          <select name="kl">
+              <option value="" >All Regions</option>
+              <option value="us-en" >US (English)</option>
+              <option value="wt-wt" selected>No region</option>
+          </select>
+        </div>
+        <div class="frm__select frm__select--last">
+          <select class="" name="df">
+            <option value="" selected>Any Time</option>
+            <option value="d" >Past Day</option>
+            <option value="w" >Past Week</option>
+            <option value="m" >Past Month</option>
+            <option value="y" >Past Year</option>
+          </select>
+        </div>
+      </form>
+    </div>
+    <!-- Web results are present -->
+<div>
+<div class="serp__results">
+<div id="links" class="results">
+            <div class="result results_links results_links_deep result--no-result">
+          <div class="no-results">No  results.</div>
+        </div>
+</div>
+</div>
+</div>
+    </div> <!-- links wrapper //-->
+  </div>
+</body>
+</html>
+""",
+    },
+    "duckduckgo_html/html_anomaly.html": {
+        "status": 202,
+        "headers": {"Content-Type": "text/html; charset=UTF-8"},
+        "note": "bot challenge; reported as HTTP 202 (old duckduckgo_search treated 202/301/403 as rate limit) and also as HTTP 200 by several 3p tests - serve it with both statuses in tests. Markers: form#challenge-form, anomaly-modal__title 'Unfortunately, bots use DuckDuckGo too.', anomaly.js. Tile markup synthetic.",
+        "body": r"""<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.0 Transitional//EN" "http://www.w3.org/TR/xhtml1/DTD/xhtml1-transitional.dtd">
+<html xmlns="http://www.w3.org/1999/xhtml">
+<head>
+  <meta http-equiv="content-type" content="text/html; charset=UTF-8">
+  <meta name="robots" content="noindex, nofollow" />
+  <title>DuckDuckGo</title>
+  <link rel="stylesheet" href="//duckduckgo.com/dist/h.aeda52882d97098ab9ec.css" type="text/css"/>
+  <script type="text/javascript" src="/dist/anomaly.js"></script>
+</head>
+<body class="body--html">
+  <div class="anomaly-modal__mask">
+    <div class="anomaly-modal__modal" data-testid="anomaly-modal">
+      <form id="challenge-form" action="//duckduckgo.com/anomaly.js?sv=html&amp;cc=botnet&amp;ti=1732400000&amp;gk=d4cd0dabcf4caa22ad92fab40844c786&amp;p=8a1c6e0f2b&amp;q=python%20asyncio%20timeout&amp;o=mXy1hEw%3D&amp;r=use" method="POST">
+        <div class="anomaly-modal__title">Unfortunately, bots use DuckDuckGo too.</div>
+        <div class="anomaly-modal__description">Please complete the following challenge to confirm this search was made by a human.</div>
+        <div class="anomaly-modal__instructions">Select all squares containing a duck:</div>
+        <div class="anomaly-modal__puzzle">
+          <div class="anomaly-modal__image"><img src="//duckduckgo.com/assets/anomaly/images/challenge/a1.jpg" alt="" /><input type="checkbox" name="image-check_a1" /></div>
+          <div class="anomaly-modal__image"><img src="//duckduckgo.com/assets/anomaly/images/challenge/b2.jpg" alt="" /><input type="checkbox" name="image-check_b2" /></div>
+          <div class="anomaly-modal__image"><img src="//duckduckgo.com/assets/anomaly/images/challenge/c3.jpg" alt="" /><input type="checkbox" name="image-check_c3" /></div>
+        </div>
+        <button type="submit" class="btn anomaly-modal__submit">Submit</button>
+      </form>
+      <div class="anomaly-modal__footer">Images not loading? <a href="mailto:error-lite@duckduckgo.com">error-lite@duckduckgo.com</a></div>
+    </div>
+  </div>
+</body>
+</html>
+""",
+    },
+    "duckduckgo_html/uddg_links.json": {
+        "status": None,
+        "headers": {},
+        "note": "unit-test table href -> decoded URL",
+        "body": r"""{
+  "_comment": "href as found in result__a / result-link (after HTML unescape) -> expected target URL. Protocol-relative '//duckduckgo.com/l/?uddg=' links: take query param uddg (parse_qs already percent-decodes it). Direct hrefs pass through unchanged. y.js hrefs are ads: drop.",
+  "cases": [
+    {
+      "href": "//duckduckgo.com/l/?uddg=https%3A%2F%2Fdocs.python.org%2F3%2Flibrary%2Fasyncio-task.html&rut=6d2f0e9c3b1a5f4e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e",
+      "expected": "https://docs.python.org/3/library/asyncio-task.html"
+    },
+    {
+      "href": "//duckduckgo.com/l/?uddg=https%3A%2F%2Fstackoverflow.com%2Fquestions%2F28609534%2Fpython-asyncio-force-timeout%3Ftab%3Dvotes%26page%3D1&rut=0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9",
+      "expected": "https://stackoverflow.com/questions/28609534/python-asyncio-force-timeout?tab=votes&page=1"
+    },
+    {
+      "href": "//duckduckgo.com/l/?uddg=https%3A%2F%2Fja.wikipedia.org%2Fwiki%2F%E9%9D%9E%E5%90%8C%E6%9C%9FI%2FO&rut=ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100",
+      "expected": "https://ja.wikipedia.org/wiki/非同期I/O"
+    },
+    {
+      "href": "https://superfastpython.com/asyncio-timeout/",
+      "expected": "https://superfastpython.com/asyncio-timeout/"
+    },
+    {
+      "href": "https://duckduckgo.com/l/?uddg=https%3A%2F%2Fexample.com%2Fdocs",
+      "expected": "https://example.com/docs"
+    },
+    {
+      "href": "https://duckduckgo.com/y.js?ad_domain=example-ads.com&ad_provider=bingv7aa",
+      "expected": null,
+      "note": "ad -> skip"
+    }
+  ]
+}""",
+    },
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# § Test infrastructure: self-tests (no server needed)
+# ----------------------------------------------------------------------------------------------
+
+def _open(url, data=None, method=None, headers=None, timeout=DEFAULT_TIMEOUT_S):
+    """urllib without any proxy, returning (status, headers, body) even for error statuses."""
+    import urllib.error
+    import urllib.request
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with opener.open(req, timeout=timeout) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, err.headers, err.read()
+
+
+def _raw_http(port, request_bytes, timeout=DEFAULT_TIMEOUT_S):
+    """Send raw bytes to the fake and read until it closes; returns what came back."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(request_bytes)
+        received = bytearray()
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return bytes(received)
+            received += chunk
+
+
+def test_fixture_payloads_are_complete_and_well_formed():
+    for name, fixture in FIXTURES.items():
+        assert set(fixture) <= {"status", "headers", "body", "note"}, name
+        assert fixture["status"] is None or 100 <= fixture["status"] <= 599, name
+        assert isinstance(fixture["body"], str) and fixture["body"], name
+        if name.endswith(".json"):
+            json.loads(fixture["body"])
+        if name.endswith(".sse"):
+            assert fixture["body"].startswith("event: message\ndata: {"), name
+            assert fixture["headers"]["Content-Type"] == "text/event-stream", name
+        if fixture["status"] is not None:
+            assert "Content-Type" in fixture["headers"], name
+    assert "\u2014" in FIXTURES["tavily/search_success.json"]["body"]  # non-ASCII kept as is
+    assert "非同期タイムアウト" in FIXTURES["bing_html/success.html"]["body"]
+    assert FIXTURES["exa/mcp_stream_truncated.sse"]["body"].endswith("SQLite Internals: ")
+    assert FIXTURES["tavily/plan_limit_432.json"]["status"] == 432
+
+
+def test_decode_tables_carry_href_and_expected_cases():
+    for name in ("bing_html/ck_links.json", "duckduckgo_html/uddg_links.json"):
+        cases = fixture_json(name)["cases"]
+        assert cases and all("href" in case and "expected" in case for case in cases), name
+    expected = [case["expected"] for case in fixture_json("bing_html/ck_links.json")["cases"]]
+    assert "https://例え.jp/パス?q=ü" in expected
+
+
+def test_fake_upstream_replays_a_fixture_with_its_status_headers_and_body(fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/plan_limit_432.json")
+    status, headers, body = _open(fake_upstream.url + "/search", data=b'{"query":"q"}',
+                                  headers={"Content-Type": "application/json"})
+    assert status == 432
+    assert headers["Content-Type"] == "application/json"
+    assert body == FIXTURES["tavily/plan_limit_432.json"]["body"].encode("utf-8")
+
+
+def test_fake_upstream_serves_in_order_repeats_the_last_and_records_requests(fake_upstream):
+    fake_upstream.route("POST", "/search", [
+        "tavily/rate_limited.json",
+        {"fixture": "tavily/search_success.json", "headers": {"X-Extra": "1"}},
+    ])
+    statuses = [_open(fake_upstream.url + "/search?x=1", data=b'{"query":"q%d"}' % i)[0]
+                for i in range(3)]
+    assert statuses == [429, 200, 200]
+    assert fake_upstream.hits("POST", "/search") == 3
+    first = fake_upstream.requests_to("POST", "/search")[0]
+    assert first.json() == {"query": "q0"}
+    assert first.query == {"x": ["1"]}
+    assert first.header("content-length") == str(len(b'{"query":"q0"}'))
+    _, headers, body = _open(fake_upstream.url + "/search", data=b"{}")
+    assert headers["X-Extra"] == "1" and json.loads(body)["results"]
+
+
+def test_fake_upstream_answers_unrouted_requests_with_404_and_records_them(fake_upstream):
+    status, _, body = _open(fake_upstream.url + "/nowhere")
+    assert status == 404
+    assert "no route for GET /nowhere" in json.loads(body)["error"]
+    assert fake_upstream.hits("GET", "/nowhere") == 1
+
+
+def test_fake_upstream_decodes_form_bodies(fake_upstream):
+    fake_upstream.route("POST", "/html/", "duckduckgo_html/html_no_results.html")
+    _open(fake_upstream.url + "/html/", data=b"q=python+asyncio&b=&kl=wt-wt")
+    assert fake_upstream.requests_to("POST", "/html/")[0].form() == {
+        "q": "python asyncio", "b": "", "kl": "wt-wt"}
+
+
+def test_fake_upstream_block_until_holds_the_response_until_the_event(fake_upstream):
+    release = threading.Event()
+    fake_upstream.route("GET", "/slow", {"body": "done", "block_until": release})
+    answers = queue.Queue()
+    client = threading.Thread(target=lambda: answers.put(_open(fake_upstream.url + "/slow")))
+    client.start()
+    fake_upstream.wait_for_requests(1, path="/slow")
+    with pytest.raises(queue.Empty):
+        answers.get(timeout=0.05)
+    release.set()
+    status, _, body = answers.get(timeout=DEFAULT_TIMEOUT_S)
+    client.join(DEFAULT_TIMEOUT_S)
+    assert (status, body) == (200, b"done")
+
+
+def test_fake_upstream_delay_s_delays_the_status_line(fake_upstream):
+    fake_upstream.route("GET", "/late", {"body": "x", "delay_s": 0.05})
+    started = time.monotonic()
+    assert _open(fake_upstream.url + "/late")[2] == b"x"
+    assert time.monotonic() - started >= 0.05
+
+
+def test_fake_upstream_drip_and_chunked_deliver_the_whole_body(fake_upstream):
+    fake_upstream.route("GET", "/sse", [
+        {"fixture": "exa/mcp_stream_ok.sse", "drip": (100, 0.001)},
+        {"fixture": "exa/mcp_stream_ok.sse", "drip": (100, 0.001), "chunked": True},
+    ])
+    expected = FIXTURES["exa/mcp_stream_ok.sse"]["body"].encode("utf-8")
+    assert _open(fake_upstream.url + "/sse")[2] == expected
+    status, headers, body = _open(fake_upstream.url + "/sse")
+    assert headers["Transfer-Encoding"] == "chunked" and body == expected
+
+
+def test_fake_upstream_truncate_breaks_the_framing(fake_upstream):
+    import http.client
+    fake_upstream.route("GET", "/cut", [{"body": "0123456789", "truncate": True},
+                                        {"body": "0123456789", "truncate": 4}])
+    for sent in (b"0123456789", b"0123"):
+        with pytest.raises(http.client.IncompleteRead) as caught:
+            _open(fake_upstream.url + "/cut")
+        assert caught.value.partial == sent
+
+
+def test_fake_upstream_close_drops_the_connection_without_answering(fake_upstream):
+    fake_upstream.route("GET", "/drop", {"close": True})
+    reply = _raw_http(fake_upstream.port, b"GET /drop HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert reply == b""
+    assert fake_upstream.hits("GET", "/drop") == 1
+
+
+def test_fake_upstream_size_generates_a_huge_body(fake_upstream):
+    fake_upstream.route("GET", "/huge", {"body": "abc", "size": 6_000_000})
+    status, headers, body = _open(fake_upstream.url + "/huge")
+    assert len(body) == 6_000_000 and headers["Content-Length"] == "6000000"
+    assert body.startswith(b"abcabc")
+
+
+def test_fake_upstream_records_a_client_hanging_up_on_a_held_response(fake_upstream):
+    fake_upstream.route("GET", "/held", {"body": "late", "block_until": threading.Event()})
+    with socket.create_connection(("127.0.0.1", fake_upstream.port), timeout=5) as sock:
+        sock.sendall(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n")
+        fake_upstream.wait_for_requests(1, path="/held")
+    [gone] = fake_upstream.wait_for_disconnects(1)
+    assert gone.path == "/held"
+
+
+def test_fake_upstream_rejects_unknown_spec_keys_and_decode_tables(fake_upstream):
+    with pytest.raises(ValueError):
+        fake_upstream.route("GET", "/x", {"stauts": 200})
+    with pytest.raises(ValueError):
+        fake_upstream.route("GET", "/x", "bing_html/ck_links.json")
+
+
+def test_closed_port_refuses_connections():
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", closed_port()), timeout=5).close()
+
+
+def test_server_env_strips_credentials_proxies_and_server_variables():
+    base = {"PATH": "/bin", "TAVILY_API_KEY": "tvly-x", "FOO_API_KEY": "k", "https_proxy": "p",
+            "WEBSEARCH_VENDORS": "exa", "GROK_MODEL": "m", "TAVILY_API_KEYS": "a,b", "HOME": "/h"}
+    env = server_env({"WEBSEARCH_TTL_MS": 0, "HOME": None}, base=base)
+    assert env["PATH"] == "/bin" and env["NO_PROXY"] == "*" and env["WEBSEARCH_TTL_MS"] == "0"
+    for gone in ("TAVILY_API_KEY", "FOO_API_KEY", "https_proxy", "WEBSEARCH_VENDORS",
+                 "GROK_MODEL", "TAVILY_API_KEYS", "HOME"):
+        assert gone not in env
+    assert env["WEBSEARCH_TAVILY_URL"].startswith("http://127.0.0.1:")
+    assert env["WEBSEARCH_EXA_MCP_URL"].endswith("/mcp")
+
+
+def test_jsonrpc_problem_accepts_messages_and_names_what_is_wrong():
+    good = [{"jsonrpc": "2.0", "id": 1, "result": {}},
+            {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error"}},
+            {"jsonrpc": "2.0", "method": "notifications/progress", "params": {}},
+            [{"jsonrpc": "2.0", "id": 1, "result": {}}]]
+    bad = [42, "x", None, [], [1], {"id": 1, "result": {}},
+           {"jsonrpc": "2.0", "id": 1}, {"jsonrpc": "2.0", "id": 1, "result": 1, "error": {}},
+           {"jsonrpc": "2.0", "id": 1, "error": {"code": "x", "message": "m"}}]
+    assert [jsonrpc_problem(m) for m in good] == [None] * len(good)
+    assert all(jsonrpc_problem(m) for m in bad)
+
+
+def test_fake_clock_advances_only_when_told():
+    clock = FakeClock(5.0)
+    clock.advance(1.5)
+    clock.sleep(2.0)
+    assert clock() == 8.5 and clock.sleeps == [2.0]
+
+
+# A stand-in server for testing ServerProcess itself: echoes requests, and on request prints a
+# stray line, a notification, a batch, or writes to stderr.
+_STUB_SERVER = r'''
+import json, sys
+out = sys.stdout.buffer
+def send(obj):
+    out.write(json.dumps(obj).encode() + b"\n"); out.flush()
+for line in sys.stdin.buffer:
+    msg = json.loads(line)
+    if isinstance(msg, list):
+        send([{"jsonrpc": "2.0", "id": m["id"], "result": {"echo": m["method"]}} for m in msg])
+        continue
+    method = msg.get("method")
+    if method == "emit/garbage":
+        out.write(b"hello from print()\n"); out.flush()
+    if method == "emit/notification":
+        send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "hi"}})
+    if method == "emit/stderr":
+        sys.stderr.write("a log line\n"); sys.stderr.flush()
+    if "id" in msg:
+        send({"jsonrpc": "2.0", "id": msg["id"], "result": {"echo": method}})
+sys.exit(3)
+'''
+
+
+@pytest.fixture
+def stub_server(tmp_path):
+    script = tmp_path / "stub_server.py"
+    script.write_text(_STUB_SERVER, encoding="utf-8")
+    with ServerProcess(script=script) as server:
+        yield server
+
+
+def test_server_process_routes_responses_notifications_and_batches(stub_server):
+    assert stub_server.request("ping")["result"] == {"echo": "ping"}
+    first = stub_server.start_request("a")
+    second = stub_server.start_request("b")
+    assert stub_server.wait_response(second)["result"] == {"echo": "b"}
+    assert stub_server.wait_response(first)["result"] == {"echo": "a"}
+    stub_server.request("emit/notification")
+    assert stub_server.wait_notification("notifications/message")["params"] == {"data": "hi"}
+    stub_server.send([{"jsonrpc": "2.0", "id": 9001, "method": "x"},
+                      {"jsonrpc": "2.0", "id": 9002, "method": "y"}])
+    assert [m["id"] for m in stub_server.wait_batch()] == [9001, 9002]
+    assert stub_server.wait_response(9002)["result"] == {"echo": "y"}
+    stub_server.expect_no_response(first, within_s=0.05)
+    stub_server.expect_quiet(within_s=0.05)
+    stub_server.assert_stdout_pure()
+
+
+def test_server_process_flags_impure_stdout_and_collects_stderr(stub_server):
+    stub_server.request("emit/garbage")
+    stub_server.request("emit/stderr")
+    assert "a log line" in stub_server.wait_stderr("a log line")
+    [problem] = stub_server.check_stdout()
+    assert "hello from print()" in problem
+    with pytest.raises(AssertionError):
+        stub_server.assert_stdout_pure()
+
+
+def test_server_process_reports_exit_code_and_bounds_waits(stub_server):
+    with pytest.raises(AssertionError, match="timed out"):
+        stub_server.wait_response(12345, timeout=0.05)
+    stub_server.expect_running(within_s=0.05)
+    stub_server.close_stdin()
+    assert stub_server.wait_exit() == 3
+    with pytest.raises(AssertionError, match="closed stdout"):
+        stub_server.wait_response(12345)
+
+
+# ----------------------------------------------------------------------------------------------
+# §1 Constants
+# ----------------------------------------------------------------------------------------------
+# Also the file as a whole: its layout, its imports.
+
+@needs_server
+def test_docstring_contents_match_the_section_banners():
+    source = SERVER_PATH.read_text(encoding="utf-8")
+    docstring = ast.get_docstring(ast.parse(source)) or ""
+    listed = re.findall(r"§(\d+) (.+?)(?=  +§|\s*$)", docstring, re.M)
+    banners = re.findall(r"^# §(\d+) (.+?)\s*$", source, re.M)
+    assert banners, "no '# §N Title' banners"
+    # The contents may name sections not written yet; every banner must be listed, in order.
+    assert [b for b in listed if b in banners] == banners
+
+
+@needs_server
+def test_importing_the_module_defers_slow_imports():
+    probe = ("import sys; sys.path.insert(0, %r); import websearch_ring; "
+             "print(','.join(m for m in ('ssl', 'urllib.request', 'http.client', 'html.parser')"
+             " if m in sys.modules))" % str(SERVER_PATH.parent))
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True,
+                          timeout=DEFAULT_TIMEOUT_S, env=server_env(), check=True)
+    assert done.stdout.decode().strip() == ""
+
+
+# ----------------------------------------------------------------------------------------------
+# §2 Errors
+# ----------------------------------------------------------------------------------------------
+# Unit tests of the RingError families go here (use the `ring` fixture).
+
+
+# ----------------------------------------------------------------------------------------------
+# §3 Utilities
+# ----------------------------------------------------------------------------------------------
+# Unit tests of the pure helpers go here (use the `ring` fixture).
+
+
+# ----------------------------------------------------------------------------------------------
+# §4 Configuration
+# ----------------------------------------------------------------------------------------------
+
+def test_invalid_number_is_reported_at_start_and_in_every_tool_result(start_server):
+    server = start_server({"WEBSEARCH_TIMEOUT_MS": "12s"})
+    server.initialize()
+    assert server.request("ping")["result"] == {}
+    assert "tools" in server.request("tools/list")["result"]
+    server.wait_stderr("WEBSEARCH_TIMEOUT_MS")
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    assert tool_result(response)["isError"] is True
+    problems = structured(response)["config_problems"]
+    assert [p["variable"] for p in problems] == ["WEBSEARCH_TIMEOUT_MS"]
+    assert problems[0]["value"] == "12s"
+    assert result_text(response).startswith("Configuration problem")
+
+
+# ----------------------------------------------------------------------------------------------
+# §5 Deadlines and cancellation
+# ----------------------------------------------------------------------------------------------
+
+def test_cancelled_call_gets_no_response_aborts_upstream_and_caches_nothing(
+        start_server, fake_upstream):
+    never = threading.Event()
+    fake_upstream.route("POST", "/search", [
+        {"fixture": "tavily/search_success.json", "block_until": never},
+        "tavily/search_success.json",
+    ])
+    server = start_server(tavily_env(fake_upstream))
+    server.initialize()
+    call = server.start_call_tool("web_search", {"query": "python asyncio timeout"})
+    fake_upstream.wait_for_requests(1, path="/search")
+    server.notify("notifications/cancelled", {"requestId": call, "reason": "test"})
+    fake_upstream.wait_for_disconnects(1, timeout=5)
+    server.expect_no_response(call, within_s=0.3)
+    again = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    assert structured(again)["cached"] is False
+    assert fake_upstream.hits("POST", "/search") == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# §6 HTTP transport
+# ----------------------------------------------------------------------------------------------
+# Transport tests drive a FakeUpstream (drip, truncate, close, size=6_000_000 for the 5 MB cap).
+
+
+# ----------------------------------------------------------------------------------------------
+# §7 Streaming LLM client
+# ----------------------------------------------------------------------------------------------
+
+
+# ----------------------------------------------------------------------------------------------
+# §8 HTML to Markdown
+# ----------------------------------------------------------------------------------------------
+
+
+# ----------------------------------------------------------------------------------------------
+# §9 Key pool and circuit breaker
+# ----------------------------------------------------------------------------------------------
+# Unit tests take a FakeClock (`fake_clock` fixture).
+
+
+# ----------------------------------------------------------------------------------------------
+# §10 Cache and coalescing
+# ----------------------------------------------------------------------------------------------
+
+
+# ----------------------------------------------------------------------------------------------
+# §11 Vendors
+# ----------------------------------------------------------------------------------------------
+
+def test_tavily_keyless_request_is_a_json_post_with_the_access_mode_header(
+        start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = start_server(tavily_env(fake_upstream))
+    server.initialize()
+    assert tool_result(server.call_tool("web_search", {"query": "python asyncio timeout"}))
+    [sent] = fake_upstream.requests_to("POST", "/search")
+    assert sent.header("X-Tavily-Access-Mode") == "keyless"
+    assert sent.header("Authorization") is None
+    assert sent.json()["query"] == "python asyncio timeout"
+
+
+def test_tavily_key_travels_as_a_bearer_header_and_never_reaches_output(
+        start_server, fake_upstream):
+    key = "tvly-dev-TESTSECRET0123456789abcd"
+    fake_upstream.route("POST", "/search", "tavily/invalid_key.json")
+    server = start_server(tavily_env(fake_upstream, TAVILY_API_KEY=key, GROK_LOG_LEVEL="debug"))
+    server.initialize()
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    assert tool_result(response)["isError"] is True
+    sent = fake_upstream.requests_to("POST", "/search")[0]
+    assert sent.header("Authorization") == "Bearer " + key
+    assert key not in sent.path and key not in sent.body.decode("utf-8")
+    server.close_stdin()
+    assert server.wait_exit() == 0
+    assert key.encode() not in b"".join(server.raw_lines)
+    assert key not in server.stderr_text()
+
+
+# ----------------------------------------------------------------------------------------------
+# §12 Ring
+# ----------------------------------------------------------------------------------------------
+
+def test_failover_moves_past_a_rate_limited_vendor_and_notes_it(start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/rate_limited.json")
+    fake_upstream.route("GET", "/search", "bing_html/success.html")
+    server = start_server({"WEBSEARCH_VENDORS": "tavily,bing",
+                           "WEBSEARCH_TAVILY_URL": fake_upstream.url,
+                           "WEBSEARCH_BING_URL": fake_upstream.url})
+    server.initialize()
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    content = structured(response)
+    assert tool_result(response)["isError"] is False
+    assert content["vendor"] == "bing"
+    assert (content["attempts"][0]["vendor"], content["attempts"][0]["outcome"]) == (
+        "tavily", "rate_limited")
+    urls = [r["url"] for r in content["results"]]
+    assert urls[0] == "https://docs.python.org/3/library/asyncio-task.html"
+    assert not any("bing.com/aclick" in url for url in urls)
+    assert "Note:" in result_text(response)
+
+
+def test_all_vendors_failing_is_an_error_result_listing_every_attempt(
+        start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/server_error.json")
+    fake_upstream.route("GET", "/search", "bing_html/captcha.html")
+    server = start_server({"WEBSEARCH_VENDORS": "tavily,bing",
+                           "WEBSEARCH_TAVILY_URL": fake_upstream.url,
+                           "WEBSEARCH_BING_URL": fake_upstream.url})
+    server.initialize()
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    content = structured(response)
+    assert tool_result(response)["isError"] is True
+    assert (content["status"], content["error"]) == ("error", "all_vendors_failed")
+    outcomes = {a["vendor"]: a["outcome"] for a in content["attempts"]}
+    assert outcomes == {"tavily": "http_error", "bing": "blocked"}
+
+
+# ----------------------------------------------------------------------------------------------
+# §13 Tools
+# ----------------------------------------------------------------------------------------------
+
+def test_web_search_returns_tavily_results_with_the_familiar_first_line(
+        start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = start_server(tavily_env(fake_upstream))
+    server.initialize()
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    content = structured(response)
+    assert tool_result(response)["isError"] is False
+    assert (content["status"], content["vendor"], content["cached"]) == ("success", "tavily", False)
+    expected = [r["url"] for r in fixture_json("tavily/search_success.json")["results"]]
+    assert [r["url"] for r in content["results"]] == expected
+    assert [r["rank"] for r in content["results"]] == [1, 2, 3]
+    assert result_text(response).startswith('3 results for "python asyncio timeout" (via tavily')
+
+
+def test_web_search_reports_every_invalid_argument_at_once(session):
+    response = session.call_tool("web_search", {"query": "   ", "bogus": 1})
+    content = structured(response)
+    assert tool_result(response)["isError"] is True
+    assert (content["status"], content["error"]) == ("error", "invalid_arguments")
+    paths = {issue["path"] for issue in content["validation"]["issues"]}
+    assert {"/query", "/bogus"} <= paths
+
+
+def test_get_sources_returns_the_sources_of_an_earlier_search(start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = start_server(tavily_env(fake_upstream))
+    server.initialize()
+    search = structured(server.call_tool("web_search", {"query": "python asyncio timeout"}))
+    sources = structured(server.call_tool("get_sources", {"session_id": search["session_id"]}))
+    assert sources["sources_count"] == 3
+    assert [s["url"] for s in sources["sources"]] == [r["url"] for r in search["results"]]
+
+
+def test_get_sources_for_an_unknown_session_is_an_error_result(session):
+    response = session.call_tool("get_sources", {"session_id": "no-such-session"})
+    assert tool_result(response)["isError"] is True
+    assert structured(response)["error"] == "session_id_not_found_or_expired"
+
+
+# ----------------------------------------------------------------------------------------------
+# §14 JSON-RPC server
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("requested, expected", [(v, v) for v in KNOWN_PROTOCOLS]
+                         + [("1999-01-01", LATEST_PROTOCOL)])
+def test_initialize_negotiates_the_protocol_version(start_server, requested, expected):
+    assert start_server().initialize(requested)["protocolVersion"] == expected
+
+
+def test_initialize_result_has_server_info_tools_capability_and_instructions(start_server):
+    result = start_server().initialize(LATEST_PROTOCOL)
+    assert result["serverInfo"]["name"] and result["serverInfo"]["version"]
+    assert "tools" in result["capabilities"]
+    assert isinstance(result["instructions"], str) and result["instructions"].strip()
+
+
+def test_ping_answers_an_empty_result(session):
+    assert session.request("ping")["result"] == {}
+
+
+def test_tools_list_has_web_search_and_get_sources_with_both_schemas(session):
+    tools = {tool["name"]: tool for tool in session.request("tools/list")["result"]["tools"]}
+    for name in ("web_search", "get_sources"):
+        assert tools[name]["description"]
+        assert tools[name]["inputSchema"]["type"] == "object"
+        assert tools[name]["outputSchema"]["type"] == "object"
+    assert "query" in tools["web_search"]["inputSchema"]["required"]
+    assert "session_id" in tools["get_sources"]["inputSchema"]["required"]
+
+
+def test_unparsable_line_is_a_parse_error_with_null_id(session):
+    session.send_raw(b"this is not json\n")
+    response = session.wait_response(None, timeout=5)
+    assert response["error"]["code"] == PARSE_ERROR
+    assert "id" in response and response["id"] is None
+
+
+@pytest.mark.parametrize("line", [b'{"jsonrpc":"2.0"}', b"42", b'"ping"', b"null", b"true"])
+def test_json_that_is_not_a_request_is_an_invalid_request(session, line):
+    session.send_raw(line + b"\n")
+    assert session.wait_response(None, timeout=5)["error"]["code"] == INVALID_REQUEST
+
+
+def test_unknown_method_is_method_not_found(session):
+    response = session.request("no/such/method")
+    assert response["error"]["code"] == METHOD_NOT_FOUND
+
+
+def test_tools_call_of_an_unknown_tool_is_invalid_params(session):
+    response = session.call_tool("no_such_tool", {})
+    assert response["error"]["code"] == INVALID_PARAMS
+
+
+@pytest.mark.parametrize("arguments", ["web_search", [1, 2], 42])
+def test_tools_call_with_arguments_not_an_object_is_invalid_params(session, arguments):
+    response = session.request("tools/call", {"name": "web_search", "arguments": arguments})
+    assert response["error"]["code"] == INVALID_PARAMS
+
+
+def test_notifications_and_stray_responses_are_never_answered(session):
+    before = session.response_count()
+    session.notify("notifications/initialized")
+    session.notify("notifications/no_such_notification", {"x": 1})
+    session.notify("no/such/method")
+    session.notify("tools/call", {"name": "no_such_tool", "arguments": {}})
+    session.notify("notifications/cancelled", {"requestId": 9999})
+    session.send({"jsonrpc": "2.0", "id": 9001, "result": {}})  # reply to nothing we were asked
+    assert session.request("ping")["result"] == {}
+    session.expect_quiet(within_s=0.3)
+    assert session.response_count() == before + 1
+
+
+def test_batch_on_a_2025_06_18_session_is_an_invalid_request(start_server):
+    server = start_server()
+    server.initialize("2025-06-18")
+    server.send([{"jsonrpc": "2.0", "id": 9001, "method": "ping"},
+                 {"jsonrpc": "2.0", "id": 9002, "method": "ping"}])
+    assert server.wait_response(None, timeout=5)["error"]["code"] == INVALID_REQUEST
+    server.expect_no_response(9001, within_s=0.2)
+    assert not server.batches
+
+
+def test_batch_on_a_2025_03_26_session_gets_an_array_of_responses(start_server):
+    server = start_server()
+    server.initialize("2025-03-26")
+    server.send([{"jsonrpc": "2.0", "id": 9001, "method": "ping"},
+                 {"jsonrpc": "2.0", "id": 9002, "method": "tools/list"},
+                 {"jsonrpc": "2.0", "method": "notifications/initialized"}])
+    batch = server.wait_batch()
+    assert sorted(message["id"] for message in batch) == [9001, 9002]
+    assert all("result" in message for message in batch)
+
+
+def test_empty_batch_on_a_2025_03_26_session_is_one_invalid_request(start_server):
+    server = start_server()
+    server.initialize("2025-03-26")
+    server.send_raw(b"[]\n")
+    assert server.wait_response(None, timeout=5)["error"]["code"] == INVALID_REQUEST
+    assert not server.batches
+
+
+def test_batch_of_only_notifications_gets_no_reply_on_2025_03_26(start_server):
+    server = start_server()
+    server.initialize("2025-03-26")
+    server.send([{"jsonrpc": "2.0", "method": "notifications/initialized"},
+                 {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                  "params": {"requestId": 9999}}])
+    assert server.request("ping")["result"] == {}
+    server.expect_quiet(within_s=0.3)
+    assert not server.batches
+
+
+def _huge_query_call(session, request_id):
+    line = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                       "params": {"name": "web_search",
+                                  "arguments": {"query": "x" * 10_000_000}}})
+    session.send_raw(line.encode("utf-8") + b"\n", timeout=30)
+    return session.wait_response(request_id, timeout=30)
+
+
+def test_ten_megabyte_line_is_answered_and_the_server_keeps_serving(session):
+    response = _huge_query_call(session, 9001)
+    content = structured(response)
+    assert tool_result(response)["isError"] is True
+    assert content["error"] == "invalid_arguments"
+    assert "/query" in {issue["path"] for issue in content["validation"]["issues"]}
+    assert session.request("ping")["result"] == {}
+
+
+def test_ten_megabyte_query_is_not_echoed_back_in_full(session):
+    response = _huge_query_call(session, 9001)
+    assert len(json.dumps(response)) < 100_000
+
+
+@pytest.mark.parametrize("line", [
+    b"\xff\xfe\xfd not utf-8\n",
+    b'{"jsonrpc":"2.0","id":9001,"method":"ping","params":{"x":"\xc3\x28"}}\n',
+])
+def test_invalid_utf8_is_a_parse_error_and_the_server_keeps_serving(session, line):
+    session.send_raw(line)
+    assert session.wait_response(None, timeout=5)["error"]["code"] == PARSE_ERROR
+    assert session.request("ping")["result"] == {}
+
+
+def test_stdout_stays_pure_through_a_mixed_session(start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = start_server(tavily_env(fake_upstream, GROK_LOG_LEVEL="debug"))
+    server.initialize()
+    assert "result" in server.request("logging/setLevel", {"level": "debug"})
+    server.send_raw(b"garbage\n")
+    server.wait_response(None, timeout=5)
+    server.request("tools/list")
+    query = {"query": "python asyncio timeout"}
+    server.call_tool("web_search", query, meta={"progressToken": "p-1"})
+    assert structured(server.call_tool("web_search", query))["cached"] is True
+    server.call_tool("get_sources", {"session_id": "no-such-session"})
+    server.close_stdin()
+    assert server.wait_exit() == 0
+    server.assert_stdout_pure()
+    assert len(server.raw_lines) == len(server.messages)
+
+
+def test_stdin_eof_lets_the_call_in_flight_answer_then_exits_zero(start_server, fake_upstream):
+    release = threading.Event()
+    fake_upstream.route("POST", "/search",
+                        {"fixture": "tavily/search_success.json", "block_until": release})
+    server = start_server(tavily_env(fake_upstream))
+    server.initialize()
+    call = server.start_call_tool("web_search", {"query": "python asyncio timeout"})
+    fake_upstream.wait_for_requests(1, path="/search")
+    server.close_stdin()
+    server.expect_running(within_s=0.2)
+    release.set()
+    response = server.wait_response(call)
+    assert structured(response)["vendor"] == "tavily"
+    assert server.wait_exit() == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# §15 CLI
+# ----------------------------------------------------------------------------------------------
