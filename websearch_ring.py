@@ -142,7 +142,8 @@ class UpstreamError(RingError):
     """
 
     def __init__(self, service, outcome, code, message, *, status=None,
-                 retryable=True, retry_after_s=None, upstream_code=None):
+                 retryable=True, retry_after_s=None, upstream_code=None, diagnostics=None):
+        self.diagnostics = diagnostics
         self.service = service
         self.outcome = outcome
         self.code = code
@@ -514,6 +515,8 @@ class Var:
             return "an http:// or https:// URL"
         if self.kind == "vendors":
             return "a comma-separated list of: " + ", ".join(KNOWN_VENDORS)
+        if self.kind == "providers":
+            return "a comma-separated list of: tavily, direct"
         if self.kind == "level":
             return "one of: " + ", ".join(Logger.LEVELS)
         if self.kind == "bool":
@@ -549,13 +552,41 @@ VARIABLES = (
     Var("WEBSEARCH_AUTH_COOLDOWN_MS", "auth_cooldown_s", "int", "3600000",
         "How long a vendor with a rejected key or an exhausted quota is skipped.",
         lo=1000, hi=604800000, scale=0.001),
+    Var("WEBSEARCH_FETCH_PROVIDERS", "fetch_providers", "providers", "tavily,direct",
+        "web_fetch providers in order: tavily (Tavily Extract, only with a key) and direct "
+        "(the built-in extractor)."),
+    Var("WEBSEARCH_MAP_PROVIDERS", "map_providers", "providers", "tavily,direct",
+        "web_map providers in order: tavily (Tavily Map, only with a key) and direct (robots.txt, "
+        "sitemaps and a same-origin crawl)."),
+    Var("WEBSEARCH_ALLOW_PRIVATE_URLS", "allow_private", "bool", "0",
+        "1 lets the direct fetch and map reach loopback, private and link-local addresses "
+        "(intranets, air-gapped sites, tests)."),
+    Var("WEBSEARCH_FETCH_CACHE_MB", "fetch_cache_mb", "int", "64",
+        "Megabytes of extracted pages kept for paging with start_index (least recently used go first).",
+        lo=1, hi=4096),
     Var("WEBSEARCH_UA", "user_agent", "str", "",
         "User-Agent sent to the HTML engines (bing, duckduckgo). Unset: a current desktop browser."),
     Var("EXA_API_KEY", "exa_api_key", "str", "",
         "Exa key: switches exa from the keyless hosted MCP endpoint to the REST /search API.",
         secret=True),
     Var("TAVILY_API_KEY", "tavily_api_key", "str", "",
-        "Tavily key (Bearer). Unset: Tavily's keyless mode.", secret=True),
+        "Tavily key (Bearer). Unset (and no TAVILY_API_KEYS): Tavily's keyless mode for search.", secret=True),
+    Var("TAVILY_API_KEYS", "tavily_api_keys", "str", "",
+        "Several Tavily keys separated by commas, semicolons or newlines; takes precedence over "
+        "TAVILY_API_KEY. Search, fetch and map rotate over them fairly.", secret=True),
+    Var("TAVILY_ENABLED", "tavily_enabled", "bool", "1",
+        "0 leaves Tavily out of the default ring and of fetch and map."),
+    Var("TAVILY_KEY_COOLDOWN", "tavily_key_cooldown_s", "int", "30",
+        "Seconds a Tavily key rests after a 429 without Retry-After.", lo=1, hi=86400),
+    Var("TAVILY_QUOTA_COOLDOWN", "tavily_quota_cooldown_s", "int", "3600",
+        "Seconds a Tavily key rests after 432/433 (plan or pay-as-you-go limit).", lo=1, hi=2592000),
+    Var("TAVILY_SERVICE_FAILURE_THRESHOLD", "tavily_breaker_threshold", "int", "2",
+        "Distinct Tavily keys failing the same way (5xx or network) that open the circuit breaker.",
+        lo=2, hi=100),
+    Var("TAVILY_SERVICE_COOLDOWN", "tavily_breaker_cooldown_s", "int", "30",
+        "Seconds the Tavily circuit breaker stays open before one probe request.", lo=1, hi=86400),
+    Var("TAVILY_PER_KEY_MAX_CONCURRENCY", "tavily_per_key", "int", "1",
+        "Requests one Tavily key may have in flight at once.", lo=1, hi=64),
     Var("BRAVE_API_KEY", "brave_api_key", "str", "",
         "Brave Search key (X-Subscription-Token); adds brave to the default ring.",
         aliases=("BRAVE_SEARCH_API_KEY",), secret=True),
@@ -644,6 +675,12 @@ def _parse_value(var, raw):
         if not names:
             raise ValueError("empty list")
         return tuple(dict.fromkeys(names))
+    if var.kind == "providers":
+        names = [n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()]
+        unknown = [n for n in names if n not in ("tavily", "direct")]
+        if unknown or not names:
+            raise ValueError("unknown provider " + ", ".join(repr(n) for n in unknown) if unknown else "empty list")
+        return tuple(dict.fromkeys(names))
     if var.kind == "level":
         if text.lower() not in Logger.LEVELS:
             raise ValueError("unknown level")
@@ -714,35 +751,44 @@ class Config:
                 values[var.field] = default
         if values["debug"]:
             values["log_level"] = "debug"
+        keys = [k.strip() for k in re.split(r"[,;\n]+", values["tavily_api_keys"]) if k.strip()]
+        values["tavily_keys"] = tuple(dict.fromkeys(keys or ([values["tavily_api_key"]]
+                                                             if values["tavily_api_key"] else [])))
         configured = {name: bool(values[field]) for name, field in _VENDOR_CREDENTIALS.items()}
+        configured["tavily"] = values["tavily_enabled"]
         if values["vendors"]:
             missing = [n for n in values["vendors"] if not configured.get(n, True)]
             for name in missing:
-                var = _field_var(_VENDOR_CREDENTIALS[name])
+                var = _field_var(_VENDOR_CREDENTIALS.get(name, "tavily_enabled"))
                 problems.append(Problem(
                     "WEBSEARCH_VENDORS", ",".join(values["vendors"]), "vendors whose credentials are set",
-                    "WEBSEARCH_VENDORS names %s but %s is unset; %s is left out of the ring" % (
-                        name, var.name, name)))
+                    "WEBSEARCH_VENDORS names %s but %s is %s; %s is left out of the ring" % (
+                        name, var.name, "0" if var.kind == "bool" else "unset", name)))
             values["vendors"] = tuple(n for n in values["vendors"] if n not in missing)
         if not values["vendors"]:
-            values["vendors"] = tuple(n for n in KEYED_VENDORS if configured[n]) + RING_VENDORS
+            values["vendors"] = tuple(n for n in KEYED_VENDORS + RING_VENDORS if configured.get(n, True))
         if not values["user_agent"]:
             values["user_agent"] = DEFAULT_UA
         return cls(values, problems, sources)
 
     def is_configured(self, vendor):
         """True when ``vendor`` has what it needs (keyless vendors always do)."""
+        if vendor == "tavily":
+            return self._values["tavily_enabled"]
         field = _VENDOR_CREDENTIALS.get(vendor)
         return field is None or bool(self._values[field])
 
     def requirement(self, vendor):
         """The variable a vendor needs, or None for keyless vendors."""
+        if vendor == "tavily":
+            return "TAVILY_ENABLED"
         field = _VENDOR_CREDENTIALS.get(vendor)
         return _field_var(field).name if field else None
 
     def secrets(self):
-        """Every secret value, for the redactor."""
-        return [self._values[v.field] for v in VARIABLES if v.secret and self._values[v.field]]
+        """Every secret value (each pooled key on its own), for the redactor."""
+        return [self._values[v.field] for v in VARIABLES if v.secret and self._values[v.field]] + list(
+            self._values["tavily_keys"])
 
     def masked(self):
         """The configuration as a dict with secrets shown as fingerprints."""
@@ -754,6 +800,7 @@ class Config:
             elif isinstance(value, tuple):
                 value = list(value)
             out[var.name] = value
+        out["TAVILY_API_KEYS"] = [fingerprint(k) for k in self._values["tavily_keys"]]
         return out
 
 
@@ -862,6 +909,12 @@ class CancelToken:
         """Raise :class:`Cancelled` if cancelled."""
         if self.cancelled:
             raise Cancelled(self.reason or "cancelled")
+
+
+def _notify(cond):
+    """Wake every waiter of ``cond`` (used as a cancel-token callback)."""
+    with cond:
+        cond.notify_all()
 
 
 class Slots:
@@ -1218,6 +1271,524 @@ def _decompress(raw, max_bytes):
     raise TransportError("network", "body is not valid gzip/deflate data")
 
 # ---------------------------------------------------------------------------
+# §8 HTML to Markdown
+# ---------------------------------------------------------------------------
+
+# Elements whose content never reaches the page text.
+_DROP_TAGS = frozenset({"script", "style", "noscript", "template", "svg", "canvas", "iframe", "object",
+                        "embed", "nav", "header", "footer", "aside", "form", "button", "select",
+                        "textarea", "dialog", "menu", "head"})
+# Elements that are gone even inside <main>: banners and chrome by id/class/role.
+_CHROME = re.compile(r"cookie|consent|gdpr|banner|newsletter|subscribe|popup|modal|sidebar|breadcrumb"
+                     r"|share|social|advert|promo|skip-link", re.I)
+_CHROME_ROLES = frozenset({"navigation", "banner", "contentinfo", "complementary", "search", "dialog",
+                           "alertdialog"})
+_BLOCK_TAGS = frozenset({"p", "div", "section", "article", "main", "blockquote", "figure", "figcaption",
+                         "details", "summary", "address", "dl", "dt", "dd", "center", "hgroup"})
+_VOID_TAGS = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",
+                        "param", "source", "track", "wbr"})
+_HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
+_LIST_ITEM = re.compile(r"^ *(?:- |\d+\. )")
+_BR = "\x00"   # a <br> inside running text, kept through whitespace folding
+_HAS_MAIN = re.compile(r"<(main|article)\b|role=[\"']?main\b", re.I)
+
+
+def html_to_markdown(html, base_url="", plain=False):
+    """``(title, text)`` of an HTML page as Markdown (or plain text with ``plain``).
+
+    Keeps headings, paragraphs, nested lists, links, emphasis, inline code,
+    code blocks, tables, block quotes and images' alt text; prefers
+    ``<main>``/``<article>`` when the page has one; drops scripts, styles,
+    navigation, headers, footers and cookie banners.
+
+    >>> html_to_markdown("<title>T</title><nav>x</nav><main><h1>Hi</h1><p>a <b>b</b></p></main>")
+    ('T', '# Hi\\n\\na **b**')
+    """
+    converter = _markdown_converter(base_url, plain, bool(_HAS_MAIN.search(html)))
+    converter.feed(html)
+    converter.close()
+    return converter.result()
+
+
+def _markdown_converter(base_url, plain, main_only):
+    from urllib.parse import urljoin
+
+    class MarkdownConverter(_html_parser_class()):
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.blocks = []          # finished Markdown blocks
+            self.inline = []          # text of the block being built
+            self.skip = 0             # depth inside dropped elements
+            self.stack = []           # open elements: (tag, dropped, in_main)
+            self.main_depth = 0       # depth inside <main>/<article> (when main_only)
+            self.title = []
+            self.in_title = False
+            self.pre = None           # [lang, text parts] inside <pre>
+            self.lists = []           # [kind, counter] per open list
+            self.links = []           # [href, start index in inline] per open link
+            self.table = None         # rows of cells while inside a table
+            self.quote = 0
+
+        # -- helpers -----------------------------------------------------------
+        def emitting(self):
+            return not self.skip and (not main_only or self.main_depth > 0)
+
+        def flush(self, prefix=""):
+            text = "".join(self.inline)
+            self.inline = []
+            text = re.sub(r"[ \t\r\n\f\v]+", " ", text).strip().replace(_BR, "\n").strip()
+            if not text or self.table is not None:
+                return
+            if self.quote and not plain:
+                text = "\n".join("> " + line for line in text.split("\n"))
+            self.blocks.append(prefix + text)
+
+        def add(self, text):
+            if self.pre is not None:
+                self.pre[1].append(text)
+            elif self.table is not None and self.table["cell"] is not None:
+                self.table["cell"].append(text)
+            else:
+                self.inline.append(text)
+
+        # -- parser hooks ------------------------------------------------------------
+        def handle_starttag(self, tag, attrs):
+            if tag in _VOID_TAGS:
+                self.handle_startendtag(tag, attrs)
+                return
+            a = dict(attrs)
+            marker = " ".join(filter(None, (a.get("id"), a.get("class"))))
+            dropped = tag in _DROP_TAGS or (a.get("role") in _CHROME_ROLES) or bool(
+                marker and _CHROME.search(marker) and tag not in ("main", "article", "body", "html"))
+            if "hidden" in a or a.get("aria-hidden") == "true":
+                dropped = True
+            is_main = main_only and (tag in ("main", "article") or a.get("role") == "main")
+            self.stack.append((tag, dropped, is_main))
+            if dropped:
+                self.skip += 1
+                return
+            if is_main:
+                self.main_depth += 1
+            if tag == "title":
+                self.in_title = True
+            if not self.emitting():
+                return
+            if tag in _HEADINGS or tag in _BLOCK_TAGS or tag in ("ul", "ol", "li", "table", "pre"):
+                if self.table is None or tag == "table":
+                    self.flush(self._list_prefix() if tag != "li" else "")
+            if tag == "blockquote":
+                self.quote += 1
+            elif tag in ("ul", "ol"):
+                self.lists.append([tag, 0])
+            elif tag == "li":
+                if self.lists:
+                    self.lists[-1][1] += 1
+            elif tag == "pre":
+                self.pre = [_code_lang(a), []]
+            elif tag == "code" and self.pre is not None and not self.pre[0]:
+                self.pre[0] = _code_lang(a)
+            elif tag == "code" and not plain:
+                self.add("`")
+            elif tag in ("strong", "b") and not plain:
+                self.add("**")
+            elif tag in ("em", "i") and not plain:
+                self.add("*")
+            elif tag == "a":
+                href = a.get("href") or ""
+                if href and not href.startswith(("javascript:", "#", "mailto:")):
+                    self.links.append([urljoin(base_url, href), len(self.inline)])
+                else:
+                    self.links.append([None, len(self.inline)])
+            elif tag == "table":
+                self.table = {"rows": [], "row": None, "cell": None, "head": False}
+            elif tag == "tr" and self.table is not None:
+                self.table["row"] = []
+                self.table["rows"].append(self.table["row"])
+            elif tag in ("td", "th") and self.table is not None:
+                self.table["cell"] = []
+                if tag == "th" and len(self.table["rows"]) == 1:
+                    self.table["head"] = True
+
+        def handle_startendtag(self, tag, attrs):
+            if not self.emitting():
+                return
+            a = dict(attrs)
+            if tag == "br":
+                self.add("\n" if self.pre is not None else _BR)
+            elif tag == "hr":
+                self.flush()
+                if not plain:
+                    self.blocks.append("---")
+            elif tag == "img":
+                alt = collapse_ws(a.get("alt") or "")
+                if alt:
+                    src = a.get("src") or ""
+                    if plain or not src or src.startswith("data:"):
+                        self.add(alt)
+                    else:
+                        self.add("![%s](%s)" % (alt.replace("]", ""), urljoin(base_url, src)))
+            elif tag not in _VOID_TAGS:
+                self.handle_starttag(tag, attrs)
+                self.handle_endtag(tag)
+
+        def handle_endtag(self, tag):
+            # Close up to the matching open element (HTML leaves many tags unclosed).
+            for i in range(len(self.stack) - 1, -1, -1):
+                if self.stack[i][0] == tag:
+                    break
+            else:
+                return
+            while len(self.stack) > i:
+                self._close(*self.stack.pop())
+
+        def _close(self, tag, dropped, is_main):
+            if dropped:
+                self.skip -= 1
+                return
+            if tag == "title":
+                self.in_title = False
+            if self.emitting():
+                self._close_emitting(tag)
+            if is_main:
+                self.main_depth -= 1
+
+        def _close_emitting(self, tag):
+            if tag in _HEADINGS:
+                level = _HEADINGS[tag]
+                self.flush("" if plain else "#" * level + " ")
+            elif tag == "li":
+                self.flush(self._list_prefix())
+            elif tag in ("ul", "ol"):
+                self.flush(self._list_prefix())
+                if self.lists:
+                    self.lists.pop()
+                if not self.lists:
+                    self.blocks.append(None)
+            elif tag == "pre" and self.pre is not None:
+                lang, parts = self.pre
+                self.pre = None
+                code = "".join(parts).strip("\n")
+                if code.strip():
+                    self.flush()
+                    self.blocks.append(code if plain else "```%s\n%s\n```" % (lang, code))
+            elif tag == "code" and self.pre is None and not plain:
+                self.add("`")
+            elif tag in ("strong", "b") and not plain:
+                self.add("**")
+            elif tag in ("em", "i") and not plain:
+                self.add("*")
+            elif tag == "a" and self.links:
+                href, start = self.links.pop()
+                target = self.inline if self.table is None or self.table["cell"] is None else self.table["cell"]
+                if href and not plain and self.pre is None:
+                    text = collapse_ws("".join(target[start:])) if target is self.inline else None
+                    if target is self.inline:
+                        del target[start:]
+                        target.append("[%s](%s)" % (text or href, href))
+                    else:
+                        target.append(" (%s)" % href)
+            elif tag in ("td", "th") and self.table is not None and self.table["cell"] is not None:
+                cell = collapse_ws("".join(self.table["cell"]).replace(_BR, " "))
+                cell = cell if plain else cell.replace("|", "\\|")
+                if self.table["row"] is None:
+                    self.table["row"] = []
+                    self.table["rows"].append(self.table["row"])
+                self.table["row"].append(cell)
+                self.table["cell"] = None
+            elif tag == "table" and self.table is not None:
+                rows = [r for r in self.table["rows"] if any(c for c in r)]
+                self.table = None
+                if rows:
+                    self.blocks.append(_render_table(rows, plain))
+            elif tag == "blockquote":
+                self.flush()
+                self.quote -= 1
+            elif tag in _BLOCK_TAGS or tag == "table":
+                self.flush(self._list_prefix())
+
+        def _list_prefix(self):
+            if not self.lists:
+                return ""
+            kind, count = self.lists[-1]
+            indent = "  " * (len(self.lists) - 1)
+            return indent + ("%d. " % count if kind == "ol" else "- ")
+
+        def handle_data(self, data):
+            if self.in_title:
+                self.title.append(data)
+                return
+            if not self.emitting():
+                return
+            if self.pre is None and self.table is None and not self.inline and not data.strip():
+                return
+            self.add(data)
+
+        def result(self):
+            while self.stack:
+                self._close(*self.stack.pop())
+            self.flush()
+            # Items of one list sit on consecutive lines; other blocks are paragraphs.
+            out, in_list = [], False
+            for block in self.blocks:
+                if block is None:         # the end of a top-level list
+                    in_list = False
+                    continue
+                item = bool(_LIST_ITEM.match(block))
+                if in_list and item:
+                    out[-1] += "\n" + block
+                else:
+                    out.append(block)
+                in_list = item
+            return collapse_ws("".join(self.title)), "\n\n".join(out).strip()
+
+    return MarkdownConverter()
+
+
+def _code_lang(attrs):
+    """``python`` from ``class="language-python"`` / ``lang-python`` / ``highlight-python``."""
+    match = re.search(r"(?:language|lang|highlight)-([\w+#.-]+)", attrs.get("class") or "")
+    return match.group(1) if match else ""
+
+
+def _render_table(rows, plain):
+    """A GitHub-flavoured Markdown table (plain: tab-separated lines)."""
+    if plain:
+        return "\n".join("\t".join(r) for r in rows)
+    width = max(len(r) for r in rows)
+    rows = [r + [""] * (width - len(r)) for r in rows]
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * width]
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# §9 Key pool and circuit breaker
+# ---------------------------------------------------------------------------
+
+
+class KeyState(enum.Enum):
+    """Health of one API key.  Busy (in use right now) is tracked apart from health."""
+    HEALTHY = "healthy"
+    COOLDOWN = "cooldown"
+    QUOTA_EXHAUSTED = "quota_exhausted"
+    INVALID = "invalid"
+
+
+class BreakerState(enum.Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class KeysUnavailable(RingError):
+    """No key can serve before the deadline; ``keys`` describes each (masked)."""
+
+    def __init__(self, message, keys, retry_after_s=None, code="tavily_all_keys_unavailable"):
+        self.keys = keys
+        self.retry_after_s = retry_after_s
+        self.code = code
+        super().__init__(message)
+
+
+class _Key:
+    __slots__ = ("secret", "fp", "state", "until", "busy", "last_used", "uses", "last_error")
+
+    def __init__(self, secret):
+        self.secret = secret
+        self.fp = fingerprint(secret)
+        self.state = KeyState.HEALTHY
+        self.until = 0.0
+        self.busy = 0
+        self.last_used = 0.0
+        self.uses = 0
+        self.last_error = None
+
+
+class CircuitBreaker:
+    """Opens when ``threshold`` distinct keys fail the same way (5xx, network) in a row.
+
+    Open: every request is refused until ``cooldown_s`` has passed.  Then
+    half-open: exactly one probe goes through; its success closes the breaker,
+    its failure opens it again.  Invariants hold under the owner's lock.
+    """
+
+    def __init__(self, threshold, cooldown_s, clock=time.monotonic):
+        self.threshold = max(2, threshold)
+        self.cooldown_s = cooldown_s
+        self._clock = clock
+        self.state = BreakerState.CLOSED
+        self.until = 0.0
+        self.probing = False
+        self.kind = None
+        self._failed = {}           # kind -> fingerprints of keys that failed that way in a row
+
+    def allow_locked(self):
+        """``(allowed, is_probe)``; moves an expired OPEN breaker to HALF_OPEN."""
+        if self.state is BreakerState.CLOSED:
+            return True, False
+        if self.state is BreakerState.OPEN and self._clock() < self.until:
+            return False, False
+        self.state = BreakerState.HALF_OPEN
+        if self.probing:
+            return False, False
+        self.probing = True
+        return True, True
+
+    def success_locked(self):
+        self._failed.clear()
+        self.state, self.probing, self.kind = BreakerState.CLOSED, False, None
+
+    def failure_locked(self, fp, kind, probe):
+        """Record a service failure; returns True when this opened the breaker."""
+        if probe or self.state is BreakerState.HALF_OPEN:
+            self.state, self.until, self.probing, self.kind = BreakerState.OPEN, self._clock() + self.cooldown_s, \
+                False, kind
+            return True
+        for other in list(self._failed):
+            if other != kind:
+                del self._failed[other]
+        seen = self._failed.setdefault(kind, set())
+        seen.add(fp)
+        if len(seen) >= self.threshold and self.state is BreakerState.CLOSED:
+            self.state, self.until, self.kind = BreakerState.OPEN, self._clock() + self.cooldown_s, kind
+            self._failed.clear()
+            return True
+        return False
+
+    def release_probe_locked(self):
+        """A probe that ended without a verdict (cancelled, parameter error)."""
+        self.probing = False
+
+
+class KeyPool:
+    """Fair rotation over API keys with per-key health, concurrency and a service breaker.
+
+    ``acquire`` picks the healthy, idle key used least recently; when every
+    usable key is busy it waits (within the caller's deadline) for the first
+    to come free, and when every key is cooling down it waits for the
+    earliest cooldown to end if that is within the deadline.  ``release``
+    records the outcome.  All state changes happen under ``_cond``; nothing
+    is done over the network while holding it.
+    """
+
+    def __init__(self, service, secrets, *, per_key=1, key_cooldown_s=30.0, quota_cooldown_s=3600.0,
+                 breaker_threshold=2, breaker_cooldown_s=30.0, logger=None, clock=time.monotonic):
+        self.service = service
+        self.keys = [_Key(s) for s in dict.fromkeys(secrets)]
+        self.per_key = per_key
+        self.key_cooldown_s = key_cooldown_s
+        self.quota_cooldown_s = quota_cooldown_s
+        self.breaker = CircuitBreaker(breaker_threshold, breaker_cooldown_s, clock)
+        self.log = logger or Logger("warning")
+        self._clock = clock
+        self._cond = threading.Condition(threading.Lock())
+
+    def __len__(self):
+        return len(self.keys)
+
+    def _refresh_locked(self, now):
+        for key in self.keys:
+            if key.state in (KeyState.COOLDOWN, KeyState.QUOTA_EXHAUSTED) and now >= key.until:
+                key.state = KeyState.HEALTHY
+
+    def acquire(self, token=None, deadline=None):
+        """``(key, lease)`` for one request; raises KeysUnavailable, Cancelled or DeadlineExceeded."""
+        handle = token.add_callback(lambda: _notify(self._cond)) if token is not None else None
+        try:
+            with self._cond:
+                while True:
+                    if token is not None and token.cancelled:
+                        raise Cancelled(token.reason or "cancelled")
+                    now = self._clock()
+                    self._refresh_locked(now)
+                    allowed, probe = self.breaker.allow_locked()
+                    if not allowed:
+                        wait = max(0.0, self.breaker.until - now)
+                        raise KeysUnavailable(
+                            "%s circuit breaker is %s after repeated %s failures of distinct keys; "
+                            "retry in %.0f s" % (self.service, self.breaker.state.value, self.breaker.kind, wait),
+                            self.describe_locked(now), wait or None, code="%s_service_unavailable" % self.service)
+                    healthy = [k for k in self.keys if k.state is KeyState.HEALTHY]
+                    idle = [k for k in healthy if k.busy < self.per_key]
+                    if idle:
+                        key = min(idle, key=lambda k: (k.last_used, k.uses))
+                        key.busy += 1
+                        key.uses += 1
+                        key.last_used = now
+                        return key, probe
+                    if probe:
+                        self.breaker.release_probe_locked()
+                    if healthy:
+                        wake_at = None          # busy: wait for a release
+                    else:
+                        cooling = [k.until for k in self.keys if k.state is not KeyState.INVALID]
+                        wake_at = min(cooling) if cooling else None
+                        if wake_at is None or (deadline is not None and wake_at > deadline.at):
+                            raise KeysUnavailable(
+                                "every %s key is unusable%s" % (self.service, "" if wake_at is None else
+                                                                " until after this call's deadline"),
+                                self.describe_locked(now), None if wake_at is None else wake_at - now)
+                    if deadline is not None and deadline.expired():
+                        raise DeadlineExceeded("waited for a free %s key until the deadline" % self.service)
+                    limits = [t for t in (wake_at - now if wake_at else None,
+                                          deadline.remaining() if deadline is not None else None) if t is not None]
+                    self._cond.wait(max(0.001, min(limits)) if limits else None)
+        finally:
+            if token is not None:
+                token.remove(handle)
+
+    def release(self, key, probe, outcome, retry_after_s=None, message=None):
+        """Record how a request with ``key`` ended.
+
+        ``outcome``: ``success``, ``invalid`` (401/403), ``rate_limited`` (429),
+        ``quota`` (432/433), ``params`` (400/422: the request's fault, no key
+        penalty), ``service`` (5xx) or ``network``, ``cancelled``.
+        """
+        opened = False
+        with self._cond:
+            key.busy -= 1
+            now = self._clock()
+            if outcome == "success":
+                self.breaker.success_locked()
+            elif outcome == "invalid":
+                key.state, key.last_error = KeyState.INVALID, message
+            elif outcome == "rate_limited":
+                key.state, key.until = KeyState.COOLDOWN, now + (retry_after_s or self.key_cooldown_s)
+                key.last_error = message
+            elif outcome == "quota":
+                key.state, key.until = KeyState.QUOTA_EXHAUSTED, now + max(retry_after_s or 0, self.quota_cooldown_s)
+                key.last_error = message
+            elif outcome in ("service", "network"):
+                key.last_error = message
+                opened = self.breaker.failure_locked(key.fp, outcome, probe)
+            elif probe:
+                self.breaker.release_probe_locked()
+            self._cond.notify_all()
+            state = key.state
+        if outcome in ("invalid", "rate_limited", "quota"):
+            self.log.warning("%s key %s is now %s (%s)", self.service, key.fp, state.value, message or outcome)
+        if opened:
+            self.log.warning("%s circuit breaker open for %.0f s: distinct keys failed with %s errors",
+                             self.service, self.breaker.cooldown_s, outcome)
+
+    def describe_locked(self, now=None):
+        now = self._clock() if now is None else now
+        return [{"key": k.fp, "state": k.state.value, "busy": k.busy,
+                 "cooldown_remaining_s": round(max(0.0, k.until - now), 1)
+                 if k.state in (KeyState.COOLDOWN, KeyState.QUOTA_EXHAUSTED) else None,
+                 "last_error": k.last_error} for k in self.keys]
+
+    def describe(self):
+        """Masked state of every key and of the breaker, for diagnostics."""
+        with self._cond:
+            now = self._clock()
+            self._refresh_locked(now)
+            return {"keys": self.describe_locked(now), "breaker": self.breaker.state.value,
+                    "breaker_remaining_s": round(max(0.0, self.breaker.until - now), 1)
+                    if self.breaker.state is BreakerState.OPEN else None}
+
+
+# ---------------------------------------------------------------------------
 # §10 Cache and coalescing
 # ---------------------------------------------------------------------------
 
@@ -1410,11 +1981,6 @@ class Coalescer:
             flight.value, flight.error, flight.done = value, error, True
             flight.cond.notify_all()
 
-
-def _notify(cond):
-    with cond:
-        cond.notify_all()
-
 # ---------------------------------------------------------------------------
 # §11 Vendors
 # ---------------------------------------------------------------------------
@@ -1578,6 +2144,30 @@ def exhausted_window(headers):
     return max(waits) if waits else None
 
 
+_TRANSPORT_OUTCOMES = {
+    "timeout": ("timeout", "timeout"),
+    "network": ("network_error", "connection_error"),
+    "too_large": ("bad_response", "body_too_large"),
+    "truncated": ("bad_response", "truncated_body"),
+    "redirects": ("bad_response", "too_many_redirects"),
+    "bad_url": ("network_error", "bad_url"),
+    "blocked_address": ("blocked", "private_address"),
+}
+
+
+def call_upstream(service, transport, method, url, *, token, deadline, timeout_s, headers=None, body=None,
+                  max_redirects=0, **options):
+    """One request through the transport; transport failures become :class:`UpstreamError`."""
+    try:
+        return transport.request(method, url, headers=headers, body=body, timeout_s=timeout_s,
+                                 deadline=deadline, token=token, max_redirects=max_redirects, **options)
+    except TransportError as exc:
+        outcome, code = _TRANSPORT_OUTCOMES.get(exc.kind, ("network_error", exc.kind))
+        raise UpstreamError(service, outcome, code, exc.message, retryable=outcome != "blocked") from None
+    except DeadlineExceeded as exc:
+        raise UpstreamError(service, "timeout", "deadline", str(exc)) from None
+
+
 class Vendor:
     """A search backend.  Subclasses build the request and parse the answer.
 
@@ -1589,8 +2179,9 @@ class Vendor:
     # Filters this vendor passes to the engine itself; the ring post-filters the rest.
     NATIVE = frozenset()
 
-    def __init__(self, config):
+    def __init__(self, config, tavily=None):
         self.config = config
+        self.tavily = tavily
 
     def native_filters(self):
         return self.NATIVE
@@ -1600,24 +2191,11 @@ class Vendor:
 
     def http(self, ctx, method, url, *, headers=None, body=None, max_redirects=0):
         """One request through the shared transport, transport failures made attempt errors."""
-        try:
-            response = ctx.transport.request(
-                method, url, headers=headers, body=body, timeout_s=self.config.timeout_s,
-                deadline=ctx.deadline, token=ctx.token, max_redirects=max_redirects)
-            ctx.headers = response.headers
-            return response
-        except TransportError as exc:
-            outcome, code = {
-                "timeout": ("timeout", "timeout"),
-                "network": ("network_error", "connection_error"),
-                "too_large": ("bad_response", "body_too_large"),
-                "truncated": ("bad_response", "truncated_body"),
-                "redirects": ("bad_response", "too_many_redirects"),
-                "bad_url": ("network_error", "bad_url"),
-            }[exc.kind]
-            raise UpstreamError(self.name, outcome, code, exc.message) from None
-        except DeadlineExceeded as exc:
-            raise UpstreamError(self.name, "timeout", "deadline", str(exc)) from None
+        response = call_upstream(self.name, ctx.transport, method, url, token=ctx.token, deadline=ctx.deadline,
+                                 timeout_s=self.config.timeout_s, headers=headers, body=body,
+                                 max_redirects=max_redirects)
+        ctx.headers = response.headers
+        return response
 
     def fail_http(self, response, message=None):
         """Raise the attempt error for a non-success HTTP status."""
@@ -1820,19 +2398,145 @@ def parse_exa_text(text):
     return results
 
 
+class TavilyClient:
+    """Every Tavily call (search, extract, map): through the key pool when keys are set, else keyless.
+
+    A key-specific failure (401/403 invalid, 429 cooldown, 432/433 quota) moves
+    on to the next key within the call's budget; 400/422 are the request's
+    fault and stop at once without a key penalty; 5xx and network failures
+    also try another key and feed the circuit breaker.
+    """
+
+    service = "tavily"
+    # UpstreamError outcome -> what the key pool records.
+    _POOL_OUTCOME = {"auth_error": "invalid", "rate_limited": "rate_limited", "quota_exhausted": "quota",
+                     "http_error": "service", "bad_response": "service", "timeout": "network",
+                     "network_error": "network", "blocked": "network"}
+
+    def __init__(self, config, transport, logger, clock=time.monotonic):
+        self.config = config
+        self.transport = transport
+        self.log = logger
+        self.pool = None
+        if config.tavily_keys and config.tavily_enabled:
+            self.pool = KeyPool(
+                "tavily", config.tavily_keys, per_key=config.tavily_per_key,
+                key_cooldown_s=config.tavily_key_cooldown_s, quota_cooldown_s=config.tavily_quota_cooldown_s,
+                breaker_threshold=config.tavily_breaker_threshold,
+                breaker_cooldown_s=config.tavily_breaker_cooldown_s, logger=logger, clock=clock)
+
+    @property
+    def keyed(self):
+        return self.pool is not None
+
+    def post(self, path, payload, token, deadline, timeout_s, keyless=True):
+        """``(data, headers)`` of a successful call; raises UpstreamError or Cancelled."""
+        url = self.config.tavily_url + path
+        body = json.dumps(payload)
+        headers = {"Content-Type": "application/json", "Accept": "application/json",
+                   "X-Client-Source": "websearch-ring"}
+        if self.pool is None:
+            if not keyless:
+                raise UpstreamError(self.service, "auth_error", "no_key",
+                                    "Tavily %s needs a key: set TAVILY_API_KEY or TAVILY_API_KEYS" % path,
+                                    retryable=False)
+            headers["X-Tavily-Access-Mode"] = "keyless"
+            return self._check(self._send(url, body, headers, token, deadline, timeout_s), path)
+        last = None
+        for _ in range(len(self.pool) + 1):
+            try:
+                key, probe = self.pool.acquire(token, deadline)
+            except KeysUnavailable as exc:
+                raise self._unavailable(exc, last) from None
+            except DeadlineExceeded as exc:
+                raise UpstreamError(self.service, "timeout", "key_wait", str(exc)) from None
+            outcome, wait, message = "cancelled", None, None
+            try:
+                result = self._check(self._send(url, body, dict(headers, Authorization="Bearer " + key.secret),
+                                                token, deadline, timeout_s), path)
+                outcome = "success"
+                return result
+            except UpstreamError as exc:
+                last, wait, message = exc, exc.retry_after_s, exc.message
+                outcome = "params" if exc.code in ("bad_parameters", "not_found") else \
+                    self._POOL_OUTCOME.get(exc.outcome, "service")
+                if outcome == "params":
+                    raise
+            finally:
+                self.pool.release(key, probe, outcome, wait, message)
+            if token is not None:
+                token.check()
+        raise last
+
+    def _unavailable(self, exc, last):
+        states = {k["state"] for k in exc.keys}
+        if exc.code.endswith("service_unavailable"):
+            outcome = "http_error"
+        elif states == {"invalid"}:
+            outcome = "auth_error"
+        elif "quota_exhausted" in states and "cooldown" not in states:
+            outcome = "quota_exhausted"
+        else:
+            outcome = "rate_limited"
+        detail = ", ".join("%s %s%s" % (k["key"], k["state"], " (%.0f s)" % k["cooldown_remaining_s"]
+                                        if k["cooldown_remaining_s"] else "") for k in exc.keys)
+        return UpstreamError(self.service, outcome, exc.code, "%s: %s%s" % (
+            exc, detail, "; last error: " + last.message if last else ""), status=last.status if last else None,
+            retryable=outcome != "auth_error", retry_after_s=exc.retry_after_s, diagnostics={"keys": exc.keys})
+
+    def _send(self, url, body, headers, token, deadline, timeout_s):
+        return call_upstream(self.service, self.transport, "POST", url, token=token, deadline=deadline,
+                             timeout_s=timeout_s, headers=headers, body=body)
+
+    def _check(self, resp, path):
+        """The JSON of a 200 answer, or the classified error."""
+        data = None
+        try:
+            data = resp.json()
+        except ValueError:
+            pass
+        envelope = data.get("error") if isinstance(data, dict) else None
+        if resp.status == 200 and isinstance(data, dict) and not isinstance(envelope, dict):
+            return data, resp.headers
+        if isinstance(envelope, dict) and isinstance(envelope.get("code"), str):
+            # The keyless-limit envelope: {"error": {"code", "message", "retry_after_seconds", ...}}.
+            wait = envelope.get("retry_after_seconds")
+            raise UpstreamError(self.service, "rate_limited", "keyless_limit",
+                                str(envelope.get("message") or envelope["code"])[:300], status=resp.status,
+                                retry_after_s=float(wait) if isinstance(wait, (int, float))
+                                else retry_after_of(resp.headers), upstream_code=envelope["code"])
+        message = body_message(resp)
+        status = resp.status
+        if status == 200:
+            raise UpstreamError(self.service, "bad_response", "invalid_json",
+                                "Tavily answered 200 without a JSON object: " + message, status=200)
+        if status in (432, 433):
+            raise UpstreamError(self.service, "quota_exhausted", "plan_limit" if status == 432 else "payg_limit",
+                                message, status=status, retryable=False)
+        if status in (400, 422):
+            raise UpstreamError(self.service, "http_error", "bad_parameters", message, status=status,
+                                retryable=False)
+        if status == 404:
+            raise UpstreamError(self.service, "http_error", "not_found",
+                                "Tavily answered 404 for %s: check TAVILY_API_URL (now %s)" % (
+                                    path, self.config.tavily_url), status=404, retryable=False)
+        if status == 429:
+            raise UpstreamError(self.service, "rate_limited", "rate_limited", message, status=429,
+                                retry_after_s=retry_after_of(resp.headers))
+        if status in (401, 403):
+            raise UpstreamError(self.service, "auth_error", "invalid_key" if status == 401 else "forbidden",
+                                message, status=status, retryable=False)
+        raise UpstreamError(self.service, "http_error", "server_error" if status >= 500 else "http_error",
+                            message, status=status)
+
+
 class TavilyVendor(Vendor):
-    """Tavily ``/search``: Bearer key, or keyless mode by header."""
+    """Tavily ``/search`` through :class:`TavilyClient` (key pool or keyless mode)."""
 
     name = "tavily"
     NATIVE = frozenset({"include_domains", "exclude_domains", "time_range"})
 
     def search(self, ctx, query, num):
-        headers = {"Content-Type": "application/json", "Accept": "application/json",
-                   "X-Client-Source": "websearch-ring"}
-        if self.config.tavily_api_key:
-            headers["Authorization"] = "Bearer " + self.config.tavily_api_key
-        else:
-            headers["X-Tavily-Access-Mode"] = "keyless"
         request = {"query": query, "max_results": num, "search_depth": "basic"}
         f = ctx.filters
         if f.include:
@@ -1841,15 +2545,7 @@ class TavilyVendor(Vendor):
             request["exclude_domains"] = list(f.exclude)
         if f.time_range:
             request["time_range"] = f.time_range
-        body = json.dumps(request)
-        resp = self.http(ctx, "POST", self.config.tavily_url + "/search", body=body, headers=headers)
-        if resp.status != 200:
-            self._fail(resp)
-        data = self.parse_json(resp)
-        if not isinstance(data, dict):
-            raise UpstreamError(self.name, "bad_response", "invalid_json", "unexpected JSON shape", status=200)
-        if isinstance(data.get("error"), dict):
-            self._fail(resp)
+        data, ctx.headers = self.tavily.post("/search", request, ctx.token, ctx.deadline, self.config.timeout_s)
         results = []
         for item in data.get("results") or []:
             if isinstance(item, dict) and item.get("url"):
@@ -1859,32 +2555,6 @@ class TavilyVendor(Vendor):
         if not results:
             self.no_results()
         return results
-
-    def _fail(self, resp):
-        data = None
-        try:
-            data = resp.json()
-        except ValueError:
-            pass
-        envelope = data.get("error") if isinstance(data, dict) else None
-        if isinstance(envelope, dict) and isinstance(envelope.get("code"), str):
-            # The keyless-limit envelope: {"error": {"code", "message", "retry_after_seconds", ...}}.
-            wait = envelope.get("retry_after_seconds")
-            raise UpstreamError(self.name, "rate_limited", "keyless_limit",
-                                str(envelope.get("message") or envelope["code"])[:300], status=resp.status,
-                                retry_after_s=float(wait) if isinstance(wait, (int, float))
-                                else retry_after_of(resp.headers),
-                                upstream_code=envelope["code"])
-        if resp.status in (432, 433):
-            raise UpstreamError(self.name, "quota_exhausted",
-                                "plan_limit" if resp.status == 432 else "payg_limit",
-                                body_message(resp), status=resp.status, retryable=False)
-        if resp.status in (400, 422):
-            raise UpstreamError(self.name, "http_error", "bad_parameters", body_message(resp),
-                                status=resp.status, retryable=False)
-        if resp.status == 200:
-            raise UpstreamError(self.name, "bad_response", "error_in_200", body_message(resp), status=200)
-        self.fail_http(resp)
 
 
 def decode_bing_url(href):
@@ -2645,7 +3315,8 @@ class Ring:
         self.transport = transport
         self.log = logger
         self._clock = clock
-        self.vendors = {name: cls(config) for name, cls in VENDOR_CLASSES.items()}
+        self.tavily = TavilyClient(config, transport, logger, clock)
+        self.vendors = {name: cls(config, self.tavily) for name, cls in VENDOR_CLASSES.items()}
         self.health = HealthBoard(config, logger, clock)
 
     def _attempt(self, name, query, num, filters, token, deadline):
@@ -2682,6 +3353,8 @@ class Ring:
                                     http_status=exc.status, message=self.log.redact(exc.message))
             if exc.retry_after_s is not None:
                 record["retry_after_s"] = round(exc.retry_after_s, 1)
+            if exc.diagnostics:
+                record["diagnostics"] = exc.diagnostics
             self.health.record(name, exc.outcome, ctx.headers, exc.retry_after_s, exc.code, exc.message)
             return None, record, {}
         except Exception as exc:   # a parser bug must not end the ring
