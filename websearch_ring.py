@@ -73,6 +73,8 @@ MAX_LINE_BYTES = 16 * 1024 * 1024     # a stdin line longer than this is discard
 MAX_BODY_BYTES = 5 * 1024 * 1024      # every upstream body, streams too
 MAX_QUERY_CHARS = 1000
 MIN_RESULTS, MAX_RESULTS, DEFAULT_RESULTS = 1, 20, 8
+DEFAULT_FETCH_LENGTH, MAX_FETCH_LENGTH = 20000, 1000000
+MAX_MAP_LIMIT = 5000
 SESSION_MAX, SESSION_TTL_S = 256, 3600.0
 CACHE_SWEEP_S = 60.0
 
@@ -1049,11 +1051,34 @@ class Transport:
                 return None
         return proxy
 
-    def _connect(self, scheme, host, port, timeout_s):
+    def _public_address(self, host, port, deadline):
+        """The first public address of ``host``; raises TransportError when it has none."""
+        import socket
+        if self._config.allow_private:
+            return None
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise TransportError("network", "DNS lookup of %s failed (%s)" % (host, exc)) from None
+        refused = []
+        for info in infos:
+            address = info[4][0]
+            reason = non_public_reason(address)
+            if reason is None:
+                return address
+            refused.append("%s (%s)" % (address, reason))
+        raise TransportError("blocked_address", "%s resolves to %s: refused; set WEBSEARCH_ALLOW_PRIVATE_URLS=1 "
+                                                "to allow private addresses" % (host, ", ".join(refused) or "nothing"))
+
+    def _connect(self, scheme, host, port, timeout_s, address=None):
         import http.client
         from urllib.parse import urlsplit, unquote
         proxy = self._proxy_for(scheme, host)
         if proxy is None:
+            if address is not None:
+                pinned = _pinned_connection_class(scheme == "https")
+                kwargs = {"context": self._context()} if scheme == "https" else {}
+                return pinned(host, port, address, timeout=timeout_s, **kwargs), False
             if scheme == "https":
                 return http.client.HTTPSConnection(host, port, timeout=timeout_s, context=self._context()), False
             return http.client.HTTPConnection(host, port, timeout=timeout_s), False
@@ -1074,24 +1099,33 @@ class Transport:
         return conn, True
 
     def request(self, method, url, *, headers=None, body=None, timeout_s=10.0, deadline=None,
-                token=None, max_bytes=MAX_BODY_BYTES, max_redirects=0):
+                token=None, max_bytes=MAX_BODY_BYTES, max_redirects=0, public_only=False, truncate=False):
         """Send one request (following up to ``max_redirects`` redirects) and read the body.
 
+        ``public_only`` refuses hosts that resolve to loopback, private,
+        link-local and other non-public addresses, checked on every hop, and
+        connects to the address that was checked.  ``truncate`` keeps the
+        first ``max_bytes`` of a longer body instead of failing.
         Raises :class:`TransportError`, :class:`Cancelled` or :class:`DeadlineExceeded`.
         An HTTP error status is not an exception: callers classify it.
         """
+        from urllib.parse import urljoin
         deadline = deadline or Deadline(timeout_s, self._clock)
         deadline = deadline.child(timeout_s)
         started = self._clock()
+        seen = set()
         self.slots.acquire(token, deadline)
         try:
             for _ in range(max_redirects + 1):
-                response = self._exchange(method, url, headers or {}, body, deadline, token, max_bytes)
+                seen.add(url)
+                response = self._exchange(method, url, headers or {}, body, deadline, token, max_bytes,
+                                          public_only, truncate)
                 location = response.headers.get("location")
                 if response.status not in _REDIRECTS or not location or max_redirects == 0:
                     break
-                from urllib.parse import urljoin
-                url = urljoin(url, location)
+                url = urljoin(url, location.strip())
+                if url in seen:
+                    raise TransportError("redirects", "redirect loop at %s" % url)
                 if response.status == 303 or (response.status in (301, 302) and method == "POST"):
                     method, body = "GET", None
             else:
@@ -1121,7 +1155,7 @@ class Transport:
                 return
         conn.close()
 
-    def _exchange(self, method, url, headers, body, deadline, token, max_bytes):
+    def _exchange(self, method, url, headers, body, deadline, token, max_bytes, public_only, truncate):
         from urllib.parse import urlsplit
         try:
             parts = urlsplit(url)
@@ -1132,9 +1166,14 @@ class Transport:
         if parts.scheme not in ("http", "https") or not host:
             raise TransportError("bad_url", "not an http(s) URL: %r" % url)
         port = port or (443 if parts.scheme == "https" else 80)
+        address = None
+        if public_only:
+            if parts.username is not None or parts.password is not None:
+                raise TransportError("bad_url", "URLs with credentials are refused: %s" % url.split("@")[-1])
+            address = self._public_address(host, port, deadline)
         if isinstance(body, str):
             body = body.encode("utf-8")
-        key = (parts.scheme, host, port)
+        key = (parts.scheme, host, port, address)
         # A kept-alive connection may have been closed by the server meanwhile:
         # such a failure before any answer is retried once on a new connection.
         for attempt in (0, 1):
@@ -1146,15 +1185,16 @@ class Transport:
             reused = conn is not None
             absolute = False
             if conn is None:
-                conn, absolute = self._connect(parts.scheme, host, port, max(0.05, deadline.remaining()))
+                conn, absolute = self._connect(parts.scheme, host, port, max(0.05, deadline.remaining()), address)
             try:
                 return self._send(conn, reused, absolute, key, method, url, parts, headers, body,
-                                  deadline, token, max_bytes)
+                                  deadline, token, max_bytes, truncate)
             except _StaleConnection:
                 continue
         raise TransportError("network", "the connection was closed before an answer")
 
-    def _send(self, conn, reused, absolute, key, method, url, parts, headers, body, deadline, token, max_bytes):
+    def _send(self, conn, reused, absolute, key, method, url, parts, headers, body, deadline, token, max_bytes,
+              truncate):
         import http.client
         import socket
         target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
@@ -1178,7 +1218,7 @@ class Transport:
             resp = conn.getresponse()
             answered = True
             length = resp.getheader("content-length")
-            if length and length.isdigit() and int(length) > max_bytes:
+            if length and length.isdigit() and int(length) > max_bytes and not truncate:
                 raise TransportError("too_large", "body of %s bytes is over the %d byte cap" % (length, max_bytes))
             chunks, total = [], 0
             while True:
@@ -1191,7 +1231,10 @@ class Transport:
                     break
                 total += len(chunk)
                 if total > max_bytes:
-                    raise TransportError("too_large", "body over the %d byte cap" % max_bytes)
+                    if not truncate:
+                        raise TransportError("too_large", "body over the %d byte cap" % max_bytes)
+                    chunks.append(chunk[:max_bytes - (total - len(chunk))])
+                    break
                 chunks.append(chunk)
             raw = b"".join(chunks)
             headers_out = {}
@@ -1199,10 +1242,11 @@ class Transport:
                 k = k.lower()
                 headers_out[k] = headers_out[k] + ", " + v if k in headers_out else v
             resp.close()    # a body read to its length leaves the response open; reuse needs it closed
-            keep = not resp.will_close and not absolute and getattr(conn, "_tunnel_host", None) is None
+            keep = total <= max_bytes and not resp.will_close and not absolute \
+                and getattr(conn, "_tunnel_host", None) is None
             encoding = headers_out.get("content-encoding", "").lower()
             if encoding in ("gzip", "deflate", "x-gzip"):
-                raw = _decompress(raw, max_bytes)
+                raw = _decompress(raw, max_bytes, truncate)
             return Response(resp.status, resp.reason, headers_out, raw, url, 0.0)
         except (TransportError, Cancelled):
             raise
@@ -1236,6 +1280,58 @@ class _StaleConnection(Exception):
     """A kept-alive connection turned out to be closed before it answered."""
 
 
+def non_public_reason(address):
+    """Why an IP address is not public (``"loopback"``, ``"private"`` ...), or None when it is.
+
+    IPv4-mapped IPv6 addresses are judged by their IPv4 part.
+
+    >>> non_public_reason("127.0.0.1"), non_public_reason("::ffff:169.254.169.254"), non_public_reason("8.8.8.8")
+    ('loopback', 'link-local', None)
+    >>> non_public_reason("100.64.0.1"), non_public_reason("fd00::1")
+    ('shared (CGNAT)', 'private')
+    """
+    import ipaddress
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return "not an IP address"
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    for name, test in (("loopback", ip.is_loopback), ("unspecified", ip.is_unspecified),
+                       ("link-local", ip.is_link_local), ("multicast", ip.is_multicast)):
+        if test:
+            return name
+    if ip.version == 4 and ip in ipaddress.ip_network("100.64.0.0/10"):
+        return "shared (CGNAT)"
+    if ip.is_private:
+        return "private"
+    if ip.is_reserved or not ip.is_global:
+        return "reserved"
+    return None
+
+
+def _pinned_connection_class(tls, _cache={}):
+    """HTTP(S) connections that connect to a checked address but speak to the host name (Host, SNI)."""
+    if tls in _cache:
+        return _cache[tls]
+    import http.client
+    import socket
+    base = http.client.HTTPSConnection if tls else http.client.HTTPConnection
+
+    class PinnedConnection(base):
+        def __init__(self, host, port, address, **kwargs):
+            super().__init__(host, port, **kwargs)
+            self.address = address
+
+        def connect(self):
+            sock = socket.create_connection((self.address, self.port), self.timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock = self._context.wrap_socket(sock, server_hostname=self.host) if tls else sock
+
+    _cache[tls] = PinnedConnection
+    return PinnedConnection
+
+
 def _shutdown(sock):
     """Abort a socket from another thread: a blocked recv() returns at once."""
     import socket
@@ -1256,17 +1352,24 @@ def _describe_os_error(exc):
     return text if name in text else "%s: %s" % (name, text)
 
 
-def _decompress(raw, max_bytes):
-    """gzip or zlib/deflate body, capped at ``max_bytes`` once inflated."""
+def _decompress(raw, max_bytes, truncate=False):
+    """gzip or zlib/deflate body, capped at ``max_bytes`` once inflated (or cut there with ``truncate``)."""
     import zlib
     for wbits in (47, -15):
         try:
             d = zlib.decompressobj(wbits)
             out = d.decompress(raw, max_bytes + 1)
             if len(out) > max_bytes:
+                if truncate:
+                    return out[:max_bytes]
                 raise TransportError("too_large", "decompressed body over the %d byte cap" % max_bytes)
             return out
         except zlib.error:
+            if truncate and wbits == 47 and raw[:2] == b"\x1f\x8b":
+                try:
+                    return zlib.decompressobj(47).decompress(raw[:-1] if len(raw) > 1 else raw, max_bytes)
+                except zlib.error:
+                    pass
             continue
     raise TransportError("network", "body is not valid gzip/deflate data")
 
@@ -1811,13 +1914,17 @@ class TTLCache:
     True
     """
 
-    def __init__(self, maxsize, ttl_s, clock=time.monotonic, on_evict=None):
+    def __init__(self, maxsize, ttl_s, clock=time.monotonic, on_evict=None, max_weight=None, weigh=None):
         self.maxsize = maxsize
         self.ttl_s = ttl_s
         self._clock = clock
         self._on_evict = on_evict
         self._data = collections.OrderedDict()   # key -> (expires_at, value)
         self._lock = threading.Lock()
+        # Optional byte bound: ``weigh(value)`` per entry, at most ``max_weight`` in all.
+        self.max_weight = max_weight
+        self._weigh = weigh
+        self.weight = 0
 
     def __len__(self):
         return len(self._data)
@@ -1828,7 +1935,7 @@ class TTLCache:
             if entry is None:
                 return default
             if self._clock() >= entry[0]:
-                del self._data[key]
+                self._drop_locked(key)
                 expired = True
             else:
                 self._data.move_to_end(key)
@@ -1842,13 +1949,24 @@ class TTLCache:
             return
         evicted = []
         with self._lock:
+            if key in self._data:
+                self._drop_locked(key)
             self._data[key] = (self._clock() + self.ttl_s, value)
-            self._data.move_to_end(key)
-            while len(self._data) > self.maxsize:
-                evicted.append(self._data.popitem(last=False)[0])
+            if self._weigh is not None:
+                self.weight += self._weigh(value)
+            while len(self._data) > self.maxsize or (
+                    self.max_weight is not None and self.weight > self.max_weight and len(self._data) > 1):
+                oldest = next(iter(self._data))
+                self._drop_locked(oldest)
+                evicted.append(oldest)
         if self._on_evict is not None:
             for old in evicted:
                 self._on_evict(old, "lru")
+
+    def _drop_locked(self, key):
+        _, value = self._data.pop(key)
+        if self._weigh is not None:
+            self.weight -= self._weigh(value)
 
     def sweep(self):
         """Drop every expired entry; returns how many went."""
@@ -1856,7 +1974,7 @@ class TTLCache:
         with self._lock:
             dead = [k for k, (exp, _) in self._data.items() if now >= exp]
             for k in dead:
-                del self._data[k]
+                self._drop_locked(k)
         if self._on_evict is not None:
             for k in dead:
                 self._on_evict(k, "expired")
@@ -2061,6 +2179,12 @@ class SearchContext:
         self.config = config
         self.filters = filters
         self.headers = {}
+
+
+def attempt_record(vendor, outcome, elapsed_s, *, code=None, http_status=None, message=None):
+    """One entry of ``attempts[]``."""
+    return {"vendor": vendor, "outcome": outcome, "code": code, "http_status": http_status,
+            "elapsed_ms": round(elapsed_s * 1000.0, 1), "message": message}
 
 
 def make_result(title, url, snippet="", published=None, score=None):
@@ -3086,17 +3210,372 @@ class SearxngVendor(Vendor):
 VENDOR_CLASSES = {cls.name: cls for cls in (BraveVendor, SerperVendor, YepVendor, SearxngVendor,
                                              ExaVendor, TavilyVendor, BingVendor, DuckDuckGoVendor)}
 
+# -- Fetch and map providers --------------------------------------------------------------
+
+_MEDIA_HTML = ("text/html", "application/xhtml+xml")
+_MEDIA_TEXT_PREFIXES = ("text/",)
+_MEDIA_TEXTUAL = ("application/json", "application/xml", "application/javascript", "application/rss+xml",
+                  "application/atom+xml", "application/x-ndjson", "application/ld+json")
+_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([\w.:-]+)""", re.I)
+_BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+
+
+def decode_page(body, content_type=""):
+    """Text of a page: BOM, then the Content-Type charset, then ``<meta charset>``, then UTF-8.
+
+    A declared charset that the bytes contradict (UTF-8 bytes labelled Latin-1,
+    or invalid UTF-8 labelled UTF-8) is corrected; undecodable bytes become U+FFFD.
+
+    >>> decode_page("caf\\u00e9".encode("utf-8"), "text/html; charset=iso-8859-1")
+    'café'
+    >>> decode_page(b"caf\\xe9", "text/plain; charset=utf-8")
+    'café'
+    """
+    import codecs
+    for bom, name in _BOMS:
+        if body.startswith(bom):
+            return body[len(bom):].decode(name, errors="replace")
+    declared = None
+    match = re.search(r"charset=[\"']?([\w.:-]+)", content_type or "", re.I)
+    if match:
+        declared = match.group(1)
+    else:
+        meta = _META_CHARSET.search(body[:4096])
+        if meta:
+            declared = meta.group(1).decode("ascii", "replace")
+    try:
+        name = codecs.lookup(declared).name if declared else "utf-8"
+    except LookupError:
+        name = "utf-8"
+    if name != "utf-8":
+        try:
+            text = body.decode("utf-8")
+            if any(ord(c) > 127 for c in text[:100000]):
+                return text          # valid UTF-8 with non-ASCII: the label is wrong
+        except UnicodeDecodeError:
+            pass
+        return body.decode(name, errors="replace")
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = body.decode("utf-8", errors="replace")
+        if not any(ord(c) > 127 and c != "\ufffd" for c in text):
+            return body.decode("cp1252", errors="replace")   # no UTF-8 sequence at all: a single-byte page
+        return text
+
+
+def _media_type(content_type):
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+class Document:
+    """One extracted page, whole: what the fetch cache keeps and pages through."""
+
+    __slots__ = ("url", "final_url", "title", "content", "provider", "content_type")
+
+    def __init__(self, url, final_url, title, content, provider, content_type):
+        self.url = url
+        self.final_url = final_url
+        self.title = title
+        self.content = content
+        self.provider = provider
+        self.content_type = content_type
+
+    def weight(self):
+        return len(self.content) * 2 + 256
+
+
+class Fetcher:
+    """Turns a URL into a :class:`Document` through Tavily Extract or the built-in extractor."""
+
+    def __init__(self, config, transport, tavily, logger):
+        self.config = config
+        self.transport = transport
+        self.tavily = tavily
+        self.log = logger
+
+    def providers(self, fmt):
+        """``(usable, skipped)`` provider names for a format, in configured order."""
+        usable, skipped = [], []
+        for name in self.config.fetch_providers:
+            if name == "tavily" and not (self.tavily.keyed and self.config.tavily_enabled):
+                skipped.append(("tavily", "no Tavily key (TAVILY_API_KEY or TAVILY_API_KEYS)"))
+            elif name == "tavily" and fmt == "html":
+                skipped.append(("tavily", "Tavily Extract gives no raw HTML"))
+            else:
+                usable.append(name)
+        return usable, skipped
+
+    def fetch(self, url, fmt, token, deadline):
+        """``(document, attempts)``; document is None when every provider failed."""
+        usable, skipped = self.providers(fmt)
+        attempts = [attempt_record(name, "skipped", 0.0, code="not_usable", message=why) for name, why in skipped]
+        for name in usable:
+            token.check()
+            started = time.monotonic()
+            try:
+                doc = self._tavily(url, fmt, token, deadline) if name == "tavily" else \
+                    self._direct(url, fmt, token, deadline)
+            except UpstreamError as exc:
+                if token.cancelled:
+                    raise Cancelled(token.reason or "cancelled") from None
+                record = attempt_record(name, exc.outcome, time.monotonic() - started, code=exc.code,
+                                        http_status=exc.status, message=self.log.redact(exc.message))
+                if exc.diagnostics:
+                    record["diagnostics"] = exc.diagnostics
+                attempts.append(record)
+                self.log.info("fetch via %s failed: %s (%s)", name, exc.outcome, exc.code)
+                if exc.code in ("private_address", "bad_url"):
+                    break       # no other provider may fetch what the guard refused
+                continue
+            attempts.append(attempt_record(name, "success", time.monotonic() - started, http_status=200))
+            return doc, attempts
+        return None, attempts
+
+    def _tavily(self, url, fmt, token, deadline):
+        data, _ = self.tavily.post("/extract", {"urls": [url], "format": "text" if fmt == "text" else "markdown",
+                                                "extract_depth": "basic"},
+                                   token, deadline, self.config.timeout_s, keyless=False)
+        for item in data.get("results") or []:
+            if isinstance(item, dict) and isinstance(item.get("raw_content"), str) and item["raw_content"].strip():
+                content = item["raw_content"].strip()
+                heading = re.search(r"^#\s+(.+)$", content, re.M)
+                return Document(url, item.get("url") or url, heading.group(1).strip() if heading else "",
+                                content, "tavily", "text/markdown")
+        failed = [f for f in data.get("failed_results") or [] if isinstance(f, dict)]
+        reason = failed[0].get("error") if failed else "no content"
+        raise UpstreamError("tavily", "no_results", "extract_failed", "Tavily could not extract %s: %s" % (
+            url, reason), status=200)
+
+    def _direct(self, url, fmt, token, deadline):
+        resp = call_upstream("direct", self.transport, "GET", url, token=token, deadline=deadline,
+                             timeout_s=self.config.timeout_s, max_redirects=5,
+                             public_only=not self.config.allow_private, headers={
+                                 "User-Agent": self.config.user_agent,
+                                 "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,"
+                                           "application/json;q=0.8,*/*;q=0.5",
+                                 "Accept-Language": "en-US,en;q=0.8"})
+        if resp.status != 200:
+            raise UpstreamError("direct", "http_error", "not_found" if resp.status in (404, 410) else
+                                "http_%d" % resp.status, "%s answered HTTP %d: %s" % (
+                                    url_host(resp.url), resp.status, body_message(resp, 160)), status=resp.status,
+                                retryable=resp.status >= 500 or resp.status == 429)
+        ctype = resp.headers.get("content-type", "")
+        media = _media_type(ctype)
+        body = resp.body
+        if not media:
+            media = "text/html" if body.lstrip()[:1] == b"<" else ("text/plain" if b"\x00" not in body[:4096]
+                                                                 else "application/octet-stream")
+        if media in _MEDIA_HTML:
+            html = decode_page(body, ctype)
+            if fmt == "html":
+                title = re.search(r"<title[^>]*>(.*?)</title>", html, re.I | re.S)
+                return Document(url, resp.url, collapse_ws(title.group(1)) if title else "", html, "direct", media)
+            title, content = html_to_markdown(html, resp.url, plain=fmt == "text")
+            return Document(url, resp.url, title, content, "direct", media)
+        if media.startswith(_MEDIA_TEXT_PREFIXES) or media in _MEDIA_TEXTUAL or media.endswith(("+json", "+xml")):
+            return Document(url, resp.url, "", decode_page(body, ctype).strip(), "direct", media)
+        raise UpstreamError("direct", "bad_response", "unsupported_content_type",
+                            "%s is %s, which the built-in extractor does not read (HTML, text and JSON only)%s" % (
+                                url, media, "; with a Tavily key, web_fetch can extract PDFs"
+                                if media == "application/pdf" else ""), status=200, retryable=False)
+
+
+class RobotsRules:
+    """robots.txt rules for one user agent (RFC 9309: longest match wins, Allow wins ties).
+
+    >>> r = RobotsRules("User-agent: *\\nDisallow: /private\\nAllow: /private/ok$\\nSitemap: https://a.example/s.xml")
+    >>> r.allowed("/private/x"), r.allowed("/private/ok"), r.allowed("/public"), r.sitemaps
+    (False, True, True, ['https://a.example/s.xml'])
+    """
+
+    AGENT = "websearch-ring"
+
+    def __init__(self, text, allow_all=False, disallow_all=False):
+        self.sitemaps = []
+        self.rules = []          # (pattern regex, length, allow)
+        self.disallow_all = disallow_all
+        if allow_all or disallow_all:
+            return
+        groups, agents, rules, last_was_agent = {}, [], [], False
+        for raw in text.splitlines():
+            line = raw.split("#", 1)[0].strip()
+            if ":" not in line:
+                continue
+            field, value = (part.strip() for part in line.split(":", 1))
+            field = field.lower()
+            if field == "sitemap":
+                if value:
+                    self.sitemaps.append(value)
+                continue
+            if field == "user-agent":
+                if not last_was_agent:
+                    agents, rules = [], []
+                agents.append(value.lower())
+                for agent in agents:
+                    groups.setdefault(agent, rules)
+                last_was_agent = True
+                continue
+            last_was_agent = False
+            if field in ("allow", "disallow") and agents:
+                rules.append((field == "allow", value))
+        chosen = groups.get(self.AGENT) or groups.get("*") or []
+        for allow, path in chosen:
+            if not path:
+                continue      # "Disallow:" with nothing allows everything
+            regex = re.escape(path).replace(r"\*", ".*")
+            if regex.endswith(r"\$"):
+                regex = regex[:-2] + "$"
+            self.rules.append((re.compile(regex), len(path), allow))
+
+    def allowed(self, path):
+        if self.disallow_all:
+            return False
+        best = None
+        for regex, length, allow in self.rules:
+            if regex.match(path) and (best is None or length > best[0] or (length == best[0] and allow)):
+                best = (length, allow)
+        return True if best is None else best[1]
+
+
+_LOC = re.compile(r"<loc>\s*(.*?)\s*</loc>", re.I | re.S)
+_HREF = re.compile(r"""<a\s[^>]*?href\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""", re.I)
+MAP_SITEMAPS_MAX = 20      # sitemap files read per map (index files point to more)
+
+
+class SiteMapper:
+    """The URLs of a site: robots.txt, its sitemaps (or /sitemap.xml), then a same-origin crawl."""
+
+    def __init__(self, config, transport, tavily, logger):
+        self.config = config
+        self.transport = transport
+        self.tavily = tavily
+        self.log = logger
+
+    def _get(self, url, token, deadline, truncate=False):
+        return call_upstream("direct", self.transport, "GET", url, token=token, deadline=deadline,
+                             timeout_s=min(self.config.timeout_s, deadline.remaining() or 0.001),
+                             max_redirects=5, public_only=not self.config.allow_private, truncate=truncate,
+                             headers={"User-Agent": "%s/%s (+MCP server)" % (RobotsRules.AGENT, __version__),
+                                      "Accept": "text/html,application/xml,text/xml;q=0.9,*/*;q=0.5"})
+
+    def via_tavily(self, url, args, token, deadline):
+        payload = {"url": url, "max_depth": args["max_depth"], "max_breadth": args["max_breadth"],
+                   "limit": args["limit"], "timeout": int(max(10, min(150, args["timeout"])))}
+        if args.get("instructions"):
+            payload["instructions"] = args["instructions"]
+        data, _ = self.tavily.post("/map", payload, token, deadline, args["timeout"] + 5.0, keyless=False)
+        return [r for r in data.get("results") or []], {}
+
+    def direct(self, url, args, token, deadline, progress=None):
+        """``(urls, stats)`` by robots.txt, sitemaps and a breadth-first crawl; raises UpstreamError."""
+        from urllib.parse import urlsplit, urljoin
+        parts = urlsplit(url)
+        origin = "%s://%s" % (parts.scheme, parts.netloc)
+        host = (parts.hostname or "").lower()
+        robots = self._robots(origin, token, deadline)
+        limit = args["limit"]
+        found, seen = [], set()
+        stats = {"robots": "disallow_all" if robots.disallow_all else ("rules" if robots.rules else "allow_all"),
+                 "sitemaps_read": 0, "pages_crawled": 0, "skipped_by_robots": 0}
+
+        def add(candidate):
+            try:
+                p = urlsplit(candidate)
+            except ValueError:
+                return False
+            if p.scheme not in ("http", "https") or (p.hostname or "").lower() != host:
+                return False
+            key = normalize_url(candidate.split("#", 1)[0])
+            if key in seen:
+                return False
+            if not robots.allowed(p.path or "/"):
+                stats["skipped_by_robots"] += 1
+                return False
+            seen.add(key)
+            found.append(candidate.split("#", 1)[0])
+            if progress is not None:
+                progress(len(found), limit, "%d URLs found" % len(found))
+            return True
+
+        add(url)
+        queue = list(robots.sitemaps) or [origin + "/sitemap.xml"]
+        read = 0
+        while queue and read < MAP_SITEMAPS_MAX and len(found) < limit and not deadline.expired():
+            token.check()
+            sitemap = queue.pop(0)
+            read += 1
+            try:
+                resp = self._get(sitemap, token, deadline, truncate=True)
+            except UpstreamError as exc:
+                self.log.info("map: sitemap %s unreadable: %s", sitemap, exc.message)
+                continue
+            if resp.status != 200:
+                continue
+            body = resp.body
+            if body[:2] == b"\x1f\x8b":
+                body = _decompress(body, MAX_BODY_BYTES, truncate=True)
+            text = body.decode("utf-8", errors="replace")
+            stats["sitemaps_read"] += 1
+            is_index = "<sitemapindex" in text[:2000].lower()
+            for match in _LOC.finditer(text):
+                loc = match.group(1).replace("&amp;", "&")
+                if is_index:
+                    queue.append(loc)
+                elif add(loc) and len(found) >= limit:
+                    break
+        frontier = [(url, 0)]
+        crawled = set()
+        while frontier and len(found) < limit and not deadline.expired():
+            token.check()
+            page, depth = frontier.pop(0)
+            if depth >= args["max_depth"] or page in crawled:
+                continue
+            crawled.add(page)
+            try:
+                resp = self._get(page, token, deadline)
+            except UpstreamError:
+                continue
+            stats["pages_crawled"] += 1
+            if resp.status != 200 or _media_type(resp.headers.get("content-type")) not in _MEDIA_HTML:
+                continue
+            html = decode_page(resp.body, resp.headers.get("content-type", ""))
+            taken = 0
+            for match in _HREF.finditer(html):
+                href = next(g for g in match.groups() if g is not None)
+                if href.startswith(("javascript:", "mailto:", "#", "tel:")):
+                    continue
+                target = urljoin(resp.url, href.strip()).split("#", 1)[0]
+                if add(target):
+                    frontier.append((target, depth + 1))
+                    taken += 1
+                    if taken >= args["max_breadth"] or len(found) >= limit:
+                        break
+        return found[:limit], stats
+
+    def _robots(self, origin, token, deadline):
+        """robots.txt of ``origin``: 4xx allows everything, 5xx or no answer disallows everything."""
+        try:
+            resp = self._get(origin + "/robots.txt", token, deadline)
+        except UpstreamError as exc:
+            if exc.outcome == "blocked" or exc.code == "bad_url":
+                raise
+            raise UpstreamError("direct", "blocked", "robots_unavailable",
+                                "robots.txt of %s could not be read (%s): a crawler must then assume everything "
+                                "is disallowed" % (origin, exc.message), retryable=True) from None
+        if resp.status >= 500:
+            raise UpstreamError("direct", "blocked", "robots_unavailable",
+                                "robots.txt of %s answered HTTP %d: a crawler must then assume everything is "
+                                "disallowed; retry later" % (origin, resp.status), status=resp.status)
+        if resp.status >= 400:
+            return RobotsRules("", allow_all=True)
+        return RobotsRules(decode_page(resp.body, resp.headers.get("content-type", "")))
+
 # ---------------------------------------------------------------------------
 # §12 Ring
 # ---------------------------------------------------------------------------
 
 RRF_K = 60   # reciprocal rank fusion constant (Cormack et al., 2009)
-
-
-def attempt_record(vendor, outcome, elapsed_s, *, code=None, http_status=None, message=None):
-    """One entry of ``attempts[]``."""
-    return {"vendor": vendor, "outcome": outcome, "code": code, "http_status": http_status,
-            "elapsed_ms": round(elapsed_s * 1000.0, 1), "message": message}
 
 
 class Health(enum.Enum):
@@ -3566,28 +4045,6 @@ GET_SOURCES_OUTPUT = {
     "required": ["status", "partial", "error"],
 }
 
-TOOLS = (
-    {"name": "web_search", "title": "Web search (failover ring)",
-     "description": (
-         "Search the web and get ranked results (title, URL, snippet, date when known). "
-         "Engines are tried in turn until one answers (keyed engines first, then exa, tavily, bing, "
-         "duckduckgo), so a dead or rate-limited engine does not fail the search; the result names the "
-         "engine that served it and every failed attempt. Filters (lang, time_range, include_domains, "
-         "exclude_domains, max_results_per_domain) survive failover. mode=fanout asks every healthy "
-         "engine at once and fuses the rankings. Use it first for any question that needs current or "
-         "external information; identical searches are cached for a while."),
-     "inputSchema": WEB_SEARCH_INPUT, "outputSchema": WEB_SEARCH_OUTPUT,
-     "annotations": {"title": "Web search", "readOnlyHint": True, "destructiveHint": False,
-                     "idempotentHint": True, "openWorldHint": True}},
-    {"name": "get_sources", "title": "Sources of an earlier call",
-     "description": (
-         "Return the full source list (titles and URLs) of an earlier web_search call, by the "
-         "session_id that call returned. Sessions are kept for one hour (256 at most)."),
-     "inputSchema": GET_SOURCES_INPUT, "outputSchema": GET_SOURCES_OUTPUT,
-     "annotations": {"title": "Get sources", "readOnlyHint": True, "destructiveHint": False,
-                     "idempotentHint": True, "openWorldHint": False}},
-)
-TOOL_NAMES = tuple(t["name"] for t in TOOLS)
 
 
 
@@ -3798,6 +4255,13 @@ def validation_result(tool, issues, extra=None):
     return structured, "\n".join(lines), True
 
 
+def _cap_text(text, max_chars):
+    """``(text, truncated)``: at most ``max_chars`` characters, with a marker when cut."""
+    if len(text) > max_chars:
+        return text[:max_chars] + "\n[TRUNCATED at %d chars]" % max_chars, True
+    return text, False
+
+
 def _attempt_note(a, fanout):
     if a["outcome"] == "skipped_cooldown":
         return "%s skipped (cooldown, %.0f s left)" % (a["vendor"], a.get("cooldown_remaining_s") or 0)
@@ -3841,9 +4305,7 @@ def render_search_text(s, max_chars):
             if r.get("snippet"):
                 lines.append("   " + r["snippet"])
         text = "\n".join(lines)
-    if len(text) > max_chars:
-        return text[:max_chars] + "\n[TRUNCATED at %d chars]" % max_chars, True
-    return text, False
+    return _cap_text(text, max_chars)
 
 
 class SearchTools:
@@ -3978,6 +4440,353 @@ class SearchTools:
              "vendors": r["vendors"]} for r in results]})
         return sid
 
+WEB_FETCH_INPUT = {
+    "type": "object",
+    "properties": {
+        "url": {"type": "string", "description": "Absolute http:// or https:// URL of the page."},
+        "start_index": {"type": "integer", "minimum": 0, "default": 0,
+                        "description": "Character offset to start from: pass next_start_index of the previous "
+                                       "page to continue a long document."},
+        "max_length": {"type": "integer", "minimum": 1, "maximum": MAX_FETCH_LENGTH, "default": DEFAULT_FETCH_LENGTH,
+                       "description": "Most characters to return in this page (default 20000)."},
+        "format": {"type": "string", "enum": ["markdown", "text", "html"], "default": "markdown",
+                   "description": "markdown (default), plain text, or the page's raw HTML."},
+    },
+    "required": ["url"],
+    "additionalProperties": False,
+}
+
+WEB_FETCH_OUTPUT = {
+    "type": "object",
+    "properties": dict(_STATUS_PROPS, **{
+        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
+        "url": {"type": "string", "description": "The URL asked for."},
+        "final_url": {"type": ["string", "null"], "description": "Where redirects ended."},
+        "title": {"type": ["string", "null"]},
+        "content": {"type": "string", "description": "This page of the document."},
+        "start_index": {"type": "integer"},
+        "total_length": {"type": "integer", "description": "Characters in the whole document."},
+        "next_start_index": {"type": ["integer", "null"], "description": "Pass as start_index for the next page; "
+                                                                          "null at the end."},
+        "format": {"type": "string"}, "provider": {"type": ["string", "null"]},
+        "content_type": {"type": ["string", "null"]},
+        "cached": {"type": "boolean", "description": "Served from the extracted-document cache."},
+        "coalesced": {"type": "boolean"},
+        "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
+        "validation": {"type": "object"},
+    }),
+    "required": ["status", "partial", "error"],
+}
+
+WEB_MAP_INPUT = {
+    "type": "object",
+    "properties": {
+        "url": {"type": "string", "description": "Absolute http:// or https:// URL of the site (or a section)."},
+        "max_depth": {"type": "integer", "minimum": 1, "maximum": 5, "default": 1,
+                      "description": "How many links deep to crawl from the URL (1-5)."},
+        "max_breadth": {"type": "integer", "minimum": 1, "maximum": 500, "default": 20,
+                        "description": "Most links followed from one page (1-500)."},
+        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_MAP_LIMIT, "default": 50,
+                  "description": "Most URLs returned (1-%d)." % MAX_MAP_LIMIT},
+        "instructions": {"type": "string", "maxLength": 400,
+                         "description": "Natural-language focus such as 'only API reference pages' "
+                                        "(used by the Tavily provider; the built-in mapper ignores it)."},
+        "timeout": {"type": "number", "minimum": 5, "maximum": 150, "default": 60,
+                    "description": "Seconds the whole map may take (5-150)."},
+    },
+    "required": ["url"],
+    "additionalProperties": False,
+}
+
+WEB_MAP_OUTPUT = {
+    "type": "object",
+    "properties": dict(_STATUS_PROPS, **{
+        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
+        "base_url": {"type": "string"},
+        "results": {"type": "array", "items": {"type": "string"}, "description": "The site's URLs."},
+        "provider": {"type": ["string", "null"]},
+        "ignored_results": {"type": "array", "items": {"type": "object"},
+                            "description": "Items the provider returned that are not usable URLs, with why."},
+        "stats": {"type": "object", "description": "robots.txt verdict, sitemaps read, pages crawled."},
+        "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
+        "validation": {"type": "object"},
+    }),
+    "required": ["status", "partial", "error"],
+}
+
+
+TOOLS = (
+    {"name": "web_search", "title": "Web search (failover ring)",
+     "description": (
+         "Search the web and get ranked results (title, URL, snippet, date when known). "
+         "Engines are tried in turn until one answers (keyed engines first, then exa, tavily, bing, "
+         "duckduckgo), so a dead or rate-limited engine does not fail the search; the result names the "
+         "engine that served it and every failed attempt. Filters (lang, time_range, include_domains, "
+         "exclude_domains, max_results_per_domain) survive failover. mode=fanout asks every healthy "
+         "engine at once and fuses the rankings. Use it first for any question that needs current or "
+         "external information; identical searches are cached for a while."),
+     "inputSchema": WEB_SEARCH_INPUT, "outputSchema": WEB_SEARCH_OUTPUT,
+     "annotations": {"title": "Web search", "readOnlyHint": True, "destructiveHint": False,
+                     "idempotentHint": True, "openWorldHint": True}},
+    {"name": "get_sources", "title": "Sources of an earlier call",
+     "description": (
+         "Return the full source list (titles and URLs) of an earlier web_search call, by the "
+         "session_id that call returned. Sessions are kept for one hour (256 at most)."),
+     "inputSchema": GET_SOURCES_INPUT, "outputSchema": GET_SOURCES_OUTPUT,
+     "annotations": {"title": "Get sources", "readOnlyHint": True, "destructiveHint": False,
+                     "idempotentHint": True, "openWorldHint": False}},
+    {"name": "web_fetch", "title": "Fetch a page as Markdown",
+     "description": (
+         "Fetch one web page (http/https) and return its main content as clean Markdown (or plain text or "
+         "raw HTML), paged: long documents come in pieces of max_length characters; call again with "
+         "start_index = next_start_index for the next piece (served from cache, no refetch). Use it after "
+         "web_search to read a result in full. Uses Tavily Extract when a key is set, else a built-in "
+         "extractor that refuses private network addresses."),
+     "inputSchema": WEB_FETCH_INPUT, "outputSchema": WEB_FETCH_OUTPUT,
+     "annotations": {"title": "Fetch page", "readOnlyHint": True, "destructiveHint": False,
+                     "idempotentHint": True, "openWorldHint": True}},
+    {"name": "web_map", "title": "Map a site's URLs",
+     "description": (
+         "List the URLs of a website (its sitemap and a same-origin crawl honouring robots.txt, or Tavily "
+         "Map with a key), to find the right page to fetch. Use it when you know the site but not the page."),
+     "inputSchema": WEB_MAP_INPUT, "outputSchema": WEB_MAP_OUTPUT,
+     "annotations": {"title": "Map site", "readOnlyHint": True, "destructiveHint": False,
+                     "idempotentHint": True, "openWorldHint": True}},
+)
+TOOL_NAMES = tuple(t["name"] for t in TOOLS)
+
+
+def validate_url_arg(args, issues, name="url"):
+    """An absolute http(s) URL without credentials from ``args[name]``, or None with issues added."""
+    from urllib.parse import urlsplit
+    value = args.get(name)
+    path = "/" + name
+    if value is None:
+        issues.append(issue(path, "required", "%s is required" % name, "pass an absolute https:// URL"))
+        return None
+    if not isinstance(value, str) or not value.strip():
+        issues.append(issue(path, "type", "%s must be a non-empty string" % name, "pass an absolute https:// URL"))
+        return None
+    url = value.strip()
+    if len(url) > 4096:
+        issues.append(issue(path, "too_long", "%s is longer than 4096 characters" % name, "shorten the URL"))
+        return None
+    try:
+        parts = urlsplit(url)
+        parts.port
+    except ValueError as exc:
+        issues.append(issue(path, "invalid", "%s is not a valid URL (%s)" % (name, exc), "check the URL"))
+        return None
+    if not parts.scheme and not parts.netloc:
+        issues.append(issue(path, "relative", "%r is a relative URL" % url,
+                            "pass an absolute URL such as https://%s" % url.lstrip("/")))
+        return None
+    if parts.scheme not in ("http", "https"):
+        issues.append(issue(path, "scheme", "only http and https URLs can be fetched, not %s:" % parts.scheme,
+                            "use an http:// or https:// URL"))
+        return None
+    if not parts.hostname:
+        issues.append(issue(path, "no_host", "%r has no host" % url, "pass a URL such as https://example.com/"))
+        return None
+    if parts.username is not None or parts.password is not None:
+        issues.append(issue(path, "credentials", "URLs with a user name or password are refused",
+                            "remove the user:password@ part"))
+        return None
+    return url
+
+
+def _int_arg(args, name, lo, hi, default, issues):
+    value = args.get(name)
+    if value is None:
+        return default
+    if not _is_number(value) or value != int(value) or not lo <= value <= hi:
+        issues.append(issue("/" + name, "range", "%s must be an integer from %d to %d, got %s" % (
+            name, lo, hi, json.dumps(value)), "pass an integer from %d to %d, or leave it out" % (lo, hi)))
+        return default
+    return int(value)
+
+
+def _unknown_args(args, schema, issues):
+    for name in args:
+        if name not in schema["properties"]:
+            guess = closest(name, list(schema["properties"]))
+            issues.append(issue("/" + _escape_pointer(name), "unknown_argument", "unknown argument %r" % name,
+                                ("did you mean %r?" % guess) if guess else
+                                "remove it; accepted arguments: " + ", ".join(schema["properties"])))
+
+
+class PageTools:
+    """web_fetch and web_map: providers, the extracted-document cache, coalescing."""
+
+    def __init__(self, config, fetcher, mapper, documents, coalescer, logger, clock=time.monotonic):
+        self.config = config
+        self.fetcher = fetcher
+        self.mapper = mapper
+        self.documents = documents
+        self.coalescer = coalescer
+        self.log = logger
+        self._clock = clock
+
+    def web_fetch(self, args, call, inline=False):
+        """The web_fetch tool.  With ``inline`` only what needs no network is answered."""
+        started = self._clock()
+        issues = []
+        _unknown_args(args, WEB_FETCH_INPUT, issues)
+        url = validate_url_arg(args, issues)
+        start = _int_arg(args, "start_index", 0, 10 ** 12, 0, issues)
+        length = _int_arg(args, "max_length", 1, MAX_FETCH_LENGTH, DEFAULT_FETCH_LENGTH, issues)
+        fmt = args.get("format", "markdown")
+        if fmt not in ("markdown", "text", "html"):
+            issues.append(issue("/format", "enum", "format must be markdown, text or html, got %s" % json.dumps(fmt),
+                                "use 'markdown' (default), 'text' or 'html'"))
+        if issues:
+            return validation_result("web_fetch", issues, {"request_id": call.request_id})
+        key = ("web_fetch", url, fmt)
+
+        def work(flight_token, emit):
+            deadline = Deadline(self.config.deadline_s, self._clock)
+            doc, attempts = self.fetcher.fetch(url, fmt, flight_token, deadline)
+            if doc is not None and doc.content.strip() and not flight_token.cancelled:
+                self.documents.put(key, doc)
+            return doc, attempts
+
+        def lookup():
+            cached = self.documents.get(key)
+            return None if cached is None else (cached, [])
+
+        doc, how, attempts = self.documents.get(key), "cached", []
+        if doc is None:
+            if inline:
+                return None
+            try:
+                (doc, attempts), how = self.coalescer.run(key, work, call.token, Deadline(
+                    self.config.deadline_s + 5.0, self._clock), call.progress, lookup)
+            except DeadlineExceeded as exc:
+                return self._fetch_error(call, url, fmt, "deadline_exceeded", str(exc), [], started, True)
+        if how == "cached":
+            self.log.info("fetch cache hit for %s (start_index %d)", url[:120], start)
+        if doc is None:
+            last = next((a for a in reversed(attempts) if a["outcome"] != "skipped"), None)
+            code = last["code"] if last and last["code"] in (
+                "private_address", "bad_url", "unsupported_content_type", "body_too_large", "too_many_redirects",
+                "not_found") else "fetch_failed"
+            message = "could not fetch %s: %s" % (url, "; ".join(
+                "%s: %s" % (a["vendor"], a["message"] or a["outcome"]) for a in attempts
+                if a["outcome"] != "skipped" or a is attempts[-1]) or "no provider usable")
+            return self._fetch_error(call, url, fmt, code, message, attempts, started,
+                                     any(a["outcome"] in ("timeout", "network_error", "rate_limited") for a in attempts))
+        total = len(doc.content)
+        if not doc.content.strip():
+            return self._fetch_error(call, url, fmt, "empty_page", "%s has no readable content" % url, attempts,
+                                     started, False)
+        if start >= total:
+            s = status_fields("error", "start_index_past_end", error_detail(
+                "start_index_past_end", "start_index %d is past the end of the document (%d characters)" % (
+                    start, total), "web_fetch", diagnostics={"total_length": total}))
+            s.update({"request_id": call.request_id, "url": url, "total_length": total, "start_index": start,
+                      "next_start_index": None, "validation": {"issues": [issue(
+                          "/start_index", "past_end", "the document has %d characters" % total,
+                          "pass a start_index below %d, or 0 for the beginning" % total)]}})
+            return s, "start_index %d is past the end of %s (%d characters)." % (start, url, total), True
+        page = doc.content[start:start + length]
+        end = start + len(page)
+        s = status_fields("success")
+        s.update({"request_id": call.request_id, "duration_ms": round((self._clock() - started) * 1000.0, 2),
+                  "url": url, "final_url": doc.final_url, "title": doc.title, "content": page, "start_index": start,
+                  "total_length": total, "next_start_index": end if end < total else None, "format": fmt,
+                  "provider": doc.provider, "content_type": doc.content_type, "cached": how == "cached",
+                  "coalesced": how == "shared", "attempts": attempts})
+        head = "%s\n%s (%s via %s%s, characters %d-%d of %d)" % (
+            doc.title or doc.final_url, doc.final_url, fmt, doc.provider, ", cached" if how == "cached" else "",
+            start, end, total)
+        tail = "\n\n[more: call web_fetch with start_index=%d]" % end if end < total else ""
+        return s, head + "\n\n" + page + tail, False
+
+    def _fetch_error(self, call, url, fmt, code, message, attempts, started, retryable):
+        s = status_fields("error", code, error_detail(code, message, "web_fetch", retryable=retryable,
+                                                      diagnostics={"attempts": len(attempts)}))
+        s.update({"request_id": call.request_id, "duration_ms": round((self._clock() - started) * 1000.0, 2),
+                  "url": url, "format": fmt, "content": "", "attempts": attempts})
+        return s, "Fetch failed: " + message, True
+
+    def web_map(self, args, call):
+        started = self._clock()
+        issues = []
+        _unknown_args(args, WEB_MAP_INPUT, issues)
+        url = validate_url_arg(args, issues)
+        values = {"max_depth": _int_arg(args, "max_depth", 1, 5, 1, issues),
+                  "max_breadth": _int_arg(args, "max_breadth", 1, 500, 20, issues),
+                  "limit": _int_arg(args, "limit", 1, MAX_MAP_LIMIT, 50, issues)}
+        timeout = args.get("timeout", 60)
+        if not _is_number(timeout) or not 5 <= timeout <= 150:
+            issues.append(issue("/timeout", "range", "timeout must be a number of seconds from 5 to 150",
+                                "pass e.g. 60, or leave it out"))
+            timeout = 60
+        instructions = args.get("instructions")
+        if instructions is not None and (not isinstance(instructions, str) or len(instructions) > 400):
+            issues.append(issue("/instructions", "type", "instructions must be a string of at most 400 characters",
+                                "shorten it or leave it out"))
+        if issues:
+            return validation_result("web_map", issues, {"request_id": call.request_id})
+        values.update(timeout=float(timeout), instructions=instructions)
+        deadline = Deadline(float(timeout), self._clock)
+        attempts, urls, provider, stats = [], None, None, {}
+        for name in self.config.map_providers:
+            call.token.check()
+            if name == "tavily" and not (self.mapper.tavily.keyed and self.config.tavily_enabled):
+                attempts.append(attempt_record("tavily", "skipped", 0.0, code="not_usable",
+                                               message="no Tavily key (TAVILY_API_KEY or TAVILY_API_KEYS)"))
+                continue
+            began = self._clock()
+            try:
+                if name == "tavily":
+                    urls, stats = self.mapper.via_tavily(url, values, call.token, deadline)
+                else:
+                    urls, stats = self.mapper.direct(url, values, call.token, deadline, call.progress)
+            except UpstreamError as exc:
+                if call.token.cancelled:
+                    raise Cancelled(call.token.reason or "cancelled") from None
+                attempts.append(attempt_record(name, exc.outcome, self._clock() - began, code=exc.code,
+                                               http_status=exc.status, message=self.log.redact(exc.message)))
+                if exc.code in ("private_address", "bad_url"):
+                    break
+                continue
+            attempts.append(attempt_record(name, "success", self._clock() - began))
+            provider = name
+            if urls:
+                break
+        good, ignored = [], []
+        for item in urls or []:
+            if isinstance(item, str) and re.match(r"^https?://[^\s/]+", item.strip()):
+                if item.strip() not in good:
+                    good.append(item.strip())
+            else:
+                ignored.append({"item": item if isinstance(item, (str, int, float)) else json.dumps(item)[:200],
+                                "reason": "not an absolute http(s) URL"})
+        good = good[:values["limit"]]
+        s = status_fields("success" if good and not ignored else "partial_success" if good else "error")
+        if not good:
+            last = next((a for a in reversed(attempts) if a["outcome"] not in ("skipped", "success")), None)
+            code = last["code"] if last and last["code"] in ("robots_unavailable", "private_address") else "no_urls"
+            message = last["message"] if last and code != "no_urls" else \
+                "no URLs found for %s (%s)" % (url, "; ".join("%s: %s" % (a["vendor"], a["message"] or a["outcome"])
+                                                            for a in attempts))
+            s.update(status_fields("error", code, error_detail(code, message, "web_map",
+                                                               retryable=code == "robots_unavailable")))
+        elif ignored:
+            s["error"] = "ignored_results"
+        s.update({"request_id": call.request_id, "duration_ms": round((self._clock() - started) * 1000.0, 2),
+                  "base_url": url, "results": good, "provider": provider, "ignored_results": ignored,
+                  "stats": stats, "attempts": attempts})
+        if not good:
+            return s, "Map failed: " + s["error_detail"]["message"], True
+        lines = ["%d URLs for %s (via %s%s)" % (len(good), url, provider,
+                                                 ", %d items ignored" % len(ignored) if ignored else "")]
+        lines += good
+        text, _ = _cap_text("\n".join(lines), self.config.max_chars)
+        return s, text, False
+
+
 # ---------------------------------------------------------------------------
 # §14 JSON-RPC server
 # ---------------------------------------------------------------------------
@@ -4029,10 +4838,18 @@ class Server:
         self.ring = Ring(config, self.transport, self.log, clock)
         self.search_tools = SearchTools(config, self.ring, self.cache, self.sessions, self.coalescer,
                                         self.log, clock)
+        self.documents = TTLCache(100000, config.ttl_s, clock, max_weight=config.fetch_cache_mb * 1024 * 1024,
+                                  weigh=Document.weight)
+        self.page_tools = PageTools(config, Fetcher(config, self.transport, self.ring.tavily, self.log),
+                                    SiteMapper(config, self.transport, self.ring.tavily, self.log),
+                                    self.documents, self.coalescer, self.log, clock)
         self.handlers = {"web_search": self.search_tools.web_search,
-                         "get_sources": self.search_tools.get_sources}
+                         "get_sources": self.search_tools.get_sources,
+                         "web_fetch": self.page_tools.web_fetch,
+                         "web_map": self.page_tools.web_map}
         # Handlers that can answer on the reader thread, or return None to defer.
         self.inline_handlers = {"web_search": lambda args, call: self.search_tools.web_search(args, call, True),
+                                "web_fetch": lambda args, call: self.page_tools.web_fetch(args, call, True),
                                 "get_sources": self.search_tools.get_sources}
         self.log.listeners.append(self._forward_log)
 
@@ -4197,6 +5014,7 @@ class Server:
                 time.sleep(CACHE_SWEEP_S)
                 self.cache.sweep()
                 self.sessions.sweep()
+                self.documents.sweep()
         self._sweeper = threading.Thread(target=sweep, name="sweeper", daemon=True)
         self._sweeper.start()
 
