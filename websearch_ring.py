@@ -88,6 +88,9 @@ KNOWN_VENDORS = KEYED_VENDORS + RING_VENDORS
 DEFAULT_RETRYABLE_CODES = ("408", "429", "500", "502", "503", "504", "server_error", "server_is_overloaded",
                            "overloaded", "upstream_error", "rate_limit_exceeded", "resource_exhausted",
                            "Some resource has been exhausted", "timeout", "internal_error", "unavailable")
+CORE_TOOLS = ("web_search", "web_answer", "get_sources", "web_fetch", "web_map", "get_config_info", "switch_model")
+PLAN_PHASES = ("intent", "complexity", "sub_query", "search_term", "tool_mapping", "execution")
+PLAN_TOOL_NAMES = tuple("plan_" + p for p in PLAN_PHASES)
 TIME_RANGES = {"day": 1, "week": 7, "month": 31, "year": 366}   # window in days
 MAX_DOMAINS = 20
 
@@ -500,10 +503,12 @@ class Logger:
 class Var:
     """One configuration variable: the single source for parsing, --help-env and the README."""
 
-    __slots__ = ("name", "field", "kind", "default", "lo", "hi", "help", "aliases", "secret", "scale", "choices")
+    __slots__ = ("name", "field", "kind", "default", "lo", "hi", "help", "aliases", "secret", "scale", "choices",
+                 "label")
 
     def __init__(self, name, field, kind, default, help, *, lo=None, hi=None,
-                 aliases=(), secret=False, scale=1.0, choices=()):
+                 aliases=(), secret=False, scale=1.0, choices=(), label=None):
+        self.label = label or default or "unset"   # the default as people read it
         self.choices = choices    # allowed words for kind "choice" (one) and "choices" (a list)
         self.name = name
         self.field = field
@@ -534,6 +539,8 @@ class Var:
             return "a comma-separated list of: " + ", ".join(KNOWN_VENDORS)
         if self.kind == "providers":
             return "a comma-separated list of: tavily, direct"
+        if self.kind == "tools":
+            return "all, plan, or a comma-separated list of tool names (%s, plan_*)" % ", ".join(CORE_TOOLS)
         if self.kind == "level":
             return "one of: " + ", ".join(Logger.LEVELS)
         if self.kind == "bool":
@@ -545,7 +552,11 @@ class Var:
 VARIABLES = (
     Var("WEBSEARCH_VENDORS", "vendors", "vendors", "",
         "Ring order for web_search, comma-separated. Unset: the keyed vendors that have a key "
-        "(brave, serper, yep), then searxng when SEARXNG_URL is set, then exa,tavily,bing,duckduckgo."),
+        "(brave, serper, yep), then searxng when SEARXNG_URL is set, then exa,tavily,bing,duckduckgo.",
+        label="the default ring"),
+    Var("WEBSEARCH_TOOLS", "tools", "tools", "",
+        "Tools to list: all, the group plan (the six plan_* tools), or names, comma-separated "
+        "(e.g. web_search,web_fetch,plan). Unset: the seven core tools.", label="the seven core tools"),
     Var("WEBSEARCH_TIMEOUT_MS", "timeout_s", "int", "12000",
         "Timeout of one vendor attempt, in milliseconds.", lo=100, hi=600000, scale=0.001),
     Var("WEBSEARCH_DEADLINE_MS", "deadline_s", "int", "30000",
@@ -582,7 +593,8 @@ VARIABLES = (
         "Megabytes of extracted pages kept for paging with start_index (least recently used go first).",
         lo=1, hi=4096),
     Var("WEBSEARCH_UA", "user_agent", "str", "",
-        "User-Agent sent to the HTML engines (bing, duckduckgo). Unset: a current desktop browser."),
+        "User-Agent sent to the HTML engines (bing, duckduckgo) and the direct fetch. Unset: a current desktop "
+        "browser.", label="a desktop browser"),
     Var("EXA_API_KEY", "exa_api_key", "str", "",
         "Exa key: switches exa from the keyless hosted MCP endpoint to the REST /search API.",
         secret=True),
@@ -672,7 +684,8 @@ VARIABLES = (
         "1 asks /responses to store the response (default: store false)."),
     Var("WEBSEARCH_CONFIG_FILE", "config_file", "str", "",
         "JSON file where switch_model keeps the model. Unset: websearch-ring/config.json under the user's "
-        "config folder (%APPDATA% on Windows, $XDG_CONFIG_HOME or ~/.config elsewhere)."),
+        "config folder (%APPDATA% on Windows, $XDG_CONFIG_HOME or ~/.config elsewhere).",
+        label="<config folder>/websearch-ring/config.json"),
     Var("GROK_LOG_LEVEL", "log_level", "level", "info",
         "Least severe stderr log level: debug, info, notice, warning, error, critical."),
     Var("GROK_DEBUG", "debug", "bool", "0", "1 turns on debug logging (same as GROK_LOG_LEVEL=debug)."),
@@ -747,6 +760,17 @@ def _parse_value(var, raw):
             if unknown:
                 raise ValueError("unknown " + ", ".join(repr(n) for n in unknown))
         return tuple(dict.fromkeys(names))
+    if var.kind == "tools":
+        chosen = []
+        for name in (n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()):
+            group = {"all": CORE_TOOLS + PLAN_TOOL_NAMES, "plan": PLAN_TOOL_NAMES}.get(name, (name,))
+            unknown = [n for n in group if n not in CORE_TOOLS + PLAN_TOOL_NAMES]
+            if unknown:
+                raise ValueError("unknown tool %r" % unknown[0])
+            chosen.extend(group)
+        if not chosen:
+            raise ValueError("empty list")
+        return tuple(n for n in CORE_TOOLS + PLAN_TOOL_NAMES if n in chosen)
     if var.kind == "providers":
         names = [n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()]
         unknown = [n for n in names if n not in ("tavily", "direct")]
@@ -816,7 +840,7 @@ class Config:
                     raw, used = candidate, name
                     break
             default = _parse_value(var, var.default) if var.default else (
-                () if var.kind in ("vendors", "choices", "list") else "")
+                () if var.kind in ("vendors", "choices", "list", "tools") else "")
             if raw is None:
                 values[var.field] = default
                 continue
@@ -827,8 +851,8 @@ class Config:
                 shown = "<hidden>" if var.secret else raw
                 problems.append(Problem(
                     used, shown, var.expected(),
-                    "%s=%r is invalid (%s); expected %s; using the default %s" % (
-                        used, shown, exc, var.expected(), var.default or "(none)")))
+                    "%s=%r is invalid (%s); expected %s; using the default (%s)" % (
+                        used, shown, exc, var.expected(), var.label)))
                 values[var.field] = default
         if values["debug"]:
             values["log_level"] = "debug"
@@ -840,6 +864,8 @@ class Config:
             values["grok_url"] = fixed
         if not values["config_file"]:
             values["config_file"] = default_config_file(env)
+        if not values["tools"]:
+            values["tools"] = CORE_TOOLS
         keys = [k.strip() for k in re.split(r"[,;\n]+", values["tavily_api_keys"]) if k.strip()]
         values["tavily_keys"] = tuple(dict.fromkeys(keys or ([values["tavily_api_key"]]
                                                              if values["tavily_api_key"] else [])))
@@ -955,7 +981,7 @@ def help_env_text():
     lines = ["Environment variables (unset or blank means the default):", ""]
     for var in VARIABLES:
         names = " / ".join((var.name,) + tuple(a for a in var.aliases if a.upper() != var.name))
-        lines.append("  %s  (default: %s)" % (names, var.default or "unset"))
+        lines.append("  %s  (default: %s)" % (names, var.label))
         lines.append("      " + var.help)
     return "\n".join(lines) + "\n"
 
@@ -966,7 +992,7 @@ def env_table_markdown():
     for var in VARIABLES:
         names = " / ".join("`%s`" % n for n in (var.name,) + tuple(
             a for a in var.aliases if a.upper() != var.name))
-        default = "`%s`" % var.default if var.default else "unset"
+        default = "`%s`" % var.default if var.default else var.label
         rows.append("| %s | %s | %s |" % (names, default, var.help.replace("|", "\\|")))
     return "\n".join(rows) + "\n"
 
@@ -5493,7 +5519,6 @@ TOOLS = (
      "annotations": {"title": "Switch model", "readOnlyHint": False, "destructiveHint": False,
                      "idempotentHint": True, "openWorldHint": False}},
 )
-TOOL_NAMES = tuple(t["name"] for t in TOOLS)
 
 # A few lines of extra guidance, each added only when the question is of its kind.
 _GUIDANCE = (
@@ -5942,6 +5967,307 @@ class _ProgressTicker:
         self._emit(self._count, None, message)
 
 
+# -- Planning tools -------------------------------------------------------------------------------
+
+PLAN_REQUIRED = {1: PLAN_PHASES[:3], 2: PLAN_PHASES[:5], 3: PLAN_PHASES}
+_PLANNABLE_TOOLS = ("web_search", "web_answer", "web_fetch", "web_map", "get_sources")
+
+_SESSION_FIELD = {"type": "string", "description": "The plan's session_id from plan_intent (omit in plan_intent "
+                                                   "to start a new plan)."}
+_REVISION_FIELD = {"type": "boolean", "default": False,
+                   "description": "True to replace an earlier answer of this phase (or of this item)."}
+
+
+def _plan_schema(properties, required):
+    props = {"session_id": _SESSION_FIELD}
+    props.update(properties)
+    props["is_revision"] = _REVISION_FIELD
+    return {"type": "object", "properties": props, "required": list(required), "additionalProperties": False}
+
+
+PLAN_INPUTS = {
+    "intent": _plan_schema({
+        "core_question": {"type": "string", "minLength": 1, "maxLength": 2000,
+                          "description": "The user's real question in one sentence."},
+        "query_type": {"type": "string", "enum": ["factual", "comparative", "exploratory", "analytical",
+                                                   "procedural", "opinion", "troubleshooting"],
+                       "description": "What kind of answer is wanted."},
+        "time_sensitivity": {"type": "string", "enum": ["none", "recent", "realtime"],
+                             "description": "How much the answer depends on fresh information."},
+        "domain": {"type": "string", "maxLength": 200, "description": "Subject area, e.g. 'Python packaging'."},
+        "ambiguities": {"type": "array", "items": {"type": "string"}, "maxItems": 10,
+                        "description": "Points that could be read more than one way, and the reading chosen."},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1,
+                       "description": "How sure the intent is understood (0-1)."},
+    }, ["core_question", "query_type", "time_sensitivity"]),
+    "complexity": _plan_schema({
+        "level": {"type": "integer", "minimum": 1, "maximum": 3,
+                  "description": "1 simple (intent, complexity, sub-queries), 2 moderate (+ search terms and "
+                                 "tool mapping), 3 complex (+ execution order)."},
+        "estimated_sub_queries": {"type": "integer", "minimum": 1, "maximum": 20,
+                                  "description": "How many sub-questions the research needs."},
+        "estimated_tool_calls": {"type": "integer", "minimum": 1, "maximum": 100,
+                                 "description": "Rough number of tool calls in all."},
+        "justification": {"type": "string", "maxLength": 1000, "description": "Why this level."},
+    }, ["session_id", "level", "justification"]),
+    "sub_query": _plan_schema({
+        "id": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,32}$",
+               "description": "Short identifier of this sub-question, e.g. sq1."},
+        "goal": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "What it must find out."},
+        "expected_output": {"type": "string", "maxLength": 1000, "description": "What a good result looks like."},
+        "depends_on": {"type": "array", "items": {"type": "string"}, "maxItems": 20,
+                       "description": "ids of sub-questions that must be answered first."},
+    }, ["session_id", "id", "goal"]),
+    "search_term": _plan_schema({
+        "sub_query_id": {"type": "string", "description": "The sub-question this search serves."},
+        "term": {"type": "string", "minLength": 1, "maxLength": 400, "description": "The exact search query."},
+        "purpose": {"type": "string", "maxLength": 500, "description": "What this search should surface."},
+        "round": {"type": "integer", "minimum": 1, "maximum": 10, "default": 1,
+                  "description": "Search round: 1 broad, later rounds narrower."},
+        "filters": {"type": "object", "description": "web_search filters to use (lang, time_range, "
+                                                     "include_domains ...)."},
+    }, ["session_id", "sub_query_id", "term"]),
+    "tool_mapping": _plan_schema({
+        "sub_query_id": {"type": "string", "description": "The sub-question this tool call serves."},
+        "tool": {"type": "string", "enum": list(_PLANNABLE_TOOLS), "description": "The tool to call."},
+        "reason": {"type": "string", "maxLength": 500, "description": "Why this tool fits."},
+        "arguments": {"type": "object", "description": "Arguments planned for the call."},
+    }, ["session_id", "sub_query_id", "tool"]),
+    "execution": _plan_schema({
+        "parallel_groups": {"type": "array", "items": {"type": "array", "items": {"type": "string"}},
+                            "description": "Groups of sub-query ids to run together, in order."},
+        "estimated_rounds": {"type": "integer", "minimum": 1, "maximum": 20,
+                             "description": "Rounds of tool calls expected."},
+        "stop_condition": {"type": "string", "maxLength": 500,
+                           "description": "When the research is done enough to answer."},
+    }, ["session_id", "parallel_groups"]),
+}
+
+PLAN_OUTPUT = {
+    "type": "object",
+    "properties": dict(_STATUS_PROPS, **{
+        "session_id": {"type": "string"},
+        "phase": {"type": "string", "description": "The phase this call recorded."},
+        "complexity_level": {"type": ["integer", "null"]},
+        "completed_phases": {"type": "array", "items": {"type": "string"}},
+        "phases_remaining": {"type": "array", "items": {"type": "string"},
+                             "description": "Phases still required by the complexity level, in order."},
+        "plan_complete": {"type": "boolean"},
+        "executable_plan": {"type": ["object", "null"], "description": "The finished plan, once complete."},
+        "revisions": {"type": "integer", "description": "Answers replaced so far."},
+        "validation": {"type": "object"},
+    }),
+    "required": ["status", "partial", "error"],
+}
+
+_PLAN_DESCRIPTIONS = {
+    "intent": "Start a search plan (step 1 of up to 6): state the real question, its type and how fresh the "
+              "answer must be. Returns the session_id the other plan_* tools need. Use the plan_* tools only "
+              "for research that needs several searches; a single web_search needs no plan.",
+    "complexity": "Plan step 2: rate the research 1-3. The level decides which further steps are required "
+                  "(1: sub-queries; 2: + search terms and tool mapping; 3: + execution order).",
+    "sub_query": "Plan step 3: add one sub-question (call once per sub-question; same id with is_revision "
+                 "replaces it).",
+    "search_term": "Plan step 4 (levels 2-3): add a search query for a sub-question (call once per term).",
+    "tool_mapping": "Plan step 5 (levels 2-3): choose the tool (web_search, web_answer, web_fetch, web_map) for a "
+                    "sub-question (call once per mapping).",
+    "execution": "Plan step 6 (level 3): order the sub-questions into parallel groups; completes the plan and "
+                 "returns the executable plan.",
+}
+
+
+class PlanTools:
+    """Structured search planning in sessions (256 at most, each kept one hour after its last use)."""
+
+    def __init__(self, sessions, clock=time.monotonic):
+        self.sessions = sessions
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def handler(self, phase):
+        return lambda args, call: self.record(phase, args, call)
+
+    def record(self, phase, args, call):
+        issues = []
+        schema = PLAN_INPUTS[phase]
+        _unknown_args(args, schema, issues)
+        for name in schema["required"]:
+            if args.get(name) in (None, "", []):
+                issues.append(issue("/" + name, "required", "%s is required" % name,
+                                    schema["properties"][name]["description"]))
+        for name, spec in schema["properties"].items():
+            value = args.get(name)
+            if value is None:
+                continue
+            issues.extend(_check_value("/" + name, value, spec))
+        revision = args.get("is_revision") is True
+        if issues:
+            return validation_result("plan_" + phase, issues)
+        with self._lock:
+            if phase == "intent" and not args.get("session_id"):
+                sid = new_id("plan_")
+                plan = {"phases": {}, "order": [], "sub_queries": {}, "search_terms": [], "tool_mappings": [],
+                        "revisions": 0}
+            else:
+                sid = args.get("session_id") or ""
+                plan = self.sessions.get(sid)
+                if plan is None:
+                    s = status_fields("error", "session_id_not_found_or_expired", error_detail(
+                        "session_id_not_found_or_expired", "no plan %r: it never existed or was idle for more than an "
+                        "hour; start again with plan_intent" % sid, "plan_" + phase))
+                    s["session_id"] = sid
+                    return s, "Unknown or expired plan session %r: start a new plan with plan_intent." % sid, True
+            problem = self._check_order(plan, phase, args, revision)
+            if problem:
+                code, message = problem
+                s = status_fields("error", code, error_detail(code, message, "plan_" + phase))
+                s.update(self._progress(sid, plan, phase))
+                return s, "Plan error: " + message, True
+            self._apply(plan, phase, args, revision)
+            self.sessions.put(sid, plan)      # every use restarts the hour
+            out = self._progress(sid, plan, phase)
+        s = status_fields("success" if out["plan_complete"] else "partial_success",
+                          None if out["plan_complete"] else "phases_remaining")
+        s.update(out)
+        if out["plan_complete"]:
+            text = "Plan %s complete.\n%s" % (sid, json.dumps(out["executable_plan"], ensure_ascii=False, indent=1))
+        else:
+            text = "Plan %s: recorded %s; next: %s." % (sid, phase, ", ".join(out["phases_remaining"]) or "-")
+        return s, text, False
+
+    @staticmethod
+    def _check_order(plan, phase, args, revision):
+        """``(code, message)`` when the phase may not be recorded now, else None."""
+        done = plan["order"]
+        index = PLAN_PHASES.index(phase)
+        repeatable = phase in ("sub_query", "search_term", "tool_mapping")
+        if revision:
+            if phase not in done:
+                return "revision_of_missing_phase", "cannot revise %s: it was never recorded" % phase
+            if phase == "sub_query" and args["id"] not in plan["sub_queries"]:
+                return "revision_of_missing_phase", "cannot revise sub-query %r: it does not exist" % args["id"]
+            return None
+        if phase in done and not repeatable:
+            return "phase_already_recorded", "%s is already recorded; pass is_revision=true to replace it" % phase
+        level = plan["phases"].get("complexity", {}).get("level")
+        if level is not None and phase not in PLAN_REQUIRED[level]:
+            return "phase_not_needed", "complexity level %d does not use %s (it needs: %s)" % (
+                level, phase, ", ".join(PLAN_REQUIRED[level]))
+        missing = [p for p in PLAN_PHASES[:index] if p not in done and (level is None or p in PLAN_REQUIRED[level])]
+        if missing:
+            return "phase_out_of_order", "record %s before %s" % (missing[0], phase)
+        if phase == "sub_query" and args["id"] in plan["sub_queries"]:
+            return "duplicate_sub_query", "sub-query %r exists; pass is_revision=true to replace it" % args["id"]
+        if phase in ("search_term", "tool_mapping") and args["sub_query_id"] not in plan["sub_queries"]:
+            return "unknown_sub_query", "no sub-query %r (known: %s)" % (
+                args["sub_query_id"], ", ".join(plan["sub_queries"]) or "none")
+        if phase == "sub_query":
+            unknown = [d for d in args.get("depends_on") or [] if d not in plan["sub_queries"]]
+            if unknown:
+                return "unknown_sub_query", "depends_on names unknown sub-queries: " + ", ".join(unknown)
+        if phase == "execution":
+            listed = [i for group in args["parallel_groups"] for i in group]
+            unknown = [i for i in listed if i not in plan["sub_queries"]]
+            if unknown:
+                return "unknown_sub_query", "parallel_groups names unknown sub-queries: " + ", ".join(unknown)
+        return None
+
+    @staticmethod
+    def _apply(plan, phase, args, revision):
+        fields = {k: v for k, v in args.items() if k not in ("session_id", "is_revision")}
+        if revision:
+            plan["revisions"] += 1
+        if phase == "sub_query":
+            plan["sub_queries"][fields["id"]] = fields
+        elif phase == "search_term":
+            plan["search_terms"] = [t for t in plan["search_terms"] if not (
+                revision and t["sub_query_id"] == fields["sub_query_id"] and t.get("round", 1) == fields.get(
+                    "round", 1))] + [fields]
+        elif phase == "tool_mapping":
+            plan["tool_mappings"] = [m for m in plan["tool_mappings"] if not (
+                revision and m["sub_query_id"] == fields["sub_query_id"])] + [fields]
+        else:
+            plan["phases"][phase] = fields
+        if phase not in plan["order"]:
+            plan["order"].append(phase)
+
+    @staticmethod
+    def _progress(sid, plan, phase):
+        level = plan["phases"].get("complexity", {}).get("level")
+        required = PLAN_REQUIRED[level] if level else PLAN_PHASES
+        remaining = [p for p in required if p not in plan["order"]]
+        complete = level is not None and not remaining
+        return {"session_id": sid, "phase": phase, "complexity_level": level,
+                "completed_phases": [p for p in PLAN_PHASES if p in plan["order"]],
+                "phases_remaining": remaining, "plan_complete": complete, "revisions": plan["revisions"],
+                "executable_plan": PlanTools._executable(plan) if complete else None}
+
+    @staticmethod
+    def _executable(plan):
+        steps = []
+        for sq_id, sq in plan["sub_queries"].items():
+            steps.append({"id": sq_id, "goal": sq["goal"], "expected_output": sq.get("expected_output"),
+                          "depends_on": sq.get("depends_on") or [],
+                          "searches": [t for t in plan["search_terms"] if t["sub_query_id"] == sq_id],
+                          "tools": [m for m in plan["tool_mappings"] if m["sub_query_id"] == sq_id]
+                          or [{"tool": "web_search", "arguments": {"query": sq["goal"]}}]})
+        execution = plan["phases"].get("execution") or {"parallel_groups": _dependency_groups(plan["sub_queries"])}
+        return {"intent": plan["phases"].get("intent"), "complexity": plan["phases"].get("complexity"),
+                "steps": steps, "execution": execution}
+
+
+def _dependency_groups(sub_queries):
+    """Sub-query ids grouped so each group only depends on earlier groups."""
+    done, groups, left = set(), [], dict(sub_queries)
+    while left:
+        ready = [i for i, sq in left.items() if set(sq.get("depends_on") or []) <= done] or list(left)
+        groups.append(ready)
+        done.update(ready)
+        for i in ready:
+            del left[i]
+    return groups
+
+
+def _check_value(path, value, spec):
+    """Issues for one value against the small JSON Schema subset the plan tools use."""
+    kind = spec.get("type")
+    ok = {"string": isinstance(value, str), "integer": _is_number(value) and value == int(value),
+          "number": _is_number(value), "boolean": isinstance(value, bool), "array": isinstance(value, list),
+          "object": isinstance(value, dict)}.get(kind, True)
+    if not ok:
+        return [issue(path, "type", "%s must be %s, got %s" % (path[1:], kind, _json_type(value)),
+                      "pass a %s" % kind)]
+    out = []
+    if "enum" in spec and value not in spec["enum"]:
+        out.append(issue(path, "enum", "%s must be one of %s" % (path[1:], ", ".join(spec["enum"])),
+                         "use one of: " + ", ".join(spec["enum"])))
+    if "minimum" in spec and value < spec["minimum"] or "maximum" in spec and value > spec["maximum"]:
+        out.append(issue(path, "range", "%s must be from %s to %s, got %s" % (
+            path[1:], spec.get("minimum"), spec.get("maximum"), json.dumps(value)),
+            "pass a value from %s to %s" % (spec.get("minimum"), spec.get("maximum"))))
+    if kind == "string" and ("maxLength" in spec and len(value) > spec["maxLength"]
+                             or "pattern" in spec and not re.match(spec["pattern"], value)):
+        out.append(issue(path, "pattern", "%s does not fit %s" % (path[1:], spec.get("pattern") or
+                                                                  "at most %d characters" % spec["maxLength"]),
+                         spec["description"]))
+    if kind == "array" and "items" in spec:
+        if "maxItems" in spec and len(value) > spec["maxItems"]:
+            out.append(issue(path, "too_many", "%s has more than %d items" % (path[1:], spec["maxItems"]),
+                             "keep at most %d" % spec["maxItems"]))
+        for i, item in enumerate(value):
+            out.extend(_check_value("%s/%d" % (path, i), item, spec["items"]))
+    return out
+
+
+PLAN_TOOLS = tuple(
+    {"name": "plan_" + phase, "title": "Search plan: " + phase.replace("_", " "),
+     "description": _PLAN_DESCRIPTIONS[phase], "inputSchema": PLAN_INPUTS[phase], "outputSchema": PLAN_OUTPUT,
+     "annotations": {"title": "Plan " + phase.replace("_", " "), "readOnlyHint": False, "destructiveHint": False,
+                     "idempotentHint": False, "openWorldHint": False}}
+    for phase in PLAN_PHASES)
+ALL_TOOLS = TOOLS + PLAN_TOOLS
+
+
 # ---------------------------------------------------------------------------
 # §14 JSON-RPC server
 # ---------------------------------------------------------------------------
@@ -6007,6 +6333,11 @@ class Server:
                          "web_map": self.page_tools.web_map,
                          "get_config_info": self.answer_tools.get_config_info,
                          "switch_model": self.answer_tools.switch_model}
+        self.plan_tools = PlanTools(TTLCache(SESSION_MAX, SESSION_TTL_S, clock), clock)
+        self.handlers.update({"plan_" + phase: self.plan_tools.handler(phase) for phase in PLAN_PHASES})
+        # Tools hidden by WEBSEARCH_TOOLS are not listed and answer as unknown tools.
+        self.handlers = {name: fn for name, fn in self.handlers.items() if name in config.tools}
+        self.tools = [dict(t) for t in ALL_TOOLS if t["name"] in config.tools]
         # Handlers that can answer on the reader thread, or return None to defer.
         self.inline_handlers = {"web_search": lambda args, call: self.search_tools.web_search(args, call, True),
                                 "web_fetch": lambda args, call: self.page_tools.web_fetch(args, call, True),
@@ -6263,7 +6594,7 @@ class Server:
         if method == "ping":
             return {}
         if method == "tools/list":
-            result = {"tools": [dict(t) for t in TOOLS]}
+            result = {"tools": self.tools}
             if modern:
                 result.update(ttlMs=TOOLS_LIST_TTL_MS, cacheScope="public")
             return result
@@ -6329,7 +6660,7 @@ class Server:
         if args is None:
             args = {}
         if not isinstance(name, str) or name not in self.handlers:
-            return rpc_error(msg_id, INVALID_PARAMS, "Unknown tool: %s" % (name,), {"available": list(TOOL_NAMES)})
+            return rpc_error(msg_id, INVALID_PARAMS, "Unknown tool: %s" % (name,), {"available": list(self.handlers)})
         if not isinstance(args, dict):
             return rpc_error(msg_id, INVALID_PARAMS, "tools/call arguments must be an object, got %s" % _json_type(args))
         handler = self.handlers[name]
