@@ -98,11 +98,13 @@ DEFAULT_UA = ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 "
               "(KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36")
 
 INSTRUCTIONS = (
-    "websearch-ring gives you web search that fails over across several engines. "
-    "Call web_search with a precise query for ranked results (title, URL, snippet); "
-    "every result says which engine served it and what failed on the way. "
-    "Use get_sources with a result's session_id to see its full source list again. "
-    "Errors are structured: fix the arguments named in validation.issues and retry."
+    "websearch-ring: web access that fails over across several engines and says what happened. "
+    "Start with web_search (precise query; filters lang, time_range, include_domains survive failover; "
+    "mode=fanout for breadth). Read a promising result in full with web_fetch (paged Markdown: continue "
+    "with start_index=next_start_index). Use web_map to list a site's pages when you know the site but "
+    "not the page. Use web_answer for questions that need a researched, cited synthesis; get_sources "
+    "returns the sources of any search or answer by session_id. Errors are structured: fix the arguments "
+    "named in validation.issues and retry; get_config_info explains configuration and vendor health."
 )
 
 # ---------------------------------------------------------------------------
@@ -6268,6 +6270,31 @@ PLAN_TOOLS = tuple(
 ALL_TOOLS = TOOLS + PLAN_TOOLS
 
 
+def tools_reference_markdown():
+    """The README's tool reference, generated from the schemas the server lists."""
+    out = []
+    for tool in ALL_TOOLS:
+        schema = tool["inputSchema"]
+        required = set(schema.get("required") or ())
+        out += ["### `%s`%s" % (tool["name"], "" if tool["name"] in CORE_TOOLS else " (with WEBSEARCH_TOOLS=plan)"),
+                "", tool["description"], ""]
+        if schema["properties"]:
+            out += ["| argument | type | meaning |", "|---|---|---|"]
+            for name, spec in schema["properties"].items():
+                kind = spec.get("type", "object")
+                if "enum" in spec:
+                    kind += ": " + " / ".join("`%s`" % v for v in spec["enum"])
+                if "default" in spec:
+                    kind += ", default `%s`" % json.dumps(spec["default"])
+                if name in required:
+                    kind += ", required"
+                out.append("| `%s` | %s | %s |" % (name, kind, spec.get("description", "").replace("|", "\\|")))
+        else:
+            out.append("No arguments.")
+        out.append("")
+    return "\n".join(out)
+
+
 # ---------------------------------------------------------------------------
 # §14 JSON-RPC server
 # ---------------------------------------------------------------------------
@@ -6729,12 +6756,219 @@ def _valid_id(value):
 # §15 CLI
 # ---------------------------------------------------------------------------
 
-USAGE = """usage: python websearch_ring.py [--help | --help-env | --version]
+USAGE = """usage: python websearch_ring.py [COMMAND ...] [--json]
 
-Serves MCP (JSON-RPC 2.0, one message per line) on stdin/stdout for an MCP
-client such as Claude Code, Codex, Cursor, Claude Desktop or VS Code.
-Configuration comes from environment variables: see --help-env.
+With no command it serves MCP (JSON-RPC 2.0, one message per line) on
+stdin/stdout for a client such as Claude Code, Codex, Cursor, Claude Desktop,
+VS Code or Cherry Studio.
+
+commands:
+  search QUERY    ranked results (-n N, --vendor NAME, --mode failover|fanout, --lang xx,
+                  --time-range day|week|month|year, --include DOMAIN, --exclude DOMAIN,
+                  --per-domain N)
+  answer QUERY    a researched answer with sources (--platform P, --model M, --extra-sources N)
+  fetch URL       a page as Markdown (--start N, --max N, --format markdown|text|html)
+  map URL         the URLs of a site (--depth N, --breadth N, --limit N, --timeout S)
+  check           configuration problems, then one timed probe of every configured backend
+  config CLIENT   a ready-to-paste snippet for: %s
+
+options:
+  --json          print the structured result instead of the text
+  --help          this text;  --help-env: every environment variable;  --version
+
+exit status: 0 success, 1 tool error, 2 bad usage or configuration.
 """
+
+CLIENTS = ("claude-code", "claude-desktop", "codex", "cursor", "vscode", "cherry-studio", "opencode", "mimocode",
+           "hermes")
+
+
+def _cli_parser():
+    import argparse
+    parser = argparse.ArgumentParser(prog="websearch_ring.py", add_help=False,
+                                     usage="python websearch_ring.py COMMAND ... (see --help)")
+    sub = parser.add_subparsers(dest="command")
+
+    def command(name, arg=None, **kwargs):
+        p = sub.add_parser(name, add_help=False, **kwargs)
+        if arg:
+            p.add_argument(arg)
+        p.add_argument("--json", action="store_true")
+        return p
+
+    p = command("search", "query")
+    p.add_argument("-n", "--num", type=int, dest="numResults")
+    p.add_argument("--vendor")
+    p.add_argument("--mode", choices=("failover", "fanout"))
+    p.add_argument("--lang")
+    p.add_argument("--time-range", dest="time_range")
+    p.add_argument("--include", action="append", dest="include_domains")
+    p.add_argument("--exclude", action="append", dest="exclude_domains")
+    p.add_argument("--per-domain", type=int, dest="max_results_per_domain")
+    p = command("answer", "query")
+    p.add_argument("--platform")
+    p.add_argument("--model")
+    p.add_argument("--extra-sources", type=int, dest="extra_sources")
+    p = command("fetch", "url")
+    p.add_argument("--start", type=int, dest="start_index")
+    p.add_argument("--max", type=int, dest="max_length")
+    p.add_argument("--format", choices=("markdown", "text", "html"))
+    p = command("map", "url")
+    p.add_argument("--depth", type=int, dest="max_depth")
+    p.add_argument("--breadth", type=int, dest="max_breadth")
+    p.add_argument("--limit", type=int)
+    p.add_argument("--timeout", type=float)
+    p.add_argument("--instructions")
+    command("check")
+    p = command("config", "client")
+    p.add_argument("--module", action="store_true",
+                   help="run as python -m websearch_ring with PYTHONPATH (reuses cached bytecode)")
+    return parser
+
+
+_CLI_TOOLS = {"search": "web_search", "answer": "web_answer", "fetch": "web_fetch", "map": "web_map"}
+
+
+def _emit(text, stream=None):
+    """Write text for a person, whatever the console's encoding can show."""
+    stream = stream or sys.stdout
+    try:
+        stream.write(text if text.endswith("\n") else text + "\n")
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        stream.write(text.encode(encoding, "replace").decode(encoding) + "\n")
+    stream.flush()
+
+
+def run_cli(argv, env):
+    """The person-facing commands; returns the exit status."""
+    parser = _cli_parser()
+    try:
+        opts = parser.parse_args(argv)
+    except SystemExit as exc:
+        return 2 if exc.code else 0
+    config = Config.from_env(env)
+    if opts.command == "config":
+        return cli_config(opts.client, env, opts.module)
+    for problem in config.problems:
+        _emit("configuration problem: " + problem.message, sys.stderr)
+    server = Server(config, logger=Logger("warning", redact=Redactor(config.secrets())))
+    if opts.command == "check":
+        return cli_check(server)
+    args = {k: v for k, v in vars(opts).items() if k not in ("command", "json") and v is not None}
+    token = CancelToken()
+    progress = None if opts.json or not sys.stderr.isatty() else (
+        lambda done, total=None, message=None: message and _emit("  ... " + message, sys.stderr))
+    try:
+        structured, text, is_error = server.handlers[_CLI_TOOLS[opts.command]](args, Call(token, progress))
+    except KeyboardInterrupt:
+        token.cancel("interrupted")
+        return 130
+    except Cancelled:
+        return 130
+    _emit(json.dumps(structured, ensure_ascii=False, indent=2) if opts.json else server.log.redact(text))
+    if structured.get("validation"):
+        return 2
+    return 1 if is_error else (2 if config.problems else 0)
+
+
+def cli_check(server):
+    """Print configuration problems and probe every configured backend once; 0 when search can be served."""
+    config = server.config
+    _emit("websearch-ring %s, Python %s" % (__version__, sys.version.split()[0]))
+    _emit("configuration: " + ("%d problem(s)" % len(config.problems) if config.problems else "ok"))
+    for problem in config.problems:
+        _emit("  - " + problem.message)
+    results, lock = [], threading.Lock()
+
+    def probe(name):
+        record = server.ring._attempt(name, "websearch-ring connectivity check", 3, NO_FILTERS, CancelToken(),
+                                      Deadline(min(config.timeout_s, 15.0)))[1]
+        with lock:
+            results.append(record)
+
+    threads = [threading.Thread(target=probe, args=(name,), daemon=True) for name in config.vendors]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(min(config.timeout_s, 15.0) + 5.0)
+    _emit("search vendors (ring order):")
+    by_name = {r["vendor"]: r for r in results}
+    for name in config.vendors:
+        r = by_name.get(name)
+        if r is None:
+            _emit("  %-11s no answer" % name)
+            continue
+        _emit("  %-11s %-15s %7.0f ms  %s" % (name, r["outcome"], r["elapsed_ms"], (r["message"] or "")[:90]))
+    keys = server.ring.tavily
+    _emit("tavily: " + ("%d key(s) in the pool" % len(keys.pool) if keys.keyed else
+                        "keyless mode" if config.tavily_enabled else "disabled"))
+    _emit("fetch providers: %s; map providers: %s" % (", ".join(config.fetch_providers),
+                                                      ", ".join(config.map_providers)))
+    model, source = server.answer_tools.current_model()
+    test = server.answer_tools._connection_test(model, CancelToken())
+    _emit("answers: model %s (from %s) at %s: %s" % (model, source, config.grok_url, test["message"]))
+    ok = any(r["outcome"] == "success" for r in results)
+    _emit("search: " + ("available" if ok else "NOT available: no vendor answered"))
+    return 0 if ok else 1
+
+
+def cli_config(client, env, module=False):
+    """Print a configuration snippet for ``client``; secrets the user has set become placeholders."""
+    client = client.lower()
+    if client not in CLIENTS:
+        _emit("unknown client %r; choose one of: %s" % (client, ", ".join(CLIENTS)), sys.stderr)
+        return 2
+    path = os.path.abspath(__file__)
+    exe = sys.executable or "python3"
+    args = ["-m", "websearch_ring"] if module else [path]
+    variables = {}
+    for var in VARIABLES:
+        for name in (var.name,) + var.aliases:
+            value = env.get(name)
+            if value is not None and value.strip() and name.upper() == name:
+                variables[name] = "<your %s>" % name if var.secret else value
+                break
+    if module:
+        variables["PYTHONPATH"] = os.path.dirname(path)
+    name = "websearch-ring"
+    if client == "claude-code":
+        parts = ["claude", "mcp", "add", name] + ["-e %s=%s" % (k, _shell_quote(v)) for k, v in variables.items()]
+        _emit(" ".join(parts + ["--", _shell_quote(exe)] + [_shell_quote(a) for a in args]))
+    elif client == "codex":
+        lines = ["[mcp_servers.%s]" % name, "command = %s" % json.dumps(exe),
+                 "args = [%s]" % ", ".join(json.dumps(a) for a in args), "tool_timeout_sec = 300"]
+        if variables:
+            lines += ["", "[mcp_servers.%s.env]" % name] + ["%s = %s" % (k, json.dumps(v)) for k, v in variables.items()]
+        _emit("\n".join(lines))
+    elif client == "hermes":
+        lines = ["mcp_servers:", "  %s:" % name, "    command: %s" % json.dumps(exe),
+                 "    args: [%s]" % ", ".join(json.dumps(a) for a in args)]
+        if variables:
+            lines += ["    env:"] + ["      %s: %s" % (k, json.dumps(v)) for k, v in variables.items()]
+        _emit("\n".join(lines))
+    elif client in ("opencode", "mimocode"):
+        entry = {"type": "local", "command": [exe] + args, "enabled": True}
+        if variables:
+            entry["environment"] = variables
+        _emit(json.dumps({"$schema": "https://opencode.ai/config.json", "mcp": {name: entry}}, indent=2))
+    else:
+        entry = {"command": exe, "args": args}
+        if client in ("vscode", "cherry-studio"):
+            entry = dict({"type": "stdio"}, **entry)
+        if variables:
+            entry["env"] = variables
+        key = "servers" if client == "vscode" else "mcpServers"
+        _emit(json.dumps({key: {name: entry}}, indent=2))
+    return 0
+
+
+def _shell_quote(text):
+    """Quote for the user's shell (POSIX; on Windows, double quotes when needed)."""
+    if os.name == "nt":
+        return '"%s"' % text if re.search(r"[\s&|<>^]", text) else text
+    import shlex
+    return shlex.quote(text)
 
 
 def release_startup_memory():
@@ -6759,8 +6993,8 @@ def main(argv=None, env=None):
     """Entry point: serve MCP on stdio, or print help; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     env = os.environ if env is None else env
-    if argv and argv[0] in ("-h", "--help"):
-        sys.stdout.write(USAGE)
+    if argv and argv[0] in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE % ", ".join(CLIENTS))
         return 0
     if argv and argv[0] == "--help-env":
         sys.stdout.write(help_env_text())
@@ -6768,15 +7002,23 @@ def main(argv=None, env=None):
     if argv and argv[0] in ("-V", "--version"):
         sys.stdout.write("websearch-ring %s\n" % __version__)
         return 0
+    if argv and argv[0] in ("search", "answer", "fetch", "map", "check", "config"):
+        return run_cli(argv, env)
     if argv:
-        sys.stderr.write("unknown argument %r\n\n%s" % (argv[0], USAGE))
+        sys.stderr.write("unknown command %r\n\n%s" % (argv[0], USAGE % ", ".join(CLIENTS)))
         return 2
     config = Config.from_env(env)
     server = Server(config)
     server.after_first_message = release_startup_memory
     try:
         if sys.stdin.isatty():
-            server.log.info("waiting for an MCP client on stdin (try: %s --help)", os.path.basename(sys.argv[0]))
+            sys.stderr.write(
+                "websearch-ring %s is waiting for an MCP client on stdin (JSON-RPC, one message per line).\n"
+                "Point your client at this command, or try it in a terminal:\n"
+                "  python %s search \"python asyncio timeout\"\n"
+                "  python %s config claude-code\n"
+                "Press Ctrl-D (Ctrl-Z then Enter on Windows) to stop.\n" % (
+                    __version__, sys.argv[0], sys.argv[0]))
     except (AttributeError, ValueError):
         pass
     try:
