@@ -182,11 +182,30 @@ class RpcError(RingError):
 # §3 Utilities
 # ---------------------------------------------------------------------------
 
+class LazyPattern:
+    """A regular expression compiled on first use: start-up stays fast though the file has dozens.
+
+    >>> LazyPattern(r"a+").sub("b", "caat")
+    'cbt'
+    """
+
+    __slots__ = ("_args", "_compiled")
+
+    def __init__(self, pattern, flags=0):
+        self._args = (pattern, flags)
+        self._compiled = None
+
+    def __getattr__(self, name):
+        if self._compiled is None:
+            self._compiled = re.compile(*self._args)
+        return getattr(self._compiled, name)
+
+
 # Secrets that look like keys even when we were not told about them.
-_SECRET_PATTERNS = re.compile(
+_SECRET_PATTERNS = LazyPattern(
     r"(tvly-[A-Za-z0-9_-]{6,}|xai-[A-Za-z0-9_-]{6,}|sk-[A-Za-z0-9_-]{10,}"
     r"|(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}|exaApiKey=[^&\s\"']+)")
-_WS = re.compile(r"\s+")
+_WS = LazyPattern(r"\s+")
 
 
 class Redactor:
@@ -295,7 +314,7 @@ def url_host(url):
 
 
 # Query parameters that only track the visitor: dropped when URLs are compared.
-_TRACKING_PARAMS = re.compile(
+_TRACKING_PARAMS = LazyPattern(
     r"^(utm_\w+|fbclid|gclid|dclid|gbraid|wbraid|msclkid|yclid|mc_cid|mc_eid|igshid|_hsenc|_hsmi"
     r"|mkt_tok|ref_src|ref_url|vero_id|oly_enc_id|oly_anon_id|__s|s_cid|spm)$", re.I)
 # Second-level labels under which a country TLD sells names (example.co.uk, example.com.au).
@@ -303,7 +322,7 @@ _SECOND_LEVEL = frozenset({"co", "com", "net", "org", "gov", "edu", "ac", "or", 
 # Hosting suffixes where every subdomain belongs to a different owner.
 _SHARED_SUFFIXES = ("github.io", "gitlab.io", "blogspot.com", "wordpress.com", "substack.com",
                     "medium.com", "netlify.app", "vercel.app", "pages.dev", "herokuapp.com")
-_HOST_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+_HOST_LABEL = LazyPattern(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 
 
 def normalize_url(url):
@@ -381,7 +400,7 @@ def is_domain(text):
 
 _MONTHS = {m: i for i, m in enumerate(
     ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), 1)}
-_RELATIVE = re.compile(r"^(\d+|an?|one)\s+(minute|hour|day|week|month|year)s?\s+ago$", re.I)
+_RELATIVE = LazyPattern(r"^(\d+|an?|one)\s+(minute|hour|day|week|month|year)s?\s+ago$", re.I)
 _UNIT_S = {"minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400, "month": 31 * 86400, "year": 366 * 86400}
 
 
@@ -1718,19 +1737,18 @@ def _decompress(raw, max_bytes, truncate=False):
 # §7 Streaming LLM client
 # ---------------------------------------------------------------------------
 
-_INVALID_KEY = re.compile(r"incorrect api key|invalid api key|invalid_api_key|api key.{0,20}(invalid|not valid)"
+_INVALID_KEY = LazyPattern(r"incorrect api key|invalid api key|invalid_api_key|api key.{0,20}(invalid|not valid)"
                           r"|unauthorized|authentication", re.I)
-_CREDITS = re.compile(r"used all available credits|spending limit|insufficient (credits|balance|quota)"
+_CREDITS = LazyPattern(r"used all available credits|spending limit|insufficient (credits|balance|quota)"
                       r"|purchase more credits|no credits|quota exceeded|billing", re.I)
 # Relays (one-api and its kin) report a dead upstream account in prose; retrying cannot help.
-_DEAD_ACCOUNT = re.compile(r"account.{0,40}(deactivated|disabled|suspended|banned|expired|closed)"
+_DEAD_ACCOUNT = LazyPattern(r"account.{0,40}(deactivated|disabled|suspended|banned|expired|closed)"
                            r"|no available (channel|account|key)|key.{0,20}(expired|revoked|disabled)"
                            r"|该令牌|令牌已|账户|额度不足|余额不足", re.I)
-_UNKNOWN_MODEL = re.compile(r"model.{0,60}(not found|does not exist|not exist|unknown|not supported|invalid)"
+_UNKNOWN_MODEL = LazyPattern(r"model.{0,60}(not found|does not exist|not exist|unknown|not supported|invalid)"
                             r"|unknown model|no such model|model_not_found", re.I)
-_NO_PERMISSION = re.compile(r"permission|not allowed|forbidden|access denied", re.I)
 # Models that exist only on /responses (multi-agent runs) force that protocol.
-_RESPONSES_ONLY = re.compile(r"multi-?agent", re.I)
+_RESPONSES_ONLY = LazyPattern(r"multi-?agent", re.I)
 
 
 class AnswerError(RingError):
@@ -2049,7 +2067,7 @@ _DROP_TAGS = frozenset({"script", "style", "noscript", "template", "svg", "canva
                         "embed", "nav", "header", "footer", "aside", "form", "button", "select",
                         "textarea", "dialog", "menu", "head"})
 # Elements that are gone even inside <main>: banners and chrome by id/class/role.
-_CHROME = re.compile(r"cookie|consent|gdpr|banner|newsletter|subscribe|popup|modal|sidebar|breadcrumb"
+_CHROME = LazyPattern(r"cookie|consent|gdpr|banner|newsletter|subscribe|popup|modal|sidebar|breadcrumb"
                      r"|share|social|advert|promo|skip-link", re.I)
 _CHROME_ROLES = frozenset({"navigation", "banner", "contentinfo", "complementary", "search", "dialog",
                            "alertdialog"})
@@ -2058,9 +2076,9 @@ _BLOCK_TAGS = frozenset({"p", "div", "section", "article", "main", "blockquote",
 _VOID_TAGS = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",
                         "param", "source", "track", "wbr"})
 _HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
-_LIST_ITEM = re.compile(r"^ *(?:- |\d+\. )")
+_LIST_ITEM = LazyPattern(r"^ *(?:- |\d+\. )")
 _BR = "\x00"   # a <br> inside running text, kept through whitespace folding
-_HAS_MAIN = re.compile(r"<(main|article)\b|role=[\"']?main\b", re.I)
+_HAS_MAIN = LazyPattern(r"<(main|article)\b|role=[\"']?main\b", re.I)
 
 
 def html_to_markdown(html, base_url="", plain=False):
@@ -2771,18 +2789,18 @@ class Coalescer:
 # ---------------------------------------------------------------------------
 
 # A 200 whose text apologises instead of answering.
-_RATE_LIMIT_PROSE = re.compile(
+_RATE_LIMIT_PROSE = LazyPattern(
     r"rate.?limit|too many requests|exceeded your|excessive requests|slow down|try again later",
     re.I)
 # Bing's challenge page markers (third-party detectors; the page itself is unpublished).
-_BING_CAPTCHA = re.compile(
+_BING_CAPTCHA = LazyPattern(
     r'id="b_captcha"|challenges\.cloudflare\.com/turnstile|One last step|captchaform'
     r"|captchaAnswer|/fd/ls/CAPT|/turing/captcha", re.I)
 # DuckDuckGo's in-page "are you a robot" dialog (served as 202 or 200).
-_DDG_ANOMALY = re.compile(
+_DDG_ANOMALY = LazyPattern(
     r"anomaly-modal|id=[\"']challenge-form|anomaly\.js|bots use DuckDuckGo too", re.I)
 # "Jan 14, 2024 · snippet": the date the HTML engines put before a snippet.
-_LEADING_DATE = re.compile(r"^\s*([A-Z][a-z]{2} \d{1,2}, \d{4})\s*(?:\u00b7|-)\s*")
+_LEADING_DATE = LazyPattern(r"^\s*([A-Z][a-z]{2} \d{1,2}, \d{4})\s*(?:\u00b7|-)\s*")
 
 
 class Filters:
@@ -3860,7 +3878,7 @@ _MEDIA_HTML = ("text/html", "application/xhtml+xml")
 _MEDIA_TEXT_PREFIXES = ("text/",)
 _MEDIA_TEXTUAL = ("application/json", "application/xml", "application/javascript", "application/rss+xml",
                   "application/atom+xml", "application/x-ndjson", "application/ld+json")
-_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([\w.:-]+)""", re.I)
+_META_CHARSET = LazyPattern(rb"""<meta[^>]+charset\s*=\s*["']?\s*([\w.:-]+)""", re.I)
 _BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
 
 
@@ -4082,8 +4100,8 @@ class RobotsRules:
         return True if best is None else best[1]
 
 
-_LOC = re.compile(r"<loc>\s*(.*?)\s*</loc>", re.I | re.S)
-_HREF = re.compile(r"""<a\s[^>]*?href\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""", re.I)
+_LOC = LazyPattern(r"<loc>\s*(.*?)\s*</loc>", re.I | re.S)
+_HREF = LazyPattern(r"""<a\s[^>]*?href\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""", re.I)
 MAP_SITEMAPS_MAX = 20      # sitemap files read per map (index files point to more)
 
 
@@ -5524,27 +5542,27 @@ TOOLS = (
 
 # A few lines of extra guidance, each added only when the question is of its kind.
 _GUIDANCE = (
-    (re.compile(r"\b(release|version|changelog|api|sdk|library|package|install|upgrade|deprecat\w*|framework"
+    (LazyPattern(r"\b(release|version|changelog|api|sdk|library|package|install|upgrade|deprecat\w*|framework"
                 r"|npm|pypi|crate|github)\b", re.I),
      "Software: prefer official docs, release notes, changelogs and the project's repository; name versions "
      "and release dates; check that an answer matches the current release."),
-    (re.compile(r"\b(official|documentation|docs|specification|spec|rfc|standard|reference)\b", re.I),
+    (LazyPattern(r"\b(official|documentation|docs|specification|spec|rfc|standard|reference)\b", re.I),
      "Documentation: cite the canonical source and the section; quote exact names of options and fields."),
-    (re.compile(r"\b(today|latest|current|currently|now|recent|recently|this (week|month|year)|news|price|"
+    (LazyPattern(r"\b(today|latest|current|currently|now|recent|recently|this (week|month|year)|news|price|"
                 r"score|yesterday|upcoming|20[2-9]\d)\b", re.I),
      "Time-sensitive: give dates for every fact, prefer the newest sources, and say how fresh the information is."),
-    (re.compile(r"\b(symptom|dose|dosage|medication|drug|diet|exercise|workout|injur\w*|health|calorie|"
+    (LazyPattern(r"\b(symptom|dose|dosage|medication|drug|diet|exercise|workout|injur\w*|health|calorie|"
                 r"supplement|disease|treatment|fitness)\b", re.I),
      "Health: prefer medical bodies and peer-reviewed sources, state uncertainty, give no diagnosis, and advise "
      "seeing a professional for personal decisions."),
-    (re.compile(r"\b(car|vehicle|brake|tire|tyre|recall|loan|mortgage|invest\w*|stock|tax|insurance|crypto|"
+    (LazyPattern(r"\b(car|vehicle|brake|tire|tyre|recall|loan|mortgage|invest\w*|stock|tax|insurance|crypto|"
                 r"retirement|pension)\b", re.I),
      "Safety and money: cite manufacturers, regulators or official bodies; mention risks; this is information, "
      "not personal advice."),
-    (re.compile(r"\b(who is|who was|biography|ceo|founder|born|net worth|company|organi[sz]ation)\b", re.I),
+    (LazyPattern(r"\b(who is|who was|biography|ceo|founder|born|net worth|company|organi[sz]ation)\b", re.I),
      "People and organisations: make sure every source is about the same entity, prefer official profiles and "
      "filings, and leave out private information."),
-    (re.compile(r"\b(controvers\w*|debate|disputed|rumou?r|conspiracy|myth|vs\.?|versus|niche|obscure)\b", re.I),
+    (LazyPattern(r"\b(controvers\w*|debate|disputed|rumou?r|conspiracy|myth|vs\.?|versus|niche|obscure)\b", re.I),
      "Contested or niche topics: present the main positions with their sources and how strong the evidence is; "
      "say when little reliable information exists."),
 )
@@ -5578,8 +5596,8 @@ def answer_prompt(query, platform, evidence, now=None):
     return "\n".join(lines), json.dumps(data, ensure_ascii=False)
 
 
-_MD_LINK = re.compile(r"\[([^\]\n]{1,300})\]\((https?://[^\s)]+)\)")
-_BARE_URL = re.compile(r"(?<![(\[])\bhttps?://[^\s<>)\]\"']+")
+_MD_LINK = LazyPattern(r"\[([^\]\n]{1,300})\]\((https?://[^\s)]+)\)")
+_BARE_URL = LazyPattern(r"(?<![(\[])\bhttps?://[^\s<>)\]\"']+")
 
 
 def answer_sources(result):
@@ -6337,7 +6355,6 @@ class Server:
         self._sweeper = None
         self._stdout_broken = False
         self.protocol_version = None   # negotiated by initialize (handshake era)
-        self.after_first_message = None   # run once on a daemon thread after the first message
         self.client_log_level = None   # set by logging/setLevel
         self.cache = TTLCache(config.cache_max, config.ttl_s, clock, on_evict=self._evicted)
         self.sessions = TTLCache(SESSION_MAX, SESSION_TTL_S, clock)
@@ -6418,9 +6435,6 @@ class Server:
                 self.handle_line(line)
             except Exception as exc:   # nothing escapes the stdin loop
                 self.log.error("internal error handling a message: %s: %s", type(exc).__name__, exc)
-            if self.after_first_message is not None:
-                hook, self.after_first_message = self.after_first_message, None
-                threading.Thread(target=hook, name="after-first-message", daemon=True).start()
         self.drain()
         return 0
 
@@ -6971,24 +6985,6 @@ def _shell_quote(text):
     return shlex.quote(text)
 
 
-def release_startup_memory():
-    """Give the memory the compiler used for this file back to the OS (glibc only).
-
-    Python compiles a main script at every start; the syntax tree of this
-    file is freed afterwards but stays in the C heap, about a third of the
-    idle footprint.  ``malloc_trim`` returns it.  Elsewhere this does nothing.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import gc
-        gc.collect()
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError, ImportError):
-        pass
-
-
 def main(argv=None, env=None):
     """Entry point: serve MCP on stdio, or print help; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -7009,7 +7005,6 @@ def main(argv=None, env=None):
         return 2
     config = Config.from_env(env)
     server = Server(config)
-    server.after_first_message = release_startup_memory
     try:
         if sys.stdin.isatty():
             sys.stderr.write(
