@@ -1994,6 +1994,30 @@ def test_importing_the_module_defers_slow_imports():
 # Unit tests of the pure helpers go here (use the `ring` fixture).
 
 
+def test_redactor_masks_known_secrets_and_key_shaped_strings(ring):
+    secret = "my-own-secret-value-42"
+    redact = ring.Redactor([secret])
+    text = redact("key=%s; Authorization: Bearer abcdefghijklmnop0123; tvly-abcdefgh12345678; "
+                  "url https://mcp.exa.ai/mcp?exaApiKey=EXASECRET123456&x=1" % secret)
+    for leaked in (secret, "abcdefghijklmnop0123", "tvly-abcdefgh12345678", "EXASECRET123456"):
+        assert leaked not in text, text
+    assert ring.fingerprint(secret) in text          # still tells keys apart: my-o…e-42
+    assert "tvly…5678" in text
+    assert redact("nothing secret here") == "nothing secret here"
+
+
+def test_parse_retry_after_reads_seconds_and_http_dates(ring):
+    assert ring.parse_retry_after("30") == 30.0
+    assert ring.parse_retry_after(" 7 ") == 7.0
+    assert ring.parse_retry_after("1.5") == 1.5
+    assert ring.parse_retry_after("-3") == 0.0
+    now = 1445412470.0  # 10 s before Wed, 21 Oct 2015 07:28:00 GMT
+    assert ring.parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=now) == 10.0
+    assert ring.parse_retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now=now) == 0.0  # in the past
+    for unusable in (None, "", "   ", "soon", "Wed, 99 Foo 2015"):
+        assert ring.parse_retry_after(unusable) is None, unusable
+
+
 # ----------------------------------------------------------------------------------------------
 # §4 Configuration
 # ----------------------------------------------------------------------------------------------
@@ -2010,6 +2034,64 @@ def test_invalid_number_is_reported_at_start_and_in_every_tool_result(start_serv
     assert [p["variable"] for p in problems] == ["WEBSEARCH_TIMEOUT_MS"]
     assert problems[0]["value"] == "12s"
     assert result_text(response).startswith("Configuration problem")
+
+
+def test_config_unset_or_whitespace_variables_take_their_defaults(ring):
+    for env in ({}, {"WEBSEARCH_TIMEOUT_MS": "   ", "WEBSEARCH_MAX_INFLIGHT": "\t",
+                     "WEBSEARCH_VENDORS": " ", "WEBSEARCH_TTL_MS": "\n"}):
+        config = ring.Config.from_env(env)
+        assert config.problems == (), env
+        assert config.timeout_s == 12.0
+        assert config.max_inflight == 16
+        assert config.ttl_s == 1200.0
+        assert config.vendors == ("exa", "tavily", "bing", "duckduckgo")
+
+
+@pytest.mark.parametrize("variable, raw, expected_form, field, default", [
+    pytest.param("WEBSEARCH_TIMEOUT_MS", "12s", "an integer from 100 to 600000", "timeout_s", 12.0,
+                 id="timeout-with-unit"),
+    pytest.param("WEBSEARCH_MAX_INFLIGHT", "1.5", "an integer from 1 to 1024", "max_inflight", 16,
+                 id="inflight-fraction"),
+    pytest.param("WEBSEARCH_TIMEOUT_MS", "50", "an integer from 100 to 600000", "timeout_s", 12.0,
+                 id="timeout-below-range"),
+    pytest.param("WEBSEARCH_MAX_INFLIGHT", "0", "an integer from 1 to 1024", "max_inflight", 16,
+                 id="inflight-zero"),
+    pytest.param("WEBSEARCH_MAX_INFLIGHT", "5000", "an integer from 1 to 1024", "max_inflight", 16,
+                 id="inflight-above-range"),
+    pytest.param("WEBSEARCH_VENDORS", "exa,googel", "a comma-separated list of", "vendors",
+                 ("exa", "tavily", "bing", "duckduckgo"), id="unknown-vendor"),
+])
+def test_config_invalid_value_is_a_problem_naming_variable_value_and_form(
+        ring, variable, raw, expected_form, field, default):
+    config = ring.Config.from_env({variable: raw})
+    [problem] = config.problems
+    assert (problem.variable, problem.value) == (variable, raw)
+    assert expected_form in problem.expected
+    for part in (variable, raw, expected_form):
+        assert part in problem.message, (part, problem.message)
+    assert getattr(config, field) == default
+    assert problem.as_dict()["variable"] == variable
+
+
+def test_config_unknown_vendor_problem_names_the_unknown_name(ring):
+    [problem] = ring.Config.from_env({"WEBSEARCH_VENDORS": "exa,googel"}).problems
+    assert "googel" in problem.message
+    assert all(name in problem.expected for name in ("exa", "tavily", "bing", "duckduckgo"))
+
+
+def test_config_masked_shows_fingerprints_never_secrets(ring):
+    tavily = "tvly-dev-SECRET0123456789abcd"
+    exa = "exa-secret-key-0123456789"
+    config = ring.Config.from_env({"TAVILY_API_KEY": tavily, "EXA_API_KEY": exa,
+                                   "WEBSEARCH_TIMEOUT_MS": "5000"})
+    masked = config.masked()
+    dumped = json.dumps(masked, ensure_ascii=False)
+    assert tavily not in dumped and exa not in dumped
+    assert masked["TAVILY_API_KEY"] == ring.fingerprint(tavily) == "tvly…abcd"
+    assert masked["EXA_API_KEY"] == ring.fingerprint(exa)
+    assert masked["BRAVE_API_KEY"] == ""               # unset secrets stay empty
+    assert masked["WEBSEARCH_TIMEOUT_MS"] == 5.0       # non-secrets shown as parsed
+    assert set(config.secrets()) == {tavily, exa}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2035,10 +2117,222 @@ def test_cancelled_call_gets_no_response_aborts_upstream_and_caches_nothing(
     assert fake_upstream.hits("POST", "/search") == 2
 
 
+def _i2_in_thread(fn, *args):
+    """Run fn(*args) on a daemon thread; returns (outcome dict, done Event)."""
+    outcome, done = {}, threading.Event()
+
+    def target():
+        try:
+            outcome["value"] = fn(*args)
+        except BaseException as exc:  # handed to the test
+            outcome["error"] = exc
+        finally:
+            done.set()
+    threading.Thread(target=target, daemon=True).start()
+    return outcome, done
+
+
+def _i2_wait_until(predicate, timeout=DEFAULT_TIMEOUT_S):
+    """Poll predicate() in short slices until it is true; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met within %.1fs" % timeout)
+        time.sleep(_POLL_S)
+
+
+def test_slots_never_hand_out_more_than_the_limit(ring):
+    slots = ring.Slots(2)
+    slots.acquire()
+    slots.acquire()
+    assert slots.in_use == 2
+    outcome, done = _i2_in_thread(slots.acquire)
+    _i2_wait_until(lambda: slots.waiting == 1)
+    assert not done.wait(0.05), "a third caller got a slot while two were taken"
+    assert slots.in_use == 2
+    slots.release()
+    assert done.wait(DEFAULT_TIMEOUT_S) and "error" not in outcome
+    assert (slots.in_use, slots.waiting) == (2, 0)
+
+
+def test_slots_waiter_gives_up_when_cancelled(ring):
+    slots = ring.Slots(1)
+    slots.acquire()
+    token = ring.CancelToken()
+    outcome, done = _i2_in_thread(slots.acquire, token)
+    _i2_wait_until(lambda: slots.waiting == 1)
+    token.cancel("test")
+    assert done.wait(2.0), "a cancelled waiter kept waiting"
+    assert isinstance(outcome.get("error"), ring.Cancelled)
+    assert (slots.in_use, slots.waiting) == (1, 0)     # the waiter took nothing
+    slots.release()
+    slots.acquire()                                    # and left nothing broken behind
+    assert slots.in_use == 1
+
+
+def test_slots_waiter_gives_up_at_its_deadline(ring):
+    slots = ring.Slots(1)
+    slots.acquire()
+    started = time.monotonic()
+    with pytest.raises(ring.DeadlineExceeded):
+        slots.acquire(deadline=ring.Deadline(0.05))
+    assert time.monotonic() - started < 2.0
+    assert (slots.in_use, slots.waiting) == (1, 0)
+    slots.release()
+    assert slots.in_use == 0
+
+
+def test_cancel_while_queued_for_a_slot_never_reaches_upstream(start_server, fake_upstream):
+    release = threading.Event()
+    fake_upstream.route("POST", "/search",
+                        {"fixture": "tavily/search_success.json", "block_until": release})
+    server = start_server(tavily_env(fake_upstream, WEBSEARCH_MAX_INFLIGHT=1))
+    server.initialize()
+    first = server.start_call_tool("web_search", {"query": "alpha"})
+    fake_upstream.wait_for_requests(1, path="/search")
+    queued = server.start_call_tool("web_search", {"query": "beta"})
+    server.wait_stderr("upstream slots busy")          # beta waits for the only slot
+    server.notify("notifications/cancelled", {"requestId": queued, "reason": "test"})
+    server.expect_no_response(queued, within_s=0.1)
+    release.set()
+    assert structured(server.wait_response(first))["status"] == "success"
+    server.expect_no_response(queued, within_s=0.2)
+    again = structured(server.call_tool("web_search", {"query": "gamma"}))
+    assert again["status"] == "success"                # the slot was not leaked
+    queries = [r.json()["query"] for r in fake_upstream.requests_to("POST", "/search")]
+    assert queries == ["alpha", "gamma"]
+
+
+def test_call_cancelled_in_the_same_write_gets_no_response(start_server, fake_upstream):
+    hold = threading.Event()
+    fake_upstream.route("POST", "/search",
+                        {"fixture": "tavily/search_success.json", "block_until": hold})
+    server = start_server(tavily_env(fake_upstream))
+    server.initialize()
+    call = json.dumps({"jsonrpc": "2.0", "id": 9001, "method": "tools/call", "params": {
+        "name": "web_search", "arguments": {"query": "python asyncio timeout"}}})
+    cancel = json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                         "params": {"requestId": 9001, "reason": "test"}})
+    server.send_raw((call + "\n" + cancel + "\n").encode("utf-8"))
+    server.expect_no_response(9001, within_s=0.3)
+    reached = fake_upstream.hits("POST", "/search")
+    if reached:  # the request may have left before the cancel: then it must be aborted
+        fake_upstream.wait_for_disconnects(reached, timeout=2.0)
+    hold.set()
+    again = structured(server.call_tool("web_search", {"query": "python asyncio timeout"}))
+    assert (again["status"], again["cached"]) == ("success", False)
+    assert fake_upstream.hits("POST", "/search") == reached + 1
+
+
+def test_cancel_while_the_body_streams_aborts_promptly_and_caches_nothing(
+        start_server, fake_upstream):
+    # ~1.3 KB dripped 20 bytes per 50 ms: the body would take over 3 s to arrive.
+    fake_upstream.route("POST", "/mcp", [
+        {"fixture": "exa/mcp_stream_ok.sse", "drip": (20, 0.05)},
+        "exa/mcp_stream_ok.sse",
+    ])
+    server = start_server({"WEBSEARCH_VENDORS": "exa",
+                           "WEBSEARCH_EXA_MCP_URL": fake_upstream.url + "/mcp"})
+    server.initialize()
+    call = server.start_call_tool("web_search", {"query": "sqlite wal"})
+    fake_upstream.wait_for_requests(1, path="/mcp")
+    cancelled_at = time.monotonic()
+    server.notify("notifications/cancelled", {"requestId": call, "reason": "test"})
+    fake_upstream.wait_for_disconnects(1, timeout=2.0)
+    assert time.monotonic() - cancelled_at < 1.5
+    server.expect_no_response(call, within_s=0.2)
+    again = structured(server.call_tool("web_search", {"query": "sqlite wal"}))
+    assert (again["status"], again["vendor"], again["cached"]) == ("success", "exa", False)
+    assert fake_upstream.hits("POST", "/mcp") == 2
+
+
+def test_cancel_of_an_already_answered_call_changes_nothing(start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = start_server(tavily_env(fake_upstream))
+    server.initialize()
+    call = server.start_call_tool("web_search", {"query": "python asyncio timeout"})
+    first = structured(server.wait_response(call))
+    assert first["status"] == "success"
+    before = server.response_count()
+    server.notify("notifications/cancelled", {"requestId": call, "reason": "too late"})
+    assert server.request("ping")["result"] == {}
+    server.expect_quiet(within_s=0.2)
+    assert server.response_count() == before + 1       # only the ping's answer
+    cached = structured(server.call_tool("web_search", {"query": "python asyncio timeout"}))
+    assert cached["cached"] is True                     # the answered call's cache entry stays
+    other = structured(server.call_tool("web_search", {"query": "another query"}))
+    assert other["status"] == "success"
+    assert fake_upstream.hits("POST", "/search") == 2
+
+
+def test_cancelled_caller_of_a_coalesced_pair_leaves_the_other_undisturbed(
+        start_server, fake_upstream):
+    release = threading.Event()
+    fake_upstream.route("POST", "/search",
+                        {"fixture": "tavily/search_success.json", "block_until": release})
+    server = start_server(tavily_env(fake_upstream))
+    server.initialize()
+    query = {"query": "python asyncio timeout"}
+    owner = server.start_call_tool("web_search", query)
+    fake_upstream.wait_for_requests(1, path="/search")
+    follower = server.start_call_tool("web_search", query)
+    assert server.request("ping")["result"] == {}      # the follower's line has been read
+    time.sleep(0.05)                                   # and its worker has joined the flight
+    server.notify("notifications/cancelled", {"requestId": owner, "reason": "test"})
+    server.expect_no_response(owner, within_s=0.1)
+    release.set()
+    content = structured(server.wait_response(follower))
+    assert (content["status"], content["vendor"]) == ("success", "tavily")
+    assert (content["coalesced"], content["cached"]) == (True, False)
+    assert len(content["results"]) == 3
+    server.expect_no_response(owner, within_s=0.2)
+    assert fake_upstream.hits("POST", "/search") == 1
+    assert not fake_upstream.disconnects               # the shared upstream call was not aborted
+
+
 # ----------------------------------------------------------------------------------------------
 # §6 HTTP transport
 # ----------------------------------------------------------------------------------------------
 # Transport tests drive a FakeUpstream (drip, truncate, close, size=6_000_000 for the 5 MB cap).
+
+
+def test_streamed_body_over_five_megabytes_is_refused_as_bad_response(start_server, fake_upstream):
+    # Chunked, so no Content-Length warns the server: the cap must hold while reading.
+    fake_upstream.route("POST", "/search", {"fixture": "tavily/search_success.json",
+                                            "size": 6_000_000, "chunked": True})
+    server = start_server(tavily_env(fake_upstream))
+    server.initialize()
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    content = structured(response)
+    assert tool_result(response)["isError"] is True
+    [attempt] = content["attempts"]
+    assert (attempt["vendor"], attempt["outcome"], attempt["code"]) == (
+        "tavily", "bad_response", "body_too_large")
+    assert len(json.dumps(response)) < 100_000         # none of the body is echoed back
+    assert server.request("ping")["result"] == {}
+
+
+def test_body_shorter_than_its_content_length_is_a_truncated_body(start_server, fake_upstream):
+    # Content-Length: 1652, then 100 bytes and a closed connection.
+    fake_upstream.route("POST", "/search", {"fixture": "tavily/search_success.json",
+                                            "truncate": 100})
+    server = start_server(tavily_env(fake_upstream))
+    server.initialize()
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    assert tool_result(response)["isError"] is True
+    [attempt] = structured(response)["attempts"]
+    assert (attempt["outcome"], attempt["code"]) == ("bad_response", "truncated_body"), attempt
+
+
+def test_chunked_body_without_its_last_chunk_is_a_truncated_body(start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", {"fixture": "tavily/search_success.json",
+                                            "chunked": True, "truncate": True})
+    server = start_server(tavily_env(fake_upstream))
+    server.initialize()
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    assert tool_result(response)["isError"] is True
+    [attempt] = structured(response)["attempts"]
+    assert (attempt["outcome"], attempt["code"]) == ("bad_response", "truncated_body"), attempt
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2060,6 +2354,154 @@ def test_cancelled_call_gets_no_response_aborts_upstream_and_caches_nothing(
 # ----------------------------------------------------------------------------------------------
 # §10 Cache and coalescing
 # ----------------------------------------------------------------------------------------------
+
+
+def test_ttl_cache_hits_do_not_extend_the_ttl(ring, fake_clock):
+    cache = ring.TTLCache(4, 10.0, clock=fake_clock)
+    cache.put("a", 1)
+    fake_clock.advance(5.0)
+    assert cache.get("a") == 1
+    fake_clock.advance(4.9)
+    assert cache.get("a") == 1
+    fake_clock.advance(0.1)                            # 10 s after the write, hits or not
+    assert cache.get("a") is None
+    assert len(cache) == 0
+
+
+def test_ttl_cache_evicts_the_least_recently_used_first(ring, fake_clock):
+    evicted = []
+    cache = ring.TTLCache(3, 100.0, clock=fake_clock,
+                          on_evict=lambda key, reason: evicted.append((key, reason)))
+    for key in "abc":
+        cache.put(key, key.upper())
+    assert cache.get("a") == "A"                       # a is now the youngest
+    cache.put("d", "D")
+    assert evicted == [("b", "lru")]
+    cache.put("e", "E")
+    assert evicted == [("b", "lru"), ("c", "lru")]
+    assert [cache.get(k) for k in "abcde"] == ["A", None, None, "D", "E"]
+    assert len(cache) == 3
+
+
+def test_ttl_cache_sweep_drops_only_expired_entries(ring, fake_clock):
+    evicted = []
+    cache = ring.TTLCache(10, 10.0, clock=fake_clock,
+                          on_evict=lambda key, reason: evicted.append((key, reason)))
+    cache.put("old", 1)
+    fake_clock.advance(5.0)
+    cache.put("young", 2)
+    assert cache.sweep() == 0
+    fake_clock.advance(5.0)                            # old expires now, young in 5 s
+    assert cache.sweep() == 1
+    assert evicted == [("old", "expired")]
+    assert len(cache) == 1 and cache.get("young") == 2
+    fake_clock.advance(5.0)
+    assert cache.sweep() == 1 and len(cache) == 0
+    assert evicted[-1] == ("young", "expired")
+
+
+def test_ttl_cache_with_ttl_zero_stores_nothing(ring, fake_clock):
+    evicted = []
+    cache = ring.TTLCache(10, 0.0, clock=fake_clock,
+                          on_evict=lambda key, reason: evicted.append((key, reason)))
+    cache.put("a", 1)
+    assert cache.get("a") is None
+    assert len(cache) == 0 and cache.sweep() == 0 and evicted == []
+
+
+class _I2Flight:
+    """A scripted coalescer work function: blocks until released or its flight is cancelled,
+    emitting a tick every few ms so followers' listeners can prove they joined."""
+
+    def __init__(self, ring):
+        self.ring = ring
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.cancelled = threading.Event()
+        self.calls = 0
+        self.tokens = []
+
+    def __call__(self, flight_token, emit):
+        self.calls += 1
+        self.tokens.append(flight_token)
+        handle = flight_token.add_callback(self.cancelled.set)
+        self.started.set()
+        try:
+            deadline = time.monotonic() + DEFAULT_TIMEOUT_S
+            while not self.release.is_set() and not self.cancelled.is_set():
+                if time.monotonic() > deadline:
+                    raise AssertionError("flight neither released nor cancelled")
+                emit("tick")
+                self.release.wait(0.01)
+        finally:
+            flight_token.remove(handle)
+        if self.cancelled.is_set():
+            raise self.ring.Cancelled("flight cancelled")
+        return "value"
+
+
+def _i2_coalesced_pair(ring):
+    """An owner and a follower in one flight; returns (coalescer, work, (token, outcome, done) x2)."""
+    coalescer, work = ring.Coalescer(), _I2Flight(ring)
+    owner_token, follower_token = ring.CancelToken(), ring.CancelToken()
+    owner = _i2_in_thread(coalescer.run, "k", work, owner_token, ring.Deadline(DEFAULT_TIMEOUT_S))
+    assert work.started.wait(DEFAULT_TIMEOUT_S)
+    joined = threading.Event()
+    follower = _i2_in_thread(coalescer.run, "k", work, follower_token,
+                             ring.Deadline(DEFAULT_TIMEOUT_S), lambda *event: joined.set())
+    assert joined.wait(DEFAULT_TIMEOUT_S), "the follower never joined the flight"
+    return coalescer, work, (owner_token,) + owner, (follower_token,) + follower
+
+
+def test_coalescer_two_callers_share_one_work_call(ring):
+    coalescer, work, (_, owner, owner_done), (_, follower, follower_done) = _i2_coalesced_pair(ring)
+    work.release.set()
+    assert owner_done.wait(DEFAULT_TIMEOUT_S) and follower_done.wait(DEFAULT_TIMEOUT_S)
+    assert owner.get("value") == ("value", "own")
+    assert follower.get("value") == ("value", "shared")
+    assert work.calls == 1
+    assert len(coalescer) == 0
+
+
+def test_coalescer_cancelled_follower_leaves_and_the_owner_still_gets_the_value(ring):
+    coalescer, work, (_, owner, owner_done), (follower_token, follower, follower_done) = \
+        _i2_coalesced_pair(ring)
+    follower_token.cancel("test")
+    assert follower_done.wait(2.0), "a cancelled follower kept waiting"
+    assert isinstance(follower.get("error"), ring.Cancelled)
+    assert not work.tokens[0].cancelled and not owner_done.is_set()
+    work.release.set()
+    assert owner_done.wait(DEFAULT_TIMEOUT_S)
+    assert owner.get("value") == ("value", "own")
+    assert work.calls == 1 and len(coalescer) == 0
+
+
+def test_coalescer_cancelled_owner_keeps_the_work_running_for_the_follower(ring):
+    coalescer, work, (owner_token, owner, owner_done), (_, follower, follower_done) = \
+        _i2_coalesced_pair(ring)
+    owner_token.cancel("test")
+    assert not work.tokens[0].cancelled
+    assert not follower_done.wait(0.05)
+    work.release.set()
+    assert follower_done.wait(DEFAULT_TIMEOUT_S) and owner_done.wait(DEFAULT_TIMEOUT_S)
+    assert follower.get("value") == ("value", "shared")
+    assert isinstance(owner.get("error"), ring.Cancelled)   # the owner drops its own answer
+    assert work.calls == 1
+
+
+def test_coalescer_cancels_the_work_only_when_every_caller_has_left(ring):
+    coalescer, work, (owner_token, owner, owner_done), (follower_token, follower, follower_done) = \
+        _i2_coalesced_pair(ring)
+    owner_token.cancel("test")
+    assert not work.cancelled.wait(0.05), "work cancelled while a caller still waits"
+    assert not work.tokens[0].cancelled
+    follower_token.cancel("test")
+    assert work.cancelled.wait(2.0), "work kept running after every caller left"
+    assert work.tokens[0].cancelled
+    assert owner_done.wait(DEFAULT_TIMEOUT_S) and follower_done.wait(DEFAULT_TIMEOUT_S)
+    assert isinstance(owner.get("error"), ring.Cancelled)
+    assert isinstance(follower.get("error"), ring.Cancelled)
+    assert work.calls == 1 and len(coalescer) == 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2093,6 +2535,105 @@ def test_tavily_key_travels_as_a_bearer_header_and_never_reaches_output(
     assert server.wait_exit() == 0
     assert key.encode() not in b"".join(server.raw_lines)
     assert key not in server.stderr_text()
+
+
+def test_decode_bing_url_matches_every_case_of_the_ck_links_table(ring):
+    cases = fixture_json("bing_html/ck_links.json")["cases"]
+    assert len(cases) == 5
+    for case in cases:
+        assert ring.decode_bing_url(case["href"]) == case["expected"], case
+
+
+def test_decode_ddg_url_matches_every_case_of_the_uddg_links_table(ring):
+    cases = fixture_json("duckduckgo_html/uddg_links.json")["cases"]
+    assert len(cases) == 6
+    for case in cases:
+        assert ring.decode_ddg_url(case["href"]) == case["expected"], case
+
+
+def test_parse_bing_html_keeps_organic_results_decoded_and_drops_the_ad(ring):
+    results = ring.parse_bing_html(FIXTURES["bing_html/success.html"]["body"])
+    assert [r["url"] for r in results] == [
+        "https://docs.python.org/3/library/asyncio-task.html",
+        "https://stackoverflow.com/questions/28609534/python-asyncio-force-timeout?tab=votes&page=1",
+        "https://superfastpython.com/asyncio-timeout/",
+        "https://例え.jp/パス?q=ü",
+    ]
+    assert [r["title"] for r in results] == [
+        "Coroutines and Tasks \u2014 Python 3.13.1 documentation",
+        "Python asyncio force timeout - Stack Overflow",
+        "Asyncio Timeout Best Practices - Super Fast Python",
+        "非同期タイムアウトの解説 & サンプル",
+    ]
+    assert not any("Learn Python Fast" in r["title"] or "aclick" in r["url"] for r in results)
+    assert results[0]["snippet"].startswith("This section outlines high-level asyncio APIs")
+    assert "WEB" not in results[0]["snippet"]         # the algoSlug icon is not snippet text
+    assert results[1]["published"] == "Feb 19, 2015"
+    assert results[2]["published"] == "Jan 14, 2024"
+    assert results[2]["snippet"].startswith("You can wait for an asyncio task")
+
+
+def test_parse_ddg_html_keeps_web_results_decoded_and_drops_ad_and_abstract(ring):
+    results = ring.parse_ddg_html(FIXTURES["duckduckgo_html/html_success.html"]["body"])
+    assert [r["url"] for r in results] == [
+        "https://docs.python.org/3/library/asyncio-task.html",
+        "https://stackoverflow.com/questions/28609534/python-asyncio-force-timeout?tab=votes&page=1",
+        "https://superfastpython.com/asyncio-timeout/",
+        "https://ja.wikipedia.org/wiki/非同期I/O",
+    ]
+    assert results[0]["title"] == "Coroutines and Tasks \u2014 Python 3.13.1 documentation"
+    assert results[1]["title"] == "Python asyncio force timeout - Stack Overflow"
+    assert results[3]["title"] == "非同期I/O - Wikipedia"
+    assert not any("y.js" in r["url"] or "en.wikipedia.org" in r["url"] for r in results)
+    assert results[2]["published"] == "Jan 14, 2024"
+    assert results[2]["snippet"].startswith("You can wait for an asyncio task")
+    assert results[3]["snippet"] == "非同期I/O (asynchronous I/O) とは & ..."
+
+
+def _i2_exa_text(ring, fixture):
+    [event] = list(ring.iter_sse_events(FIXTURES[fixture]["body"]))
+    return json.loads(event)["result"]["content"][0]["text"]
+
+
+def test_parse_exa_text_reads_the_current_format(ring):
+    results = ring.parse_exa_text(_i2_exa_text(ring, "exa/mcp_stream_ok.sse"))
+    assert [r["url"] for r in results] == [
+        "https://www.sqlite.org/wal.html", "https://fly.io/blog/sqlite-internals-wal/",
+        "https://news.ycombinator.com/item?id=41832547"]
+    assert [r["title"] for r in results] == ["Write-Ahead Logging", "SQLite Internals: WAL", ""]
+    assert [r["published"] for r in results] == [
+        "2025-06-02T00:00:00.000Z", "2022-09-21T00:00:00.000Z", None]
+    assert results[0]["snippet"].startswith("The default method by which SQLite")
+    assert results[0]["snippet"].endswith("readers do not block writers.")   # both highlight lines
+    assert results[2]["snippet"] == ("WAL mode plus synchronous=NORMAL is the sweet spot for most "
+                                     "apps; checkpoint starvation is the gotcha to watch for.")
+
+
+def test_parse_exa_text_uses_the_text_fallback_and_keeps_blocks_without_body(ring):
+    results = ring.parse_exa_text(_i2_exa_text(ring, "exa/mcp_stream_text_fallback.sse"))
+    assert [r["url"] for r in results] == ["https://www.sqlite.org/pragma.html",
+                                          "https://example.org/notes/wal"]
+    assert results[0]["snippet"] == (
+        "PRAGMA schema.journal_mode = DELETE | TRUNCATE | PERSIST | MEMORY | WAL | OFF")
+    assert results[0]["published"] is None
+    assert (results[1]["title"], results[1]["snippet"]) == ("WAL mode notes", "")
+    assert results[1]["published"] == "2026-01-15T00:00:00.000Z"
+
+
+def test_parse_exa_text_skips_the_legacy_search_time_header(ring):
+    text = _i2_exa_text(ring, "exa/mcp_stream_legacy_search_time.sse")
+    assert text.startswith("Search Time: 388ms")
+    results = ring.parse_exa_text(text)
+    assert [r["title"] for r in results] == ["Write-Ahead Logging", "SQLite Internals: WAL"]
+    assert not any("Search Time" in r["title"] + r["snippet"] for r in results)
+
+
+def test_iter_sse_events_yields_nothing_from_a_truncated_stream(ring):
+    assert list(ring.iter_sse_events(FIXTURES["exa/mcp_stream_truncated.sse"]["body"])) == []
+    [complete] = list(ring.iter_sse_events(FIXTURES["exa/mcp_stream_ok.sse"]["body"]))
+    assert json.loads(complete)["id"] == 1
+    crlf = "event: message\r\ndata: {\"a\":1}\r\n\r\ndata: {\"b\""
+    assert list(ring.iter_sse_events(crlf)) == ['{"a":1}']
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2132,6 +2673,110 @@ def test_all_vendors_failing_is_an_error_result_listing_every_attempt(
     assert (content["status"], content["error"]) == ("error", "all_vendors_failed")
     outcomes = {a["vendor"]: a["outcome"] for a in content["attempts"]}
     assert outcomes == {"tavily": "http_error", "bing": "blocked"}
+
+
+# One FakeUpstream serves all four keyless vendors on their real paths.
+_I2_ROUTES = {
+    "exa": ("POST", "/mcp"),
+    "tavily": ("POST", "/search"),
+    "bing": ("GET", "/search"),
+    "duckduckgo": ("POST", "/html/"),
+}
+_I2_SUCCESS = {
+    "exa": "exa/mcp_stream_ok.sse",
+    "tavily": "tavily/search_success.json",
+    "bing": "bing_html/success.html",
+    "duckduckgo": "duckduckgo_html/html_success.html",
+}
+
+
+def _i2_all_vendors_env(fake, vendors="exa,tavily,bing,duckduckgo", **extra):
+    """Every keyless vendor pointed at `fake`; `vendors` is the ring order."""
+    return {"WEBSEARCH_VENDORS": vendors, "WEBSEARCH_EXA_MCP_URL": fake.url + "/mcp",
+            "WEBSEARCH_TAVILY_URL": fake.url, "WEBSEARCH_BING_URL": fake.url,
+            "WEBSEARCH_DUCKDUCKGO_URL": fake.url, **extra}
+
+
+@pytest.mark.parametrize("failing, spec, extra_env, outcome, code, http_status", [
+    pytest.param("tavily", "tavily/rate_limited.json", {}, "rate_limited", "rate_limited", 429,
+                 id="429-with-retry-after"),
+    pytest.param("exa", "exa/mcp_internal_error.json", {}, "http_error", "server_error", 500,
+                 id="500"),
+    pytest.param("bing", {"fixture": "bing_html/success.html", "delay_s": 2.0},
+                 {"WEBSEARCH_TIMEOUT_MS": "300"}, "timeout", "timeout", None, id="timeout"),
+    pytest.param("duckduckgo", "refused", {}, "network_error", "connection_error", None,
+                 id="connection-refused"),
+    pytest.param("exa", "exa/mcp_stream_free_tier_tool_429.sse", {}, "rate_limited",
+                 "free_tier_rate_limit", 200, id="200-rate-limit-prose"),
+    pytest.param("bing", "bing_html/captcha.html", {}, "blocked", "captcha", 200, id="captcha"),
+    pytest.param("tavily", {"fixture": "tavily/search_success.json", "truncate": True}, {},
+                 "bad_response", "truncated_body", None, id="truncated-body"),
+    pytest.param("tavily", {"fixture": "tavily/search_success.json", "size": 6_000_000}, {},
+                 "bad_response", "body_too_large", None, id="body-over-5mb"),
+    pytest.param("duckduckgo", "duckduckgo_html/html_anomaly.html", {}, "blocked", "anomaly", 202,
+                 id="ddg-anomaly-202"),
+    pytest.param("duckduckgo", {"fixture": "duckduckgo_html/html_anomaly.html", "status": 200}, {},
+                 "blocked", "anomaly", 200, id="ddg-anomaly-200"),
+])
+def test_failing_vendor_is_recorded_with_its_outcome_and_the_ring_fails_over(
+        start_server, fake_upstream, failing, spec, extra_env, outcome, code, http_status):
+    fallback = "duckduckgo" if failing == "tavily" else "tavily"
+    fake_upstream.route(*_I2_ROUTES[fallback], _I2_SUCCESS[fallback])
+    env = _i2_all_vendors_env(fake_upstream, "%s,%s" % (failing, fallback), **extra_env)
+    if spec == "refused":
+        env["WEBSEARCH_%s_URL" % failing.upper()] = closed_url()
+    else:
+        fake_upstream.route(*_I2_ROUTES[failing], spec)
+    server = start_server(env)
+    server.initialize()
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    content = structured(response)
+    assert tool_result(response)["isError"] is False
+    assert (content["status"], content["vendor"]) == ("success", fallback)
+    first, second = content["attempts"]
+    assert (first["vendor"], first["outcome"], first["code"], first["http_status"]) == (
+        failing, outcome, code, http_status)
+    assert (second["vendor"], second["outcome"]) == (fallback, "success")
+    if code == "rate_limited":
+        assert first["retry_after_s"] == 30.0          # the fixture's Retry-After: 30
+    if outcome == "timeout":
+        assert first["elapsed_ms"] < 1500              # cut at ~300 ms, not the 2 s delay
+    assert "%s failed first (%s" % (failing, outcome) in result_text(response)
+
+
+def test_all_four_vendors_failing_differently_is_an_error_and_is_not_cached(
+        start_server, fake_upstream):
+    fake_upstream.route("POST", "/mcp", "exa/mcp_stream_free_tier_tool_429.sse")
+    fake_upstream.route("POST", "/search", ["tavily/server_error.json",
+                                            "tavily/search_success.json"])
+    fake_upstream.route("GET", "/search", "bing_html/captcha.html")
+    fake_upstream.route("POST", "/html/", {"close": True})
+    server = start_server(_i2_all_vendors_env(fake_upstream))
+    server.initialize()
+    query = {"query": "python asyncio timeout"}
+    response = server.call_tool("web_search", query)
+    content = structured(response)
+    assert tool_result(response)["isError"] is True
+    assert (content["status"], content["error"]) == ("error", "all_vendors_failed")
+    assert content["results"] == [] and content["session_id"] is None
+    assert [(a["vendor"], a["outcome"], a["code"]) for a in content["attempts"]] == [
+        ("exa", "rate_limited", "free_tier_rate_limit"),
+        ("tavily", "http_error", "server_error"),
+        ("bing", "blocked", "captcha"),
+        ("duckduckgo", "network_error", "connection_error"),
+    ]
+    assert content["error_detail"]["retryable"] is True
+    text = result_text(response)
+    assert text.startswith("Search failed for")
+    assert all("- %s: " % name in text for name in ("exa", "tavily", "bing", "duckduckgo"))
+
+    again = structured(server.call_tool("web_search", query))
+    assert again["cached"] is False                    # failures are never cached
+    assert (again["status"], again["vendor"]) == ("success", "tavily")
+    assert fake_upstream.hits("POST", "/search") == 2
+    outcomes = {a["vendor"]: a["outcome"] for a in again["attempts"]}
+    assert outcomes["exa"] == "skipped_cooldown"       # rate limited a moment ago
+    assert outcomes["tavily"] == "success"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2176,6 +2821,153 @@ def test_get_sources_for_an_unknown_session_is_an_error_result(session):
     response = session.call_tool("get_sources", {"session_id": "no-such-session"})
     assert tool_result(response)["isError"] is True
     assert structured(response)["error"] == "session_id_not_found_or_expired"
+
+
+@pytest.fixture
+def _i2_tavily_session(start_server, fake_upstream):
+    """A server whose ring is tavily on a FakeUpstream answering search_success.json."""
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = start_server(tavily_env(fake_upstream))
+    server.initialize()
+    return server, fake_upstream
+
+
+def _i2_issues(response):
+    content = structured(response)
+    assert tool_result(response)["isError"] is True
+    assert (content["status"], content["error"]) == ("error", "invalid_arguments")
+    return {issue["path"]: issue for issue in content["validation"]["issues"]}
+
+
+@pytest.mark.parametrize("query, code", [
+    pytest.param("", "empty", id="empty"),
+    pytest.param("  \t\n  ", "empty", id="whitespace"),
+    pytest.param("q" * 1001, "too_long", id="1001-chars"),
+])
+def test_web_search_rejects_a_bad_query_without_asking_upstream(_i2_tavily_session, query, code):
+    server, fake = _i2_tavily_session
+    issues = _i2_issues(server.call_tool("web_search", {"query": query}))
+    assert set(issues) == {"/query"}
+    assert issues["/query"]["code"] == code
+    assert issues["/query"]["suggestion"]
+    assert fake.hits("POST", "/search") == 0
+
+
+def test_web_search_accepts_a_query_of_exactly_1000_chars(_i2_tavily_session):
+    server, fake = _i2_tavily_session
+    content = structured(server.call_tool("web_search", {"query": "q" * 1000}))
+    assert content["status"] == "success"
+    assert fake.requests_to("POST", "/search")[0].json()["query"] == "q" * 1000
+
+
+def test_web_search_numresults_as_a_string_is_an_issue_suggesting_the_number(_i2_tavily_session):
+    server, fake = _i2_tavily_session
+    issues = _i2_issues(server.call_tool("web_search", {"query": "python", "numResults": "8"}))
+    assert set(issues) == {"/numResults"}
+    assert issues["/numResults"]["code"] == "type"
+    assert "8" in issues["/numResults"]["suggestion"]
+    assert fake.hits("POST", "/search") == 0
+
+
+@pytest.mark.parametrize("received, used, reason_word", [
+    pytest.param(1.5, 1, "truncat", id="fraction-truncated"),
+    pytest.param(0, 1, "clamp", id="zero-clamped"),
+    pytest.param(99, 20, "clamp", id="99-clamped"),
+    pytest.param(None, 8, "default", id="null-default"),
+])
+def test_web_search_adjusts_numresults_reports_it_and_still_searches(
+        _i2_tavily_session, received, used, reason_word):
+    server, fake = _i2_tavily_session
+    response = server.call_tool("web_search", {"query": "python", "numResults": received})
+    content = structured(response)
+    assert tool_result(response)["isError"] is False
+    assert content["status"] == "success"
+    [adjustment] = content["adjustments"]
+    assert (adjustment["path"], adjustment["received"], adjustment["used"]) == (
+        "/numResults", received, used)
+    assert reason_word in adjustment["reason"]
+    assert fake.requests_to("POST", "/search")[0].json()["max_results"] == used
+    assert len(content["results"]) == min(used, 3)     # the fixture has 3 results
+    assert "numResults %s -> %d" % (json.dumps(received), used) in result_text(response)
+
+
+def test_web_search_unknown_argument_gets_a_did_you_mean(_i2_tavily_session):
+    server, fake = _i2_tavily_session
+    issues = _i2_issues(server.call_tool("web_search", {"query": "python", "numresult": 5}))
+    assert set(issues) == {"/numresult"}
+    assert issues["/numresult"]["code"] == "unknown_argument"
+    assert "numResults" in issues["/numresult"]["suggestion"]
+    assert "did you mean" in issues["/numresult"]["suggestion"]
+    assert fake.hits("POST", "/search") == 0
+
+
+def test_tools_call_with_string_arguments_is_invalid_params(_i2_tavily_session):
+    server, fake = _i2_tavily_session
+    response = server.request("tools/call", {"name": "web_search", "arguments": "python"})
+    assert response["error"]["code"] == INVALID_PARAMS
+    assert "object" in response["error"]["message"]
+    assert fake.hits("POST", "/search") == 0
+
+
+def test_tools_call_of_an_unknown_tool_names_the_available_ones(_i2_tavily_session):
+    server, _ = _i2_tavily_session
+    response = server.call_tool("web_serach", {"query": "python"})
+    assert response["error"]["code"] == INVALID_PARAMS
+    assert "web_serach" in response["error"]["message"]
+    assert {"web_search", "get_sources"} <= set(response["error"]["data"]["available"])
+
+
+def _i2_inprocess_server(ring, fake, clock):
+    """websearch_ring.Server in-process on a fake clock, tavily served by `fake`, quiet logs."""
+    import io
+    config = ring.Config.from_env({"WEBSEARCH_VENDORS": "tavily", "WEBSEARCH_TAVILY_URL": fake.url,
+                                   "NO_PROXY": "*"})
+    assert config.problems == ()
+    logger = ring.Logger("critical", stream=io.StringIO())
+    return ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=logger, clock=clock)
+
+
+def _i2_call(ring):
+    return ring.Call(ring.CancelToken())
+
+
+def test_get_sources_session_expires_after_one_hour(ring, fake_clock, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = _i2_inprocess_server(ring, fake_upstream, fake_clock)
+    tools = server.search_tools
+    search, _, is_error = tools.web_search({"query": "python asyncio timeout"}, _i2_call(ring))
+    assert not is_error and search["session_id"]
+    sid = search["session_id"]
+    fake_clock.advance(3599.0)
+    found, _, is_error = tools.get_sources({"session_id": sid}, _i2_call(ring))
+    assert not is_error and found["sources_count"] == 3
+    fake_clock.advance(1.0)                            # one hour after the search
+    gone, text, is_error = tools.get_sources({"session_id": sid}, _i2_call(ring))
+    assert is_error is True
+    assert (gone["status"], gone["error"]) == ("error", "session_id_not_found_or_expired")
+    assert gone["sources"] == [] and gone["sources_count"] == 0
+    assert sid in text
+
+
+def test_get_sources_keeps_at_most_256_sessions_evicting_the_oldest(
+        ring, fake_clock, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = _i2_inprocess_server(ring, fake_upstream, fake_clock)
+    tools = server.search_tools
+    sids = []
+    for _ in range(257):  # the first asks upstream, the rest are cache hits: each a new session
+        search, _, is_error = tools.web_search({"query": "python asyncio timeout"}, _i2_call(ring))
+        assert not is_error
+        sids.append(search["session_id"])
+        fake_clock.advance(1.0)
+    assert len(set(sids)) == 257
+    assert fake_upstream.hits("POST", "/search") == 1
+    assert len(server.sessions) == 256
+    oldest, _, is_error = tools.get_sources({"session_id": sids[0]}, _i2_call(ring))
+    assert is_error and oldest["error"] == "session_id_not_found_or_expired"
+    for sid in (sids[1], sids[-1]):
+        kept, _, is_error = tools.get_sources({"session_id": sid}, _i2_call(ring))
+        assert not is_error and kept["sources_count"] == 3
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2355,6 +3147,132 @@ def test_stdin_eof_lets_the_call_in_flight_answer_then_exits_zero(start_server, 
     response = server.wait_response(call)
     assert structured(response)["vendor"] == "tavily"
     assert server.wait_exit() == 0
+
+
+def _i2_exa_fails_tavily_answers(start_server, fake_upstream):
+    fake_upstream.route("POST", "/mcp", "exa/mcp_internal_error.json")
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = start_server(_i2_all_vendors_env(fake_upstream, "exa,tavily"))
+    server.initialize()
+    return server
+
+
+def test_progress_token_gets_rising_progress_notifications_before_the_response(
+        start_server, fake_upstream):
+    server = _i2_exa_fails_tavily_answers(start_server, fake_upstream)
+    call = server.start_call_tool("web_search", {"query": "python asyncio timeout"},
+                                  meta={"progressToken": "tok-1"})
+    response = server.wait_response(call)
+    assert structured(response)["vendor"] == "tavily"
+    progress = [(i, m) for i, m in enumerate(server.messages)
+                if isinstance(m, dict) and m.get("method") == "notifications/progress"]
+    assert len(progress) == 2, progress
+    values = [m["params"]["progress"] for _, m in progress]
+    assert values == sorted(values) and len(set(values)) == len(values)
+    assert all(m["params"]["progressToken"] == "tok-1" for _, m in progress)
+    assert all(m["params"].get("total") == 2 for _, m in progress)
+    assert values[-1] == 2
+    assert "exa" in progress[0][1]["params"]["message"]
+    answered_at = next(i for i, m in enumerate(server.messages)
+                       if isinstance(m, dict) and m.get("id") == call and "result" in m)
+    assert all(i < answered_at for i, _ in progress)
+
+
+def test_call_without_progress_token_gets_no_progress(start_server, fake_upstream):
+    server = _i2_exa_fails_tavily_answers(start_server, fake_upstream)
+    assert structured(server.call_tool("web_search", {"query": "x"}))["vendor"] == "tavily"
+    assert not [n for n in server.notifications if n["method"] == "notifications/progress"]
+
+
+def test_log_messages_are_sent_only_after_logging_set_level(start_server, fake_upstream):
+    server = _i2_exa_fails_tavily_answers(start_server, fake_upstream)
+    assert structured(server.call_tool("web_search", {"query": "first"}))["vendor"] == "tavily"
+    server.wait_stderr("exa failed")                   # there was something to forward
+    assert not [n for n in server.notifications if n["method"] == "notifications/message"]
+    assert server.request("logging/setLevel", {"level": "info"})["result"] == {}
+    assert structured(server.call_tool("web_search", {"query": "second"}))["vendor"] == "tavily"
+    note = server.wait_notification("notifications/message",
+                                    predicate=lambda n: "exa failed" in n["params"]["data"])
+    assert note["params"]["level"] == "info"
+    messages = [n["params"] for n in server.notifications if n["method"] == "notifications/message"]
+    assert all(isinstance(p["data"], str) and p["data"] for p in messages)
+    assert all(p["level"] != "debug" for p in messages)
+
+
+def test_logging_set_level_rejects_an_unknown_level(session):
+    response = session.request("logging/setLevel", {"level": "verbose"})
+    assert response["error"]["code"] == INVALID_PARAMS
+
+
+_I2_MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+              "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+def test_server_discover_answers_before_initialize_with_and_without_meta(start_server):
+    server = start_server()
+    for params in ({}, {"_meta": dict(_I2_MODERN)}):
+        result = server.request("server/discover", params)["result"]
+        assert result["resultType"] == "complete", params
+        assert "2026-07-28" in result["supportedVersions"]
+        assert set(KNOWN_PROTOCOLS) <= set(result["supportedVersions"])
+        assert "tools" in result["capabilities"]
+        assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "websearch-ring"
+
+
+def test_modern_tools_list_carries_result_type_ttl_and_cache_scope(start_server):
+    server = start_server()
+    result = server.request("tools/list", {"_meta": dict(_I2_MODERN)})["result"]
+    assert result["resultType"] == "complete"
+    assert isinstance(result["ttlMs"], int) and result["ttlMs"] > 0
+    assert isinstance(result["cacheScope"], str) and result["cacheScope"]
+    assert {"web_search", "get_sources"} <= {t["name"] for t in result["tools"]}
+    legacy = server.request("tools/list")["result"]
+    assert "resultType" not in legacy and "ttlMs" not in legacy
+
+
+def test_unsupported_meta_version_is_error_32022_with_supported_and_requested(start_server):
+    server = start_server()
+    meta = dict(_I2_MODERN, **{"io.modelcontextprotocol/protocolVersion": "2099-01-01"})
+    error = server.request("tools/list", {"_meta": meta})["error"]
+    assert error["code"] == -32022
+    assert error["data"]["requested"] == "2099-01-01"
+    assert "2026-07-28" in error["data"]["supported"]
+
+
+def test_modern_meta_without_client_capabilities_is_invalid_params(start_server):
+    server = start_server()
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    assert server.request("tools/list", {"_meta": meta})["error"]["code"] == INVALID_PARAMS
+    assert server.request("ping")["result"] == {}
+
+
+def test_modern_tools_call_works_without_initialize_and_carries_result_type(
+        start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = start_server(tavily_env(fake_upstream))
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"},
+                                meta=dict(_I2_MODERN))
+    result = tool_result(response)
+    assert result["resultType"] == "complete"
+    assert result["isError"] is False
+    assert structured(response)["vendor"] == "tavily"
+    assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "websearch-ring"
+
+
+def test_stdin_eof_with_several_calls_in_flight_answers_all_then_exits_zero(
+        start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", {"fixture": "tavily/search_success.json",
+                                            "delay_s": 0.3})
+    server = start_server(tavily_env(fake_upstream))
+    server.initialize()
+    calls = [server.start_call_tool("web_search", {"query": "query %d" % n}) for n in range(4)]
+    fake_upstream.wait_for_requests(4, path="/search")
+    server.close_stdin()
+    for call in calls:
+        content = structured(server.wait_response(call))
+        assert (content["status"], content["vendor"]) == ("success", "tavily")
+    assert server.wait_exit() == 0
+    assert fake_upstream.hits("POST", "/search") == 4
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1449,6 +1449,9 @@ class Transport:
                 sock.settimeout(remaining)
                 chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
                 if not chunk:
+                    if resp.length:   # read1() ends quietly when the peer closes before Content-Length
+                        raise TransportError("truncated", "connection closed with %d of the body's bytes "
+                                                          "missing" % resp.length)
                     break
                 total += len(chunk)
                 if total > max_bytes:
@@ -1579,6 +1582,9 @@ class HttpStream:
                 self._sock.settimeout(wait)
                 chunk = self._resp.read1(65536)
                 if not chunk:
+                    if self._resp.length:
+                        raise TransportError("truncated", "the connection closed with %d bytes of the body "
+                                                          "missing" % self._resp.length)
                     self.complete = True
                     return
                 self.received += len(chunk)
