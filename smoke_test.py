@@ -6,11 +6,15 @@ child process, newline-delimited JSON-RPC 2.0 over binary stdin/stdout pipes.
 
 Usage:
   python smoke_test.py --offline   protocol checks against a loopback fake Tavily (no network)
-  python smoke_test.py --bench     the performance figures of DESIGN section 10 (no network)
+  python smoke_test.py --bench     the performance figures of DESIGN section 10, fan-out, web_fetch
+                                   and web_answer (no network; about two minutes, one of them a
+                                   60 s answer that measures progress notifications)
   python smoke_test.py "query"     one real web_search with the default configuration
 
 Contents:
-  constants and small helpers;  FakeTavily (loopback upstream);  RpcClient (JSON-RPC over pipes);
+  constants and small helpers;  fake upstreams on 127.0.0.1 (FakeUpstream routes requests; FakeTavily;
+  for --bench FakeEngines: tavily, bing, duckduckgo and exa with overlapping results, FakeSite: a
+  generated ~100 KB article, FakeChat: a streaming chat endpoint);  RpcClient (JSON-RPC over pipes);
   process probes (RSS, CPU);  offline checks;  benchmarks;  real query;  main.
 
 --offline prints one line per check (``ok  name`` / ``FAIL name: detail``), then ``N passed, M failed``,
@@ -19,7 +23,9 @@ child process is killed in a ``finally`` (and by a watchdog if a phase overruns)
 """
 
 import argparse
+import base64
 import collections
+import contextlib
 import hashlib
 import json
 import math
@@ -31,7 +37,9 @@ import subprocess
 import sys
 import threading
 import time
+from html import escape as html_escape
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, quote
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SERVER_PATH = os.path.join(HERE, "websearch_ring.py")
@@ -90,7 +98,7 @@ def offline_env(fake_url, **overrides):
 
 
 # ----------------------------------------------------------------------------------------------
-# FakeTavily: a loopback upstream speaking Tavily's POST /search wire format
+# Fake upstreams: loopback HTTP servers speaking each upstream's real wire format
 # ----------------------------------------------------------------------------------------------
 
 class _QuietHTTPServer(ThreadingHTTPServer):
@@ -104,11 +112,16 @@ class _QuietHTTPServer(ThreadingHTTPServer):
         pass
 
 
-class _TavilyHandler(BaseHTTPRequestHandler):
-    """POST /search with a JSON body -> 200 application/json, like api.tavily.com."""
+class _FakeHandler(BaseHTTPRequestHandler):
+    """One exchange with a fake: routed by method and path to the fake's handler.
+
+    The handler reads ``body``, ``query`` (parsed query string) and ``headers``, and answers with
+    :meth:`reply` (one body with Content-Length, kept alive) or :meth:`stream` (pieces as they are
+    produced, the body ending when the connection closes, like a server-sent event stream).
+    """
 
     protocol_version = "HTTP/1.1"  # keep-alive when the client wants it
-    server_version = "FakeTavily/1.0"
+    server_version = "FakeUpstream/1.0"
     # Headers and body go out in separate writes; without TCP_NODELAY, Nagle's
     # algorithm and the client's delayed ACK stall every kept-alive answer ~40 ms
     # (real API front ends disable Nagle too).
@@ -117,66 +130,91 @@ class _TavilyHandler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 (signature fixed by the base class)
         pass
 
+    def do_GET(self):
+        self._dispatch("GET")
+
     def do_POST(self):
-        fake = self.server.fake
+        self._dispatch("POST")
+
+    def _dispatch(self, method):
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             length = 0
-        raw = self.rfile.read(length) if 0 < length <= (1 << 20) else b""
-        if self.path.split("?", 1)[0].rstrip("/") != "/search":
-            self._send(404, {"detail": {"error": "Not Found"}})
-            return
-        try:
-            body = json.loads(raw.decode("utf-8"))
-            query = body["query"]
-            if not isinstance(query, str):
-                raise TypeError("query is not a string")
-        except (ValueError, KeyError, TypeError):
-            self._send(400, {"detail": {"error": "400 Bad Request"}})
-            return
-        fake.enter(query, dict(self.headers.items()))
-        try:
-            delay_s = fake.slow_s if "slow" in query else fake.latency_s
-            if delay_s > 0:
-                fake.stopping.wait(delay_s)  # wakes early when the fake stops
-            self._send(200, fake.build_response(query, body.get("max_results")))
-        finally:
-            fake.leave()
+        self.body = self.rfile.read(length) if 0 < length <= (1 << 20) else b""
+        path, _, query = self.path.partition("?")
+        self.route_path = path
+        self.query = parse_qs(query)
+        handler = self.server.fake.handler_for(method, path)
+        if handler is None:
+            self.reply_json(404, {"detail": {"error": "Not Found"}})
+        else:
+            handler(self)
 
-    def _send(self, status, obj):
-        data = json.dumps(obj).encode("utf-8")
+    def reply(self, status, content_type, data):
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
         except OSError:  # the server aborted the request (cancellation): nothing to tell
             self.close_connection = True
 
+    def reply_json(self, status, obj):
+        self.reply(status, "application/json", json.dumps(obj).encode("utf-8"))
 
-class FakeTavily:
-    """Loopback stand-in for api.tavily.com.
+    def stream(self, content_type, pieces):
+        """Send 200 and each piece of the iterable as it comes; False if the client hung up."""
+        self.close_connection = True
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for piece in pieces:
+                self.wfile.write(piece)
+        except OSError:  # a client may stop reading once it has the end marker
+            return False
+        return True
 
-    Results depend on the query, so distinct queries give distinct results. ``hits`` counts
-    requests per query; ``latency_s`` delays every answer; a query containing "slow" sleeps
-    ``slow_s`` instead (bounded, and cut short by ``stop()``) so cancellation can be tested.
+
+class FakeUpstream:
+    """A loopback HTTP server whose subclasses register routes; counts requests and concurrency.
+
+    ``hits`` counts requests per key (a query, a path, a question: the subclass chooses);
+    ``latency_s`` delays answers (each route decides where); ``stop()`` cuts every delay short.
     """
 
-    def __init__(self, *, latency_s=0.0, slow_s=SLOW_QUERY_S):
+    name = "fake-upstream"
+
+    def __init__(self, *, latency_s=0.0):
         self.latency_s = latency_s
-        self.slow_s = slow_s
         self.stopping = threading.Event()
         self._lock = threading.Lock()  # guards hits, last_headers, active, max_active
         self.hits = collections.Counter()
         self.last_headers = {}
         self.active = 0
         self.max_active = 0
-        self._httpd = _QuietHTTPServer(("127.0.0.1", 0), _TavilyHandler)
+        self._routes = {}    # (method, path without trailing slash) -> handler(request)
+        self._prefixes = []  # (method, path prefix, handler(request))
+        self._httpd = _QuietHTTPServer(("127.0.0.1", 0), _FakeHandler)
         self._httpd.fake = self
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fake-tavily", daemon=True)
+                                        name=self.name, daemon=True)
+
+    def add_route(self, method, path, handler, *, prefix=False):
+        if prefix:
+            self._prefixes.append((method, path, handler))
+        else:
+            self._routes[(method, path.rstrip("/") or "/")] = handler
+
+    def handler_for(self, method, path):
+        handler = self._routes.get((method, path.rstrip("/") or "/"))
+        if handler is None:
+            handler = next((h for m, p, h in self._prefixes if m == method and path.startswith(p)), None)
+        return handler
 
     @property
     def url(self):
@@ -193,20 +231,28 @@ class FakeTavily:
         self._httpd.server_close()
         self._thread.join(timeout=5)
 
-    def enter(self, query, headers):
+    def pause(self, seconds):
+        """Sleep up to `seconds`; ends at once when the fake stops."""
+        if seconds > 0:
+            self.stopping.wait(seconds)
+
+    @contextlib.contextmanager
+    def visit(self, key, request):
+        """Count one request under `key` and hold it as active while the body runs."""
         with self._lock:
-            self.hits[query] += 1
-            self.last_headers = headers
+            self.hits[key] += 1
+            self.last_headers = dict(request.headers.items())
             self.active += 1
             self.max_active = max(self.max_active, self.active)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.active -= 1
 
-    def leave(self):
+    def hits_for(self, key):
         with self._lock:
-            self.active -= 1
-
-    def hits_for(self, query):
-        with self._lock:
-            return self.hits[query]
+            return self.hits[key]
 
     def total_hits(self):
         with self._lock:
@@ -216,14 +262,59 @@ class FakeTavily:
         with self._lock:
             self.max_active = self.active
 
-    def wait_for_hit(self, query, timeout_s):
-        """True once the upstream has seen `query` (bounded poll)."""
+    def wait_for_hit(self, key, timeout_s):
+        """True once the upstream has seen `key` (bounded poll)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.hits_for(query):
+            if self.hits_for(key):
                 return True
             time.sleep(0.01)
         return False
+
+
+def _tavily_query(request):
+    """(query, max_results) of a Tavily /search body, or (None, None) when it is malformed."""
+    try:
+        body = json.loads(request.body.decode("utf-8"))
+        query = body["query"]
+        if not isinstance(query, str):
+            raise TypeError("query is not a string")
+    except (ValueError, KeyError, TypeError):
+        return None, None
+    return query, body.get("max_results")
+
+
+def _tavily_body(query, results):
+    """Tavily's /search answer for results given as (title, url, content, score)."""
+    return {"query": query, "follow_up_questions": None, "answer": None, "images": [],
+            "results": [{"title": title, "url": url, "content": content, "score": score, "raw_content": None}
+                        for title, url, content, score in results],
+            "response_time": 0.1}
+
+
+class FakeTavily(FakeUpstream):
+    """Loopback stand-in for api.tavily.com (POST /search), counting requests per query.
+
+    Results depend on the query, so distinct queries give distinct results. ``latency_s`` delays
+    every answer; a query containing "slow" sleeps ``slow_s`` instead (bounded, and cut short by
+    ``stop()``) so cancellation can be tested.
+    """
+
+    name = "fake-tavily"
+
+    def __init__(self, *, latency_s=0.0, slow_s=SLOW_QUERY_S):
+        super().__init__(latency_s=latency_s)
+        self.slow_s = slow_s
+        self.add_route("POST", "/search", self._search)
+
+    def _search(self, request):
+        query, max_results = _tavily_query(request)
+        if query is None:
+            request.reply_json(400, {"detail": {"error": "400 Bad Request"}})
+            return
+        with self.visit(query, request):
+            self.pause(self.slow_s if "slow" in query else self.latency_s)
+            request.reply_json(200, self.build_response(query, max_results))
 
     @staticmethod
     def result_url(query, rank):
@@ -234,15 +325,386 @@ class FakeTavily:
         if isinstance(max_results, bool) or not isinstance(max_results, int):
             max_results = 5  # Tavily's default
         count = max(0, min(20, max_results))
-        results = [{
-            "title": "%s - result %d" % (query, rank),
-            "url": self.result_url(query, rank),
-            "content": "Snippet %d about %s, served by the loopback fake." % (rank, query),
-            "score": round(0.95 - 0.04 * rank, 4),
-            "raw_content": None,
-        } for rank in range(1, count + 1)]
-        return {"query": query, "follow_up_questions": None, "answer": None, "images": [],
-                "results": results, "response_time": 0.1}
+        return _tavily_body(query, [(
+            "%s - result %d" % (query, rank), self.result_url(query, rank),
+            "Snippet %d about %s, served by the loopback fake." % (rank, query), round(0.95 - 0.04 * rank, 4))
+            for rank in range(1, count + 1)])
+
+
+# The fan-out bench's engines, in ring order, and how their 20 results overlap.
+FANOUT_ENGINES = ("tavily", "bing", "duckduckgo", "exa")
+ENGINE_RESULTS = 20
+SHARED_BY_ALL = 5      # URLs every engine returns, each spelling them its own way
+SHARED_WITH_NEXT = 3   # URLs each engine shares with the next one in the ring
+
+
+class FakeEngines(FakeUpstream):
+    """Four search engines on one loopback port, each in its own wire format, all after `latency_s`.
+
+    POST /search: Tavily JSON.  GET /search?q=: Bing's result page (``li.b_algo``, ``/ck/a`` links).
+    POST /html/: DuckDuckGo's HTML page (``div.web-result``, ``uddg`` links).  POST /mcp: Exa's hosted
+    MCP endpoint (a JSON-RPC result in one server-sent event).  Requests are counted per
+    (engine, query); :meth:`results` says what each engine returns for a query.
+    """
+
+    name = "fake-engines"
+
+    def __init__(self, *, latency_s=0.1):
+        super().__init__(latency_s=latency_s)
+        self.add_route("POST", "/search", self._tavily)
+        self.add_route("GET", "/search", self._bing)
+        self.add_route("POST", "/html/", self._duckduckgo)
+        self.add_route("POST", "/mcp", self._exa)
+
+    @staticmethod
+    def pages(engine):
+        """The page ids one engine returns, best first: shared ones, then its own."""
+        index, count = FANOUT_ENGINES.index(engine), len(FANOUT_ENGINES)
+        shared = ["all-%d" % k for k in range(SHARED_BY_ALL)]
+        ids = shared[index:] + shared[:index]  # engines rank the common pages differently
+        ids += ["pair%d-%d" % (index, k) for k in range(SHARED_WITH_NEXT)]
+        ids += ["pair%d-%d" % ((index - 1) % count, k) for k in range(SHARED_WITH_NEXT)]
+        return ids + ["own%d-%d" % (index, k) for k in range(ENGINE_RESULTS - len(ids))]
+
+    @classmethod
+    def results(cls, engine, query):
+        """ENGINE_RESULTS (title, url, snippet) of one engine for a query.
+
+        A shared page's URL differs between engines only in what URL normalisation removes:
+        ``www.`` and a trailing slash (bing), ``utm_*`` parameters (duckduckgo), a text fragment (exa).
+        """
+        index = FANOUT_ENGINES.index(engine)
+        tag = hashlib.sha1(query.encode("utf-8")).hexdigest()[:8]
+        out = []
+        for rank, page in enumerate(cls.pages(engine), 1):
+            host, path = "%s.site-%s.test" % (page.split("-")[0], tag), "/articles/%s" % page
+            url = "https://%s%s" % (host, path)
+            if not page.startswith("own"):
+                url = (url, "https://www.%s%s/" % (host, path),
+                       "%s?utm_source=%s&utm_medium=organic" % (url, engine),
+                       "%s#:~:text=%s" % (url, quote(query)))[index % 4]
+            out.append(("%s: %s (%s #%d)" % (query, page, engine, rank), url,
+                        "What %s says about %s in result %d: a sentence or two of snippet text." % (
+                            engine, query, rank)))
+        return out
+
+    @classmethod
+    def expected_duplicates(cls):
+        """Results that de-duplication by normalized URL removes from the four lists."""
+        pages = [page for engine in FANOUT_ENGINES for page in cls.pages(engine)]
+        return len(pages) - len(set(pages))
+
+    def _answer(self, engine, query, request, content_type, render):
+        with self.visit((engine, query), request):
+            self.pause(self.latency_s)
+            request.reply(200, content_type, render(self.results(engine, query)).encode("utf-8"))
+
+    def _tavily(self, request):
+        query, _ = _tavily_query(request)
+        if query is None:
+            request.reply_json(400, {"detail": {"error": "400 Bad Request"}})
+            return
+        self._answer("tavily", query, request, "application/json", lambda results: json.dumps(_tavily_body(
+            query, [(t, u, s, round(0.9 - 0.01 * i, 3)) for i, (t, u, s) in enumerate(results)])))
+
+    def _bing(self, request):
+        query = (request.query.get("q") or [""])[0]
+
+        def render(results):
+            items = "".join(
+                '<li class="b_algo" data-bm="%d"><h2><a target="_blank" href="%s" h="ID=SERP,%d.1">%s</a></h2>'
+                '<div class="b_caption"><p class="b_lineclamp3">%s</p></div></li>\n' % (
+                    rank, html_escape(_bing_link(url)), 5000 + rank, html_escape(title), html_escape(snippet))
+                for rank, (title, url, snippet) in enumerate(results, 1))
+            return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>%s - Search</title></head>'
+                    '<body><main aria-label="Search Results"><div id="b_content"><ol id="b_results">\n%s</ol>'
+                    '</div></main></body></html>' % (html_escape(query), items))
+        self._answer("bing", query, request, "text/html; charset=utf-8", render)
+
+    def _duckduckgo(self, request):
+        query = (parse_qs(request.body.decode("utf-8", "replace")).get("q") or [""])[0]
+
+        def render(results):
+            items = "".join(
+                '<div class="result results_links results_links_deep web-result ">'
+                '<div class="links_main links_deep result__body"><h2 class="result__title">'
+                '<a rel="nofollow" class="result__a" href="%s">%s</a></h2>'
+                '<a class="result__snippet" href="%s">%s</a></div></div>\n' % (
+                    html_escape(_ddg_link(url)), html_escape(title), html_escape(_ddg_link(url)),
+                    html_escape(snippet)) for title, url, snippet in results)
+            return ('<!DOCTYPE html><html><head><meta http-equiv="content-type" content="text/html; charset=UTF-8">'
+                    '<title>%s at DuckDuckGo</title></head><body class="body--html"><div class="serp__results">'
+                    '<div id="links" class="results">\n%s</div></div></body></html>' % (html_escape(query), items))
+        self._answer("duckduckgo", query, request, "text/html; charset=utf-8", render)
+
+    def _exa(self, request):
+        try:
+            call = json.loads(request.body.decode("utf-8"))
+            query, rpc_id = call["params"]["arguments"]["query"], call["id"]
+        except (ValueError, KeyError, TypeError):
+            request.reply_json(400, {"jsonrpc": "2.0", "id": None,
+                                     "error": {"code": -32700, "message": "Parse error"}})
+            return
+
+        def render(results):
+            text = "\n\n---\n\n".join("Title: %s\nURL: %s\nPublished: N/A\nAuthor: N/A\nHighlights:\n%s" % r
+                                      for r in results)
+            message = {"jsonrpc": "2.0", "id": rpc_id, "result": {"content": [{"type": "text", "text": text}]}}
+            return "event: message\ndata: %s\n\n" % json.dumps(message)
+        self._answer("exa", query, request, "text/event-stream", render)
+
+
+def _bing_link(url):
+    """Bing's click-tracking form of a result link: /ck/a?...&u=a1<base64url of the target>."""
+    encoded = base64.urlsafe_b64encode(url.encode("utf-8")).decode("ascii").rstrip("=")
+    return "https://www.bing.com/ck/a?!&&p=%s&ptn=3&ver=2&u=a1%s&ntb=1" % (
+        hashlib.sha1(url.encode("utf-8")).hexdigest(), encoded)
+
+
+def _ddg_link(url):
+    """DuckDuckGo's redirect form of a result link: //duckduckgo.com/l/?uddg=<quoted target>."""
+    return "//duckduckgo.com/l/?uddg=%s&rut=%s" % (quote(url, safe=""), hashlib.sha1(url.encode()).hexdigest())
+
+
+ARTICLE_BYTES = 100 * 1024
+_WORDS = ("request deadline retry budget socket upstream cache vendor parser stream token header latency "
+          "backoff jitter proxy failover ranking snippet extractor paragraph cookie timeout session client "
+          "server answer result").split()
+_TOPICS = ("Timeouts that add up", "Retry budgets", "Circuit breakers", "Connection pools", "Caching results",
+           "Coalescing requests", "Parsing streams", "Rate limits", "Proxies and TLS", "Measuring latency")
+_CODE = (
+    ("python", 'def fetch_{n}(url, timeout_s=10.0):\n    """Fetch one page within a deadline."""\n'
+               '    deadline = time.monotonic() + timeout_s\n    for attempt in range(3):\n'
+               '        if time.monotonic() >= deadline:\n            raise TimeoutError("budget {n} spent")\n'
+               '        if attempt < 2 and status in (429, 503):\n            continue\n\n    return {{"ok": True}}'),
+    ("javascript", 'async function fetch{n}(url) {{\n  const ctrl = new AbortController();\n'
+                   '  const timer = setTimeout(() => ctrl.abort(), 10_000);\n'
+                   '  try {{\n    return await fetch(url, {{ signal: ctrl.signal }});\n'
+                   '  }} finally {{\n    clearTimeout(timer);\n  }}\n}}'),
+    ("bash", 'for i in $(seq 1 {n}); do\n  curl -sS --max-time 5 "https://example.test/?page=$i&size=20" \\\n'
+             '    | jq \'.results[] | select(.score > 0.5)\' >> out.json && echo "page $i ok"\ndone'),
+    ("json", '{{\n  "section": {n},\n  "retries": {{"max": 3, "backoff_ms": [100, 200, 400]}},\n'
+             '  "vendors": ["tavily", "bing", "duckduckgo", "exa"],\n  "html": "<b>escaped</b> & kept"\n}}'),
+    ("go", 'func fetch{n}(ctx context.Context, url string) (*http.Response, error) {{\n'
+           '\tctx, cancel := context.WithTimeout(ctx, 10*time.Second)\n\tdefer cancel()\n'
+           '\treq, err := http.NewRequestWithContext(ctx, "GET", url, nil)\n\tif err != nil && n < {n} {{\n'
+           '\t\treturn nil, err\n\t}}\n\treturn http.DefaultClient.Do(req)\n}}'),
+)
+
+
+def _prose(seed, sentences):
+    """Deterministic filler: `sentences` sentences of twelve words."""
+    out = []
+    for s in range(sentences):
+        words = [_WORDS[(seed * 31 + s * 7 + i * i + 3 * i) % len(_WORDS)] for i in range(12)]
+        out.append(" ".join(words).capitalize() + ".")
+    return " ".join(out)
+
+
+def build_article(target_bytes=ARTICLE_BYTES):
+    """A long HTML article inside page chrome, and what its Markdown must keep.
+
+    The chrome: head with style and script, a cookie banner, a site header with navigation,
+    breadcrumbs, a sidebar, a footer. The article: sections with h2 and h3 headings, paragraphs
+    with links and emphasis, figures, nested lists, tables and code blocks, added until the page
+    is `target_bytes` long. Returns ``(html bytes, expected)``: expected maps ``headings``,
+    ``table_rows`` and ``list_items`` to Markdown lines, ``code_blocks`` to fenced blocks.
+    """
+    title = "Designing resilient web clients: a field guide"
+    expected = {"headings": ["# " + title], "table_rows": [], "code_blocks": [], "list_items": []}
+    head = [
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1"><title>%s | Example Engineering</title>'
+        % title,
+        "<style>body{font:16px/1.5 system-ui} .cookie-consent{position:fixed;bottom:0} pre{overflow:auto}</style>",
+        '<script>window.dataLayer=window.dataLayer||[];function gtag(){dataLayer.push(arguments)}</script>',
+        '</head><body><div id="cookie-banner" class="cookie-consent" role="dialog"><p>We use cookies to improve '
+        'your experience. <a href="/privacy">Privacy policy</a></p><button>Accept all</button></div>',
+        '<header class="site-header"><a class="logo" href="/"><img src="/logo.svg" alt="Example Engineering"></a>'
+        '<nav aria-label="Main"><ul><li><a href="/blog">Blog</a></li><li><a href="/docs">Docs</a></li>'
+        '<li><a href="/about">About</a></li></ul></nav></header>',
+        '<nav class="breadcrumbs"><a href="/">Home</a> &rsaquo; <a href="/blog">Blog</a></nav>',
+        '<main id="content"><article class="post"><h1>%s</h1>' % title,
+        '<p class="byline">By Ada Example &middot; <time datetime="2026-03-01">1 March 2026</time></p>',
+    ]
+    tail = [
+        "</article>",
+        '<aside class="sidebar"><h2>Related posts</h2><ul><li><a href="/blog/1">Retries</a></li>'
+        '<li><a href="/blog/2">Timeouts</a></li></ul></aside></main>',
+        '<footer class="site-footer"><p>&copy; 2026 Example Engineering</p><ul><li><a href="/terms">Terms</a></li>'
+        '<li><a href="/privacy">Privacy</a></li></ul></footer>',
+        '<script src="/static/analytics.js" async></script></body></html>',
+    ]
+    body, size, n = [], sum(map(len, head + tail)), 0
+    while size < target_bytes:
+        n += 1
+        section = _article_section(n, expected)
+        body.append(section)
+        size += len(section)
+    return "\n".join(head + body + tail).encode("utf-8"), expected
+
+
+def _article_section(n, expected):
+    """One section of the article (h2, paragraphs, a figure, h3 subsections, a list, a code block,
+    a table every other section); records what its Markdown must keep in `expected`."""
+    topic = _TOPICS[n % len(_TOPICS)]
+    heading = "Part %d: %s" % (n, topic)
+    expected["headings"].append("## " + heading)
+    parts = ['<section id="part-%d"><h2>%s</h2>' % (n, html_escape(heading))]
+    for p in range(3):
+        seed = n * 10 + p
+        parts.append('<p>%s See <a href="/docs/%d-%d">the notes on %s</a>, where <strong>%s</strong> meets '
+                     '<em>%s</em> and <code>timeout_s=%d</code> applies. %s</p>' % (
+                         _prose(seed, 2), n, p, topic.lower(), _WORDS[seed % len(_WORDS)],
+                         _WORDS[(seed + 5) % len(_WORDS)], n + p, _prose(seed + 1, 2)))
+    parts.append('<figure><img src="/images/part-%d.png" alt="Diagram %d: %s" width="640" height="360">'
+                 "<figcaption>Figure %d. How %s behaves under load.</figcaption></figure>" % (
+                     n, n, topic, n, topic.lower()))
+    for k in (1, 2):
+        sub = "Detail %d.%d: %s, case %d" % (n, k, topic, k)
+        expected["headings"].append("### " + sub)
+        parts.append("<h3>%s</h3><p>%s</p>" % (html_escape(sub), _prose(n * 10 + k + 5, 3)))
+    items = ["Keep %s bounded in section %d" % (_WORDS[(n + i) % len(_WORDS)], n) for i in range(4)]
+    steps = ["Step %d of part %d: check the %s" % (i, n, _WORDS[(n * 3 + i) % len(_WORDS)]) for i in (1, 2, 3)]
+    parts.append("<ul>\n  <li>%s</li>\n  <li>%s with <code>retry=%d</code>\n    <ol>%s</ol>\n  </li>\n"
+                 "  <li>%s</li>\n  <li>%s</li>\n</ul>" % (
+                     items[0], items[1], n, "".join("<li>%s</li>" % s for s in steps), items[2], items[3]))
+    expected["list_items"] += ["- " + items[0], "- %s with `retry=%d`" % (items[1], n)]
+    expected["list_items"] += ["%d. %s" % (i, s) for i, s in enumerate(steps, 1)]
+    expected["list_items"] += ["- " + items[2], "- " + items[3]]
+    lang, template = _CODE[n % len(_CODE)]
+    code = template.format(n=n)
+    expected["code_blocks"].append("```%s\n%s\n```" % (lang, code))
+    parts.append('<pre class="highlight"><code class="language-%s">%s\n</code></pre>' % (lang, html_escape(code)))
+    if n % 2:
+        rows = [["Vendor", "Median (ms)", "p95 (ms)", "Errors (%)"]]
+        rows += [[engine, str(80 + (n * 7 + r * 13) % 90), str(200 + (n * 11 + r * 17) % 300),
+                  "%.1f" % ((n + r) % 7 / 2.0)] for r, engine in enumerate(FANOUT_ENGINES + ("brave", "serper"))]
+        expected["table_rows"] += ["| " + " | ".join(row) + " |" for row in rows]
+        parts.append('<div class="table-wrap"><table><thead><tr>%s</tr></thead><tbody>%s</tbody></table></div>' % (
+            "".join("<th>%s</th>" % c for c in rows[0]),
+            "".join("<tr>%s</tr>" % "".join("<td>%s</td>" % c for c in row) for row in rows[1:])))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def article_coverage(markdown, expected):
+    """{kind: [what is missing]} for each kind of piece `expected` lists (see build_article)."""
+    lines = {line.strip() for line in markdown.split("\n")}
+    missing = {kind: [e for e in expected[kind] if e not in lines] for kind in ("headings", "table_rows",
+                                                                                 "list_items")}
+    missing["code_blocks"] = [c for c in expected["code_blocks"] if c not in markdown]
+    return missing
+
+
+class FakeSite(FakeUpstream):
+    """A web site for web_fetch: GET /article/<anything> serves the same ~100 KB article.
+
+    Requests are counted per path, so each path is a distinct URL with the same content;
+    ``latency_s`` delays the answer (to keep a fetch in flight while identical ones arrive).
+    """
+
+    name = "fake-site"
+
+    def __init__(self, *, latency_s=0.0):
+        super().__init__(latency_s=latency_s)
+        self.article, self.expected = build_article()
+        self.add_route("GET", "/article/", self._article, prefix=True)
+
+    def _article(self, request):
+        with self.visit(request.route_path, request):
+            self.pause(self.latency_s)
+            request.reply(200, "text/html; charset=utf-8", self.article)
+
+
+# The answer bench's streams (see FakeChat).
+ANSWER_STREAM_S = 0.2        # a normal answer streams for this long
+ANSWER_CHUNKS = 20
+BIG_STREAM_BYTES = 1 << 20   # the "big" answer: this much SSE of small deltas
+SLOW_ANSWER_S = 60.0         # the "slow" answer: a few characters every SLOW_TICK_S for this long
+SLOW_TICK_S = 2.0
+
+
+def _delta_line(text):
+    return b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}).encode("utf-8") + b"\n\n"
+
+
+_FINISH_LINES = (b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n', b"data: [DONE]\n\n")
+
+
+def big_answer_stream(size=BIG_STREAM_BYTES):
+    """About `size` bytes of chat-completion SSE in small deltas (a few characters each), with its end."""
+    words = ("The", " circuit", " breaker", " opens", " after", " two", " distinct", " keys", " fail", ";",
+             " see", " [the", " docs](https://example.test/docs)", " for", " the", " details", ".", "\n")
+    lines, total, i = [], 0, 0
+    while total < size:
+        line = _delta_line(words[i % len(words)])
+        lines.append(line)
+        total += len(line)
+        i += 1
+    return b"".join(lines) + b"".join(_FINISH_LINES)
+
+
+class FakeChat(FakeUpstream):
+    """An OpenAI-compatible answer endpoint: POST /v1/chat/completions, streamed like xAI.
+
+    The stream is ``data:`` delta chunks, a chunk with ``finish_reason``, then ``data: [DONE]``.
+    The question (the ``question`` field of the user message) chooses it: "big ..." sends
+    :func:`big_answer_stream` at once; "slow ..." a few characters every SLOW_TICK_S for
+    SLOW_ANSWER_S; anything else ANSWER_CHUNKS deltas spread over ANSWER_STREAM_S. Requests are
+    counted per question; ``stream_s[question]`` is how long the fake took, request to finish chunk.
+    """
+
+    name = "fake-chat"
+
+    def __init__(self):
+        super().__init__()
+        self.big = big_answer_stream()
+        self.stream_s = {}
+        self.add_route("POST", "/v1/chat/completions", self._chat)
+
+    @staticmethod
+    def question(request):
+        try:
+            messages = json.loads(request.body.decode("utf-8"))["messages"]
+            text = messages[-1]["content"]
+        except (ValueError, KeyError, TypeError, IndexError):
+            return None
+        try:
+            return json.loads(text)["question"]
+        except (ValueError, KeyError, TypeError):
+            return text
+
+    def _chat(self, request):
+        question = self.question(request)
+        if not isinstance(question, str):
+            request.reply_json(400, {"error": {"message": "messages are required", "code": "invalid_request"}})
+            return
+        started = time.monotonic()
+        with self.visit(question, request):
+            if question.startswith("big"):
+                pieces = (self.big[i:i + 16384] for i in range(0, len(self.big), 16384))
+            elif question.startswith("slow"):
+                pieces = self._paced(started, SLOW_ANSWER_S, int(SLOW_ANSWER_S / SLOW_TICK_S), "tick. ")
+            else:
+                pieces = self._paced(started, ANSWER_STREAM_S, ANSWER_CHUNKS,
+                                     "Part of the answer [source](https://example.test/a). ")
+            request.stream("text/event-stream", self._timed(question, started, pieces))
+
+    def _paced(self, started, duration_s, chunks, text):
+        """`chunks` deltas of `text`, the k-th at started + k * duration_s / chunks; then the end."""
+        for k in range(1, chunks + 1):
+            self.pause(started + k * duration_s / chunks - time.monotonic())
+            if self.stopping.is_set():
+                return
+            yield _delta_line(text)
+        yield b"".join(_FINISH_LINES)
+
+    def _timed(self, question, started, pieces):
+        """Pass `pieces` through and record when the last one (with the finish chunk) was handed over."""
+        for piece in pieces:
+            yield piece
+        self.stream_s[question] = time.monotonic() - started
 
 
 # ----------------------------------------------------------------------------------------------
@@ -282,6 +744,7 @@ class RpcClient:
         self._queues = {}
         self._next_id = 0
         self.notifications = []              # list.append is atomic; read after the fact
+        self.notification_times = []         # time.monotonic() when notifications[i] arrived
         self.bad_lines = []                  # stdout lines that are not JSON-RPC 2.0
         self.line_count = 0
         self.eof = threading.Event()
@@ -366,6 +829,7 @@ class RpcClient:
     def _route(self, msg):
         for item in (msg if isinstance(msg, list) else [msg]):
             if "method" in item:  # notification, or a request from the server
+                self.notification_times.append(time.monotonic())
                 self.notifications.append(item)
             else:
                 self._queue_for(item.get("id")).put(item)
@@ -448,6 +912,7 @@ class RpcClient:
             if isinstance(msg, dict) and "method" not in msg and msg.get("id") == rpc_id:
                 return msg
             if msg is not None:
+                self.notification_times.append(time.monotonic())
                 self.notifications.append(msg)
         raise CheckError("no response to %s among 100000 lines" % method)
 
@@ -482,6 +947,19 @@ def start_server(env, *, server_path=SERVER_PATH, threaded=True, lifetime_s=OFFL
 def search_params(query, **arguments):
     arguments["query"] = query
     return {"name": "web_search", "arguments": arguments}
+
+
+def fanout_params(query):
+    return search_params(query, mode="fanout", numResults=ENGINE_RESULTS)
+
+
+def fetch_params(url, **arguments):
+    arguments["url"] = url
+    return {"name": "web_fetch", "arguments": arguments}
+
+
+def answer_params(question):
+    return {"name": "web_answer", "arguments": {"query": question}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -826,6 +1304,18 @@ COALESCE_ROUNDS = 3
 GROWTH_QUERIES = 5000
 GROWTH_CHECKPOINT = 1000
 GROWTH_WINDOW = 20  # calls in flight at once while filling the cache
+FANOUT_CALLS = 10
+FANOUT_LATENCY_S = 0.1   # every fake engine answers after this long
+FUSION_RUNS = 1000
+FETCH_BATCH = 20         # distinct URLs per CPU measurement
+FETCH_ROUNDS = 3
+FETCH_COALESCE_CALLS = 20
+FETCH_WHOLE = 1000000    # a max_length that returns the whole article in one page
+DEFAULT_PAGE_CHARS = 20000  # the server's default max_length
+PAGE_CALLS = 500
+ANSWER_CALLS = 10
+BIG_ANSWER_RUNS = 3
+ANSWER_COALESCE_CALLS = 20
 
 
 class Bench:
@@ -841,14 +1331,20 @@ class Bench:
         self.rows.append((metric, value, target, verdict))
         print("  measured: %s = %s" % (metric, value), file=sys.stderr, flush=True)
 
+    def section(self, title):
+        """Start a titled group of rows."""
+        self.rows.append((title,))
+
     def fresh_query(self, prefix):
         self._serial += 1
         return "%s %d" % (prefix, self._serial)
 
     def server(self, threaded, **env):
         self.fake.latency_s = 0.0
-        return start_server(offline_env(self.fake.url, **env), server_path=self.server_path,
-                            threaded=threaded, lifetime_s=BENCH_PHASE_LIFETIME_S)
+        return self.spawn(offline_env(self.fake.url, **env), threaded)
+
+    def spawn(self, env, threaded):
+        return start_server(env, server_path=self.server_path, threaded=threaded, lifetime_s=BENCH_PHASE_LIFETIME_S)
 
     # -- start-up, idle RSS ------------------------------------------------------------------
 
@@ -955,7 +1451,7 @@ class Bench:
                 self.fake.reset_peak()
                 queries = [self.fresh_query("bench concurrent") for _ in range(CONCURRENT_CALLS)]
                 t0 = time.perf_counter()
-                resps = _fan_out(client, queries, timeout_s=60.0)
+                resps = _fan_out(client, [search_params(q) for q in queries], timeout_s=60.0)
                 elapsed = time.perf_counter() - t0
                 ratios.append(elapsed / ideal_s)
                 peaks.append(self.fake.max_active)
@@ -963,7 +1459,7 @@ class Bench:
             self.fake.latency_s = 0.2  # the leader stays in flight while 49 followers arrive
             for _ in range(COALESCE_ROUNDS):
                 query = self.fresh_query("bench coalesce")
-                resps = _fan_out(client, [query] * COALESCE_CALLS, timeout_s=30.0)
+                resps = _fan_out(client, [search_params(query)] * COALESCE_CALLS, timeout_s=30.0)
                 hits_per_round.append(self.fake.hits_for(query))
                 coalesced_per_round.append(sum(
                     1 for r in resps if r and ((r.get("result") or {}).get("structuredContent") or {})
@@ -998,7 +1494,8 @@ class Bench:
             done = 0
             while done < GROWTH_QUERIES:
                 batch = [self.fresh_query("bench growth") for _ in range(min(GROWTH_WINDOW, GROWTH_QUERIES - done))]
-                failures += sum(1 for r in _fan_out(client, batch, timeout_s=30.0) if r is None or _is_tool_error(r))
+                failures += sum(1 for r in _fan_out(client, [search_params(q) for q in batch], timeout_s=30.0)
+                                if r is None or _is_tool_error(r))
                 done += len(batch)
                 if done % GROWTH_CHECKPOINT == 0:
                     checkpoints.append((done, rss_kb(client.pid)))
@@ -1017,6 +1514,261 @@ class Bench:
                  _verdict(total < 8.0))
         self.row("  growth 1k -> 5k (cache full at 512)", "%+.1f MB" % after_full, "flat (< 1 MB)",
                  _verdict(after_full < 1.0))
+
+    # -- fan-out over four engines ---------------------------------------------------------------
+
+    def fanout(self):
+        engines = FakeEngines(latency_s=FANOUT_LATENCY_S).start()
+        env = offline_env(engines.url, WEBSEARCH_VENDORS=",".join(FANOUT_ENGINES), WEBSEARCH_BING_URL=engines.url,
+                          WEBSEARCH_DUCKDUCKGO_URL=engines.url, WEBSEARCH_EXA_MCP_URL=engines.url + "/mcp")
+        client = self.spawn(env, threaded=False)
+        wall_ms, removed, problems = [], set(), []
+        try:
+            client.handshake_sync()
+            for _ in range(2):  # warm-up: lazy imports, one kept-alive connection per engine
+                client.call_sync("tools/call", fanout_params(self.fresh_query("bench fanout warm")))
+            cpu0 = cpu_seconds(client.pid)
+            for _ in range(FANOUT_CALLS):
+                t0 = time.perf_counter()
+                resp = client.call_sync("tools/call", fanout_params(self.fresh_query("bench fanout")))
+                wall_ms.append((time.perf_counter() - t0) * 1000)
+                sc = _sc(resp)
+                removed.add(sc.get("duplicates_removed"))
+                if sc.get("status") != "success" or len(sc.get("vendors") or ()) != len(FANOUT_ENGINES):
+                    problems.append("%s via %s" % (sc.get("status"), ",".join(sc.get("vendors") or ()) or "none"))
+            cpu1 = cpu_seconds(client.pid)
+        finally:
+            client.close()
+            engines.stop()
+        wall = _median(wall_ms)
+        note = "" if not problems else " (%d calls short of 4 engines: %s)" % (len(problems), problems[0])
+        self.row("fan-out round trip, median of %d" % FANOUT_CALLS, "%.1f ms = slowest engine %.0f ms + %.1f ms%s" % (
+            wall, FANOUT_LATENCY_S * 1000, wall - FANOUT_LATENCY_S * 1000, note))
+        if cpu0 is not None and cpu1 is not None:
+            self.row("  server CPU per fan-out call", "%.2f ms" % ((cpu1 - cpu0) * 1000 / FANOUT_CALLS))
+        total, expected = ENGINE_RESULTS * len(FANOUT_ENGINES), FakeEngines.expected_duplicates()
+        values = sorted(r for r in removed if isinstance(r, int))
+        self.row("  duplicates_removed", "%s of %d results = %.0f%% overlap" % (
+            "/".join(map(str, values)) or "missing", total, 100.0 * values[-1] / total if values else 0.0),
+            "= %d (the fakes' overlap)" % expected, _verdict(removed == {expected}))
+        self.fusion()
+
+    def fusion(self):
+        """In-process: fuse_rrf on four lists of 20 results shaped by the module's make_result."""
+        ring = _load_server_module(self.server_path)
+        lists = {engine: [ring.make_result(title, url, snippet) for title, url, snippet in
+                          FakeEngines.results(engine, "bench fusion")] for engine in FANOUT_ENGINES}
+        run_us = []
+        for _ in range(FUSION_RUNS):
+            t0 = time.thread_time()  # CPU time: a busy machine's preemptions stay out of it
+            ring.fuse_rrf(lists, ENGINE_RESULTS)
+            run_us.append((time.thread_time() - t0) * 1e6)
+        _, removed = ring.fuse_rrf(lists, ENGINE_RESULTS)
+        self.row("server CPU for fusion of 4 x 20 results", "%.0f us (fuse_rrf in-process, CPU time, median of %d; %d removed)"
+                 % (_median(run_us), FUSION_RUNS, removed))
+
+    # -- web_fetch of a ~100 KB article ----------------------------------------------------------
+
+    def fetch(self):
+        site = FakeSite().start()
+        env = offline_env(self.fake.url, WEBSEARCH_FETCH_PROVIDERS="direct", WEBSEARCH_ALLOW_PRIVATE_URLS="1")
+        self.row("article served", "%.1f KB of HTML: %d headings, %d table rows, %d code blocks, %d list items" % (
+            len(site.article) / 1024.0, *(len(site.expected[k]) for k in
+                                          ("headings", "table_rows", "code_blocks", "list_items"))))
+        try:
+            self._fetch_cpu(site, env)
+            self._fetch_coalescing(site, env)
+        finally:
+            site.stop()
+
+    def _fetch_cpu(self, site, env):
+        client = self.spawn(env, threaded=False)
+        first_ms, cpu_ms, page_ms, urls, errors = [], [], [], [], []
+        try:
+            client.handshake_sync()
+            t0 = time.perf_counter()
+            resp = client.call_sync("tools/call", fetch_params(site.url + "/article/cold"))
+            cold_ms = (time.perf_counter() - t0) * 1000
+            first = _sc(resp)
+            total, next_start = first.get("total_length") or 0, first.get("next_start_index")
+            for _ in range(FETCH_ROUNDS):
+                cpu0 = cpu_seconds(client.pid)
+                for _ in range(FETCH_BATCH):
+                    urls.append(site.url + "/article/" + self.fresh_query("first").replace(" ", "-"))
+                    t0 = time.perf_counter()
+                    resp = client.call_sync("tools/call", fetch_params(urls[-1]))
+                    first_ms.append((time.perf_counter() - t0) * 1000)
+                    sc = _sc(resp)
+                    if sc.get("status") != "success" or sc.get("cached") is not False:
+                        errors.append("%s cached=%s %s" % (sc.get("status"), sc.get("cached"), sc.get("error")))
+                cpu1 = cpu_seconds(client.pid)
+                if cpu0 is not None and cpu1 is not None:
+                    cpu_ms.append((cpu1 - cpu0) * 1000 / FETCH_BATCH)
+            # Further pages of the documents fetched above, every one from the cache.
+            starts = list(range(next_start, total, DEFAULT_PAGE_CHARS)) if next_start else []
+            cached = 0
+            cpu0 = cpu_seconds(client.pid)
+            for i in range(PAGE_CALLS if starts else 0):
+                t0 = time.perf_counter()
+                resp = client.call_sync("tools/call", fetch_params(urls[i % len(urls)], start_index=starts[
+                    i % len(starts)]))
+                page_ms.append((time.perf_counter() - t0) * 1000)
+                cached += _sc(resp).get("cached") is True
+            cpu1 = cpu_seconds(client.pid)
+            whole = _sc(client.call_sync("tools/call", fetch_params(urls[0], max_length=FETCH_WHOLE)))
+        finally:
+            client.close()
+        note = "" if not errors else " (%d failed: %s)" % (len(errors), errors[0])
+        self.row("first web_fetch in a fresh server (lazy imports)", "%.1f ms" % cold_ms)
+        self.row("web_fetch of the article, round trip", "%.1f ms (median of %d distinct URLs)%s" % (
+            _median(first_ms), len(first_ms), note))
+        if cpu_ms:
+            cpu = _median(cpu_ms)
+            self.row("  server CPU per fetch (%d batches of %d)" % (FETCH_ROUNDS, FETCH_BATCH), "%.1f ms" % cpu,
+                     "< 100 ms", _verdict(cpu < 100 and not errors))
+        if page_ms:
+            self.row("further page (start_index, cached), round trip", "%.3f ms (%d/%d cached, %d chars of %d)" % (
+                _median(page_ms), cached, len(page_ms), DEFAULT_PAGE_CHARS, total))
+            if cpu0 is not None and cpu1 is not None:
+                page_cpu = (cpu1 - cpu0) * 1000 / len(page_ms)
+                self.row("  server CPU per further page", "%.3f ms" % page_cpu, "< 1 ms",
+                         _verdict(page_cpu < 1.0 and cached == len(page_ms)))
+        else:
+            self.row("further page (start_index, cached)", "n/a: the document fits one page (%d chars)" % total)
+        missing = article_coverage(whole.get("content") or "", site.expected)
+        self.row("Markdown completeness (whole document, %d chars)" % len(whole.get("content") or ""),
+                 _coverage_text(site.expected, missing), "all present",
+                 _verdict(whole.get("status") == "success" and not any(missing.values())))
+
+    def _fetch_coalescing(self, site, env):
+        client = self.spawn(env, threaded=True)
+        hits, coalesced = [], []
+        try:
+            client.handshake()
+            client.call("tools/call", fetch_params(site.url + "/article/warm"))
+            site.latency_s = 0.3  # the leader stays in flight while the followers arrive
+            for _ in range(COALESCE_ROUNDS):
+                path = "/article/" + self.fresh_query("coalesce").replace(" ", "-")
+                resps = _fan_out(client, [fetch_params(site.url + path)] * FETCH_COALESCE_CALLS, timeout_s=30.0)
+                hits.append(site.hits_for(path))
+                coalesced.append(sum(1 for r in resps if _sc(r).get("coalesced") is True))
+        finally:
+            site.latency_s = 0.0
+            client.close()
+        self.row("%d identical concurrent fetches -> upstream requests" % FETCH_COALESCE_CALLS,
+                 "%s (coalesced %s)" % (", ".join(map(str, hits)), ", ".join(map(str, coalesced))), "exactly 1",
+                 _verdict(all(h == 1 for h in hits)))
+
+    # -- web_answer over a streaming chat endpoint ---------------------------------------------
+
+    def answer_env(self, chat, folder):
+        return offline_env(self.fake.url, GROK_API_URL=chat.url + "/v1", GROK_API_KEY="test-key-123456",
+                           WEBSEARCH_CONFIG_FILE=os.path.join(folder, "config.json"))
+
+    def answer(self):
+        chat = FakeChat().start()
+        folder = _TempDir("smoke-answer-")
+        try:
+            env = self.answer_env(chat, folder.path)
+            self._answer_latency(chat, env)
+            self._answer_coalescing(chat, env)
+        finally:
+            folder.remove()
+            chat.stop()
+
+    def _answer_latency(self, chat, env):
+        client = self.spawn(env, threaded=False)
+        overhead_ms, round_ms, stream_ms, big_cpu_ms, errors = [], [], [], [], []
+        try:
+            client.handshake_sync()
+            client.call_sync("tools/call", answer_params(self.fresh_query("warm-up question")))
+            for _ in range(ANSWER_CALLS):
+                question = self.fresh_query("bench question")
+                t0 = time.perf_counter()
+                resp = client.call_sync("tools/call", answer_params(question))
+                elapsed = (time.perf_counter() - t0) * 1000
+                if _sc(resp).get("status") != "success" or question not in chat.stream_s:
+                    errors.append("%s %s" % (_sc(resp).get("status"), _sc(resp).get("error")))
+                    continue
+                round_ms.append(elapsed)
+                stream_ms.append(chat.stream_s[question] * 1000)
+                overhead_ms.append(elapsed - stream_ms[-1])
+            content_chars = set()
+            for _ in range(BIG_ANSWER_RUNS):
+                cpu0 = cpu_seconds(client.pid)
+                resp = client.call_sync("tools/call", answer_params(self.fresh_query("big question")))
+                cpu1 = cpu_seconds(client.pid)
+                content_chars.add(len(_sc(resp).get("content") or ""))
+                if cpu0 is not None and cpu1 is not None and _sc(resp).get("status") == "success":
+                    big_cpu_ms.append((cpu1 - cpu0) * 1000)
+        finally:
+            client.close()
+        note = "" if not errors else " (%d failed: %s)" % (len(errors), errors[0])
+        self.row("streamed web_answer overhead over the fake's stream",
+                 "%.1f ms (round trip %.1f ms - stream %.1f ms, median of %d)%s" % (
+                     _median(overhead_ms), _median(round_ms), _median(stream_ms), len(overhead_ms), note))
+        events = chat.big.count(b"\n\n")
+        if big_cpu_ms:
+            self.row("server CPU per 1 MB answer stream (%d events)" % events, "%.0f ms (median of %d; %s chars)" % (
+                _median(big_cpu_ms), len(big_cpu_ms), "/".join(map(str, sorted(content_chars)))))
+        ring = _load_server_module(self.server_path)
+        lines = chat.big.decode("utf-8").split("\n")
+        parse_ms, chars = [], 0
+        for _ in range(BIG_ANSWER_RUNS):
+            parser = ring.AnswerStreamParser("chat", ring.DEFAULT_RETRYABLE_CODES)
+            t0 = time.thread_time()
+            for line in lines:
+                if parser.feed_line(line):
+                    break
+            parser.flush()
+            parse_ms.append((time.thread_time() - t0) * 1000)
+            chars = len(parser.result().content) if parser.done else -1
+        self.row("  AnswerStreamParser.feed_line over its lines (in-process)", "%.0f ms = %.1f us per event (%s)" % (
+            _median(parse_ms), _median(parse_ms) * 1000 / events,
+            "%d chars" % chars if chars >= 0 else "stream NOT complete"))
+
+    def _answer_coalescing(self, chat, env):
+        client = self.spawn(env, threaded=True)
+        hits, coalesced = [], []
+        try:
+            client.handshake()
+            for _ in range(COALESCE_ROUNDS):
+                question = self.fresh_query("coalesced question")
+                resps = _fan_out(client, [answer_params(question)] * ANSWER_COALESCE_CALLS, timeout_s=30.0)
+                hits.append(chat.hits_for(question))
+                coalesced.append(sum(1 for r in resps if _sc(r).get("coalesced") is True))
+        finally:
+            client.close()
+        self.row("%d identical concurrent questions -> upstream calls" % ANSWER_COALESCE_CALLS,
+                 "%s (coalesced %s)" % (", ".join(map(str, hits)), ", ".join(map(str, coalesced))), "exactly 1",
+                 _verdict(all(h == 1 for h in hits)))
+
+    def progress(self):
+        """One SLOW_ANSWER_S answer with a progressToken: when do notifications/progress arrive?"""
+        chat = FakeChat().start()
+        folder = _TempDir("smoke-answer-")
+        client = self.spawn(self.answer_env(chat, folder.path), threaded=True)
+        token = "bench-progress"
+        try:
+            client.handshake()
+            params = dict(answer_params(self.fresh_query("slow question")), _meta={"progressToken": token})
+            sent = time.monotonic()
+            resp = client.call("tools/call", params, timeout_s=SLOW_ANSWER_S + 30.0)
+            answered = time.monotonic()
+        finally:
+            client.close()
+            folder.remove()
+            chat.stop()
+        arrivals = [at for at, msg in zip(client.notification_times, client.notifications)
+                    if msg.get("method") == "notifications/progress"
+                    and (msg.get("params") or {}).get("progressToken") == token]
+        intervals = [b - a for a, b in zip(arrivals, arrivals[1:])]
+        silences = [b - a for a, b in zip([sent] + arrivals, arrivals + [answered])]
+        status = _sc(resp).get("status")
+        self.row("progress during a %.0f s answer (%s)" % (answered - sent, status),
+                 "%d notifications, interval median %.2f s, max %.2f s; longest silence %.2f s" % (
+                     len(arrivals), _median(intervals), max(intervals, default=float("nan")),
+                     max(silences, default=float("nan"))))
 
 
 class _TempDir:
@@ -1107,9 +1859,9 @@ def _time_init(argv, env, cwd=None):
         client.close()
 
 
-def _fan_out(client, queries, timeout_s):
-    """Send one web_search per query at once; return the responses in order (None if missing)."""
-    ids = [client.request("tools/call", search_params(q)) for q in queries]
+def _fan_out(client, calls, timeout_s):
+    """Send one tools/call per params in `calls` at once; return the responses in order (None if missing)."""
+    ids = [client.request("tools/call", params) for params in calls]
     deadline = time.monotonic() + timeout_s
     return [client.wait(i, max(0.0, deadline - time.monotonic())) for i in ids]
 
@@ -1118,18 +1870,51 @@ def _is_tool_error(resp):
     return "result" not in resp or bool(resp["result"].get("isError"))
 
 
+def _sc(resp):
+    """structuredContent of a tools/call response, {} when there is none (or no response)."""
+    return ((resp or {}).get("result") or {}).get("structuredContent") or {}
+
+
+def _load_server_module(path, _loaded={}):
+    """websearch_ring imported from `path` for in-process timings, without writing a .pyc next to it."""
+    if path not in _loaded:
+        import types
+        module = types.ModuleType("websearch_ring")
+        module.__file__ = path
+        with open(path, "rb") as f:
+            exec(compile(f.read(), path, "exec"), module.__dict__)
+        _loaded[path] = module
+    return _loaded[path]
+
+
+def _coverage_text(expected, missing):
+    """'all N headings, ... present', or what is missing of each kind."""
+    kinds = (("headings", "headings"), ("table_rows", "table rows"), ("code_blocks", "code blocks"),
+             ("list_items", "list items"))
+    if not any(missing.values()):
+        return "all " + ", ".join("%d %s" % (len(expected[k]), name) for k, name in kinds) + " present"
+    return "; ".join("%d/%d %s missing, first %s" % (len(missing[k]), len(expected[k]), name,
+                                                    _short(missing[k][0], 60))
+                     for k, name in kinds if missing[k])
+
+
 def _verdict(ok):
     return "ok" if ok else "MISS"
 
 
 def print_table(rows):
+    """Rows are (metric, value, target, verdict); a row (title,) starts a section."""
     headers = ("metric", "value", "target", "")
-    widths = [max(len(str(r[i])) for r in list(rows) + [headers]) for i in range(4)]
+    body = [r for r in rows if len(r) == 4]
+    widths = [max(len(str(r[i])) for r in body + [headers]) for i in range(4)]
     line = "  ".join("%-*s" % (w, h) for w, h in zip(widths, headers)).rstrip()
     print(line)
     print("-" * len(line))
     for r in rows:
-        print("  ".join("%-*s" % (w, c) for w, c in zip(widths, r)).rstrip())
+        if len(r) == 1:
+            print("%s:" % r[0])
+        else:
+            print("  ".join("%-*s" % (w, c) for w, c in zip(widths, r)).rstrip())
 
 
 def run_bench(server_path):
@@ -1140,10 +1925,24 @@ def run_bench(server_path):
     fake = FakeTavily().start()
     bench = Bench(server_path, fake)
     broken = []
+    phases = (
+        ("start-up", None, bench.startup),
+        ("latency", None, bench.latency),
+        ("concurrency", None, bench.concurrency),
+        ("memory growth", None, bench.growth),
+        ("fan-out", "web_search mode=fanout over tavily, bing, duckduckgo, exa (each %d results after %.0f ms)"
+         % (ENGINE_RESULTS, FANOUT_LATENCY_S * 1000), bench.fanout),
+        ("web_fetch", "web_fetch, direct provider, ~%.0f KB article" % (ARTICLE_BYTES / 1024.0), bench.fetch),
+        ("web_answer", "web_answer over a streaming chat endpoint (~%.0f ms per normal answer)"
+         % (ANSWER_STREAM_S * 1000), bench.answer),
+        # Last: it takes a minute.
+        ("web_answer progress cadence (one %.0f s answer, please wait)" % SLOW_ANSWER_S, None, bench.progress),
+    )
     try:
-        for name, phase in (("start-up", bench.startup), ("latency", bench.latency),
-                            ("concurrency", bench.concurrency), ("memory growth", bench.growth)):
+        for name, title, phase in phases:
             print("bench: %s ..." % name, file=sys.stderr, flush=True)
+            if title:
+                bench.section(title)
             try:
                 phase()
             except Exception as exc:  # report and go on: the other figures are still worth having

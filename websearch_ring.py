@@ -205,6 +205,8 @@ class LazyPattern:
 _SECRET_PATTERNS = LazyPattern(
     r"(tvly-[A-Za-z0-9_-]{6,}|xai-[A-Za-z0-9_-]{6,}|sk-[A-Za-z0-9_-]{10,}"
     r"|(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}|exaApiKey=[^&\s\"']+)")
+# Cheap substring tests that must all fail before _SECRET_PATTERNS can match.
+_SECRET_MARKERS = ("tvly-", "xai-", "sk-", "earer", "EARER", "exaApiKey")
 _WS = LazyPattern(r"\s+")
 
 
@@ -220,11 +222,20 @@ class Redactor:
         self._secrets = sorted({s for s in secrets if s and len(s) >= 6}, key=len, reverse=True)
 
     def __call__(self, text):
+        """Mask known secrets and key-shaped strings (for logs and error messages)."""
+        text = self.known(text)
+        if not any(marker in text for marker in _SECRET_MARKERS):
+            return text          # the common case, without running the regular expression
+        return _SECRET_PATTERNS.sub(lambda m: fingerprint(m.group(0)), text)
+
+    def known(self, text):
+        """Mask only the configured secrets: for page and answer text, where a key-shaped string
+        (an example key in documentation) is content, not a leak."""
         text = str(text)
         for secret in self._secrets:
             if secret in text:
                 text = text.replace(secret, fingerprint(secret))
-        return _SECRET_PATTERNS.sub(lambda m: fingerprint(m.group(0)), text)
+        return text
 
 
 def fingerprint(secret):
@@ -2152,7 +2163,9 @@ def _markdown_converter(base_url, plain, main_only):
                 return
             a = dict(attrs)
             marker = " ".join(filter(None, (a.get("id"), a.get("class"))))
-            dropped = tag in _DROP_TAGS or (a.get("role") in _CHROME_ROLES) or bool(
+            # An article's own <header> holds its title and byline; a page's header is chrome.
+            dropped = (tag in _DROP_TAGS and not (tag == "header" and self.main_depth > 0)) or (
+                a.get("role") in _CHROME_ROLES) or bool(
                 marker and _CHROME.search(marker) and tag not in ("main", "article", "body", "html"))
             if "hidden" in a or a.get("aria-hidden") == "true":
                 dropped = True
@@ -2220,7 +2233,8 @@ def _markdown_converter(base_url, plain, main_only):
                     if plain or not src or src.startswith("data:"):
                         self.add(alt)
                     else:
-                        self.add("![%s](%s)" % (alt.replace("]", ""), urljoin(base_url, src)))
+                        alt = alt.replace("[", "\\[").replace("]", "\\]")
+                        self.add("![%s](%s)" % (alt, urljoin(base_url, src)))
             elif tag not in _VOID_TAGS:
                 self.handle_starttag(tag, attrs)
                 self.handle_endtag(tag)
@@ -3181,7 +3195,7 @@ def parse_exa_text(text):
             else:
                 fields[key] = value.strip()
         url = fields.get("URL", "")
-        if not url.startswith(("http://", "https://")):
+        if not url.lower().startswith(("http://", "https://")):
             continue
         title = fields.get("Title", "")
         published = fields.get("Published")
@@ -4147,7 +4161,7 @@ class SiteMapper:
         stats = {"robots": "disallow_all" if robots.disallow_all else ("rules" if robots.rules else "allow_all"),
                  "sitemaps_read": 0, "pages_crawled": 0, "skipped_by_robots": 0}
 
-        def add(candidate):
+        def add(candidate, first=False):
             try:
                 p = urlsplit(candidate)
             except ValueError:
@@ -4161,12 +4175,11 @@ class SiteMapper:
                 stats["skipped_by_robots"] += 1
                 return False
             seen.add(key)
-            found.append(candidate.split("#", 1)[0])
+            found.insert(0 if first else len(found), candidate.split("#", 1)[0])
             if progress is not None:
                 progress(len(found), limit, "%d URLs found" % len(found))
             return True
 
-        add(url)
         queue = list(robots.sitemaps) or [origin + "/sitemap.xml"]
         read = 0
         while queue and read < MAP_SITEMAPS_MAX and len(found) < limit and not deadline.expired():
@@ -4200,12 +4213,19 @@ class SiteMapper:
             if depth >= args["max_depth"] or page in crawled:
                 continue
             crawled.add(page)
+            if not robots.allowed(urlsplit(page).path or "/"):
+                stats["skipped_by_robots"] += 1
+                continue
             try:
                 resp = self._get(page, token, deadline)
             except UpstreamError:
                 continue
             stats["pages_crawled"] += 1
-            if resp.status != 200 or _media_type(resp.headers.get("content-type")) not in _MEDIA_HTML:
+            if resp.status != 200:
+                continue
+            if page == url:
+                add(url, first=True)      # the start page counts once it answered
+            if _media_type(resp.headers.get("content-type")) not in _MEDIA_HTML:
                 continue
             html = decode_page(resp.body, resp.headers.get("content-type", ""))
             taken = 0
@@ -6738,7 +6758,7 @@ class Server:
             structured = dict(structured, config_problems=[p.as_dict() for p in self.config.problems])
             text = "\n".join("Configuration problem: " + p.message for p in self.config.problems) + "\n\n" + text
             is_error = True
-        result = {"content": [{"type": "text", "text": self.log.redact(text)}],
+        result = {"content": [{"type": "text", "text": self.log.redact.known(text)}],
                   "structuredContent": structured, "isError": bool(is_error)}
         if modern:
             result["resultType"] = "complete"
