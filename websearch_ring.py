@@ -3739,7 +3739,10 @@ class BraveVendor(Vendor):
                                 retry_after_s=exhausted_window(resp.headers) or retry_after_of(resp.headers),
                                 upstream_code=code)
         if code == "VALIDATION" or resp.status in (400, 422):
-            raise UpstreamError(self.name, "http_error", "bad_parameters", detail, status=resp.status,
+            fields = ["%s: %s" % (".".join(str(p) for p in e.get("loc") or [] if p != "query"), e.get("msg"))
+                      for e in meta.get("errors") or [] if isinstance(e, dict)]
+            raise UpstreamError(self.name, "http_error", "bad_parameters",
+                                detail + (" (%s)" % "; ".join(fields) if fields else ""), status=resp.status,
                                 retryable=False, upstream_code=code)
         if resp.status == 403:
             raise UpstreamError(self.name, "blocked", "forbidden",
@@ -4331,11 +4334,12 @@ class HealthBoard:
                     h.state = Health.COOLDOWN       # expired: the next caller probes again
                 return
             if outcome in ("auth_error", "quota_exhausted"):
-                cooldown, long = retry_after_s or self.config.auth_cooldown_s, True
-                if retry_after_s:
+                cooldown, long = self.config.auth_cooldown_s, True
+                if retry_after_s is not None:
                     cooldown = max(retry_after_s, 1.0)
             elif outcome == "rate_limited":
-                cooldown = retry_after_s if retry_after_s else self.config.cooldown_s
+                # Retry-After: 0 still means "not now": rest at least a second.
+                cooldown = max(retry_after_s, 1.0) if retry_after_s is not None else self.config.cooldown_s
             elif outcome == "blocked":
                 cooldown = self.config.cooldown_s       # a captcha does not go away in seconds
             elif outcome in self.NEUTRAL or code in ("bad_parameters", "bad_request"):
@@ -4426,18 +4430,16 @@ def filters_how(filters, native, reason_vendor):
     return out
 
 
-def rank_results(results, num, vendor):
-    """De-duplicate by normalized URL, keep the first ``num``, number them from 1."""
-    seen, ranked = set(), []
+def rank_results(results, num, vendor, per_domain=None):
+    """De-duplicate by normalized URL, cap each domain, keep the first ``num``, number them from 1."""
+    seen, unique = set(), []
     for item in results:
         key = normalize_url(item["url"])
-        if key in seen:
-            continue
-        seen.add(key)
-        ranked.append(dict(item, rank=len(ranked) + 1, vendors=[vendor]))
-        if len(ranked) >= num:
-            break
-    return ranked
+        if key not in seen:
+            seen.add(key)
+            unique.append(item)
+    return [dict(item, rank=i, vendors=[vendor])
+            for i, item in enumerate(cap_per_domain(unique, per_domain)[:num], 1)]
 
 
 def fuse_rrf(lists, num, per_domain=None, k=RRF_K):
@@ -4493,15 +4495,15 @@ class Ring:
         """
         vendor = self.vendors[name]
         native = vendor.native_filters()
+        if deadline.expired():      # before admit(): a probe slot must never be taken and left
+            return None, attempt_record(name, "timeout", 0.0, code="deadline_exhausted",
+                                        message="the call's deadline passed before this vendor was tried"), {}
         gate = self.health.admit(name)
         if gate is not None:
             record = attempt_record(name, "skipped_cooldown", 0.0, code="cooldown",
                                     message="in cooldown for %.1f s more (%s)" % gate)
             record["cooldown_remaining_s"] = round(gate[0], 1)
             return None, record, {}
-        if deadline.expired():
-            return None, attempt_record(name, "timeout", 0.0, code="deadline_exhausted",
-                                        message="the call's deadline passed before this vendor was tried"), {}
         post = bool(filters.include or filters.exclude or filters.per_domain
                     or (filters.time_range and "time_range" not in native))
         ask = min(MAX_RESULTS, num * 2) if post else num
@@ -4518,6 +4520,7 @@ class Ring:
                 raise Cancelled(token.reason or "cancelled") from None
             record = attempt_record(name, exc.outcome, self._clock() - started, code=exc.code,
                                     http_status=exc.status, message=self.log.redact(exc.message))
+            record["retryable"] = exc.retryable
             if exc.retry_after_s is not None:
                 record["retry_after_s"] = round(exc.retry_after_s, 1)
             if exc.diagnostics:
@@ -4556,7 +4559,7 @@ class Ring:
             results, record, how = self._attempt(name, query, num, filters, token, deadline)
             attempts.append(record)
             if results is not None:
-                ranked = rank_results(cap_per_domain(results, filters.per_domain), num, name)
+                ranked = rank_results(results, num, name, filters.per_domain)
                 if emit is not None:
                     emit(len(order), len(order), "%s answered with %d results" % (name, len(ranked)))
                 return {"ok": True, "vendor": name, "vendors": [name], "results": ranked,
@@ -4589,15 +4592,17 @@ class Ring:
             except Exception as exc:   # never leave a slot in the fan-out unfilled
                 outcome = (None, attempt_record(name, "bad_response", 0.0, code="internal_error",
                                                 message="%s: %s" % (type(exc).__name__, exc)), {})
-            with cond:
-                done[name] = outcome
-                cond.notify_all()
             if emit is not None and outcome is not None:
                 results, record = outcome[0], outcome[1]
+                # Sent before the result is published, so the fan-out cannot return (and its
+                # callers stop listening) while a vendor's progress is still on its way.
                 with emit_lock:     # progress numbers must rise in the order they are sent
                     finished[0] += 1
                     emit(finished[0], len(order), "%s: %s%s" % (
                         name, record["outcome"], " (%d results)" % len(results) if results else ""))
+            with cond:
+                done[name] = outcome
+                cond.notify_all()
 
         handle = token.add_callback(lambda: _notify(cond))
         threads = [threading.Thread(target=run, args=(n,), name="fanout-" + n, daemon=True) for n in order]
@@ -4833,9 +4838,11 @@ def validate_search_args(args, config=None):
     for name in ("include_domains", "exclude_domains"):
         values[name] = _validate_domains(name, args.get(name), issues)
     clash = set(values["include_domains"]) & set(values["exclude_domains"])
-    for domain in sorted(clash):
-        issues.append(issue("/exclude_domains/%d" % values["exclude_domains"].index(domain), "conflict",
-                            "%s is both included and excluded" % domain, "remove it from one of the two lists"))
+    for index, item in enumerate(args.get("exclude_domains") or []):
+        domain = _bare_domain(item)
+        if domain in clash:
+            issues.append(issue("/exclude_domains/%d" % index, "conflict", "%s is both included and excluded" % domain,
+                                "remove it from one of the two lists"))
     per_domain = args.get("max_results_per_domain")
     if per_domain is not None:
         if not _is_number(per_domain) or per_domain != int(per_domain) or not 1 <= per_domain <= 10:
@@ -4875,6 +4882,16 @@ def _is_number(value):
         and value not in (float("inf"), float("-inf"))
 
 
+def _bare_domain(item):
+    """``example.com`` for a domain entry (case and ``www.`` folded), None when it is not one."""
+    if not isinstance(item, str):
+        return None
+    text = item.strip().lower()
+    if not is_domain(text):
+        return None
+    return text[4:] if text.startswith("www.") else text
+
+
 def _validate_domains(name, value, issues):
     """A list of bare, lower-cased domains, or issues explaining each bad entry."""
     if value is None:
@@ -4893,14 +4910,13 @@ def _validate_domains(name, value, issues):
             issues.append(issue(path, "empty", "domain entries must be non-empty strings",
                                 "remove the entry or give a domain such as example.com"))
             continue
-        text = item.strip().lower()
-        if is_domain(text):
-            if text.startswith("www."):
-                text = text[4:]
+        text = _bare_domain(item)
+        if text is not None:
             if text not in domains:
                 domains.append(text)
             continue
-        host = url_host(text if "//" in text else "//" + text)
+        raw = item.strip().lower()
+        host = url_host(raw if "//" in raw else "//" + raw)
         hint = "use the bare domain %r" % host if host and is_domain(host) else "give a domain such as example.com"
         issues.append(issue(path, "not_a_domain", "%s is not a bare domain (no scheme, path or port)" %
                             json.dumps(item), hint))
@@ -5083,7 +5099,7 @@ class SearchTools:
         else:
             code = "all_vendors_failed"
             message = "every vendor failed (%s)" % ", ".join("%s: %s" % (a["vendor"], a["outcome"]) for a in attempts)
-        retryable = any(a["outcome"] in ("rate_limited", "timeout", "network_error", "http_error", "skipped_cooldown")
+        retryable = any(a.get("retryable", a["outcome"] in ("timeout", "skipped_cooldown", "bad_response"))
                         for a in attempts)
         wait = [a.get("cooldown_remaining_s") or a.get("retry_after_s") for a in attempts]
         wait = [w for w in wait if w]
@@ -6192,18 +6208,19 @@ class PlanTools:
                 return "revision_of_missing_phase", "cannot revise %s: it was never recorded" % phase
             if phase == "sub_query" and args["id"] not in plan["sub_queries"]:
                 return "revision_of_missing_phase", "cannot revise sub-query %r: it does not exist" % args["id"]
-            return None
-        if phase in done and not repeatable:
-            return "phase_already_recorded", "%s is already recorded; pass is_revision=true to replace it" % phase
-        level = plan["phases"].get("complexity", {}).get("level")
-        if level is not None and phase not in PLAN_REQUIRED[level]:
-            return "phase_not_needed", "complexity level %d does not use %s (it needs: %s)" % (
-                level, phase, ", ".join(PLAN_REQUIRED[level]))
-        missing = [p for p in PLAN_PHASES[:index] if p not in done and (level is None or p in PLAN_REQUIRED[level])]
-        if missing:
-            return "phase_out_of_order", "record %s before %s" % (missing[0], phase)
-        if phase == "sub_query" and args["id"] in plan["sub_queries"]:
-            return "duplicate_sub_query", "sub-query %r exists; pass is_revision=true to replace it" % args["id"]
+        else:
+            if phase in done and not repeatable:
+                return "phase_already_recorded", "%s is already recorded; pass is_revision=true to replace it" % phase
+            level = plan["phases"].get("complexity", {}).get("level")
+            if level is not None and phase not in PLAN_REQUIRED[level]:
+                return "phase_not_needed", "complexity level %d does not use %s (it needs: %s)" % (
+                    level, phase, ", ".join(PLAN_REQUIRED[level]))
+            missing = [p for p in PLAN_PHASES[:index]
+                       if p not in done and (level is None or p in PLAN_REQUIRED[level])]
+            if missing:
+                return "phase_out_of_order", "record %s before %s" % (missing[0], phase)
+            if phase == "sub_query" and args["id"] in plan["sub_queries"]:
+                return "duplicate_sub_query", "sub-query %r exists; pass is_revision=true to replace it" % args["id"]
         if phase in ("search_term", "tool_mapping") and args["sub_query_id"] not in plan["sub_queries"]:
             return "unknown_sub_query", "no sub-query %r (known: %s)" % (
                 args["sub_query_id"], ", ".join(plan["sub_queries"]) or "none")
@@ -6894,7 +6911,7 @@ def run_cli(argv, env):
         _emit("configuration problem: " + problem.message, sys.stderr)
     server = Server(config, logger=Logger("warning", redact=Redactor(config.secrets())))
     if opts.command == "check":
-        return cli_check(server)
+        return cli_check(server, opts.json)
     args = {k: v for k, v in vars(opts).items() if k not in ("command", "json") and v is not None}
     token = CancelToken()
     progress = None if opts.json or not sys.stderr.isatty() else (
@@ -6912,13 +6929,9 @@ def run_cli(argv, env):
     return 1 if is_error else (2 if config.problems else 0)
 
 
-def cli_check(server):
+def cli_check(server, as_json=False):
     """Print configuration problems and probe every configured backend once; 0 when search can be served."""
     config = server.config
-    _emit("websearch-ring %s, Python %s" % (__version__, sys.version.split()[0]))
-    _emit("configuration: " + ("%d problem(s)" % len(config.problems) if config.problems else "ok"))
-    for problem in config.problems:
-        _emit("  - " + problem.message)
     results, lock = [], threading.Lock()
 
     def probe(name):
@@ -6932,23 +6945,38 @@ def cli_check(server):
         t.start()
     for t in threads:
         t.join(min(config.timeout_s, 15.0) + 5.0)
-    _emit("search vendors (ring order):")
+    keys = server.ring.tavily
+    model, source = server.answer_tools.current_model()
+    test = server.answer_tools._connection_test(model, CancelToken())
     by_name = {r["vendor"]: r for r in results}
+    ok = any(r["outcome"] == "success" for r in results)
+    if as_json:
+        _emit(json.dumps({"version": __version__, "search_available": ok,
+                          "problems": [p.as_dict() for p in config.problems],
+                          "vendors": [by_name.get(n) or attempt_record(n, "timeout", 0.0, message="no answer")
+                                      for n in config.vendors],
+                          "tavily": keys.pool.describe() if keys.keyed else {"mode": "keyless" if
+                                                                              config.tavily_enabled else "disabled"},
+                          "fetch_providers": list(config.fetch_providers), "map_providers": list(config.map_providers),
+                          "answer": {"model": model, "model_source": source, "url": config.grok_url,
+                                     "connection_test": test}}, ensure_ascii=False, indent=2))
+        return 0 if ok else 1
+    _emit("websearch-ring %s, Python %s" % (__version__, sys.version.split()[0]))
+    _emit("configuration: " + ("%d problem(s)" % len(config.problems) if config.problems else "ok"))
+    for problem in config.problems:
+        _emit("  - " + problem.message)
+    _emit("search vendors (ring order):")
     for name in config.vendors:
         r = by_name.get(name)
         if r is None:
             _emit("  %-11s no answer" % name)
             continue
         _emit("  %-11s %-15s %7.0f ms  %s" % (name, r["outcome"], r["elapsed_ms"], (r["message"] or "")[:90]))
-    keys = server.ring.tavily
     _emit("tavily: " + ("%d key(s) in the pool" % len(keys.pool) if keys.keyed else
                         "keyless mode" if config.tavily_enabled else "disabled"))
     _emit("fetch providers: %s; map providers: %s" % (", ".join(config.fetch_providers),
                                                       ", ".join(config.map_providers)))
-    model, source = server.answer_tools.current_model()
-    test = server.answer_tools._connection_test(model, CancelToken())
     _emit("answers: model %s (from %s) at %s: %s" % (model, source, config.grok_url, test["message"]))
-    ok = any(r["outcome"] == "success" for r in results)
     _emit("search: " + ("available" if ok else "NOT available: no vendor answered"))
     return 0 if ok else 1
 
