@@ -5518,68 +5518,63 @@ GET_CONFIG_INFO_OUTPUT = {
     "required": ["status", "partial", "error"],
 }
 
+def tool_entry(name, title, description, input_schema, output_schema, *, read_only=True, idempotent=True,
+               open_world=True):
+    """One tools/list entry with honest annotations."""
+    return {"name": name, "title": title, "description": description, "inputSchema": input_schema,
+            "outputSchema": output_schema,
+            "annotations": {"title": title, "readOnlyHint": read_only, "destructiveHint": False,
+                            "idempotentHint": idempotent, "openWorldHint": open_world}}
+
+
 TOOLS = (
-    {"name": "web_search", "title": "Web search (failover ring)",
-     "description": (
-         "Search the web and get ranked results (title, URL, snippet, date when known). "
+    tool_entry(
+        "web_search", "Web search (failover ring)",
+        ("Search the web and get ranked results (title, URL, snippet, date when known). "
          "Engines are tried in turn until one answers (keyed engines first, then exa, tavily, bing, "
          "duckduckgo), so a dead or rate-limited engine does not fail the search; the result names the "
          "engine that served it and every failed attempt. Filters (lang, time_range, include_domains, "
          "exclude_domains, max_results_per_domain) survive failover. mode=fanout asks every healthy "
          "engine at once and fuses the rankings. Use it first for any question that needs current or "
          "external information; identical searches are cached for a while."),
-     "inputSchema": WEB_SEARCH_INPUT, "outputSchema": WEB_SEARCH_OUTPUT,
-     "annotations": {"title": "Web search", "readOnlyHint": True, "destructiveHint": False,
-                     "idempotentHint": True, "openWorldHint": True}},
-    {"name": "web_answer", "title": "Researched answer with citations",
-     "description": (
-         "Ask an LLM with live web search (xAI Grok or any OpenAI-compatible model) to research a question "
+        WEB_SEARCH_INPUT, WEB_SEARCH_OUTPUT),
+    tool_entry(
+        "web_answer", "Researched answer with citations",
+        ("Ask an LLM with live web search (xAI Grok or any OpenAI-compatible model) to research a question "
          "and answer it with cited sources. Use it for questions that need synthesis across several sources; "
          "use web_search for plain lookups. Slower (seconds to minutes; progress is reported). platform "
          "focuses the search (GitHub, Reddit, X ...); extra_sources first runs web_search and gives the "
          "results to the model as evidence. The source list stays available through get_sources."),
-     "inputSchema": WEB_ANSWER_INPUT, "outputSchema": WEB_ANSWER_OUTPUT,
-     "annotations": {"title": "Web answer", "readOnlyHint": True, "destructiveHint": False,
-                     "idempotentHint": False, "openWorldHint": True}},
-    {"name": "get_sources", "title": "Sources of an earlier call",
-     "description": (
-         "Return the full source list (titles and URLs) of an earlier web_search or web_answer call, by "
+        WEB_ANSWER_INPUT, WEB_ANSWER_OUTPUT, idempotent=False),
+    tool_entry(
+        "get_sources", "Sources of an earlier call",
+        ("Return the full source list (titles and URLs) of an earlier web_search or web_answer call, by "
          "the session_id that call returned. Sessions are kept for one hour (256 at most)."),
-     "inputSchema": GET_SOURCES_INPUT, "outputSchema": GET_SOURCES_OUTPUT,
-     "annotations": {"title": "Get sources", "readOnlyHint": True, "destructiveHint": False,
-                     "idempotentHint": True, "openWorldHint": False}},
-    {"name": "web_fetch", "title": "Fetch a page as Markdown",
-     "description": (
-         "Fetch one web page (http/https) and return its main content as clean Markdown (or plain text or "
+        GET_SOURCES_INPUT, GET_SOURCES_OUTPUT, open_world=False),
+    tool_entry(
+        "web_fetch", "Fetch a page as Markdown",
+        ("Fetch one web page (http/https) and return its main content as clean Markdown (or plain text or "
          "raw HTML), paged: long documents come in pieces of max_length characters; call again with "
          "start_index = next_start_index for the next piece (served from cache, no refetch). Use it after "
          "web_search to read a result in full. Uses Tavily Extract when a key is set, else a built-in "
          "extractor that refuses private network addresses."),
-     "inputSchema": WEB_FETCH_INPUT, "outputSchema": WEB_FETCH_OUTPUT,
-     "annotations": {"title": "Fetch page", "readOnlyHint": True, "destructiveHint": False,
-                     "idempotentHint": True, "openWorldHint": True}},
-    {"name": "web_map", "title": "Map a site's URLs",
-     "description": (
-         "List the URLs of a website (its sitemap and a same-origin crawl honouring robots.txt, or Tavily "
+        WEB_FETCH_INPUT, WEB_FETCH_OUTPUT),
+    tool_entry(
+        "web_map", "Map a site's URLs",
+        ("List the URLs of a website (its sitemap and a same-origin crawl honouring robots.txt, or Tavily "
          "Map with a key), to find the right page to fetch. Use it when you know the site but not the page."),
-     "inputSchema": WEB_MAP_INPUT, "outputSchema": WEB_MAP_OUTPUT,
-     "annotations": {"title": "Map site", "readOnlyHint": True, "destructiveHint": False,
-                     "idempotentHint": True, "openWorldHint": True}},
-    {"name": "get_config_info", "title": "Configuration and health",
-     "description": (
-         "Show the server's configuration (keys masked), every configuration problem, each search vendor's "
+        WEB_MAP_INPUT, WEB_MAP_OUTPUT),
+    tool_entry(
+        "get_config_info", "Configuration and health",
+        ("Show the server's configuration (keys masked), every configuration problem, each search vendor's "
          "health and cooldown, the Tavily key pool, and a connection test of the answer endpoint (its model "
          "catalogue). Use it when searches or answers fail, to see why."),
-     "inputSchema": GET_CONFIG_INFO_INPUT, "outputSchema": GET_CONFIG_INFO_OUTPUT,
-     "annotations": {"title": "Config info", "readOnlyHint": True, "destructiveHint": False,
-                     "idempotentHint": True, "openWorldHint": True}},
-    {"name": "switch_model", "title": "Switch the answer model",
-     "description": (
-         "Set the model web_answer uses from now on and save it in the config file. Use it when the user asks "
+        GET_CONFIG_INFO_INPUT, GET_CONFIG_INFO_OUTPUT),
+    tool_entry(
+        "switch_model", "Switch the answer model",
+        ("Set the model web_answer uses from now on and save it in the config file. Use it when the user asks "
          "for another model or the current one is unavailable (get_config_info shows the catalogue)."),
-     "inputSchema": SWITCH_MODEL_INPUT, "outputSchema": SWITCH_MODEL_OUTPUT,
-     "annotations": {"title": "Switch model", "readOnlyHint": False, "destructiveHint": False,
-                     "idempotentHint": True, "openWorldHint": False}},
+        SWITCH_MODEL_INPUT, SWITCH_MODEL_OUTPUT, read_only=False, open_world=False),
 )
 
 # A few lines of extra guidance, each added only when the question is of its kind.
@@ -6323,10 +6318,8 @@ def _check_value(path, value, spec):
 
 
 PLAN_TOOLS = tuple(
-    {"name": "plan_" + phase, "title": "Search plan: " + phase.replace("_", " "),
-     "description": _PLAN_DESCRIPTIONS[phase], "inputSchema": PLAN_INPUTS[phase], "outputSchema": PLAN_OUTPUT,
-     "annotations": {"title": "Plan " + phase.replace("_", " "), "readOnlyHint": False, "destructiveHint": False,
-                     "idempotentHint": False, "openWorldHint": False}}
+    tool_entry("plan_" + phase, "Search plan: " + phase.replace("_", " "), _PLAN_DESCRIPTIONS[phase],
+               PLAN_INPUTS[phase], PLAN_OUTPUT, read_only=False, idempotent=False, open_world=False)
     for phase in PLAN_PHASES)
 ALL_TOOLS = TOOLS + PLAN_TOOLS
 
