@@ -3363,6 +3363,22 @@ class TavilyVendor(Vendor):
         return results
 
 
+def _split_href(href):
+    """``(absolute href, urlsplit parts, lower-cased host)`` of an http(s) result link, or None."""
+    from urllib.parse import urlsplit
+    if not href:
+        return None
+    if href.startswith("//"):
+        href = "https:" + href
+    try:
+        parts = urlsplit(href)
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https"):
+        return None
+    return href, parts, (parts.hostname or "").lower()
+
+
 def decode_bing_url(href):
     """The target of a Bing result link (``/ck/a?...&u=a1<base64url>``), or None.
 
@@ -3374,18 +3390,11 @@ def decode_bing_url(href):
     True
     """
     import base64
-    from urllib.parse import urlsplit, parse_qs
-    if not href:
+    from urllib.parse import parse_qs
+    split = _split_href(href)
+    if split is None:
         return None
-    if href.startswith("//"):
-        href = "https:" + href
-    try:
-        parts = urlsplit(href)
-    except ValueError:
-        return None
-    host = (parts.hostname or "").lower()
-    if parts.scheme not in ("http", "https"):
-        return None
+    href, parts, host = split
     if host == "bing.com" or host.endswith(".bing.com"):
         if parts.path.startswith("/aclick"):
             return None
@@ -3412,18 +3421,11 @@ def decode_ddg_url(href):
     >>> decode_ddg_url("https://duckduckgo.com/y.js?ad_domain=x") is None
     True
     """
-    from urllib.parse import urlsplit, parse_qs
-    if not href:
+    from urllib.parse import parse_qs
+    split = _split_href(href)
+    if split is None:
         return None
-    if href.startswith("//"):
-        href = "https:" + href
-    try:
-        parts = urlsplit(href)
-    except ValueError:
-        return None
-    host = (parts.hostname or "").lower()
-    if parts.scheme not in ("http", "https"):
-        return None
+    href, parts, host = split
     if host == "duckduckgo.com" or host.endswith(".duckduckgo.com"):
         if parts.path.startswith("/l/"):
             target = (parse_qs(parts.query).get("uddg") or [""])[0]
