@@ -75,6 +75,7 @@ MAX_QUERY_CHARS = 1000
 MIN_RESULTS, MAX_RESULTS, DEFAULT_RESULTS = 1, 20, 8
 DEFAULT_FETCH_LENGTH, MAX_FETCH_LENGTH = 20000, 1000000
 MAX_ANSWER_QUERY_CHARS = 4000
+MIN_ATTEMPT_S = 1.0          # an answer attempt with less time than this left is not started
 DEFAULT_MODEL = "grok-4-fast"
 MAX_MAP_LIMIT = 5000
 SESSION_MAX, SESSION_TTL_S = 256, 3600.0
@@ -1819,6 +1820,15 @@ def error_fields(data):
     return None
 
 
+def _code_key(text):
+    """Error codes compared loosely: ``Internal error``, ``internal-error`` and ``internal_error`` match.
+
+    >>> _code_key("Some resource-has been exhausted")
+    'some_resource_has_been_exhausted'
+    """
+    return re.sub(r"[\s-]+", "_", str(text).strip().lower())
+
+
 def classify_answer_error(status, code, message, retryable_codes, retry_after_s=None):
     """An :class:`AnswerError` from an HTTP status (None inside a 200) and the error's code and message."""
     text = "%s %s" % (code or "", message or "")
@@ -1835,11 +1845,12 @@ def classify_answer_error(status, code, message, retryable_codes, retry_after_s=
         return AnswerError("permission", "no permission: " + message, status=status, code=code)
     if status in (400, 405, 410, 413, 415, 422):
         return AnswerError("params", "the endpoint refused the request: " + message, status=status, code=code)
-    wanted = {c.lower() for c in retryable_codes}
+    wanted = {_code_key(c) for c in retryable_codes}
     if status in (408, 429) or (status is not None and status >= 500):
         return AnswerError("rate_limited" if status == 429 else "server", message, status=status, code=code,
                            retryable=True, retry_after_s=retry_after_s)
-    if (code or "").lower() in wanted or any(c in message.lower() for c in wanted if len(c) > 6):
+    said = _code_key(message)
+    if _code_key(code or "") in wanted or any(c in said for c in wanted if len(c) > 6):
         return AnswerError("upstream", message, status=status, code=code, retryable=True,
                            retry_after_s=retry_after_s)
     return AnswerError("upstream", message, status=status, code=code, retryable=False)
@@ -5783,6 +5794,9 @@ class AnswerTools:
             queued_at = self._clock()
             try:
                 self.slots.acquire(token, budget)
+                if budget.remaining() < MIN_ATTEMPT_S:     # a slot this late leaves no time to answer
+                    self.slots.release()
+                    raise DeadlineExceeded("slot freed too late")
             except DeadlineExceeded:
                 diagnostics["queue_wait_s"] = round(self._clock() - queued_at, 3)
                 diagnostics["termination"] = "concurrency_queue_timeout"
@@ -5806,7 +5820,7 @@ class AnswerTools:
         error = None
         for attempt in range(1, self.config.grok_max_attempts + 1):
             token.check()
-            if budget.expired():
+            if budget.remaining() < MIN_ATTEMPT_S:
                 diagnostics["termination"] = "total_budget_exhausted"
                 break
             state.update(phase="streaming", attempt=attempt, chars=0)
@@ -5814,9 +5828,10 @@ class AnswerTools:
 
             def on_text(n):
                 state["chars"] += n
+            attempt_deadline = budget.child(self.config.grok_attempt_timeout_s)
             try:
                 result = stream_answer(self.transport, self.config, protocol, model, system, user, token,
-                                       budget, min(self.config.grok_attempt_timeout_s, budget.remaining()), on_text)
+                                       attempt_deadline, attempt_deadline.remaining(), on_text)
                 diagnostics["termination"] = "completed"
                 return result, None
             except AnswerError as exc:
@@ -5834,7 +5849,7 @@ class AnswerTools:
                 wait *= 0.5 + self._rng.random() / 2.0
                 if exc.retry_after_s:
                     wait = max(wait, exc.retry_after_s)
-                if wait >= budget.remaining():
+                if wait + MIN_ATTEMPT_S > budget.remaining():
                     diagnostics["termination"] = "total_budget_exhausted"
                     break
                 state.update(phase="backoff")
