@@ -1579,7 +1579,6 @@ class HttpStream:
         self.status = resp.status
         self.headers = {k.lower(): v for k, v in resp.getheaders()}
         self.received = 0
-        self.complete = False       # the body ended normally (not cut off)
         self._closed = False
 
     def chunks(self):
@@ -1597,7 +1596,6 @@ class HttpStream:
                     if self._resp.length:
                         raise TransportError("truncated", "the connection closed with %d bytes of the body "
                                                           "missing" % self._resp.length)
-                    self.complete = True
                     return
                 self.received += len(chunk)
                 if self.received > self._max_bytes:
