@@ -1179,6 +1179,55 @@ class Slots:
 # ---------------------------------------------------------------------------
 
 
+# Where a page declares its charset when the Content-Type header does not, and byte-order marks.
+_META_CHARSET = LazyPattern(rb"""<meta[^>]+charset\s*=\s*["']?\s*([\w.:-]+)""", re.I)
+_BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+
+
+def decode_page(body, content_type=""):
+    """Text of a page: BOM, then the Content-Type charset, then ``<meta charset>``, then UTF-8.
+
+    A declared charset that the bytes contradict (UTF-8 bytes labelled Latin-1,
+    or invalid UTF-8 labelled UTF-8) is corrected; undecodable bytes become U+FFFD.
+
+    >>> decode_page("caf\\u00e9".encode("utf-8"), "text/html; charset=iso-8859-1")
+    'café'
+    >>> decode_page(b"caf\\xe9", "text/plain; charset=utf-8")
+    'café'
+    """
+    import codecs
+    for bom, name in _BOMS:
+        if body.startswith(bom):
+            return body[len(bom):].decode(name, errors="replace")
+    declared = None
+    match = re.search(r"charset=[\"']?([\w.:-]+)", content_type or "", re.I)
+    if match:
+        declared = match.group(1)
+    else:
+        meta = _META_CHARSET.search(body[:4096])
+        if meta:
+            declared = meta.group(1).decode("ascii", "replace")
+    try:
+        name = codecs.lookup(declared).name if declared else "utf-8"
+    except LookupError:
+        name = "utf-8"
+    if name != "utf-8":
+        try:
+            text = body.decode("utf-8")
+            if any(ord(c) > 127 for c in text[:100000]):
+                return text          # valid UTF-8 with non-ASCII: the label is wrong
+        except UnicodeDecodeError:
+            pass
+        return body.decode(name, errors="replace")
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = body.decode("utf-8", errors="replace")
+        if not any(ord(c) > 127 and c != "\ufffd" for c in text):
+            return body.decode("cp1252", errors="replace")   # no UTF-8 sequence at all: a single-byte page
+        return text
+
+
 class Response:
     """A finished HTTP exchange: status, lower-cased headers, the whole body."""
 
@@ -1193,13 +1242,8 @@ class Response:
         self.elapsed_s = elapsed_s
 
     def text(self):
-        """The body decoded with the charset of Content-Type (UTF-8 otherwise), never raising."""
-        match = re.search(r"charset=([\w.:-]+)", self.headers.get("content-type", ""), re.I)
-        charset = match.group(1) if match else "utf-8"
-        try:
-            return self.body.decode(charset, errors="replace")
-        except LookupError:
-            return self.body.decode("utf-8", errors="replace")
+        """The body as text (see :func:`decode_page`), never raising."""
+        return decode_page(self.body, self.headers.get("content-type", ""))
 
     def json(self):
         """The body as JSON; raises ValueError when it is not."""
@@ -3906,58 +3950,13 @@ class SearxngVendor(Vendor):
 VENDOR_CLASSES = {cls.name: cls for cls in (BraveVendor, SerperVendor, YepVendor, SearxngVendor,
                                              ExaVendor, TavilyVendor, BingVendor, DuckDuckGoVendor)}
 
+
 # -- Fetch and map providers --------------------------------------------------------------
 
 _MEDIA_HTML = ("text/html", "application/xhtml+xml")
 _MEDIA_TEXT_PREFIXES = ("text/",)
 _MEDIA_TEXTUAL = ("application/json", "application/xml", "application/javascript", "application/rss+xml",
                   "application/atom+xml", "application/x-ndjson", "application/ld+json")
-_META_CHARSET = LazyPattern(rb"""<meta[^>]+charset\s*=\s*["']?\s*([\w.:-]+)""", re.I)
-_BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
-
-
-def decode_page(body, content_type=""):
-    """Text of a page: BOM, then the Content-Type charset, then ``<meta charset>``, then UTF-8.
-
-    A declared charset that the bytes contradict (UTF-8 bytes labelled Latin-1,
-    or invalid UTF-8 labelled UTF-8) is corrected; undecodable bytes become U+FFFD.
-
-    >>> decode_page("caf\\u00e9".encode("utf-8"), "text/html; charset=iso-8859-1")
-    'café'
-    >>> decode_page(b"caf\\xe9", "text/plain; charset=utf-8")
-    'café'
-    """
-    import codecs
-    for bom, name in _BOMS:
-        if body.startswith(bom):
-            return body[len(bom):].decode(name, errors="replace")
-    declared = None
-    match = re.search(r"charset=[\"']?([\w.:-]+)", content_type or "", re.I)
-    if match:
-        declared = match.group(1)
-    else:
-        meta = _META_CHARSET.search(body[:4096])
-        if meta:
-            declared = meta.group(1).decode("ascii", "replace")
-    try:
-        name = codecs.lookup(declared).name if declared else "utf-8"
-    except LookupError:
-        name = "utf-8"
-    if name != "utf-8":
-        try:
-            text = body.decode("utf-8")
-            if any(ord(c) > 127 for c in text[:100000]):
-                return text          # valid UTF-8 with non-ASCII: the label is wrong
-        except UnicodeDecodeError:
-            pass
-        return body.decode(name, errors="replace")
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError:
-        text = body.decode("utf-8", errors="replace")
-        if not any(ord(c) > 127 and c != "\ufffd" for c in text):
-            return body.decode("cp1252", errors="replace")   # no UTF-8 sequence at all: a single-byte page
-        return text
 
 
 def _media_type(content_type):
