@@ -12,10 +12,12 @@ Usage:
   python smoke_test.py "query"     one real web_search with the default configuration
 
 Contents:
-  constants and small helpers;  fake upstreams on 127.0.0.1 (FakeUpstream routes requests; FakeTavily;
-  for --bench FakeEngines: tavily, bing, duckduckgo and exa with overlapping results, FakeSite: a
-  generated ~100 KB article, FakeChat: a streaming chat endpoint);  RpcClient (JSON-RPC over pipes);
-  process probes (RSS, CPU);  offline checks;  benchmarks;  real query;  main.
+  constants and small helpers;  FakeUpstream, a scriptable loopback HTTP server on 127.0.0.1 that
+  test_websearch_ring.py imports too (response specs or handler functions per route, every request
+  recorded);  the fakes built on it: FakeTavily, and for --bench FakeEngines (tavily, bing,
+  duckduckgo and exa with overlapping results), FakeSite (a generated ~100 KB article) and FakeChat
+  (a streaming chat endpoint);  RpcClient (JSON-RPC over pipes);  process probes (RSS, CPU);
+  offline checks;  benchmarks;  real query;  main.
 
 --offline prints one line per check (``ok  name`` / ``FAIL name: detail``), then ``N passed, M failed``,
 and exits 1 on any failure. Every wait is bounded by a timeout, every loop by a count, and every
@@ -31,15 +33,19 @@ import json
 import math
 import os
 import queue
+import select
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from html import escape as html_escape
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, quote
+from socketserver import TCPServer
+from urllib.parse import parse_qs, quote, urlsplit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SERVER_PATH = os.path.join(HERE, "websearch_ring.py")
@@ -66,6 +72,19 @@ _PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 
 class CheckError(Exception):
     """A check's expectation did not hold; the message is the FAIL detail."""
+
+
+def wait_until(predicate, timeout=10.0, what="condition"):
+    """Poll predicate() in 5 ms slices until it is true; AssertionError after `timeout` seconds.
+
+    For state nothing can wait on (a counter, a list another thread appends to). Where there is
+    something to wait on, wait on it: FakeUpstream.wait_for_requests, a response, an Event.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %.1fs waiting for %s" % (timeout, what))
+        time.sleep(0.005)
 
 
 def _short(obj, limit=300):
@@ -98,63 +117,179 @@ def offline_env(fake_url, **overrides):
 
 
 # ----------------------------------------------------------------------------------------------
-# Fake upstreams: loopback HTTP servers speaking each upstream's real wire format
+# FakeUpstream: one scriptable loopback HTTP server, shared with test_websearch_ring.py
 # ----------------------------------------------------------------------------------------------
+# The unit tests import it from here (``from smoke_test import FakeUpstream``), so it stays
+# standard library only and independent of the checks below.
 
-class _QuietHTTPServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer that never prints tracebacks: clients hang up on purpose (cancellation)."""
+FAKE_TIMEOUT_S = 10.0  # default bound for every wait on a fake
+_HOLD_POLL_S = 0.02    # how often a held response looks for a client that hung up
+_SHUTDOWN_POLL_S = 0.005  # how often the accept loop looks for close(): the time each close() takes
 
-    daemon_threads = True
-    # Port 0 never needs SO_REUSEADDR; on Windows it would let another socket share the port.
-    # SO_REUSEPORT (port sharing, whatever a Python version's HTTPServer defaults to) stays off.
-    allow_reuse_address = sys.platform != "win32"
-    allow_reuse_port = False
-    request_queue_size = 256  # the benches open many connections at once
+# Keys a response spec may carry; anything else is a mistake in the caller and fails loudly.
+SPEC_KEYS = frozenset({
+    "fixture", "status", "headers", "body", "delay_s", "drip", "chunked", "truncate", "close",
+    "size", "block_until", "block_timeout_s",
+})
 
-    def handle_error(self, request, client_address):
-        pass
+
+def resolve_spec(spec, fixtures=None):
+    """Normalise one response spec (a fixture name or a dict) into a complete dict.
+
+    Spec keys:
+      fixture          name in `fixtures` ({name: {"status", "headers", "body"}}); its status,
+                       headers and body are the defaults
+      status           HTTP status (default 200)
+      headers          dict, added to (and overriding) the fixture's headers
+      body             str (sent as UTF-8), bytes, or a dict/list (sent as JSON)
+      delay_s          wait this long before sending the status line
+      drip             (chunk_bytes, pause_s): send the body in small pieces with pauses
+      chunked          True: Transfer-Encoding: chunked
+      truncate         True: declare a Content-Length 1000 bytes longer than the body, send the
+                       body, close. An int n: declare the full length, send only n bytes, close.
+                       With chunked, the terminating zero-length chunk is never sent.
+      close            True: read the request, then close the connection without answering
+      size             generate a body of exactly this many bytes (the body repeated, or "x")
+      block_until      threading.Event: hold the request open (before the status line) until
+                       it is set, at most block_timeout_s (default FAKE_TIMEOUT_S), then answer
+    While delayed or held, a client that closes its socket is noticed and recorded in
+    ``FakeUpstream.disconnects`` (how cancellation tests see an abort).
+    """
+    if isinstance(spec, str):
+        spec = {"fixture": spec}
+    unknown = set(spec) - SPEC_KEYS
+    if unknown:
+        raise ValueError("unknown response spec keys: %s" % sorted(unknown))
+    resolved = {
+        "status": 200, "headers": {}, "body": b"", "delay_s": 0.0, "drip": None,
+        "chunked": False, "truncate": False, "close": False, "size": None,
+        "block_until": None, "block_timeout_s": FAKE_TIMEOUT_S,
+    }
+    if "fixture" in spec:
+        if fixtures is None or spec["fixture"] not in fixtures:
+            raise ValueError("no fixture named %r" % spec["fixture"])
+        fixture = fixtures[spec["fixture"]]
+        if fixture["status"] is None:
+            raise ValueError("%s is a decode table, not a response" % spec["fixture"])
+        resolved.update(status=fixture["status"], headers=dict(fixture["headers"]),
+                        body=fixture["body"])
+    for key, value in spec.items():
+        if key == "headers":
+            resolved["headers"] = {**resolved["headers"], **value}
+        elif key != "fixture":
+            resolved[key] = value
+    body = resolved["body"]
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body).encode("utf-8")
+        resolved["headers"].setdefault("Content-Type", "application/json")
+    elif isinstance(body, str):
+        body = body.encode("utf-8")
+    resolved["body"] = body
+    if resolved["size"] is not None:
+        pattern = body or b"x"
+        resolved["body"] = (pattern * (resolved["size"] // len(pattern) + 1))[:resolved["size"]]
+    if resolved["drip"] is not None and len(resolved["drip"]) != 2:
+        raise ValueError("drip is (chunk_bytes, pause_s)")
+    return resolved
+
+
+class RecordedRequest:
+    """One request a FakeUpstream received (and how much of its answer's body went out)."""
+
+    def __init__(self, method, path, headers, body):
+        self.method = method          # "GET", "POST", ...
+        self.path = path              # as sent, with the query string
+        self.headers = headers        # http.client.HTTPMessage: case-insensitive .get()
+        self.body = body              # bytes
+        parts = urlsplit(path)
+        self.route_path = parts.path  # what routes match on
+        self.query = parse_qs(parts.query, keep_blank_values=True)
+        self.body_sent = 0            # bytes of the answer's body written so far
+
+    def header(self, name, default=None):
+        """A request header, case-insensitive."""
+        return self.headers.get(name, default)
+
+    def json(self):
+        """The body parsed as JSON."""
+        return json.loads(self.body.decode("utf-8"))
+
+    def form(self):
+        """The body parsed as an urlencoded form: {name: first value}."""
+        fields = parse_qs(self.body.decode("utf-8"), keep_blank_values=True)
+        return {name: values[0] for name, values in fields.items()}
+
+    def __repr__(self):
+        return "<RecordedRequest %s %s %d bytes>" % (self.method, self.path, len(self.body))
+
+
+def _peer_closed(sock):
+    """True when the client has closed its end (readable with nothing to read)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def _matches(request, method, path):
+    return ((method is None or request.method == method.upper())
+            and (path is None or request.route_path == path))
 
 
 class _FakeHandler(BaseHTTPRequestHandler):
-    """One exchange with a fake: routed by method and path to the fake's handler.
+    """One exchange with a FakeUpstream: a scripted response spec, or a route's handler function.
 
-    The handler reads ``body``, ``query`` (parsed query string) and ``headers``, and answers with
-    :meth:`reply` (one body with Content-Length, kept alive) or :meth:`stream` (pieces as they are
-    produced, the body ending when the connection closes, like a server-sent event stream).
+    A handler function gets this object, with ``body``, ``query``, ``route_path`` and
+    ``headers`` of the request, and answers with :meth:`reply`, :meth:`reply_json` or
+    :meth:`stream`.
     """
 
-    protocol_version = "HTTP/1.1"  # keep-alive when the client wants it
-    server_version = "FakeUpstream/1.0"
-    # Headers and body go out in separate writes; without TCP_NODELAY, Nagle's
-    # algorithm and the client's delayed ACK stall every kept-alive answer ~40 ms
-    # (real API front ends disable Nagle too).
+    protocol_version = "HTTP/1.1"  # keep-alive and chunked, like the real vendors
+    server_version = "FakeUpstream/1"
+    timeout = 30  # socket timeout: a stuck client cannot hold a handler thread forever
+    # Headers and body go out in separate writes; without TCP_NODELAY, Nagle's algorithm and the
+    # client's delayed ACK stall every kept-alive answer ~40 ms (real API front ends disable it too).
     disable_nagle_algorithm = True
 
     def log_message(self, format, *args):  # noqa: A002 (signature fixed by the base class)
-        pass
+        """Quiet: failures show up as assertions, not as access-log noise."""
 
-    def do_GET(self):
-        self._dispatch("GET")
-
-    def do_POST(self):
-        self._dispatch("POST")
-
-    def _dispatch(self, method):
+    def _serve(self):
+        fake = self.server.fake
+        self.recorded = RecordedRequest(self.command, self.path, self.headers, self._read_body())
+        self.body, self.query = self.recorded.body, self.recorded.query
+        self.route_path = self.recorded.route_path
+        answer = fake._record_and_pick(self.recorded)
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = 0
-        self.body = self.rfile.read(length) if 0 < length <= (1 << 20) else b""
-        path, _, query = self.path.partition("?")
-        self.route_path = path
-        self.query = parse_qs(query)
-        handler = self.server.fake.handler_for(method, path)
-        if handler is None:
-            self.reply_json(404, {"detail": {"error": "Not Found"}})
-        else:
-            handler(self)
+            if callable(answer):
+                answer(self)
+            else:
+                self._answer(answer, self.recorded)
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            fake._record_disconnect(self.recorded)
+            self.close_connection = True
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
+
+    def _read_body(self):
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            data = bytearray()
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return bytes(data)
+                data += self.rfile.read(size)
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    # -- for handler functions --
 
     def reply(self, status, content_type, data):
+        """One answer with a Content-Length; the connection stays open."""
         try:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
@@ -182,98 +317,307 @@ class _FakeHandler(BaseHTTPRequestHandler):
             return False
         return True
 
+    # -- for response specs --
+
+    def _hold(self, event, timeout_s, request):
+        """Wait until `event` is set or `timeout_s` passes; False if the client left meanwhile."""
+        fake = self.server.fake
+        deadline = time.monotonic() + timeout_s
+        while event is None or not event.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            if fake.stopping.is_set():
+                self.close_connection = True
+                return False
+            if _peer_closed(self.connection):
+                fake._record_disconnect(request)
+                self.close_connection = True
+                return False
+            (event or fake.stopping).wait(min(_HOLD_POLL_S, remaining))
+        return True
+
+    def _answer(self, spec, request):
+        if spec["block_until"] is not None:
+            if not self._hold(spec["block_until"], spec["block_timeout_s"], request):
+                return
+        if spec["delay_s"] and not self._hold(None, spec["delay_s"], request):
+            return
+        if spec["close"]:
+            self.close_connection = True
+            return
+        body, truncate, chunked = spec["body"], spec["truncate"], spec["chunked"]
+        self.send_response(spec["status"])
+        for name, value in spec["headers"].items():
+            self.send_header(name, value)
+        explicit = {name.lower() for name in spec["headers"]}
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        elif "content-length" not in explicit:
+            declared = len(body) + 1000 if truncate is True else len(body)
+            self.send_header("Content-Length", str(declared))
+        if truncate is not False and truncate is not True:
+            body = body[:truncate]
+        if truncate:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        chunk_bytes, pause_s = spec["drip"] or (65536, 0)
+        for start in range(0, len(body), chunk_bytes):
+            piece = body[start:start + chunk_bytes]
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+            if pause_s:
+                self.wfile.flush()
+                self.server.fake._record_body_sent(request, len(piece))
+                if not self._hold(None, pause_s, request):
+                    return
+        if chunked and not truncate:
+            self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        if not pause_s:
+            self.server.fake._record_body_sent(request, len(body))
+
+
+class _FakeHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    # Port 0 never needs SO_REUSEADDR, and on Windows it means something else (another socket
+    # may bind the same port while this one listens), so only POSIX keeps HTTPServer's default.
+    # SO_REUSEPORT (port sharing, whatever a Python version's HTTPServer defaults to) stays off.
+    allow_reuse_address = sys.platform != "win32"
+    allow_reuse_port = False
+    # A burst of connections (fan-out, concurrent calls, the benches) must not overflow the listen
+    # queue: Windows refuses what does not fit, macOS and Linux drop the SYN and the client waits ~1 s.
+    request_queue_size = 256
+
+    def server_bind(self):
+        # HTTPServer.server_bind calls socket.getfqdn(), a reverse DNS lookup that can stall.
+        TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+    def handle_error(self, request, client_address):
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, socket.timeout)):
+            return  # the client went away: normal in timeout and cancellation tests
+        self.fake.errors.append(traceback.format_exc())
+
 
 class FakeUpstream:
-    """A loopback HTTP server whose subclasses register routes; counts requests and concurrency.
+    """A loopback HTTP server on 127.0.0.1, port 0, whose answers are scripted per route.
 
-    ``hits`` counts requests per key (a query, a path, a question: the subclass chooses);
-    ``latency_s`` delays answers (each route decides where); ``stop()`` cuts every delay short.
+        with FakeUpstream(fixtures=FIXTURES) as fake:
+            fake.route("POST", "/search", ["tavily/rate_limited.json",
+                                           "tavily/search_success.json"])
+            ... point the server at fake.url ...
+            assert fake.hits("POST", "/search") == 2
+
+    A route answers with response specs (see :func:`resolve_spec`), served in order with the
+    last one repeating, or with a handler function that writes its own answer (see
+    ``_FakeHandler``). Routes match on method and path without the query string; a ``prefix``
+    route matches every path that starts with it. An unrouted request gets a 404 JSON body.
+
+    Every request is kept in ``requests`` (a RecordedRequest); clients that hung up while a
+    response was held or dripped in ``disconnects``; unexpected handler exceptions in ``errors``.
+    Handler functions may count requests under keys of their own with :meth:`visit` (``visits``,
+    ``active`` and ``max_active``), and delay with :meth:`pause`, which :meth:`close` cuts short.
     """
 
     name = "fake-upstream"
 
-    def __init__(self, *, latency_s=0.0):
+    def __init__(self, *, fixtures=None, latency_s=0.0):
+        self.fixtures = fixtures
         self.latency_s = latency_s
         self.stopping = threading.Event()
-        self._lock = threading.Lock()  # guards hits, last_headers, active, max_active
-        self.hits = collections.Counter()
-        self.last_headers = {}
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # any recorded change; guards what follows
+        self._routes = {}      # (METHOD, path) -> route
+        self._prefixes = []    # (METHOD, path prefix, route)
+        self.requests = []
+        self.disconnects = []
+        self.errors = []
+        self.visits = collections.Counter()
         self.active = 0
         self.max_active = 0
-        self._routes = {}    # (method, path without trailing slash) -> handler(request)
-        self._prefixes = []  # (method, path prefix, handler(request))
-        self._httpd = _QuietHTTPServer(("127.0.0.1", 0), _FakeHandler)
+        self._httpd = _FakeHTTPServer(("127.0.0.1", 0), _FakeHandler)
         self._httpd.fake = self
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=self.name, daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": _SHUTDOWN_POLL_S},
+            name="%s:%d" % (self.name, self.port), daemon=True)
+        self._thread.start()
 
-    def add_route(self, method, path, handler, *, prefix=False):
-        if prefix:
-            self._prefixes.append((method, path, handler))
-        else:
-            self._routes[(method, path.rstrip("/") or "/")] = handler
-
-    def handler_for(self, method, path):
-        handler = self._routes.get((method, path.rstrip("/") or "/"))
-        if handler is None:
-            handler = next((h for m, p, h in self._prefixes if m == method and path.startswith(p)), None)
-        return handler
+    @property
+    def port(self):
+        """The port the fake listens on."""
+        return self._httpd.server_address[1]
 
     @property
     def url(self):
-        host, port = self._httpd.server_address[:2]
-        return "http://%s:%d" % (host, port)
+        """``http://127.0.0.1:PORT``, the base URL to configure."""
+        return "http://127.0.0.1:%d" % self.port
 
-    def start(self):
-        self._thread.start()
-        return self
+    def route(self, method, path, responses, *, prefix=False):
+        """Script `method path`: a handler function, one response spec or a list of them."""
+        if callable(responses):
+            route = {"handler": responses}
+        else:
+            specs = responses if isinstance(responses, list) else [responses]
+            if not specs:
+                raise ValueError("a route needs at least one response")
+            # A typo fails here, not in a handler thread.
+            route = {"specs": [resolve_spec(spec, self.fixtures) for spec in specs], "served": 0}
+        with self._lock:
+            if prefix:
+                self._prefixes.append((method.upper(), path, route))
+            else:
+                self._routes[(method.upper(), path)] = route
 
-    def stop(self):
-        self.stopping.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
+    # -- what arrived --
 
-    def pause(self, seconds):
-        """Sleep up to `seconds`; ends at once when the fake stops."""
-        if seconds > 0:
-            self.stopping.wait(seconds)
+    def requests_to(self, method=None, path=None):
+        """The recorded requests, optionally only those for `method` and/or `path`."""
+        with self._lock:
+            return [r for r in self.requests if _matches(r, method, path)]
+
+    def hits(self, method, path):
+        """How many requests `method path` received."""
+        return len(self.requests_to(method, path))
+
+    def _wait(self, done, timeout, failure):
+        """Wait until done() (called under the lock) is true; AssertionError(failure()) at `timeout`."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not done():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(failure())
+                self._changed.wait(remaining)
+
+    def wait_for_requests(self, n=1, *, method=None, path=None, timeout=FAKE_TIMEOUT_S):
+        """Wait until at least `n` matching requests arrived; return them."""
+        def found():
+            return [r for r in self.requests if _matches(r, method, path)]
+        self._wait(lambda: len(found()) >= n, timeout, lambda: (
+            "FakeUpstream: %d of %d requests (%s %s) within %.1fs; got %r"
+            % (len(found()), n, method, path, timeout, self.requests)))
+        return self.requests_to(method, path)
+
+    def expect_no_more_requests(self, n, *, within_s, method=None, path=None):
+        """Assert that no more than `n` matching requests arrive within `within_s` seconds."""
+        deadline = time.monotonic() + within_s
+        with self._changed:
+            while True:
+                count = sum(1 for r in self.requests if _matches(r, method, path))
+                remaining = deadline - time.monotonic()
+                if count > n or remaining <= 0:
+                    break
+                self._changed.wait(remaining)
+        assert count <= n, "FakeUpstream: %d requests (%s %s), expected at most %d" % (
+            count, method, path, n)
+
+    def wait_for_body_sent(self, nbytes, *, method=None, path=None, timeout=FAKE_TIMEOUT_S):
+        """Wait until a matching request's answer has sent `nbytes` of its body; return it."""
+        def sent():
+            return [r for r in self.requests if _matches(r, method, path) and r.body_sent >= nbytes]
+        self._wait(lambda: sent(), timeout, lambda: (
+            "FakeUpstream: no answer to %s %s sent %d body bytes within %.1fs"
+            % (method, path, nbytes, timeout)))
+        with self._lock:
+            return sent()[0]
+
+    def wait_for_disconnects(self, n=1, *, timeout=FAKE_TIMEOUT_S):
+        """Wait until `n` clients hung up on a held or dripping response; return those requests."""
+        self._wait(lambda: len(self.disconnects) >= n, timeout, lambda: (
+            "FakeUpstream: %d of %d disconnects within %.1fs" % (len(self.disconnects), n, timeout)))
+        with self._lock:
+            return list(self.disconnects)
+
+    # -- for handler functions --
 
     @contextlib.contextmanager
-    def visit(self, key, request):
+    def visit(self, key):
         """Count one request under `key` and hold it as active while the body runs."""
-        with self._lock:
-            self.hits[key] += 1
-            self.last_headers = dict(request.headers.items())
+        with self._changed:
+            self.visits[key] += 1
             self.active += 1
             self.max_active = max(self.max_active, self.active)
+            self._changed.notify_all()
         try:
             yield
         finally:
             with self._lock:
                 self.active -= 1
 
-    def hits_for(self, key):
+    def visits_for(self, key):
+        """How many requests were counted under `key`."""
         with self._lock:
-            return self.hits[key]
+            return self.visits[key]
 
-    def total_hits(self):
-        with self._lock:
-            return sum(self.hits.values())
+    def wait_for_visit(self, key, timeout_s):
+        """True once a request was counted under `key` (False after `timeout_s`)."""
+        try:
+            self._wait(lambda: self.visits[key] > 0, timeout_s, lambda: "")
+        except AssertionError:
+            return False
+        return True
 
     def reset_peak(self):
+        """Start a new max_active measurement from the requests active now."""
         with self._lock:
             self.max_active = self.active
 
-    def wait_for_hit(self, key, timeout_s):
-        """True once the upstream has seen `key` (bounded poll)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.hits_for(key):
-                return True
-            time.sleep(0.01)
-        return False
+    def pause(self, seconds):
+        """Sleep up to `seconds`; ends at once when the fake closes."""
+        if seconds > 0:
+            self.stopping.wait(seconds)
 
+    # -- lifetime --
+
+    def close(self):
+        """Stop serving; held, delayed and paused responses are dropped at once."""
+        self.stopping.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(FAKE_TIMEOUT_S)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    # -- called by the handler threads --
+
+    def _record_and_pick(self, request):
+        """Record `request`; return its route's handler function or its next response spec."""
+        with self._changed:
+            self.requests.append(request)
+            self._changed.notify_all()
+            key = (request.method, request.route_path)
+            route = self._routes.get(key) or next(
+                (r for m, p, r in self._prefixes if m == key[0] and key[1].startswith(p)), None)
+            if route is None:
+                message = "FakeUpstream has no route for %s %s" % key
+                return resolve_spec({"status": 404, "body": {"error": message}})
+            if "handler" in route:
+                return route["handler"]
+            specs = route["specs"]
+            spec = specs[min(route["served"], len(specs) - 1)]
+            route["served"] += 1
+            return spec
+
+    def _record_disconnect(self, request):
+        with self._changed:
+            self.disconnects.append(request)
+            self._changed.notify_all()
+
+    def _record_body_sent(self, request, nbytes):
+        with self._changed:
+            request.body_sent += nbytes
+            self._changed.notify_all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Fake upstreams of the checks and benchmarks: each speaks one upstream's real wire format
+# ----------------------------------------------------------------------------------------------
 
 def _tavily_query(request):
     """(query, max_results) of a Tavily /search body, or (None, None) when it is malformed."""
@@ -300,7 +644,7 @@ class FakeTavily(FakeUpstream):
 
     Results depend on the query, so distinct queries give distinct results. ``latency_s`` delays
     every answer; a query containing "slow" sleeps ``slow_s`` instead (bounded, and cut short by
-    ``stop()``) so cancellation can be tested.
+    ``close()``) so cancellation can be tested.
     """
 
     name = "fake-tavily"
@@ -308,14 +652,14 @@ class FakeTavily(FakeUpstream):
     def __init__(self, *, latency_s=0.0, slow_s=SLOW_QUERY_S):
         super().__init__(latency_s=latency_s)
         self.slow_s = slow_s
-        self.add_route("POST", "/search", self._search)
+        self.route("POST", "/search", self._search)
 
     def _search(self, request):
         query, max_results = _tavily_query(request)
         if query is None:
             request.reply_json(400, {"detail": {"error": "400 Bad Request"}})
             return
-        with self.visit(query, request):
+        with self.visit(query):
             self.pause(self.slow_s if "slow" in query else self.latency_s)
             request.reply_json(200, self.build_response(query, max_results))
 
@@ -354,10 +698,10 @@ class FakeEngines(FakeUpstream):
 
     def __init__(self, *, latency_s=0.1):
         super().__init__(latency_s=latency_s)
-        self.add_route("POST", "/search", self._tavily)
-        self.add_route("GET", "/search", self._bing)
-        self.add_route("POST", "/html/", self._duckduckgo)
-        self.add_route("POST", "/mcp", self._exa)
+        self.route("POST", "/search", self._tavily)
+        self.route("GET", "/search", self._bing)
+        self.route("POST", "/html/", self._duckduckgo)
+        self.route("POST", "/mcp", self._exa)
 
     @staticmethod
     def pages(engine):
@@ -398,7 +742,7 @@ class FakeEngines(FakeUpstream):
         return len(pages) - len(set(pages))
 
     def _answer(self, engine, query, request, content_type, render):
-        with self.visit((engine, query), request):
+        with self.visit((engine, query)):
             self.pause(self.latency_s)
             request.reply(200, content_type, render(self.results(engine, query)).encode("utf-8"))
 
@@ -612,10 +956,10 @@ class FakeSite(FakeUpstream):
     def __init__(self, *, latency_s=0.0):
         super().__init__(latency_s=latency_s)
         self.article, self.expected = build_article()
-        self.add_route("GET", "/article/", self._article, prefix=True)
+        self.route("GET", "/article/", self._article, prefix=True)
 
     def _article(self, request):
-        with self.visit(request.route_path, request):
+        with self.visit(request.route_path):
             self.pause(self.latency_s)
             request.reply(200, "text/html; charset=utf-8", self.article)
 
@@ -664,7 +1008,7 @@ class FakeChat(FakeUpstream):
         super().__init__()
         self.big = big_answer_stream()
         self.stream_s = {}
-        self.add_route("POST", "/v1/chat/completions", self._chat)
+        self.route("POST", "/v1/chat/completions", self._chat)
 
     @staticmethod
     def question(request):
@@ -684,7 +1028,7 @@ class FakeChat(FakeUpstream):
             request.reply_json(400, {"error": {"message": "messages are required", "code": "invalid_request"}})
             return
         started = time.monotonic()
-        with self.visit(question, request):
+        with self.visit(question):
             if question.startswith("big"):
                 pieces = (self.big[i:i + 16384] for i in range(0, len(self.big), 16384))
             elif question.startswith("slow"):
@@ -1113,7 +1457,7 @@ class OfflineChecks:
             ("non-JSON line -> -32700", self.check_parse_error),
             ("cancelled call gets no response", self.check_cancellation),
             ("cancelled call not cached", self.check_cancel_not_cached),
-            ("EOF answers in-flight call, exit 0", self.check_eof),
+            ("EOF cancels the call in flight, exit 0 at once", self.check_eof),
             ("stdout purity", self.check_stdout_purity),
         ]
 
@@ -1155,21 +1499,22 @@ class OfflineChecks:
         first = sc["results"][0]
         expect(first.get("url") == self.fake.result_url(query, 1),
                "first url %r is not the fake's %r" % (first.get("url"), self.fake.result_url(query, 1)))
-        expect(self.fake.hits_for(query) == 1, "upstream hits = %d, expected 1" % self.fake.hits_for(query))
+        expect(self.fake.visits_for(query) == 1, "upstream hits = %d, expected 1" % self.fake.visits_for(query))
 
     def check_keyless_headers(self):
-        headers = {k.lower(): v for k, v in self.fake.last_headers.items()}
-        expect(headers.get("x-tavily-access-mode") == "keyless",
-               "X-Tavily-Access-Mode = %r, expected keyless" % headers.get("x-tavily-access-mode"))
-        expect("authorization" not in headers, "an Authorization header was sent without a key")
+        sent = self.fake.requests_to("POST", "/search")
+        expect(sent, "no request reached the fake Tavily")
+        mode = sent[-1].header("X-Tavily-Access-Mode")
+        expect(mode == "keyless", "X-Tavily-Access-Mode = %r, expected keyless" % mode)
+        expect(sent[-1].header("Authorization") is None, "an Authorization header was sent without a key")
 
     def check_cached(self):
         query = "smoke alpha"
         resp = self.client.call("tools/call", search_params(query))
         sc = expect_success(resp)
         expect(sc.get("cached") is True, "cached = %r, expected true" % sc.get("cached"))
-        expect(self.fake.hits_for(query) == 1,
-               "upstream hits = %d after the repeat, expected 1" % self.fake.hits_for(query))
+        expect(self.fake.visits_for(query) == 1,
+               "upstream hits = %d after the repeat, expected 1" % self.fake.visits_for(query))
         first_line = result_text(resp["result"]).split("\n", 1)[0]
         expect("cached" in first_line, "text first line does not say cached: %r" % first_line)
 
@@ -1185,7 +1530,7 @@ class OfflineChecks:
         missing = [i for i, r in zip(ids, resps) if r is None]
         expect(not missing, "no response for ids %s" % missing)
         scs = [expect_success(r) for r in resps]
-        hits = self.fake.hits_for(query)
+        hits = self.fake.visits_for(query)
         expect(hits == 1, "upstream hits = %d for 10 identical concurrent calls, expected 1" % hits)
         coalesced = sum(1 for sc in scs if sc.get("coalesced") is True)
         expect(coalesced >= 1, "no result has coalesced true (cached: %d)"
@@ -1217,7 +1562,7 @@ class OfflineChecks:
         query = self.CANCEL_QUERY
         rpc_id = self.client.request("tools/call", search_params(query))
         # Cancel only once the upstream request is really in flight.
-        expect(self.fake.wait_for_hit(query, 5.0), "the slow query never reached the upstream")
+        expect(self.fake.wait_for_visit(query, 5.0), "the slow query never reached the upstream")
         cancelled_at = time.monotonic()
         self.client.notify("notifications/cancelled", {"requestId": rpc_id, "reason": "smoke test cancel"})
         # The server keeps serving (a slow runner may take a while to answer: RPC_TIMEOUT_S) ...
@@ -1232,7 +1577,7 @@ class OfflineChecks:
         # If the cancelled call were still running, this identical call would join it (coalesced,
         # slow); if it had been cached, this would be cached. Either way the hit count shows it.
         query = self.CANCEL_QUERY
-        before = self.fake.hits_for(query)
+        before = self.fake.visits_for(query)
         self.fake.slow_s = 0.2
         try:
             started = time.monotonic()
@@ -1243,23 +1588,25 @@ class OfflineChecks:
         expect(sc.get("cached") is False and sc.get("coalesced") is False,
                "cached=%r coalesced=%r after %.1f s, expected a fresh call"
                % (sc.get("cached"), sc.get("coalesced"), elapsed))
-        expect(self.fake.hits_for(query) == before + 1,
-               "upstream hits %d -> %d, expected one new request" % (before, self.fake.hits_for(query)))
+        expect(self.fake.visits_for(query) == before + 1,
+               "upstream hits %d -> %d, expected one new request" % (before, self.fake.visits_for(query)))
 
     def check_eof(self):
+        """stdin EOF means the client has gone: the call in flight is cancelled and the process exits 0 at once."""
         query = "smoke eof"
-        self.fake.latency_s = 0.5
+        self.fake.latency_s = 5.0
         try:
             rpc_id = self.client.request("tools/call", search_params(query))
             self.client.close_stdin()
-            resp = self.client.wait(rpc_id, RPC_TIMEOUT_S)
+            started = time.monotonic()
+            code = self.client.wait_exit(10.0)
+            took = time.monotonic() - started
         finally:
             self.fake.latency_s = 0.0
-        expect(resp is not None, "the in-flight call was not answered after EOF%s" % self.client.exit_note())
-        expect_success(resp)
-        code = self.client.wait_exit(10.0)
         expect(code is not None, "server still running 10 s after stdin EOF")
         expect(code == 0, "exit code %s after EOF, expected 0" % code)
+        expect(took < 2.5, "exit took %.1f s after EOF with a 5 s upstream call in flight" % took)
+        expect(self.client.wait(rpc_id, 0.2) is None, "the cancelled call was answered after EOF")
 
     def check_stdout_purity(self):
         self.client.eof.wait(5.0)
@@ -1275,7 +1622,7 @@ def run_offline(server_path):
         report.fail("server present", "%s not found" % server_path)
         print("%d passed, %d failed" % (report.passed, report.failed))
         return 1
-    fake = FakeTavily().start()
+    fake = FakeTavily()
     client = None
     try:
         client = start_server(offline_env(fake.url), server_path=server_path)
@@ -1288,7 +1635,7 @@ def run_offline(server_path):
     finally:
         if client is not None:
             client.close()
-        fake.stop()
+        fake.close()
     if report.failed and client is not None and client.stderr_tail:
         print("server stderr (last lines):", file=sys.stderr)
         for line in list(client.stderr_tail)[-20:]:
@@ -1325,6 +1672,7 @@ PAGE_CALLS = 500
 ANSWER_CALLS = 10
 BIG_ANSWER_RUNS = 3
 ANSWER_COALESCE_CALLS = 20
+SHUTDOWN_RUNS = 5
 
 
 class Bench:
@@ -1469,7 +1817,7 @@ class Bench:
             for _ in range(COALESCE_ROUNDS):
                 query = self.fresh_query("bench coalesce")
                 resps = _fan_out(client, [search_params(query)] * COALESCE_CALLS, timeout_s=30.0)
-                hits_per_round.append(self.fake.hits_for(query))
+                hits_per_round.append(self.fake.visits_for(query))
                 coalesced_per_round.append(sum(
                     1 for r in resps if r and ((r.get("result") or {}).get("structuredContent") or {})
                     .get("coalesced") is True))
@@ -1527,7 +1875,7 @@ class Bench:
     # -- fan-out over four engines ---------------------------------------------------------------
 
     def fanout(self):
-        engines = FakeEngines(latency_s=FANOUT_LATENCY_S).start()
+        engines = FakeEngines(latency_s=FANOUT_LATENCY_S)
         env = offline_env(engines.url, WEBSEARCH_VENDORS=",".join(FANOUT_ENGINES), WEBSEARCH_BING_URL=engines.url,
                           WEBSEARCH_DUCKDUCKGO_URL=engines.url, WEBSEARCH_EXA_MCP_URL=engines.url + "/mcp")
         client = self.spawn(env, threaded=False)
@@ -1548,7 +1896,7 @@ class Bench:
             cpu1 = cpu_seconds(client.pid)
         finally:
             client.close()
-            engines.stop()
+            engines.close()
         wall = _median(wall_ms)
         note = "" if not problems else " (%d calls short of 4 engines: %s)" % (len(problems), problems[0])
         self.row("fan-out round trip, median of %d" % FANOUT_CALLS, "%.1f ms = slowest engine %.0f ms + %.1f ms%s" % (
@@ -1579,7 +1927,7 @@ class Bench:
     # -- web_fetch of a ~100 KB article ----------------------------------------------------------
 
     def fetch(self):
-        site = FakeSite().start()
+        site = FakeSite()
         env = offline_env(self.fake.url, WEBSEARCH_FETCH_PROVIDERS="direct", WEBSEARCH_ALLOW_PRIVATE_URLS="1")
         self.row("article served", "%.1f KB of HTML: %d headings, %d table rows, %d code blocks, %d list items" % (
             len(site.article) / 1024.0, *(len(site.expected[k]) for k in
@@ -1588,7 +1936,7 @@ class Bench:
             self._fetch_cpu(site, env)
             self._fetch_coalescing(site, env)
         finally:
-            site.stop()
+            site.close()
 
     def _fetch_cpu(self, site, env):
         client = self.spawn(env, threaded=False)
@@ -1659,7 +2007,7 @@ class Bench:
             for _ in range(COALESCE_ROUNDS):
                 path = "/article/" + self.fresh_query("coalesce").replace(" ", "-")
                 resps = _fan_out(client, [fetch_params(site.url + path)] * FETCH_COALESCE_CALLS, timeout_s=30.0)
-                hits.append(site.hits_for(path))
+                hits.append(site.visits_for(path))
                 coalesced.append(sum(1 for r in resps if _sc(r).get("coalesced") is True))
         finally:
             site.latency_s = 0.0
@@ -1675,7 +2023,7 @@ class Bench:
                            WEBSEARCH_CONFIG_FILE=os.path.join(folder, "config.json"))
 
     def answer(self):
-        chat = FakeChat().start()
+        chat = FakeChat()
         folder = _TempDir("smoke-answer-")
         try:
             env = self.answer_env(chat, folder.path)
@@ -1683,7 +2031,7 @@ class Bench:
             self._answer_coalescing(chat, env)
         finally:
             folder.remove()
-            chat.stop()
+            chat.close()
 
     def _answer_latency(self, chat, env):
         client = self.spawn(env, threaded=False)
@@ -1744,7 +2092,7 @@ class Bench:
             for _ in range(COALESCE_ROUNDS):
                 question = self.fresh_query("coalesced question")
                 resps = _fan_out(client, [answer_params(question)] * ANSWER_COALESCE_CALLS, timeout_s=30.0)
-                hits.append(chat.hits_for(question))
+                hits.append(chat.visits_for(question))
                 coalesced.append(sum(1 for r in resps if _sc(r).get("coalesced") is True))
         finally:
             client.close()
@@ -1754,7 +2102,7 @@ class Bench:
 
     def progress(self):
         """One SLOW_ANSWER_S answer with a progressToken: when do notifications/progress arrive?"""
-        chat = FakeChat().start()
+        chat = FakeChat()
         folder = _TempDir("smoke-answer-")
         client = self.spawn(self.answer_env(chat, folder.path), threaded=True)
         token = "bench-progress"
@@ -1767,7 +2115,7 @@ class Bench:
         finally:
             client.close()
             folder.remove()
-            chat.stop()
+            chat.close()
         arrivals = [at for at, msg in zip(client.notification_times, client.notifications)
                     if msg.get("method") == "notifications/progress"
                     and (msg.get("params") or {}).get("progressToken") == token]
@@ -1778,6 +2126,39 @@ class Bench:
                  "%d notifications, interval median %.2f s, max %.2f s; longest silence %.2f s" % (
                      len(arrivals), _median(intervals), max(intervals, default=float("nan")),
                      max(silences, default=float("nan"))))
+
+    def shutdown(self):
+        """The client goes (stdin EOF, SIGTERM) while a long answer streams: how soon does the process exit?"""
+        chat = FakeChat()
+        folder = _TempDir("smoke-shutdown-")
+        how = ["stdin EOF"] + (["SIGTERM"] if os.name != "nt" else [])
+        try:
+            for way in how:
+                seconds = []
+                for _ in range(SHUTDOWN_RUNS):
+                    client = self.spawn(self.answer_env(chat, folder.path), threaded=True)
+                    try:
+                        client.handshake()
+                        params = dict(answer_params(self.fresh_query("slow question")), _meta={"progressToken": "p"})
+                        client.send({"jsonrpc": "2.0", "id": 77, "method": "tools/call", "params": params})
+                        wait_until(lambda: any("characters received" in str((m.get("params") or {}).get("message"))
+                                               for m in list(client.notifications)), RPC_TIMEOUT_S, "the stream")
+                        started = time.monotonic()
+                        if way == "SIGTERM":
+                            client.proc.terminate()
+                        else:
+                            client.close_stdin()
+                        code = client.wait_exit(RPC_TIMEOUT_S)
+                        seconds.append(time.monotonic() - started)
+                        if code != 0:
+                            raise CheckError("exit status %r after %s" % (code, way))
+                    finally:
+                        client.close()
+                self.row("%s to exit, a %.0f s web_answer streaming" % (way, SLOW_ANSWER_S),
+                         "%.1f ms" % (_median(seconds) * 1000), "< 1 s", _verdict(_median(seconds) < 1.0))
+        finally:
+            folder.remove()
+            chat.close()
 
 
 class _TempDir:
@@ -1931,7 +2312,7 @@ def run_bench(server_path):
     if not os.path.isfile(server_path):
         print("FAIL server present: %s not found" % server_path)
         return 1
-    fake = FakeTavily().start()
+    fake = FakeTavily()
     bench = Bench(server_path, fake)
     broken = []
     phases = (
@@ -1944,6 +2325,7 @@ def run_bench(server_path):
         ("web_fetch", "web_fetch, direct provider, ~%.0f KB article" % (ARTICLE_BYTES / 1024.0), bench.fetch),
         ("web_answer", "web_answer over a streaming chat endpoint (~%.0f ms per normal answer)"
          % (ANSWER_STREAM_S * 1000), bench.answer),
+        ("shutdown", "the client going away while a %.0f s web_answer streams" % SLOW_ANSWER_S, bench.shutdown),
         # Last: it takes a minute.
         ("web_answer progress cadence (one %.0f s answer, please wait)" % SLOW_ANSWER_S, None, bench.progress),
     )
@@ -1958,7 +2340,7 @@ def run_bench(server_path):
                 broken.append(name)
                 bench.row("%s phase" % name, "ERROR %s: %s" % (type(exc).__name__, _short(str(exc), 120)))
     finally:
-        fake.stop()
+        fake.close()
     print("python %s on %s; medians of several runs" % (sys.version.split()[0], sys.platform))
     print_table(bench.rows)
     return 1 if broken else 0

@@ -80,6 +80,7 @@ DEFAULT_MODEL = "grok-4-fast"
 MAX_MAP_LIMIT = 5000
 SESSION_MAX, SESSION_TTL_S = 256, 3600.0
 CACHE_SWEEP_S = 60.0
+SHUTDOWN_GRACE_S = 0.5    # after stdin EOF or SIGTERM, calls get this long to unwind before the exit
 
 # The keyless four close every default ring; keyed vendors and SearXNG go first when configured.
 RING_VENDORS = ("exa", "tavily", "bing", "duckduckgo")
@@ -129,6 +130,18 @@ class Cancelled(RingError):
     """The request was cancelled by the client (``notifications/cancelled``)."""
 
 
+class Stop(BaseException):
+    """The process was asked to stop (SIGTERM, Ctrl-Break): raised on the main thread.
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so that no ``except
+    Exception`` on the way swallows it before the stdin loop sees it.
+    """
+
+    def __init__(self, reason):
+        self.reason = reason
+        super().__init__(reason)
+
+
 class DeadlineExceeded(RingError):
     """The request's overall deadline passed."""
 
@@ -137,7 +150,7 @@ class TransportError(RingError):
     """An HTTP exchange failed below the HTTP status level.
 
     ``kind`` is one of ``timeout``, ``network``, ``too_large``, ``truncated``,
-    ``redirects``, ``bad_url``.
+    ``redirects``, ``bad_url``, ``blocked_address``, ``proxy``.
     """
 
     def __init__(self, kind, message):
@@ -263,8 +276,18 @@ def collapse_ws(text):
 
 
 def json_line(obj):
-    """One compact JSON message as UTF-8 bytes with a trailing newline."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    """One compact JSON message as UTF-8 bytes with a trailing newline, whatever it holds.
+
+    A lone surrogate (from a broken upstream title) cannot be UTF-8: such a message is
+    written with ``\\u`` escapes instead, so it is still answered.
+
+    >>> json_line({"t": "\\ud83d"})
+    b'{"t":"\\\\ud83d"}\\n'
+    """
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":")).encode("ascii") + b"\n"
 
 
 def new_id(prefix):
@@ -278,6 +301,8 @@ def parse_retry_after(value, now=None):
     >>> parse_retry_after("7")
     7.0
     >>> parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0)
+    10.0
+    >>> parse_retry_after("Wed Oct 21 07:28:00 2015", now=1445412470.0)
     10.0
     >>> parse_retry_after("soon") is None
     True
@@ -298,6 +323,9 @@ def parse_retry_after(value, now=None):
         return None
     if when is None:
         return None
+    if when.tzinfo is None:      # the asctime form has no zone; HTTP dates are always UTC
+        import datetime
+        when = when.replace(tzinfo=datetime.timezone.utc)
     now = time.time() if now is None else now
     return max(0.0, when.timestamp() - now)
 
@@ -568,6 +596,8 @@ class Var:
             return "a comma-separated list"
         if self.kind == "url":
             return "an http:// or https:// URL"
+        if self.kind == "proxy":
+            return "an HTTP proxy: host:port or http://[user:pass@]host:port"
         if self.kind == "vendors":
             return "a comma-separated list of: " + ", ".join(KNOWN_VENDORS)
         if self.kind == "providers":
@@ -674,11 +704,12 @@ VARIABLES = (
         "Base URL of the Serper API (POST /search)."),
     Var("WEBSEARCH_YEP_URL", "yep_url", "url", "https://platform.yep.com",
         "Base URL of the Yep API (POST /api/search)."),
-    Var("WEBSEARCH_PROXY", "proxy", "url", "",
-        "Proxy for every upstream request; overrides HTTPS_PROXY and HTTP_PROXY."),
-    Var("HTTPS_PROXY", "https_proxy", "url", "",
+    Var("WEBSEARCH_PROXY", "proxy", "proxy", "",
+        "HTTP proxy for every upstream request (host:port means http://; SOCKS is not supported); "
+        "overrides HTTPS_PROXY and HTTP_PROXY. An invalid value fails requests rather than going direct."),
+    Var("HTTPS_PROXY", "https_proxy", "proxy", "",
         "Proxy for https:// upstreams (also read as https_proxy).", aliases=("https_proxy",)),
-    Var("HTTP_PROXY", "http_proxy", "url", "",
+    Var("HTTP_PROXY", "http_proxy", "proxy", "",
         "Proxy for http:// upstreams (also read as http_proxy).", aliases=("http_proxy",)),
     Var("NO_PROXY", "no_proxy", "str", "",
         "Hosts that bypass the proxy: comma-separated names or suffixes, * for all "
@@ -746,6 +777,34 @@ class Problem:
                 "expected": self.expected, "message": self.message}
 
 
+def _parse_proxy(text):
+    """A proxy URL from how people write one; raises ValueError with a reason.
+
+    A value without a scheme is an HTTP proxy; SOCKS needs more than the standard library has.
+
+    >>> _parse_proxy("127.0.0.1:3128"), _parse_proxy("HTTP://proxy.corp:8080/")
+    ('http://127.0.0.1:3128', 'http://proxy.corp:8080')
+    >>> _parse_proxy("socks5://127.0.0.1:1080")
+    Traceback (most recent call last):
+    ValueError: SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); use an http:// proxy
+    """
+    from urllib.parse import urlsplit
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        parts = urlsplit(text)
+        parts.port
+    except ValueError:
+        raise ValueError("not a host:port or URL") from None
+    scheme = parts.scheme.lower()
+    if scheme.startswith("socks"):
+        raise ValueError("SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); "
+                         "use an http:// proxy")
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) proxy")
+    return scheme + text[len(parts.scheme):].rstrip("/")
+
+
 def _parse_value(var, raw):
     """Parse one raw string; returns the value or raises ValueError with a reason."""
     text = raw.strip()
@@ -765,6 +824,8 @@ def _parse_value(var, raw):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("not an http(s) URL")
         return text.rstrip("/")
+    if var.kind == "proxy":
+        return _parse_proxy(text)
     if var.kind == "vendors":
         names = [n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()]
         unknown = [n for n in names if n not in KNOWN_VENDORS]
@@ -864,7 +925,7 @@ class Config:
     @classmethod
     def from_env(cls, env):
         """Parse ``env`` (a mapping such as ``os.environ``); never raises."""
-        values, problems, sources = {}, [], {}
+        values, problems, sources, broken = {}, [], {}, {}
         for var in VARIABLES:
             raw, used = None, var.name
             for name in (var.name,) + var.aliases:
@@ -882,10 +943,13 @@ class Config:
                 sources[var.field] = used
             except ValueError as exc:
                 shown = "<hidden>" if var.secret else raw
+                fallback = "using the default (%s)" % var.label
+                if var.kind == "proxy":   # going direct instead would bypass the proxy the user asked for
+                    fallback = "requests that would use it fail instead of going direct"
+                    broken[var.field] = "%s=%r is invalid (%s)" % (used, shown, exc)
                 problems.append(Problem(
                     used, shown, var.expected(),
-                    "%s=%r is invalid (%s); expected %s; using the default (%s)" % (
-                        used, shown, exc, var.expected(), var.label)))
+                    "%s=%r is invalid (%s); expected %s; %s" % (used, shown, exc, var.expected(), fallback)))
                 values[var.field] = default
         if values["debug"]:
             values["log_level"] = "debug"
@@ -917,6 +981,7 @@ class Config:
             values["vendors"] = tuple(n for n in KEYED_VENDORS + RING_VENDORS if configured.get(n, True))
         if not values["user_agent"]:
             values["user_agent"] = DEFAULT_UA
+        values["broken_proxies"] = broken
         return cls(values, problems, sources)
 
     def is_configured(self, vendor):
@@ -1194,6 +1259,8 @@ def decode_page(body, content_type=""):
     'café'
     >>> decode_page(b"caf\\xe9", "text/plain; charset=utf-8")
     'café'
+    >>> decode_page(b"plain", "text/html; charset=base64"), decode_page(b"plain", "text/html; charset=undefined")
+    ('plain', 'plain')
     """
     import codecs
     for bom, name in _BOMS:
@@ -1208,9 +1275,12 @@ def decode_page(body, content_type=""):
         if meta:
             declared = meta.group(1).decode("ascii", "replace")
     try:
-        name = codecs.lookup(declared).name if declared else "utf-8"
+        info = codecs.lookup(declared) if declared else None
     except LookupError:
-        name = "utf-8"
+        info = None
+    # Only text encodings: a page may declare base64, rot13 or idna, which are not charsets.
+    name = info.name if info is not None and getattr(info, "_is_text_encoding", True) \
+        and info.name not in ("idna", "punycode", "undefined") else "utf-8"
     if name != "utf-8":
         try:
             text = body.decode("utf-8")
@@ -1283,6 +1353,8 @@ def body_text_message(body, status, limit=300):
 
 
 _LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+# socket.timeout is TimeoutError itself from Python 3.10 on; on 3.9 an OS-level ETIMEDOUT is only the latter.
+_TIMEOUTS = (TimeoutError, __import__("socket").timeout) if sys.version_info < (3, 10) else (TimeoutError,)
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
@@ -1314,28 +1386,55 @@ class Transport:
         with self._ssl_lock:
             if self._ssl_context is None:
                 import ssl
-                self._ssl_context = ssl.create_default_context()
+                context = ssl.create_default_context()
+                # Python 3.13 turned on strict X.509 checks, which refuse the CA certificates many
+                # TLS-inspecting proxies use (basic constraints not marked critical): verify as 3.9-3.12 do.
+                context.verify_flags &= ~getattr(ssl, "VERIFY_X509_STRICT", 0)
+                self._ssl_context = context
             return self._ssl_context
 
     def _proxy_for(self, scheme, host):
-        """The proxy URL for ``scheme://host``, or None (loopback never uses one)."""
+        """The proxy URL for ``scheme://host``, or None (loopback never uses one).
+
+        A proxy variable with an invalid value fails the request: going direct
+        would bypass the proxy the user asked for.
+        """
         cfg = self._config
-        proxy = cfg.proxy or (cfg.https_proxy if scheme == "https" else cfg.http_proxy)
-        if not proxy or host in _LOOPBACK_HOSTS or host.startswith("127."):
+        if host in _LOOPBACK_HOSTS or host.startswith("127."):
+            return None
+        field = "proxy" if cfg.proxy or "proxy" in cfg.broken_proxies else (
+            "https_proxy" if scheme == "https" else "http_proxy")
+        proxy = getattr(cfg, field)
+        if not proxy and field not in cfg.broken_proxies:
             return None
         for entry in (e.strip().lower() for e in cfg.no_proxy.split(",")):
             if entry == "*" or (entry and (host == entry.lstrip(".") or host.endswith("." + entry.lstrip(".")))):
                 return None
+        if not proxy:
+            raise TransportError("proxy", "%s; fix or unset it (nothing is sent around the proxy)"
+                                 % cfg.broken_proxies[field])
         return proxy
 
-    def _public_address(self, host, port, deadline):
-        """The first public address of ``host``; raises TransportError when it has none."""
+    def _resolve(self, host, port):
+        """``getaddrinfo`` for a stream socket; an override point for tests that must not ask DNS."""
+        import socket
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+
+    def _public_address(self, host, port, proxied=False):
+        """The first public address of ``host``; raises TransportError when it has none.
+
+        Behind a proxy, a name that does not resolve here goes to the proxy
+        unchecked (on such networks only the proxy resolves names, and it
+        decides); a literal address or a name that resolves is checked.
+        """
         import socket
         if self._config.allow_private:
             return None
         try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            infos = self._resolve(host, port)
         except (socket.gaierror, UnicodeError) as exc:
+            if proxied and isinstance(exc, socket.gaierror):
+                return None
             raise TransportError("network", "DNS lookup of %s failed (%s)" % (host, exc)) from None
         refused = []
         for info in infos:
@@ -1370,10 +1469,11 @@ class Transport:
             # CONNECT goes to the proxy in the clear; TLS then runs inside the tunnel.
             conn = http.client.HTTPSConnection(p.hostname, pport, timeout=timeout_s, context=self._context())
             conn.set_tunnel(host, port, headers=headers)
-            return conn, False
-        conn = http.client.HTTPConnection(p.hostname, pport, timeout=timeout_s)
-        conn._proxy_headers = headers
-        return conn, True
+        else:
+            conn = http.client.HTTPConnection(p.hostname, pport, timeout=timeout_s)
+            conn._proxy_headers = headers
+        conn.via_proxy = "%s:%d" % (p.hostname, pport)
+        return conn, scheme != "https"
 
     def request(self, method, url, *, headers=None, body=None, timeout_s=10.0, deadline=None,
                 token=None, max_bytes=MAX_BODY_BYTES, max_redirects=0, public_only=False, truncate=False):
@@ -1447,7 +1547,7 @@ class Transport:
         if public_only:
             if parts.username is not None or parts.password is not None:
                 raise TransportError("bad_url", "URLs with credentials are refused: %s" % url.split("@")[-1])
-            address = self._public_address(host, port, deadline)
+            address = self._public_address(host, port, self._proxy_for(parts.scheme, host) is not None)
         if isinstance(body, str):
             body = body.encode("utf-8")
         key = (parts.scheme, host, port, address)
@@ -1473,7 +1573,6 @@ class Transport:
     def _send(self, conn, reused, absolute, key, method, url, parts, headers, body, deadline, token, max_bytes,
               truncate):
         import http.client
-        import socket
         target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
         hdrs = {"Accept-Encoding": "gzip, deflate"}
         hdrs.update(headers)
@@ -1484,7 +1583,7 @@ class Transport:
         answered = False
         try:
             if conn.sock is None:
-                conn.connect()
+                _open_connection(conn)
             sock = conn.sock
             if token is not None:
                 handle = token.add_callback(lambda: _shutdown(sock))
@@ -1502,9 +1601,10 @@ class Transport:
                 remaining = deadline.remaining()
                 if remaining <= 0:
                     raise TransportError("timeout", "timed out reading the body")
-                sock.settimeout(remaining)
-                chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
+                chunk = _read_piece(resp, sock, remaining)
                 if not chunk:
+                    if token is not None:
+                        token.check()    # a cancel shuts the socket: what looks like the end is not
                     if resp.length:   # read1() ends quietly when the peer closes before Content-Length
                         raise TransportError("truncated", "connection closed with %d of the body's bytes "
                                                           "missing" % resp.length)
@@ -1534,7 +1634,7 @@ class Transport:
             if token is not None and token.cancelled:
                 raise Cancelled(token.reason or "cancelled") from None
             raise TransportError("truncated", "connection closed after %d bytes of the body" % len(exc.partial)) from None
-        except socket.timeout:
+        except _TIMEOUTS:
             if token is not None and token.cancelled:
                 raise Cancelled(token.reason or "cancelled") from None
             raise TransportError("timeout", "timed out waiting for the upstream") from None
@@ -1564,7 +1664,6 @@ class Transport:
         wait for each piece of the body, ``deadline`` the whole exchange.
         """
         import http.client
-        import socket
         from urllib.parse import urlsplit
         deadline = deadline or Deadline(timeout_s, self._clock)
         parts = urlsplit(url)
@@ -1579,7 +1678,7 @@ class Transport:
             hdrs = dict(headers or {})
             if absolute:
                 hdrs.update(conn._proxy_headers)
-            conn.connect()
+            _open_connection(conn)
             sock = conn.sock
             if token is not None:
                 handle = token.add_callback(lambda: _shutdown(sock))
@@ -1599,7 +1698,7 @@ class Transport:
                 raise
             if token is not None and token.cancelled:
                 raise Cancelled(token.reason or "cancelled") from None
-            if isinstance(exc, socket.timeout) or deadline.expired():
+            if isinstance(exc, _TIMEOUTS) or deadline.expired():
                 raise TransportError("timeout", "timed out waiting for the upstream") from None
             if isinstance(exc, (OSError, http.client.HTTPException)):
                 raise TransportError("network", _describe_os_error(exc)) from None
@@ -1628,15 +1727,14 @@ class HttpStream:
     def chunks(self):
         """Body pieces as they arrive; ends at the end of the body, raises on a cut or a timeout."""
         import http.client
-        import socket
         try:
             while True:
                 wait = self._deadline.clip(self._timeout_s)
                 if wait <= 0:
                     raise TransportError("timeout", "the stream outlived its time budget")
-                self._sock.settimeout(wait)
-                chunk = self._resp.read1(65536)
+                chunk = _read_piece(self._resp, self._sock, wait)
                 if not chunk:
+                    self._raise_cancelled()     # a cancel shuts the socket: what looks like the end is not
                     if self._resp.length:
                         raise TransportError("truncated", "the connection closed with %d bytes of the body "
                                                           "missing" % self._resp.length)
@@ -1650,7 +1748,7 @@ class HttpStream:
         except http.client.IncompleteRead:
             self._raise_cancelled()
             raise TransportError("truncated", "the connection closed in the middle of the stream") from None
-        except socket.timeout:
+        except _TIMEOUTS:
             self._raise_cancelled()
             raise TransportError("timeout", "no data from the upstream for %.0f s" % self._timeout_s) from None
         except (OSError, http.client.HTTPException, ValueError) as exc:
@@ -1700,32 +1798,56 @@ class _StaleConnection(Exception):
     """A kept-alive connection turned out to be closed before it answered."""
 
 
-def non_public_reason(address):
+# Special-purpose ranges (IANA's IPv4 and IPv6 special-purpose registries), most specific first.
+# An explicit table because ipaddress's is_private/is_global changed between patch releases
+# (3.11.10, 3.12.4, 3.13): the same address must get the same verdict on every Python.
+_NON_PUBLIC = (
+    ("0.0.0.0/32", "unspecified"), ("0.0.0.0/8", "reserved"), ("10.0.0.0/8", "private"),
+    ("100.64.0.0/10", "shared (CGNAT)"), ("127.0.0.0/8", "loopback"), ("169.254.0.0/16", "link-local"),
+    ("172.16.0.0/12", "private"), ("192.0.0.0/24", "reserved"), ("192.0.2.0/24", "reserved"),
+    ("192.88.99.0/24", "reserved"), ("192.168.0.0/16", "private"), ("198.18.0.0/15", "reserved"),
+    ("198.51.100.0/24", "reserved"), ("203.0.113.0/24", "reserved"), ("224.0.0.0/4", "multicast"),
+    ("240.0.0.0/4", "reserved"),
+    ("::/128", "unspecified"), ("::1/128", "loopback"), ("64:ff9b:1::/48", "private"),
+    ("100::/64", "reserved"), ("2001::/23", "reserved"), ("2001:db8::/32", "reserved"),
+    ("3fff::/20", "reserved"), ("5f00::/16", "reserved"), ("fc00::/7", "private"),
+    ("fe80::/10", "link-local"), ("fec0::/10", "private"), ("ff00::/8", "multicast"),
+)
+
+
+def non_public_reason(address, _table=[]):
     """Why an IP address is not public (``"loopback"``, ``"private"`` ...), or None when it is.
 
-    IPv4-mapped IPv6 addresses are judged by their IPv4 part.
+    IPv6 forms that carry an IPv4 address (mapped ``::ffff:0:0/96``, NAT64 ``64:ff9b::/96``,
+    6to4 ``2002::/16``) are judged by that IPv4 address; IPv6 outside ``2000::/3`` is not
+    global unicast.
 
     >>> non_public_reason("127.0.0.1"), non_public_reason("::ffff:169.254.169.254"), non_public_reason("8.8.8.8")
     ('loopback', 'link-local', None)
-    >>> non_public_reason("100.64.0.1"), non_public_reason("fd00::1")
-    ('shared (CGNAT)', 'private')
+    >>> non_public_reason("100.64.0.1"), non_public_reason("fd00::1"), non_public_reason("2002:7f00:1::")
+    ('shared (CGNAT)', 'private', 'loopback')
+    >>> non_public_reason("fec0::1"), non_public_reason("64:ff9b::808:808"), non_public_reason("192.0.0.8")
+    ('private', None, 'reserved')
     """
     import ipaddress
+    if not _table:
+        _table.extend((ipaddress.ip_network(net), reason) for net, reason in _NON_PUBLIC)
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return "not an IP address"
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    for name, test in (("loopback", ip.is_loopback), ("unspecified", ip.is_unspecified),
-                       ("link-local", ip.is_link_local), ("multicast", ip.is_multicast)):
-        if test:
-            return name
-    if ip.version == 4 and ip in ipaddress.ip_network("100.64.0.0/10"):
-        return "shared (CGNAT)"
-    if ip.is_private:
-        return "private"
-    if ip.is_reserved or not ip.is_global:
+    if ip.version == 6:
+        value = int(ip)
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        elif value >> 32 == 0x64ff9b << 64:                     # 64:ff9b::/96, well-known NAT64
+            ip = ipaddress.IPv4Address(value & 0xFFFFFFFF)
+        elif value >> 112 == 0x2002:                           # 6to4: the IPv4 address is bits 16-48
+            ip = ipaddress.IPv4Address((value >> 80) & 0xFFFFFFFF)
+    for network, reason in _table:
+        if ip.version == network.version and ip in network:
+            return reason
+    if ip.version == 6 and int(ip) >> 125 != 1:                # not in 2000::/3
         return "reserved"
     return None
 
@@ -1752,6 +1874,44 @@ def _pinned_connection_class(tls, _cache={}):
     return PinnedConnection
 
 
+def _open_connection(conn):
+    """``conn.connect()``; failing to reach a proxy, or to tunnel through it, is named as the proxy's."""
+    import http.client
+    import socket
+    proxy = getattr(conn, "via_proxy", None)
+    try:
+        conn.connect()
+    except (OSError, http.client.HTTPException) as exc:
+        ssl = sys.modules.get("ssl")
+        if proxy is None or (ssl is not None and isinstance(exc, ssl.SSLError)):
+            raise                 # no proxy, or TLS with the target inside the tunnel
+        if isinstance(exc, ConnectionRefusedError):
+            what = "refused the connection"
+        elif isinstance(exc, _TIMEOUTS):
+            what = "did not answer in time"
+        elif isinstance(exc, socket.gaierror):
+            what = "could not be found (%s)" % (exc.strerror or exc)
+        elif str(exc).startswith("Tunnel connection failed"):
+            what = "refused the tunnel (%s)" % str(exc).partition(": ")[2]
+        else:
+            what = "failed: " + _describe_os_error(exc)
+        raise TransportError("proxy", "proxy %s %s" % (proxy, what)) from None
+
+
+def _read_piece(resp, sock, wait_s):
+    """The next piece of a response body, ``b""`` at its end, waiting at most ``wait_s`` for it.
+
+    Python 3.13 and newer close the response inside ``read1()`` as soon as a
+    body with a ``Content-Length`` is complete, and with ``Connection: close``
+    the socket goes with it: a closed response is the end of the body, not a
+    socket to arm with a timeout.
+    """
+    if resp.isclosed():
+        return b""
+    sock.settimeout(wait_s)
+    return resp.read1(65536)
+
+
 def _shutdown(sock):
     """Abort a socket from another thread: a blocked recv() returns at once."""
     import socket
@@ -1761,8 +1921,15 @@ def _shutdown(sock):
         pass
 
 
+TLS_HINT = ("with a python.org build on macOS, run 'Install Certificates.command' in the Python folder; "
+            "behind a TLS-inspecting proxy, set SSL_CERT_FILE (or SSL_CERT_DIR) to its CA certificates")
+
+
 def _describe_os_error(exc):
     import socket
+    ssl = sys.modules.get("ssl")
+    if ssl is not None and isinstance(exc, ssl.SSLCertVerificationError):
+        return "TLS certificate verification failed (%s): %s" % (exc.verify_message or exc.reason, TLS_HINT)
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
     if isinstance(exc, socket.gaierror):
@@ -1773,24 +1940,37 @@ def _describe_os_error(exc):
 
 
 def _decompress(raw, max_bytes, truncate=False):
-    """gzip or zlib/deflate body, capped at ``max_bytes`` once inflated (or cut there with ``truncate``)."""
+    """A gzip (every member), zlib or raw deflate body, capped at ``max_bytes`` once inflated.
+
+    A compressed stream that stops before its end marker is a truncated body, unless
+    ``truncate`` asked for a cut (the compressed body was itself cut at the cap).
+
+    >>> import gzip; _decompress(gzip.compress(b"one ") + gzip.compress(b"two"), 100)
+    b'one two'
+    """
     import zlib
-    for wbits in (47, -15):
+    for wbits in (47, -15):     # 47: gzip or zlib, told apart by the header; -15: raw deflate
+        out, size, rest = [], 0, raw
         try:
-            d = zlib.decompressobj(wbits)
-            out = d.decompress(raw, max_bytes + 1)
-            if len(out) > max_bytes:
-                if truncate:
-                    return out[:max_bytes]
-                raise TransportError("too_large", "decompressed body over the %d byte cap" % max_bytes)
-            return out
+            while True:
+                inflater = zlib.decompressobj(wbits)
+                piece = inflater.decompress(rest, max_bytes + 1 - size)
+                out.append(piece)
+                size += len(piece)
+                if size > max_bytes:
+                    if truncate:
+                        return b"".join(out)[:max_bytes]
+                    raise TransportError("too_large", "decompressed body over the %d byte cap" % max_bytes)
+                if not inflater.eof:
+                    if truncate:
+                        return b"".join(out)
+                    raise TransportError("truncated", "the compressed body ends before its end marker")
+                rest = inflater.unused_data
+                if not (wbits == 47 and rest[:2] == b"\x1f\x8b"):
+                    return b"".join(out)          # no further gzip member; trailing bytes are ignored
         except zlib.error:
-            if truncate and wbits == 47 and raw[:2] == b"\x1f\x8b":
-                try:
-                    return zlib.decompressobj(47).decompress(raw[:-1] if len(raw) > 1 else raw, max_bytes)
-                except zlib.error:
-                    pass
-            continue
+            if size:
+                return b"".join(out)              # a damaged member after good ones
     raise TransportError("network", "body is not valid gzip/deflate data")
 
 # ---------------------------------------------------------------------------
@@ -3011,6 +3191,7 @@ _TRANSPORT_OUTCOMES = {
     "redirects": ("bad_response", "too_many_redirects"),
     "bad_url": ("network_error", "bad_url"),
     "blocked_address": ("blocked", "private_address"),
+    "proxy": ("network_error", "proxy_error"),
 }
 
 
@@ -5685,7 +5866,8 @@ class AnswerTools:
 
     MODELS_TTL_S = 300.0      # a successful /models catalogue is reused for five minutes
 
-    def __init__(self, config, transport, ring, sessions, coalescer, logger, clock=time.monotonic, rng=None):
+    def __init__(self, config, transport, ring, sessions, coalescer, logger, clock=time.monotonic, rng=None,
+                 sleep=None):
         import random
         self.config = config
         self.transport = transport
@@ -5693,7 +5875,8 @@ class AnswerTools:
         self.sessions = sessions
         self.coalescer = coalescer
         self.log = logger
-        self._clock = clock
+        self._clock = clock             # every budget, queue wait and attempt deadline reads this clock
+        self._sleep = sleep or _sleep   # backoff: sleep(token, seconds), ended early by a cancellation
         self._rng = rng or random.Random()
         self.slots = Slots(config.grok_concurrency, "answer", on_queue=lambda s: logger.info(
             "all %d answer slots busy (GROK_MAX_CONCURRENCY); question queued", s.limit))
@@ -5850,7 +6033,7 @@ class AnswerTools:
                     diagnostics["termination"] = "total_budget_exhausted"
                     break
                 state.update(phase="backoff")
-                _sleep(token, wait)
+                self._sleep(token, wait)
         if diagnostics["termination"] is None:
             diagnostics["termination"] = "total_budget_exhausted"
         return None, error or AnswerError("timeout", "the answer budget ran out", retryable=True)
@@ -6467,25 +6650,33 @@ class Server:
     # -- input ----------------------------------------------------------------
 
     def serve(self):
-        """Read stdin until EOF, answer everything, wait for in-flight calls; returns 0."""
+        """Read stdin until EOF or :class:`Stop`, then cancel what is in flight; returns 0.
+
+        The end of stdin means the client has gone and nobody will read an
+        answer, so calls still running are cancelled rather than finished.
+        """
         for problem in self.config.problems:
             self.log.warning("configuration: %s", problem.message)
-        while True:
-            try:
-                line = self._stdin.readline(MAX_LINE_BYTES + 1)
-            except (OSError, ValueError):
-                break
-            if not line:
-                break
-            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-                self._discard_rest_of_line()
-                self.send(rpc_error(None, INVALID_REQUEST, "message longer than %d bytes" % MAX_LINE_BYTES))
-                continue
-            try:
-                self.handle_line(line)
-            except Exception as exc:   # nothing escapes the stdin loop
-                self.log.error("internal error handling a message: %s: %s", type(exc).__name__, exc)
-        self.drain()
+        reason = "the client closed stdin"
+        try:
+            while True:
+                try:
+                    line = self._stdin.readline(MAX_LINE_BYTES + 1)
+                except (OSError, ValueError):
+                    break
+                if not line:
+                    break
+                if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                    self._discard_rest_of_line()
+                    self.send(rpc_error(None, INVALID_REQUEST, "message longer than %d bytes" % MAX_LINE_BYTES))
+                    continue
+                try:
+                    self.handle_line(line)
+                except Exception as exc:   # nothing escapes the stdin loop
+                    self.log.error("internal error handling a message: %s: %s", type(exc).__name__, exc)
+        except Stop as stop:
+            reason = stop.reason
+        self.shutdown(reason)
         return 0
 
     def _discard_rest_of_line(self):
@@ -6494,15 +6685,29 @@ class Server:
             if not chunk or chunk.endswith(b"\n"):
                 return
 
-    def drain(self, timeout_s=None):
-        """Wait until every in-flight call has answered."""
+    def drain(self, timeout_s):
+        """Wait up to ``timeout_s`` for every call in flight to end; True when they all have."""
+        until = time.monotonic() + timeout_s
         while True:
             with self._state_lock:
                 workers = list(self._workers)
             if not workers:
-                return
-            for worker in workers:
-                worker.join(timeout_s)
+                return True
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return False
+            workers[0].join(remaining)
+
+    def shutdown(self, reason, grace_s=SHUTDOWN_GRACE_S):
+        """Cancel every call in flight (their sockets close at once) and give them ``grace_s`` to unwind."""
+        with self._state_lock:
+            tokens = list(self._calls.values())
+        if tokens:
+            self.log.info("%s: cancelling %d call(s) in flight", reason, len(tokens))
+        for token in tokens:
+            token.cancel(reason)
+        if not self.drain(grace_s):
+            self.log.warning("%s: calls still unwinding after %.1f s; exiting anyway", reason, grace_s)
 
     def handle_line(self, line):
         """Parse one stdin line and answer it (tool calls answer from their own thread)."""
@@ -6894,13 +7099,17 @@ _CLI_TOOLS = {"search": "web_search", "answer": "web_answer", "fetch": "web_fetc
 
 
 def _emit(text, stream=None):
-    """Write text for a person, whatever the console's encoding can show."""
+    """Write a line for a person; what the stream's encoding cannot show becomes an escape, never ``?``.
+
+    ``--json`` output is ASCII (``\\u`` escapes), so it is exact on any console or redirect.
+    """
     stream = stream or sys.stdout
+    text = text if text.endswith("\n") else text + "\n"
     try:
-        stream.write(text if text.endswith("\n") else text + "\n")
+        stream.write(text)
     except UnicodeEncodeError:
         encoding = getattr(stream, "encoding", None) or "ascii"
-        stream.write(text.encode(encoding, "replace").decode(encoding) + "\n")
+        stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
     stream.flush()
 
 
@@ -6930,7 +7139,7 @@ def run_cli(argv, env):
         return 130
     except Cancelled:
         return 130
-    _emit(json.dumps(structured, ensure_ascii=False, indent=2) if opts.json else server.log.redact(text))
+    _emit(json.dumps(structured, indent=2) if opts.json else server.log.redact(text))
     if structured.get("validation"):
         return 2
     return 1 if is_error else (2 if config.problems else 0)
@@ -6966,7 +7175,7 @@ def cli_check(server, as_json=False):
                                                                               config.tavily_enabled else "disabled"},
                           "fetch_providers": list(config.fetch_providers), "map_providers": list(config.map_providers),
                           "answer": {"model": model, "model_source": source, "url": config.grok_url,
-                                     "connection_test": test}}, ensure_ascii=False, indent=2))
+                                     "connection_test": test}}, indent=2))
         return 0 if ok else 1
     _emit("websearch-ring %s, Python %s" % (__version__, sys.version.split()[0]))
     _emit("configuration: " + ("%d problem(s)" % len(config.problems) if config.problems else "ok"))
@@ -6984,6 +7193,8 @@ def cli_check(server, as_json=False):
     _emit("fetch providers: %s; map providers: %s" % (", ".join(config.fetch_providers),
                                                       ", ".join(config.map_providers)))
     _emit("answers: model %s (from %s) at %s: %s" % (model, source, config.grok_url, test["message"]))
+    if any(TLS_HINT in (r["message"] or "") for r in results) or TLS_HINT in (test["message"] or ""):
+        _emit("TLS certificates could not be verified: " + TLS_HINT)
     _emit("search: " + ("available" if ok else "NOT available: no vendor answered"))
     return 0 if ok else 1
 
@@ -7077,10 +7288,29 @@ def main(argv=None, env=None):
                     __version__, sys.argv[0], sys.argv[0]))
     except (AttributeError, ValueError):
         pass
+    _stop_on_signals()
     try:
         return server.serve()
     except KeyboardInterrupt:
+        server.shutdown("interrupted")
         return 130
+
+
+def _stop_on_signals():
+    """SIGTERM (and Ctrl-Break on Windows) stop the server as the end of stdin does: exit 0, promptly."""
+    import signal
+    raised = []
+
+    def stop(signum, frame):
+        if not raised:          # one Stop; a second signal during the shutdown changes nothing
+            raised.append(signum)
+            raise Stop("stopped by %s" % signal.Signals(signum).name)
+    for name in ("SIGTERM", "SIGBREAK"):
+        if hasattr(signal, name):
+            try:
+                signal.signal(getattr(signal, name), stop)
+            except (OSError, ValueError):     # not the main thread, or a signal this OS refuses
+                pass
 
 
 if __name__ == "__main__":
