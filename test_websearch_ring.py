@@ -45,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import urllib.parse
 import zlib
 
@@ -1809,7 +1810,8 @@ def test_fake_upstream_routes_to_handler_functions_and_path_prefixes(fake_upstre
     def echo(exchange):
         seen.append((exchange.route_path, exchange.query, exchange.body))
         with fake_upstream.visit(exchange.route_path):
-            exchange.reply_json(201, {"path": exchange.route_path})
+            pass            # the visit ends before the reply, so the next request cannot overlap it
+        exchange.reply_json(201, {"path": exchange.route_path})
     fake_upstream.route("POST", "/echo", echo)
     fake_upstream.route("GET", "/files/", echo, prefix=True)
     status, _, body = _open(fake_upstream.url + "/echo?a=1&b=", data=b"hello")
@@ -3408,6 +3410,181 @@ def test_html_to_markdown_makes_relative_links_and_images_absolute(ring):
     assert re.sub(r"\\(.)", r"\1", image.group(1)).replace("[", "").replace("]", "") == "a pic"
 
 
+# ---- Main content: whole class tokens, scores, layout tables -----------------------------------
+
+PROSE = "<p>%s</p>" % ("The council approved the budget on Tuesday, after a long debate, and the vote "
+                       "was close. " * 3)
+
+
+def article_text(ring, body):
+    return ring.html_to_markdown("<html><body>%s</body></html>" % body, "https://example.org/a/", plain=True)[1]
+
+
+@pytest.mark.parametrize("wrapper", [
+    '<div class="content-with-sidebar-wrp">%s</div>',
+    '<div class="l-sidebar-fixed l-article-body-segment">%s</div>',
+    '<article class="post category-news-advertising-deals">%s</article>',
+    '<div class="entry themeform share">%s</div>',
+    '<article class="article modal-enabled">%s</article>',
+    '<form id="aspnetForm" action="/page"><div>%s</div></form>',
+])
+def test_html_to_markdown_matches_chrome_classes_as_whole_tokens(ring, wrapper):
+    body = wrapper % ("<h1>Budget passes</h1>" + PROSE * 3) + (
+        '<div class="sidebar"><a href="/x">SIDEBARLINK one</a> <a href="/y">SIDEBARLINK two</a></div>')
+    text = article_text(ring, body)
+    assert text.startswith("Budget passes\n\nThe council approved the budget")
+    assert text.count("the vote was close") == 9
+    assert "SIDEBARLINK" not in text
+
+
+def test_html_to_markdown_main_mode_needs_the_bulk_of_the_text(ring):
+    # A data-role="main-nav-item" is no role="main"; a metadata-only <article> or a comment's
+    # <article> does not make the story outside them "outside main".
+    body = ('<ul><li data-role="main-nav-item"><a href="/">Home</a></li></ul>'
+            '<article itemscope itemtype="https://schema.org/NewsArticle"><meta itemprop="name" content="x">'
+            '</article><div class="story"><h1>Budget passes</h1>%s</div>'
+            '<div id="comments"><article class="comment"><p>COMMENTTEXT I disagree with all of this, '
+            'strongly, and at length.</p></article></div>') % (PROSE * 3)
+    text = article_text(ring, body)
+    assert text.count("the vote was close") == 9 and "Budget passes" in text
+    assert "COMMENTTEXT" not in text and "Home" not in text
+
+
+def test_html_to_markdown_drops_teasers_and_related_links_around_the_article(ring):
+    teasers = "".join('<article class="teaser"><h3><a href="/s/%d">TEASER headline number %d</a></h3>'
+                      '<a href="/s/%d">Read more</a></article>' % (i, i, i) for i in range(60))
+    body = ('<main><div class="river">%s</div><article class="story"><h1>Budget passes</h1>%s'
+            '<div class="related-links"><h4>RELATED</h4><ul><li><a href="/r1">RELATED one</a></li>'
+            '<li><a href="/r2">RELATED two</a></li></ul></div></article></main>') % (teasers, PROSE * 4)
+    text = article_text(ring, body)
+    assert text.count("the vote was close") == 12
+    assert "TEASER" not in text and "RELATED" not in text
+
+
+def test_html_to_markdown_renders_layout_and_nested_tables_as_blocks(ring):
+    layout = "<table><tr><td><p>Paragraph one.</p><p>Paragraph two.</p></td></tr></table>"
+    assert ring.html_to_markdown(layout)[1] == "Paragraph one.\n\nParagraph two."
+    nested = ("<table><tr><td>Outer A</td><td><table><tr><th>k</th><th>v</th></tr><tr><td>x</td><td>1</td>"
+              "</tr></table></td></tr><tr><td>Outer B</td><td>Outer C</td></tr></table>")
+    markdown = ring.html_to_markdown(nested)[1]
+    assert "| k | v |\n|---|---|\n| x | 1 |" in markdown
+    assert [w for w in ("Outer A", "Outer B", "Outer C") if w not in markdown] == []
+    data = "<table><tr><th>a</th><th>b</th></tr><tr><td>1</td><td>2</td></tr></table>"
+    assert ring.html_to_markdown(data)[1] == "| a | b |\n|---|---|\n| 1 | 2 |"
+
+
+# ---- Hostile documents: linear time, broken markup, bad links ----------------------------------
+
+def test_page_title_and_link_pattern_do_not_backtrack(ring):
+    assert ring.page_title("<html><head><TITLE data-x=1>Hello\n world</title>") == "Hello world"
+    started = time.monotonic()
+    assert ring.page_title("<title>" * 20000) == ""
+    assert not list(ring._HREF.finditer("<a " * 20000))
+    assert not list(ring._HREF.finditer('<a href="x' * 20000))
+    assert time.monotonic() - started < 1.0
+    hrefs = [next(g for g in m.groups() if g is not None)
+             for m in ring._HREF.finditer("<a class=x href='/a'>A</a><A HREF=\"/b\">B</a><a href=/c>")]
+    assert hrefs == ["/a", "/b", "/c"]
+
+
+def test_html_to_markdown_survives_broken_markup_and_bad_links(ring):
+    html = ("<main><p>Before <![<![ <a href='http://[::1'>bad host</a> "
+            "<img src=\"http://[x\" alt=\"bad image\"> <a href='/ok'>good</a></p><p>After.</p></main>")
+    _, markdown = ring.html_to_markdown(html, "https://example.org/")
+    assert "bad host" in markdown and "bad image" in markdown and "After." in markdown
+    assert "[good](https://example.org/ok)" in markdown and "[::1" not in markdown and "[x" not in markdown
+
+
+def test_html_to_markdown_caps_nesting_output_and_stops_when_checked(ring):
+    _, markdown = ring.html_to_markdown("<ul><li>x" * 4000)
+    assert markdown.count("x") == 4000 and len(markdown) < 100_000
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) > 3:
+            raise ring.UpstreamError("direct", "timeout", "extraction_timeout", "too slow")
+    with pytest.raises(ring.UpstreamError) as info:
+        ring.html_to_markdown("<p>x</p>" * 20000, check=check)
+    assert info.value.code == "extraction_timeout"
+
+
+def test_fetcher_stops_a_long_extraction_at_the_deadline_with_extraction_timeout(ring):
+    class PageTransport:
+        def request(self, method, url, **options):
+            return types.SimpleNamespace(status=200, url=url, body=b"<p>words here</p>" * 50000,
+                                         headers={"content-type": "text/html; charset=utf-8"})
+
+    now = [0.0]
+
+    def clock():
+        now[0] += 0.001           # every look at the clock costs a millisecond of "work"
+        return now[0]
+    fetcher = ring.Fetcher(ring.Config.from_env({}), PageTransport(), None, quiet_logger(ring))
+    with pytest.raises(ring.UpstreamError) as info:
+        fetcher._direct("https://example.org/big", "markdown", ring.CancelToken(), ring.Deadline(0.05, clock))
+    assert info.value.code == "extraction_timeout" and info.value.outcome == "timeout"
+    token = ring.CancelToken()
+    token.cancel("client cancelled")
+    with pytest.raises(ring.Cancelled):
+        fetcher._direct("https://example.org/big", "markdown", token, ring.Deadline(60.0))
+
+
+HOSTILE_UNITS = {
+    "unclosed divs, stray ends": ("<div>", "</span>"),
+    "nested links": ("<a href='/x'>x",),
+    "nested lists": ("<ul><li>x",),
+    "nested tables": ("<table><tr><td>x",),
+    "unfinished attribute": ("<a href='",),
+    "unfinished tag": ('<a b="x" ',),
+    "marked sections": ("<![<![",),
+    "titles": ("<title>",),
+    "nested prose": ("<div class='x'>Words, more words, and still more words here.",
+                     "<section><p>Another branch, with text, long enough to score.</p>"),
+}
+
+
+
+def test_a_large_page_defers_the_cyclic_collector_and_frees_its_tree_in_slices(ring):
+    # Full collections over a big element tree held the interpreter lock for 200-500 ms at a
+    # time, so ping waited; the converter defers them and frees its cyclic tree itself.
+    import gc
+    page = "<html><body><article>" + "<p>Some words, and more words.</p><div></span>" * 12000 + "</article></body></html>"
+    assert len(page) > ring._GC_DEFER_CHARS
+    seen = []
+    with ring._cyclic_gc_deferred():
+        seen.append(gc.isenabled())
+        title, text = ring.html_to_markdown(page, "https://example.com/", plain=True)
+        seen.append(gc.isenabled())       # still off: an outer conversion is running
+    assert seen == [False, False] and gc.isenabled()
+    assert text.count("Some words, and more words.") == 12000
+    gc.disable()
+    try:
+        ring.html_to_markdown(page, "https://example.com/")
+        assert not gc.isenabled()          # a collector that was off stays off
+    finally:
+        gc.enable()
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_UNITS))
+def test_html_to_markdown_time_grows_linearly_on_hostile_documents(ring, name):
+    units = HOSTILE_UNITS[name]
+
+    def document(n):
+        return "".join(unit * n for unit in units) + "<p>end</p>"
+
+    def timed(n):
+        best = float("inf")
+        for _ in range(2):
+            started = time.perf_counter()
+            ring.html_to_markdown(document(n), "https://example.org/")
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    n = max(1000, 60_000 // len("".join(units)))
+    small, large = timed(n), timed(2 * n)
+    assert large < 3 * small + 0.02, "%s: %.3f s for n, %.3f s for 2n" % (name, small, large)
+
+
 # ----------------------------------------------------------------------------------------------
 # §9 Key pool and circuit breaker
 # ----------------------------------------------------------------------------------------------
@@ -4089,6 +4266,233 @@ def test_decode_page_reads_invalid_utf8_as_cp1252_or_replacement_characters(ring
 
 
 # -- robots.txt --
+
+def _robots(ring, text, agent=None):
+    """RobotsRules for ``text``, as `agent` (a product token) when given."""
+    cls = ring.RobotsRules if agent is None else type("Rules", (ring.RobotsRules,), {"AGENT": agent})
+    return cls(text)
+
+
+def test_robots_merges_every_group_naming_the_agent(ring):
+    text = ("User-agent: websearch-ring\nDisallow: /a\n\nUser-agent: other\nDisallow: /\n\n"
+            "User-agent: WebSearch-Ring\nDisallow: /b\n")
+    rules = ring.RobotsRules(text)
+    assert not rules.allowed("/a/1") and not rules.allowed("/b/1") and rules.allowed("/c")
+    assert rules.group == "websearch-ring"
+
+
+def test_robots_merges_every_star_group_and_uses_them_only_when_no_group_names_the_agent(ring):
+    stars = "User-agent: *\nDisallow: /a\n\nUser-agent: googlebot\nDisallow: /\n\nUser-agent: *\nDisallow: /b\n"
+    rules = ring.RobotsRules(stars)
+    assert not rules.allowed("/a") and not rules.allowed("/b") and rules.allowed("/c") and rules.group == "*"
+    named = ring.RobotsRules(stars + "\nUser-agent: websearch-ring\nAllow: /\n")
+    assert named.allowed("/a") and named.allowed("/b")
+    # A group naming the agent with no rule at all still replaces the "*" groups.
+    empty = ring.RobotsRules("User-agent: websearch-ring\nDisallow:\n\nUser-agent: *\nDisallow: /\n")
+    assert empty.allowed("/x")
+
+
+def test_robots_matches_the_product_token_case_insensitively(ring):
+    for line in ("FOO BAR", "foo", "Foo/2.1 (+http://foo.example)", "fOo"):
+        rules = _robots(ring, "User-agent: %s\nDisallow: /\n" % line, agent="foo")
+        assert not rules.allowed("/x"), line
+    assert _robots(ring, "User-agent: foobar\nDisallow: /\n", agent="foo").allowed("/x")
+
+
+def test_robots_crawl_delay_sitemap_unknown_keys_comments_and_blank_lines_never_split_a_group(ring):
+    text = ("User-agent: other\n# a comment\n\nCrawl-delay: 3\nSitemap: https://a.example/s.xml\n"
+            "Host: a.example\nUser-agent: websearch-ring\nDisallow: /private\n")
+    rules = ring.RobotsRules(text)
+    assert not rules.allowed("/private/x")
+    assert rules.crawl_delay_s == 3.0 and rules.sitemaps == ["https://a.example/s.xml"]
+    assert ring.RobotsRules("User-agent: *\nDisallow: /x\n").crawl_delay_s is None
+
+
+def test_robots_ignores_rules_before_any_user_agent_line(ring):
+    rules = ring.RobotsRules("Disallow: /\nUser-agent: *\nDisallow: /b\n")
+    assert rules.allowed("/a") and not rules.allowed("/b")
+
+
+def test_robots_rules_match_the_path_and_query(ring):
+    rules = ring.RobotsRules("User-agent: *\nDisallow: /*?*ajax\nDisallow: /search?\nAllow: /p?id=1$\n"
+                             "Disallow: /p\n")
+    assert not rules.allowed("/list?x=1&mode=ajax") and rules.allowed("/list?x=1")
+    assert not rules.allowed("/search?q=x") and rules.allowed("/search")
+    assert rules.allowed("/p?id=1") and not rules.allowed("/p?id=12")
+    assert ring.robots_path("https://a.example/list?mode=ajax#top") == "/list?mode=ajax"
+    assert ring.robots_path("https://a.example") == "/"
+
+
+def test_robots_percent_encoding_is_normalised_on_both_sides(ring):
+    rules = ring.RobotsRules("User-agent: *\nDisallow: /\nAllow: /caf\u00e9/\nAllow: /a%3cb\nAllow: /x%2Fy\n")
+    assert rules.allowed("/caf%C3%A9/menu") and rules.allowed("/caf%c3%a9/menu")
+    assert rules.allowed(ring.robots_path("https://a.example/caf\u00e9/menu"))
+    assert rules.allowed("/a%3Cb") and rules.allowed("/a%3cb")
+    assert rules.allowed("/x%2fy") and not rules.allowed("/x/y")      # %2F is not "/"
+
+
+def test_robots_longest_match_wins_and_allow_wins_a_tie_with_wildcards(ring):
+    rules = ring.RobotsRules("User-agent: *\nDisallow: /*.php\nAllow: /pub*.php\nDisallow: /pub/x*\n"
+                             "Allow: /same\nDisallow: /same\nDisallow: /end$\n")
+    assert not rules.allowed("/a/b.php") and rules.allowed("/pub/b.php") and not rules.allowed("/pub/xy")
+    assert rules.allowed("/same/1") and not rules.allowed("/end") and rules.allowed("/end/more")
+    assert ring.RobotsRules("User-agent: *\nDisallow: /\n").allowed("/robots.txt")   # RFC 9309 §2.2.2
+
+
+def test_robots_reads_bom_crlf_and_cr_only_files(ring):
+    for text in ("\ufeffUser-agent: *\r\nDisallow: /x\r\n", "User-agent: *\rDisallow: /x\r",
+                 b"\xef\xbb\xbfUser-agent: *\r\nDisallow: /x\r\n"):
+        rules = ring.RobotsRules(text)
+        assert not rules.allowed("/x/1") and rules.allowed("/y"), repr(text)
+
+
+def test_robots_reads_only_the_first_500_kib(ring):
+    head = "User-agent: *\nDisallow: /early\n"
+    pad = "# " + "x" * 1000 + "\n"
+    text = head + pad * (ring.ROBOTS_MAX_BYTES // len(pad) + 1) + "Disallow: /late\n"
+    rules = ring.RobotsRules(text)
+    assert rules.truncated and not rules.allowed("/early") and rules.allowed("/late")
+
+
+def test_robots_star_bomb_is_matched_in_linear_time(ring):
+    rules = ring.RobotsRules("User-agent: *\nDisallow: /" + "*a" * 16 + "*b\nDisallow: /" + "*a" * 16 + "$\n")
+    started = time.perf_counter()
+    assert rules.allowed("/" + "a" * 10000 + "c") and not rules.allowed("/" + "a" * 10000 + "b")
+    assert not rules.allowed("/" + "a" * 20000)
+    assert time.perf_counter() - started < 0.2
+
+
+def test_robots_8000_rules_against_8000_paths_stay_fast(ring):
+    literal = ring.RobotsRules("User-agent: *\n" + "".join("Disallow: /s%d/p\n" % i for i in range(8000)))
+    wild = ring.RobotsRules("User-agent: *\n" + "".join("Disallow: /*x%d*y$\n" % i for i in range(2000)))
+    started = time.perf_counter()
+    assert sum(literal.allowed("/s%d/p/q" % (i * 3)) for i in range(8000)) == 8000 - 2667
+    assert sum(wild.allowed("/articles/%d/title" % i) for i in range(2000)) == 2000
+    assert not wild.allowed("/a/x1999/b/y")
+    assert time.perf_counter() - started < 1.5
+
+
+def _best_time(fn, arg, repeat=3):
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn(arg)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _assert_linear(fn, n):
+    """Time for 2n within 3x of the time for n (with 5 ms of slack for timer noise)."""
+    small, large = _best_time(fn, n), _best_time(fn, 2 * n)
+    assert large <= 3 * small + 0.005, "n: %.4f s, 2n: %.4f s" % (small, large)
+
+
+def test_robots_parser_and_matcher_grow_linearly_on_hostile_files(ring):
+    def run(n):
+        text = "".join(("Disallow: /*%s*q%d\n# %s\nCrawl-delay: x\nAllow: /%d$\nUnknown: y\n\n"
+                        % ("a*" * (i % 7), i, "#" * (i % 30), i)) for i in range(n))
+        rules = ring.RobotsRules("User-agent: *\n" + text + "Disallow: /" + "*a" * 16 + "*b\n")
+        assert rules.allowed("/" + "a" * (20 * n)) and rules.allowed("/%d" % (n - 1))
+        assert not rules.allowed("/aaaaaaa/q%d" % (n - 1)) and rules.allowed("/aaaaaaa/q")
+        for i in range(200):                  # rules x paths is a product: keep the paths fixed
+            rules.allowed("/x/%d/aaa" % i)
+    _assert_linear(run, 2000)        # 2n lines stay under the 500 KiB cap
+
+
+def test_sitemap_reads_cdata_entities_and_white_space(ring):
+    doc = ("<?xml version='1.0' encoding='UTF-8'?>\n<urlset xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'>"
+           "<url><loc>\n  <![CDATA[https://a.example/?a=1&b=2]]>\n</loc><lastmod> 2026-11-30 </lastmod></url>"
+           "<url><loc>https://a.example/x?a=1&amp;b=&#50;&#x33;&lt;&gt;&quot;&apos;</loc></url>"
+           "<url><loc>https://a.example/raw?a=1&region=2</loc></url></urlset>")
+    assert [tuple(e) for e in ring.iter_sitemap(doc)] == [
+        ("https://a.example/?a=1&b=2", "2026-11-30", False),
+        ("https://a.example/x?a=1&b=23<>\"'", None, False),
+        ("https://a.example/raw?a=1&region=2", None, False)]
+
+
+def test_sitemap_index_entries_are_sitemaps_and_child_elements_of_other_namespaces_are_ignored(ring):
+    index = ("<sitemapindex xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'><sitemap>"
+             "<loc><![CDATA[https://a.example/s1.xml]]></loc><lastmod>2026-01-01</lastmod></sitemap></sitemapindex>")
+    assert [tuple(e) for e in ring.iter_sitemap(index)] == [("https://a.example/s1.xml", "2026-01-01", True)]
+    urlset = ("<urlset xmlns:image='i' xmlns:xhtml='x'><url><loc>https://a.example/p</loc>"
+              "<image:image><image:loc>https://cdn.example/i.png</image:loc></image:image>"
+              "<xhtml:link rel='alternate' hreflang='de' href='https://a.example/de/p'/></url></urlset>")
+    assert [e.url for e in ring.iter_sitemap(urlset)] == ["https://a.example/p"]
+
+
+def test_sitemap_reads_plain_text_rss_and_atom(ring):
+    text = b"\xef\xbb\xbfhttps://a.example/1\r\n\r\nnot a url\nhttps://a.example/2\n"
+    assert [e.url for e in ring.iter_sitemap(text)] == ["https://a.example/1", "https://a.example/2"]
+    rss = ("<rss version='2.0'><channel><link>https://a.example/</link><item><title>One</title>"
+           "<link>https://a.example/1</link><pubDate>Tue, 01 Dec 2026 16:50:00 GMT</pubDate></item>"
+           "<item><link><![CDATA[ https://a.example/2 ]]></link></item></channel></rss>")
+    assert [tuple(e) for e in ring.iter_sitemap(rss)] == [
+        ("https://a.example/1", "2026-12-01T16:50:00+00:00", False), ("https://a.example/2", None, False)]
+    atom = ("<feed xmlns='http://www.w3.org/2005/Atom'><link href='https://a.example/'/><entry>"
+            "<link rel='self' href='/self'/><link href='/posts/1'/><updated>2026-11-30T10:00:00Z</updated>"
+            "</entry></feed>")
+    assert [tuple(e) for e in ring.iter_sitemap(atom, base_url="https://a.example/feed.xml")] == [
+        ("https://a.example/posts/1", "2026-11-30T10:00:00Z", False)]
+
+
+def test_sitemap_never_expands_doctype_entities_and_survives_broken_markup(ring):
+    bomb = ("<!DOCTYPE urlset [<!ENTITY a 'aaaaaaaaaa'><!ENTITY b '&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;'>]>"
+            "<urlset><url><loc>https://a.example/&b;</loc></url></urlset>")
+    assert [e.url for e in ring.iter_sitemap(bomb)] == ["https://a.example/&b;"]
+    broken = "<urlset><url><loc>https://a.example/1</loc><url><loc>https://a.example/2</loc><!-- <url><loc>x"
+    assert [e.url for e in ring.iter_sitemap(broken)] == ["https://a.example/1", "https://a.example/2"]
+    assert list(ring.iter_sitemap("<urlset><url><loc><![CDATA[https://a.example/")) == []
+    assert list(ring.iter_sitemap("<html><body><p>loc</p></body></html>")) == []
+
+
+def test_sitemap_reader_grows_linearly_on_hostile_documents(ring):
+    def run(n):
+        for doc in ("<urlset>" + "<loc>" * n,                             # <loc> never closed
+                    "<urlset><url><loc>" + "<![CDATA[x]]>&amp;" * n + "</loc></url></urlset>",
+                    "<urlset>" + "<" * n + ">",                            # "<" inside a tag
+                    "<urlset>" + "<url><loc>https://a.example/%d</loc>" * n,  # records never closed
+                    "<urlset>" + "<a x='" * n):                            # attribute never closed
+            for _ in ring.iter_sitemap(doc):
+                pass
+    _assert_linear(run, 10000)
+    started = time.perf_counter()
+    assert list(ring.iter_sitemap("<urlset>" + "<loc>" * 20000)) == []      # 100 KB
+    assert time.perf_counter() - started < 0.2
+
+
+def test_crawl_pacer_caps_crawl_delay_and_keeps_within_the_deadline(ring):
+    now = [100.0]
+    waits = []
+
+    def wait(token, seconds):
+        waits.append(seconds)
+        now[0] += seconds
+
+    pacer = ring.CrawlPacer(30.0, clock=lambda: now[0], wait=wait)
+    deadline = ring.Deadline(5.0, clock=lambda: now[0])
+    token = ring.CancelToken()
+    assert pacer.pause(token, deadline) and waits == []          # the first request does not wait
+    now[0] += 0.5
+    assert pacer.pause(token, deadline) and waits == [1.5]       # 2 s cap, 0.5 s already gone
+    assert pacer.pause(token, deadline) and waits == [1.5, 2.0]
+    assert not pacer.pause(token, deadline)                      # 1.5 s left: the wait would pass it
+    assert pacer.stats() == {"crawl_delay_s": 30.0, "crawl_delay_applied_s": 2.0, "crawl_delay_waited_s": 3.5}
+    assert ring.CrawlPacer(None).stats()["crawl_delay_applied_s"] == 0.0
+
+
+def test_crawl_pacer_wait_ends_at_once_on_cancel(ring):
+    token = ring.CancelToken()
+    pacer = ring.CrawlPacer(2.0)
+    pacer.pause(token, None)
+    threading_timer = __import__("threading").Timer(0.02, token.cancel)
+    threading_timer.start()
+    started = time.monotonic()
+    with pytest.raises(ring.Cancelled):
+        pacer.pause(token, ring.Deadline(10.0))
+    assert time.monotonic() - started < 1.0
+    threading_timer.join(1.0)
+
+
 
 def test_robots_rules_longest_match_wins_and_allow_wins_ties(ring):
     rules = ring.RobotsRules(
@@ -5972,6 +6376,31 @@ def test_web_map_direct_crawls_within_max_depth_and_max_breadth(start_server, fa
     assert len(limited["results"]) == 8 and len(set(limited["results"])) == 8
 
 
+def test_web_map_direct_skips_and_counts_a_malformed_link(start_server, fake_upstream):
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    fake_upstream.route("GET", "/", {"headers": {"Content-Type": "text/html"},
+                                     "body": "<a href='http://[::1'>bad</a> <a href=\"/p1\">ok</a> <![<![ " + "<a " * 3000})
+    base = fake_upstream.url
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_map(server, base + "/", max_depth=1)
+    assert is_error is False
+    assert content["results"] == [base + "/", base + "/p1"]
+    assert content["stats"]["bad_links"] == 1
+
+
+def test_web_fetch_direct_reads_a_page_with_broken_markup_and_bad_links(start_server, fake_upstream):
+    body = ("<html><head><title>Broken</title></head><body><main><p>Kept text <![<![ more "
+            "<a href='http://[::1'>bad link</a> <img src=\"http://[x\" alt=\"bad image\"></p></main>"
+            + "<a href='" * 5000)
+    fake_upstream.route("GET", "/broken", {"headers": {"Content-Type": "text/html"}, "body": body})
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_fetch(server, fake_upstream.url + "/broken")
+    assert is_error is False
+    assert "Kept text" in content["content"] and "bad link" in content["content"]
+
+
 def test_web_map_direct_sends_rising_progress_notifications(start_server, fake_upstream):
     route_crawl_site(fake_upstream)
     server = start_server(direct_env())
@@ -6053,6 +6482,63 @@ def test_web_map_direct_empty_site_is_no_urls(start_server, fake_upstream):
     content, is_error = call_map(server, fake_upstream.url + "/")
     assert is_error is True, "a site with no pages mapped to %r" % (content["results"],)
     assert (content["status"], content["error"]) == ("error", "no_urls")
+
+
+def test_web_map_direct_asks_robots_about_path_and_query(start_server, fake_upstream):
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /*?*ajax\n"})
+    fake_upstream.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
+                                                "body": sitemap_xml([base + "/a", base + "/a?x=1&amp;m=ajax"])})
+    route_page(fake_upstream, "/", links_page("/b?m=ajax", "/c"))
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_map(server, base + "/")
+    assert is_error is False
+    assert content["results"] == [base + "/", base + "/a", base + "/c"]
+    assert content["stats"]["skipped_by_robots"] == 2
+
+
+def test_web_map_direct_reads_cdata_nested_indexes_to_the_depth_limit_and_keeps_lastmod(
+        start_server, fake_upstream):
+    base = fake_upstream.url
+    xml = {"Content-Type": "application/xml"}
+
+    def index(child):
+        return ("<sitemapindex xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'><sitemap><loc><![CDATA[%s]]>"
+                "</loc></sitemap></sitemapindex>" % child)
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nAllow: /\nSitemap: %s/i0.xml\n" % base})
+    fake_upstream.route("GET", "/i0.xml", {"headers": xml, "body": index(base + "/i1.xml")})
+    fake_upstream.route("GET", "/i1.xml", {"headers": xml, "body": (
+        "<sitemapindex><sitemap><loc>%s/pages.xml</loc></sitemap><sitemap><loc>%s/i2.xml</loc></sitemap>"
+        "</sitemapindex>" % (base, base))})
+    fake_upstream.route("GET", "/i2.xml", {"headers": xml, "body": index(base + "/deep.xml")})
+    fake_upstream.route("GET", "/pages.xml", {"headers": xml, "body": (
+        "<urlset><url><loc> %s/about </loc><lastmod>2026-11-30</lastmod></url></urlset>" % base)})
+    fake_upstream.route("GET", "/deep.xml", {"headers": xml, "body": sitemap_xml([base + "/deep"])})
+    route_page(fake_upstream, "/", html_page("Home", "<p>No links.</p>"))
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_map(server, base + "/")
+    assert is_error is False
+    assert content["results"] == [base + "/", base + "/about"]
+    assert content["lastmod"] == {base + "/about": "2026-11-30"}
+    # i0 -> i1 -> pages.xml and i2 are read; i2 sits at SITEMAP_INDEX_DEPTH_MAX, so deep.xml is not.
+    assert content["stats"]["sitemaps_read"] == 4 and content["stats"]["sitemaps_too_deep"] == 1
+    assert fake_upstream.hits("GET", "/deep.xml") == 0
+
+
+def test_web_map_direct_honours_crawl_delay_and_reports_it(start_server, fake_upstream):
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nCrawl-delay: 0.03\nDisallow: /x\n"})
+    fake_upstream.route("GET", "/sitemap.xml", {"status": 404, "body": "none"})
+    route_page(fake_upstream, "/", links_page("/a"))
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_map(server, base + "/", max_depth=1)
+    assert is_error is False
+    stats = content["stats"]
+    assert stats["crawl_delay_s"] == 0.03 and stats["crawl_delay_applied_s"] == 0.03
+    assert 0.0 < stats["crawl_delay_waited_s"] <= 0.06
 
 
 def test_every_listed_tool_is_fully_described(start_server):

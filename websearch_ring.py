@@ -2313,12 +2313,33 @@ def stream_answer(transport, config, protocol, model, system, user, token, deadl
 # ---------------------------------------------------------------------------
 
 # Elements whose content never reaches the page text.
-_DROP_TAGS = frozenset({"script", "style", "noscript", "template", "svg", "canvas", "iframe", "object",
-                        "embed", "nav", "header", "footer", "aside", "form", "button", "select",
-                        "textarea", "dialog", "menu", "head"})
-# Elements that are gone even inside <main>: banners and chrome by id/class/role.
-_CHROME = LazyPattern(r"cookie|consent|gdpr|banner|newsletter|subscribe|popup|modal|sidebar|breadcrumb"
-                     r"|share|social|advert|promo|skip-link", re.I)
+_SILENT_TAGS = frozenset({"script", "style", "noscript", "template", "svg", "canvas", "iframe", "object",
+                          "embed", "button", "select", "textarea", "head", "title", "datalist", "option"})
+# Page chrome unless it holds most of the text (some sites wrap a whole page in one <form>).
+_CHROME_TAGS = frozenset({"nav", "header", "footer", "aside", "form", "dialog", "menu"})
+# Chrome by a whole class or id token: the word alone (strong words only), or with one word before
+# it and optionally one of a few words after it ("gdpr-consent", "share-buttons").  Substrings do not
+# count: "content-with-sidebar-wrp", "category-x-advertising-y" and "modal-enabled" are not chrome.
+_CHROME_STRONG = ("cookies?|consent|gdpr|banner|newsletter|subscribe|subscription|popup|modal|sidebar"
+                  "|breadcrumbs?|social|advert|advertisement|ads?|adv|promo|skip-link|comments?|commentlist"
+                  "|disqus|related|recommended|outbrain|taboola|paywall|masthead|toolbar|widget|pagination"
+                  "|navbar|menu|footer|header")
+_CHROME_WEAK = "share|sharing|sharedaddy|tags|author-bio|more-stories|trending|popular"
+_CHROME_TOKEN = LazyPattern(
+    r"(?:(%s)|[a-z0-9]+[-_](?:%s|%s)|(?:[a-z0-9]+[-_])?(?:%s|%s)[-_]?(?:posts|stories|articles|entries|wrap|wrapper|container|box|widget"
+    r"|bar|area|links|buttons|icons|tools|list|section|block|module|unit|slot|top|bottom|holder|inner"
+    r"|outer|panel|overlay|notice|form|signup|area|zone|region|items?))\Z"
+    % (_CHROME_STRONG, _CHROME_STRONG, _CHROME_WEAK, _CHROME_STRONG, _CHROME_WEAK), re.I)
+_LINK_LIST_TAGS = frozenset({"ul", "ol", "div", "section", "table", "dl", "article"})
+_CLIMB = 0.85
+_MIN_CONTENT = 500
+_SIBLING_MIN = 80
+_SIBLING_SHARE = 0.2
+_LINK_LIST_DENSITY = 0.5
+_LAYOUT_BLOCKS = frozenset({"p", "div", "ul", "ol", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "blockquote",
+                            "table", "section", "article", "dl", "form"})
+_PARAGRAPH_TAGS = frozenset({"p", "pre", "td", "blockquote", "dd"})
+_CONTAINER_TAGS = frozenset({"div", "section", "article", "main", "span", "font", "center", "body", "li"})
 _CHROME_ROLES = frozenset({"navigation", "banner", "contentinfo", "complementary", "search", "dialog",
                            "alertdialog"})
 _BLOCK_TAGS = frozenset({"p", "div", "section", "article", "main", "blockquote", "figure", "figcaption",
@@ -2328,37 +2349,509 @@ _VOID_TAGS = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "inpu
 _HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
 _LIST_ITEM = LazyPattern(r"^ *(?:- |\d+\. )")
 _BR = "\x00"   # a <br> inside running text, kept through whitespace folding
-_HAS_MAIN = LazyPattern(r"<(main|article)\b|role=[\"']?main\b", re.I)
+# Limits that keep the converter linear on hostile pages (and a page's Markdown near its own size).
+_MAX_LIST_INDENT = 8       # deeper lists keep this indentation: 4,000 nested lists made 16 MB of spaces
+_MIN_OUTPUT_CAP = 1_000_000
+_TAIL_LIMIT = 1024         # unparsed tail left to html.parser's close(), which is quadratic in it
+_TAIL_ROUNDS = 8           # broken constructs skipped at the tail before the rest is dropped
+_CHECK_EVERY = 256         # parser callbacks between two calls of the deadline/cancel check
+# An alt text that is a file name or slug: one "word" of letters, digits, "-", "_" and "." holding
+# a digit or a separator.
+_FILE_NAME_ALT = LazyPattern(r"(?=\S*[\d_-])[\w.-]{8,}\Z")
+_TITLE_OPEN = LazyPattern(r"<title\b[^<>]*>", re.I)
+_TITLE_CLOSE = LazyPattern(r"</title\s*>", re.I)
 
 
-def html_to_markdown(html, base_url="", plain=False):
+def page_title(html):
+    """Text of a page's first ``<title>``, found in linear time.
+
+    ``<title[^>]*>(.*?)</title>`` scanned to the end of the page from every
+    ``<title``: 140 KB of ``<title>`` took 15 s.  Here each scan stops at the
+    next ``<`` and the closing tag is searched once.
+
+    >>> page_title("<head><TITLE lang=en> A  page </title></head>"), page_title("<title>" * 3)
+    ('A page', '')
+    """
+    opening = _TITLE_OPEN.search(html)
+    if not opening:
+        return ""
+    closing = _TITLE_CLOSE.search(html, opening.end())
+    return collapse_ws(html[opening.end():closing.start()]) if closing else ""
+
+
+def absolute_url(base_url, href):
+    """``href`` resolved against ``base_url``; None when either cannot be parsed.
+
+    >>> absolute_url("https://a.example/x/", "y"), absolute_url("https://a.example/", "http://[::1")
+    ('https://a.example/x/y', None)
+    """
+    from urllib.parse import urljoin, urlsplit
+    try:
+        url = urljoin(base_url, href.strip())
+        urlsplit(url).port         # raises on a bad IPv6 literal or port, as later users would
+    except ValueError:
+        return None
+    return url
+
+
+_GC_DEFER_CHARS = 256 * 1024    # pages larger than this are converted with the cyclic collector deferred
+
+
+class _cyclic_gc_deferred:
+    """Keep the cyclic garbage collector off while a large page is converted.
+
+    The element tree of a multi-megabyte page triggers full collections whose
+    pauses grow with the heap (over 200 ms at 5 MB) and hold the interpreter
+    lock, so the stdin reader could not answer ``ping`` meanwhile.  The
+    collector is process-wide, so so is the count: the last conversion to end
+    turns it back on (unless it was off before the first began).
+    """
+
+    _lock = threading.Lock()
+    _active = 0                  # conversions inside, under _lock
+    _was_enabled = True
+
+    def __init__(self, wanted=True):
+        self._wanted = wanted
+
+    def __enter__(self):
+        import gc
+        if self._wanted:
+            with _cyclic_gc_deferred._lock:
+                if _cyclic_gc_deferred._active == 0:
+                    _cyclic_gc_deferred._was_enabled = gc.isenabled()
+                    gc.disable()
+                _cyclic_gc_deferred._active += 1
+        return self
+
+    def __exit__(self, *exc):
+        import gc
+        if self._wanted:
+            with _cyclic_gc_deferred._lock:
+                _cyclic_gc_deferred._active -= 1
+                if _cyclic_gc_deferred._active == 0 and _cyclic_gc_deferred._was_enabled:
+                    gc.enable()
+
+
+def html_to_markdown(html, base_url="", plain=False, *, check=None):
     """``(title, text)`` of an HTML page as Markdown (or plain text with ``plain``).
 
     Keeps headings, paragraphs, nested lists, links, emphasis, inline code,
-    code blocks, tables, block quotes and images' alt text; prefers
-    ``<main>``/``<article>`` when the page has one; drops scripts, styles,
-    navigation, headers, footers and cookie banners.
+    code blocks, tables, block quotes and images' alt text of the page's main
+    content (see :func:`_choose_content`); drops scripts, styles, navigation,
+    headers, footers, banners, comments, teasers and related links.  The page
+    is parsed into a tree once, scored, then replayed into the converter.
+
+    Linear in the size of the page, whatever its markup: ``check`` (called
+    every few hundred tags) may raise to stop a conversion that runs past a
+    deadline or is cancelled; html.parser's own failures on broken markup
+    end the conversion with what was read so far.
 
     >>> html_to_markdown("<title>T</title><nav>x</nav><main><h1>Hi</h1><p>a <b>b</b></p></main>")
     ('T', '# Hi\\n\\na **b**')
     """
-    converter = _markdown_converter(base_url, plain, bool(_HAS_MAIN.search(html)))
-    converter.feed(html)
-    converter.close()
+    large = len(html) > _GC_DEFER_CHARS
+    builder = _tree_builder(check)
+    with _cyclic_gc_deferred(large):
+        try:
+            return _html_to_markdown(html, builder, base_url, plain, check)
+        finally:
+            if large:
+                _dismantle(builder.nodes)
+
+
+def _dismantle(nodes):
+    """Free a large tree in slices, letting other threads run in between.
+
+    Parent links make the tree cyclic: left to the collector, one pass would
+    walk and free every node while holding the interpreter lock.
+    """
+    for node in nodes:
+        node.parent = None
+        node.children = []
+    while nodes:
+        del nodes[-4096:]
+        time.sleep(0)
+
+
+def _html_to_markdown(html, builder, base_url, plain, check):
+    # "<![" starts a marked section that html.parser (3.9-3.13) fails on with an AssertionError
+    # unless a known keyword follows; "<!x[" is a bogus comment up to the next ">", which is
+    # what a browser makes of "<![" in HTML content (CDATA included).
+    html = html.replace("<![", "<!x[")
+    try:
+        builder.feed(html)
+        builder.close()
+    except RingError:
+        raise
+    except Exception:             # html.parser's own failure on broken markup: keep what was read
+        pass
+    root, kept = _choose_content(builder.nodes, check=check)
+    if kept < _MIN_CONTENT:       # chrome rules that ate the article: again, more leniently
+        root, kept = _choose_content(builder.nodes, lenient=True, check=check)
+    converter = _markdown_converter(base_url, plain, check, max(_MIN_OUTPUT_CAP, 3 * len(html)))
+    _render_tree(root, converter)
+    converter.title = [builder.title or ""]
     return converter.result()
 
 
-def _markdown_converter(base_url, plain, main_only):
-    from urllib.parse import urljoin
+class _Node:
+    """An element of the content tree: children are nodes and text strings."""
+
+    __slots__ = ("tag", "attrs", "parent", "children", "text", "links", "score", "marks", "shape")
+
+    def __init__(self, tag, attrs, parent):
+        self.tag = tag
+        self.attrs = attrs
+        self.parent = parent
+        self.children = []
+        self.text = 0             # characters of text below, silent elements left out
+        self.links = 0            # of which inside links
+        self.score = 0.0          # paragraph evidence gathered from below
+        self.marks = None         # set by _choose_content: True when skipped
+        self.shape = None         # tables only: True for a layout table
+
+
+def _tree_builder(check=None):
+    """An html.parser subclass that builds a :class:`_Node` tree in linear time.
+
+    ``nodes`` lists every element in document order (so parents come before
+    their children); ``nodes[0]`` is the document itself.
+    """
+
+    class TreeBuilder(_html_parser_class()):
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.nodes = [_Node("#document", {}, None)]
+            self.current = self.nodes[0]
+            self.open = collections.Counter()   # open elements by tag: unmatched end tags cost O(1)
+            self.ticks = 0
+            self.title = None
+            self.title_parts = None
+
+        def tick(self):
+            self.ticks += 1
+            if check is not None and self.ticks % _CHECK_EVERY == 0:
+                check()
+
+        def handle_starttag(self, tag, attrs):
+            self.tick()
+            if self.title_parts is not None:
+                self._end_title()
+            if tag == "a" and self.open["a"]:
+                self.handle_endtag("a")   # links do not nest: a new <a> ends the open one
+            node = _Node(tag, attrs, self.current)
+            self.current.children.append(node)
+            self.nodes.append(node)
+            if tag in _VOID_TAGS:
+                return
+            if tag == "title" and self.title is None:
+                self.title_parts = []
+            self.open[tag] += 1
+            self.current = node
+
+        def handle_startendtag(self, tag, attrs):
+            self.handle_starttag(tag, attrs)
+            if tag not in _VOID_TAGS:
+                self.handle_endtag(tag)
+
+        def handle_endtag(self, tag):
+            self.tick()
+            if self.title_parts is not None and tag == "title":
+                self._end_title()
+            if not self.open[tag]:
+                return
+            while True:
+                node = self.current
+                self.current = node.parent
+                self.open[node.tag] -= 1
+                if node.tag == tag:
+                    return
+
+        def _end_title(self):
+            self.title = collapse_ws("".join(self.title_parts))
+            self.title_parts = None
+
+        def handle_data(self, data):
+            self.tick()
+            if self.title_parts is not None:
+                self.title_parts.append(data)
+            else:
+                self.current.children.append(data)
+
+        def close(self):
+            _close_parser(self, super())
+
+    return TreeBuilder()
+
+
+def _chrome_level(node):
+    """How surely an element is page chrome: 0 not, 1 likely, 2 surely.
+
+    Surely: navigation, asides, headers and footers, chrome roles, hidden
+    elements, a class or id that is a chrome word.  Likely: a form or dialog,
+    a class or id that is a chrome word with another word joined to it.
+    """
+    tag = node.tag
+    if tag in _CHROME_TAGS:
+        return 1 if tag in ("form", "dialog") else 2
+    attrs = dict(node.attrs)
+    if "hidden" in attrs or attrs.get("aria-hidden") == "true" or attrs.get("role") in _CHROME_ROLES:
+        return 2
+    if tag in ("body", "html", "main"):
+        return 0
+    tokens = ((attrs.get("class") or "") + " " + (attrs.get("id") or "")).split()
+    matches = [_CHROME_TOKEN.match(token) for token in tokens]
+    if not any(matches):
+        return 0
+    return 2 if any(m and m.group(1) for m in matches) else 1
+
+
+def _choose_content(nodes, lenient=False, check=None):
+    """``(root, kept)``: the element holding the page's main text, with its chrome marked as
+    skipped, and the characters of text it keeps (``_MIN_CONTENT`` when a lenient pass could
+    keep no more).
+
+    Each paragraph-like block scores by its length and commas and passes the
+    score to its parent, half to its grandparent, less further up (the way
+    Readability does it); the best element by score times one minus its link
+    density is the content, widened to an ancestor while it holds most of that
+    ancestor's text.  Chrome (navigation, asides, banners, comments, related
+    links by tag, role or whole class token; link lists) inside it is skipped,
+    except an element holding at least half of the text.
+    """
+    doc = nodes[0]
+    for node in nodes:
+        node.text = node.links = 0
+        node.score = 0.0
+        node.marks = None
+    dead = set()                  # ids of silent elements and of everything inside them
+    for node in nodes[1:]:
+        if id(node.parent) in dead or node.tag in _SILENT_TAGS:
+            dead.add(id(node))
+    direct = {}
+    shapes, blocky, has_prose = {}, set(), set()
+    plain_text = {}               # text of paragraph-like elements outside links
+    for count, node in enumerate(reversed(nodes)):
+        if check is not None and count % (16 * _CHECK_EVERY) == 0:
+            check()
+        if id(node) in dead:
+            continue
+        own = commas = 0
+        for child in node.children:
+            if child.__class__ is str:
+                own += len(child.strip())
+                commas += child.count(",") + child.count("\uff0c") + child.count("\u3001")
+        node.text += own
+        direct[id(node)] = own
+        if node.tag == "a":
+            node.links = node.text
+        length = node.text if node.tag in _PARAGRAPH_TAGS else (own if node.tag in _CONTAINER_TAGS else 0)
+        if length >= 25:
+            plain_text[id(node)] = max(0, length - node.links)
+            points = 1.0 + commas + min(length / 100.0, 3.0)
+            up, level = node.parent, 0
+            while up is not None and level < 5:
+                up.score += points / (1 if level == 0 else (2 if level == 1 else level * 3))
+                up, level = up.parent, level + 1
+        if node.parent is not None:
+            node.parent.text += node.text
+            node.parent.links += node.links
+            if id(node) in plain_text or id(node) in has_prose:
+                has_prose.add(id(node.parent))
+        # Table shape: [tables, cells, cells holding blocks, widest row] below this element.
+        shape = shapes.pop(id(node), None) or [0, 0, 0, 0]
+        if node.tag == "tr":
+            shape[3] = max(shape[3], sum(1 for c in node.children if c.__class__ is not str
+                                         and c.tag in ("td", "th")))
+        elif node.tag in ("td", "th"):
+            shape[1] += 1
+            shape[2] += id(node) in blocky
+        elif node.tag == "table":
+            node.shape = shape[0] > 0 or shape[3] < 2 or shape[2] * 2 > shape[1]
+            shape[0] += 1
+        elif node.tag in _LAYOUT_BLOCKS and node.parent is not None:
+            blocky.add(id(node.parent))
+        if id(node) in blocky and node.tag not in ("td", "th", "table") and node.parent is not None:
+            blocky.add(id(node.parent))
+        if node.parent is not None:
+            up = shapes.setdefault(id(node.parent), [0, 0, 0, 0])
+            up[0] += shape[0]
+            up[1] += shape[1]
+            up[2] += shape[2]
+            up[3] = max(up[3], shape[3]) if node.tag != "table" else up[3]
+    total = doc.text or 1
+    chrome = set()
+    vetoable = False              # would the lenient pass keep some chrome this one drops?
+    for node in nodes[1:]:
+        if id(node) in dead or id(node.parent) in chrome:
+            chrome.add(id(node))
+        else:
+            level = _chrome_level(node)
+            if level and (level == 2 and not lenient or node.text * 2 < total
+                          or not (id(node) in has_prose or id(node) in plain_text)):
+                chrome.add(id(node))
+                vetoable = vetoable or node.text * 2 >= total
+    clean = {}                    # text outside chrome, by element
+    prose = {}                    # paragraph text outside chrome and links, by element
+    for node in reversed(nodes):
+        if id(node) not in chrome:
+            key = id(node)
+            clean[key] = clean.get(key, 0) + direct.get(key, 0)
+            prose[key] = prose.get(key, 0) + plain_text.get(key, 0)
+            if node.parent is not None:
+                up = id(node.parent)
+                clean[up] = clean.get(up, 0) + clean[key]
+                prose[up] = prose.get(up, 0) + (prose[key] if key not in plain_text else plain_text[key])
+
+    def final(node):
+        return node.score * (1.0 - node.links / float(node.text or 1))
+
+    ranked = sorted((node for node in nodes[1:] if node.score > 0 and id(node) not in chrome),
+                    key=final, reverse=True)[:5]
+    if not ranked:
+        root = doc
+    else:
+        best = ranked[0]
+        best_score = final(best)
+        # Content split into several blocks of similar weight: their common ancestor holds it all.
+        rivals = [node for node in ranked[1:] if final(node) >= 0.75 * best_score]
+        root = best
+        if len(rivals) >= 2:
+            lines = []            # the ancestors of each rival: one walk each, not one per level
+            for rival in rivals:
+                line, probe = set(), rival.parent
+                while probe is not None:
+                    line.add(id(probe))
+                    probe = probe.parent
+                lines.append(line)
+            up = best.parent
+            while up is not None and up.parent is not None:
+                if sum(id(up) in line for line in lines) >= 2:
+                    root = up
+                    break
+                up = up.parent
+        while root.parent is not None and clean.get(id(root), 0) >= _CLIMB * clean.get(id(root.parent), 0):
+            root = root.parent
+        # Siblings that carry text of their own join the content (Readability does the same).
+        if root.parent is not None:
+            threshold = max(_SIBLING_MIN, _SIBLING_SHARE * prose.get(id(root), 0))
+            kept = 0
+            for sibling in root.parent.children:
+                if sibling.__class__ is str or sibling is root:
+                    continue
+                same = sibling.tag == root.tag and dict(sibling.attrs).get("class") == dict(root.attrs).get("class")
+                text = prose.get(id(sibling), 0)
+                if id(sibling) not in chrome and (text >= (25 if same else threshold) or (
+                        sibling.tag == "p" and text >= 80 and sibling.links < 0.25 * sibling.text)):
+                    kept += 1
+                else:
+                    sibling.marks = True
+            if kept:
+                root = root.parent
+            else:
+                for sibling in root.parent.children:
+                    if sibling.__class__ is not str:
+                        sibling.marks = None
+    keep_total = root.text or 1
+    protected = set()             # the best candidate and its ancestors are content by definition
+    up = ranked[0] if ranked else None
+    while up is not None:
+        protected.add(id(up))
+        up = up.parent
+    in_best = {id(ranked[0])} if ranked else set()   # the best block's own lists are content
+    for node in nodes[1:]:
+        if id(node.parent) in in_best:
+            in_best.add(id(node))
+        if id(node) in protected:
+            continue
+        if id(node) in chrome:
+            node.marks = True
+        elif node.text and node.links > _LINK_LIST_DENSITY * node.text and node.tag in _LINK_LIST_TAGS \
+                and node.text * 4 < keep_total and id(node) not in in_best:
+            node.marks = True     # a block of links: menus, teasers, related stories, tag clouds
+    return root, clean.get(id(root), 0) if vetoable or lenient else _MIN_CONTENT
+
+
+def _render_tree(root, converter):
+    """Replay the kept part of the tree into ``converter`` as parser events, without recursion.
+
+    A layout table (one holding tables, one column, or cells that are mostly
+    blocks) is replayed as blocks: its rows vanish and its cells become ``div``.
+    """
+    stack = [(root, None, False)]
+    while stack:
+        item = stack.pop()
+        if item.__class__ is str:
+            converter.handle_data(item)
+            continue
+        node, tag, in_layout = item
+        if tag is not None:
+            converter.handle_endtag(tag)
+            continue
+        if node.marks or node.tag in _SILENT_TAGS:
+            continue
+        tag = node.tag
+        if tag in _VOID_TAGS:
+            converter.handle_starttag(tag, node.attrs)
+            continue
+        if tag == "table":
+            in_layout = bool(node.shape)
+        elif tag in ("td", "th"):
+            tag = "div" if in_layout else tag
+        elif tag not in ("tr", "tbody", "thead", "tfoot", "caption", "colgroup"):
+            in_layout = False
+        if in_layout and tag in ("table", "tr", "tbody", "thead", "tfoot"):
+            tag = None                # the layout table's own structure is not replayed
+        if tag is not None and node.parent is not None:
+            converter.handle_starttag(tag, node.attrs)
+            stack.append((node, tag, False))
+        for child in reversed(node.children):
+            stack.append(child if child.__class__ is str else (child, None, in_layout))
+
+
+def _close_parser(parser, base):
+    """``close()`` for an html.parser subclass, linear however the input ends.
+
+    html.parser rescans an unfinished construct at the end of its input once per
+    "<" after it: quadratic (``<a b='x' `` 40,000 times took 477 s).  Such
+    constructs are skipped here a few times, as its own close() would, and what
+    is still left after that is dropped.
+    """
+    budget = 2 * len(parser.rawdata)      # characters re-read: each round reads the whole tail
+    for _ in range(_TAIL_ROUNDS):
+        tail = parser.rawdata
+        if len(tail) <= _TAIL_LIMIT or len(tail) > budget:
+            break
+        budget -= len(tail)
+        parser.rawdata = ""
+        if parser.cdata_elem is not None or tail.startswith("<!--"):
+            break                 # an unclosed script, style or comment runs to the end
+        end = tail.find(">", 1)
+        if end < 0:
+            end = tail.find("<", 1) - 1
+        if end < 0:
+            break
+        base.feed(tail[end + 1:])
+    if len(parser.rawdata) > _TAIL_LIMIT or parser.cdata_elem is not None:
+        parser.rawdata = ""
+        parser.clear_cdata_mode()
+    base.close()
+
+
+def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
 
     class MarkdownConverter(_html_parser_class()):
         def __init__(self):
             super().__init__(convert_charrefs=True)
+            self.open = collections.Counter()   # open elements by tag: unmatched end tags cost O(1)
+            self.ticks = 0
+            self.size = 0             # characters in self.blocks
+            self.full = False         # the output cap was reached: nothing more is kept
             self.blocks = []          # finished Markdown blocks
             self.inline = []          # text of the block being built
             self.skip = 0             # depth inside dropped elements
-            self.stack = []           # open elements: (tag, dropped, in_main)
-            self.main_depth = 0       # depth inside <main>/<article> (when main_only)
+            self.stack = []           # open elements: (tag, dropped)
             self.title = []
             self.in_title = False
             self.pre = None           # [lang, text parts] inside <pre>
@@ -2369,7 +2862,18 @@ def _markdown_converter(base_url, plain, main_only):
 
         # -- helpers -----------------------------------------------------------
         def emitting(self):
-            return not self.skip and (not main_only or self.main_depth > 0)
+            return not self.skip and not self.full
+
+        def tick(self):
+            self.ticks += 1
+            if check is not None and self.ticks % _CHECK_EVERY == 0:
+                check()
+
+        def emit(self, block):
+            self.blocks.append(block)
+            self.size += len(block)
+            if self.size > max_chars:
+                self.full = True
 
         def flush(self, prefix=""):
             text = "".join(self.inline)
@@ -2379,7 +2883,7 @@ def _markdown_converter(base_url, plain, main_only):
                 return
             if self.quote and not plain:
                 text = "\n".join("> " + line for line in text.split("\n"))
-            self.blocks.append(prefix + text)
+            self.emit(prefix + text)
 
         def add(self, text):
             if self.pre is not None:
@@ -2391,24 +2895,19 @@ def _markdown_converter(base_url, plain, main_only):
 
         # -- parser hooks ------------------------------------------------------------
         def handle_starttag(self, tag, attrs):
+            self.tick()
             if tag in _VOID_TAGS:
                 self.handle_startendtag(tag, attrs)
                 return
+            if tag == "a" and self.open["a"]:
+                self.handle_endtag("a")   # links do not nest: a new <a> ends the open one
             a = dict(attrs)
-            marker = " ".join(filter(None, (a.get("id"), a.get("class"))))
-            # An article's own <header> holds its title and byline; a page's header is chrome.
-            dropped = (tag in _DROP_TAGS and not (tag == "header" and self.main_depth > 0)) or (
-                a.get("role") in _CHROME_ROLES) or bool(
-                marker and _CHROME.search(marker) and tag not in ("main", "article", "body", "html"))
-            if "hidden" in a or a.get("aria-hidden") == "true":
-                dropped = True
-            is_main = main_only and (tag in ("main", "article") or a.get("role") == "main")
-            self.stack.append((tag, dropped, is_main))
+            dropped = tag in _SILENT_TAGS       # the content tree leaves these out already
+            self.stack.append((tag, dropped))
+            self.open[tag] += 1
             if dropped:
                 self.skip += 1
                 return
-            if is_main:
-                self.main_depth += 1
             if tag == "title":
                 self.in_title = True
             if not self.emitting():
@@ -2436,7 +2935,7 @@ def _markdown_converter(base_url, plain, main_only):
             elif tag == "a":
                 href = a.get("href") or ""
                 if href and not href.startswith(("javascript:", "#", "mailto:")):
-                    self.links.append([urljoin(base_url, href), len(self.inline)])
+                    self.links.append([absolute_url(base_url, href), len(self.inline)])
                 else:
                     self.links.append([None, len(self.inline)])
             elif tag == "table":
@@ -2458,31 +2957,37 @@ def _markdown_converter(base_url, plain, main_only):
             elif tag == "hr":
                 self.flush()
                 if not plain:
-                    self.blocks.append("---")
+                    self.emit("---")
             elif tag == "img":
                 alt = collapse_ws(a.get("alt") or "")
+                if plain and _FILE_NAME_ALT.match(alt):
+                    alt = ""              # "0225-lupita-getty-01" names a file, it describes nothing
                 if alt:
                     src = a.get("src") or ""
-                    if plain or not src or src.startswith("data:"):
-                        self.add(alt)
+                    src = "" if plain or src.startswith("data:") else absolute_url(base_url, src)
+                    if not src:
+                        self.add(" %s " % alt)
                     else:
                         alt = alt.replace("[", "\\[").replace("]", "\\]")
-                        self.add("![%s](%s)" % (alt, urljoin(base_url, src)))
+                        self.add("![%s](%s)" % (alt, src))
             elif tag not in _VOID_TAGS:
                 self.handle_starttag(tag, attrs)
                 self.handle_endtag(tag)
 
         def handle_endtag(self, tag):
-            # Close up to the matching open element (HTML leaves many tags unclosed).
-            for i in range(len(self.stack) - 1, -1, -1):
-                if self.stack[i][0] == tag:
-                    break
-            else:
+            # Close up to the matching open element (HTML leaves many tags unclosed); an end tag
+            # with no open element is ignored without a scan of the stack.
+            self.tick()
+            if not self.open[tag]:
                 return
-            while len(self.stack) > i:
-                self._close(*self.stack.pop())
+            while True:
+                entry = self.stack.pop()
+                self._close(*entry)
+                if entry[0] == tag:
+                    return
 
-        def _close(self, tag, dropped, is_main):
+        def _close(self, tag, dropped):
+            self.open[tag] -= 1
             if dropped:
                 self.skip -= 1
                 return
@@ -2490,8 +2995,6 @@ def _markdown_converter(base_url, plain, main_only):
                 self.in_title = False
             if self.emitting():
                 self._close_emitting(tag)
-            if is_main:
-                self.main_depth -= 1
 
         def _close_emitting(self, tag):
             if tag in _HEADINGS:
@@ -2511,7 +3014,7 @@ def _markdown_converter(base_url, plain, main_only):
                 code = "".join(parts).strip("\n")
                 if code.strip():
                     self.flush()
-                    self.blocks.append(code if plain else "```%s\n%s\n```" % (lang, code))
+                    self.emit(code if plain else "```%s\n%s\n```" % (lang, code))
             elif tag == "code" and self.pre is None and not plain:
                 self.add("`")
             elif tag in ("strong", "b") and not plain:
@@ -2540,7 +3043,7 @@ def _markdown_converter(base_url, plain, main_only):
                 rows = [r for r in self.table["rows"] if any(c for c in r)]
                 self.table = None
                 if rows:
-                    self.blocks.append(_render_table(rows, plain))
+                    self.emit(_render_table(rows, plain))
             elif tag == "blockquote":
                 self.flush()
                 self.quote -= 1
@@ -2551,10 +3054,11 @@ def _markdown_converter(base_url, plain, main_only):
             if not self.lists:
                 return ""
             kind, count = self.lists[-1]
-            indent = "  " * (len(self.lists) - 1)
+            indent = "  " * min(len(self.lists) - 1, _MAX_LIST_INDENT)
             return indent + ("%d. " % count if kind == "ol" else "- ")
 
         def handle_data(self, data):
+            self.tick()
             if self.in_title:
                 self.title.append(data)
                 return
@@ -2576,11 +3080,12 @@ def _markdown_converter(base_url, plain, main_only):
                     continue
                 item = bool(_LIST_ITEM.match(block))
                 if in_list and item:
-                    out[-1] += "\n" + block
+                    out[-1].append(block)
                 else:
-                    out.append(block)
+                    out.append([block])
                 in_list = item
-            return collapse_ws("".join(self.title)), "\n\n".join(out).strip()
+            text = "\n\n".join("\n".join(lines) for lines in out).strip()
+            return collapse_ws("".join(self.title)), text
 
     return MarkdownConverter()
 
@@ -4245,9 +4750,15 @@ class Fetcher:
         if media in _MEDIA_HTML:
             html = decode_page(body, ctype)
             if fmt == "html":
-                title = re.search(r"<title[^>]*>(.*?)</title>", html, re.I | re.S)
-                return Document(url, resp.url, collapse_ws(title.group(1)) if title else "", html, "direct", media)
-            title, content = html_to_markdown(html, resp.url, plain=fmt == "text")
+                return Document(url, resp.url, page_title(html), html, "direct", media)
+
+            def check():
+                token.check()
+                if deadline.expired():
+                    raise UpstreamError("direct", "timeout", "extraction_timeout",
+                                        "extracting the text of %s took until the deadline" % url,
+                                        retryable=False)
+            title, content = html_to_markdown(html, resp.url, plain=fmt == "text", check=check)
             return Document(url, resp.url, title, content, "direct", media)
         if media.startswith(_MEDIA_TEXT_PREFIXES) or media in _MEDIA_TEXTUAL or media.endswith(("+json", "+xml")):
             return Document(url, resp.url, "", decode_page(body, ctype).strip(), "direct", media)
@@ -4257,76 +4768,626 @@ class Fetcher:
                                 if media == "application/pdf" else ""), status=200, retryable=False)
 
 
+
+ROBOTS_MAX_BYTES = 500 * 1024        # RFC 9309 §2.5: parse at least the first 500 KiB, nothing beyond
+MAP_CRAWL_DELAY_MAX_S = 2.0          # robots.txt Crawl-delay honoured up to this, within the map's timeout
+SITEMAP_INDEX_DEPTH_MAX = 2          # an index names sitemaps (sitemaps.org); one more nested level tolerated
+SITEMAP_VALUE_MAX = 8192             # characters of one <loc>/<lastmod>; sitemaps.org caps URLs at 2,048
+SITEMAP_NESTING_MAX = 64             # open elements tracked by the sitemap scanner; deeper ones are ignored
+
+# Keys as robots.txt files really spell them (the misspellings are the ones Google's parser accepts).
+_ROBOTS_KEYS = {"user-agent": "user-agent", "useragent": "user-agent", "user agent": "user-agent",
+                "allow": "allow", "disallow": "disallow", "dissallow": "disallow", "dissalow": "disallow",
+                "disalow": "disallow", "diasllow": "disallow", "disallaw": "disallow",
+                "sitemap": "sitemap", "site-map": "sitemap", "crawl-delay": "crawl-delay",
+                "crawldelay": "crawl-delay"}
+# %xx escapes, upper-cased on both sides before comparison (RFC 3986 §2.1: %2f equals %2F).
+_PCT_ESCAPE = LazyPattern(r"%[0-9a-fA-F]{2}")
+# One entity: bounded, so the scan is linear; the semicolon is required (a raw "&region=" stays as it is).
+_XML_ENTITY = LazyPattern(r"&(#[0-9]{1,8}|#[xX][0-9a-fA-F]{1,8}|[A-Za-z][A-Za-z0-9]{0,31});")
+# An element name at the start of a tag: one bounded run of name characters, no backtracking.
+_XML_NAME = LazyPattern(r"[A-Za-z_][\w.:-]*")
+_XML_NAMED = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
+# Characters a robots.txt value may carry as they are; anything else is percent-encoded as UTF-8.
+_ROBOTS_PLAIN = frozenset(chr(c) for c in range(0x21, 0x7F))
+# Elements the sitemap scanner reads: record elements, and the fields read inside them.
+_SITEMAP_RECORDS = {"url": False, "sitemap": True}          # name -> the record names a child sitemap
+_FEED_ROOTS = frozenset({"rss", "rdf", "feed", "channel"})
+_FEED_RECORDS = frozenset({"item", "entry"})
+_SITEMAP_FIELDS = frozenset({"loc", "lastmod", "link", "pubdate", "updated", "published", "date"})
+
+
+def _percent_encode(text):
+    """``text`` with every character outside printable ASCII percent-encoded as UTF-8, and every
+    ``%xx`` escape upper-cased (RFC 9309 §2.2.2: both sides are compared in this form).
+
+    >>> _percent_encode("/foo/bar/\u30c4?a=%e3%83%84 b")
+    '/foo/bar/%E3%83%84?a=%E3%83%84%20b'
+    >>> _percent_encode("/a%2fb/%zz")
+    '/a%2Fb/%zz'
+    """
+    if "%" in text:
+        text = _PCT_ESCAPE.sub(lambda m: m.group(0).upper(), text)
+    if all(c in _ROBOTS_PLAIN for c in text):
+        return text
+    return "".join(c if c in _ROBOTS_PLAIN else "".join("%%%02X" % b for b in c.encode("utf-8", "surrogatepass"))
+                   for c in text)
+
+
+def robots_path(url):
+    """What RobotsRules.allowed is asked about for ``url``: path and query, percent-encoded, "/" when empty.
+
+    Raises ValueError as ``urlsplit`` does on a malformed URL.
+
+    >>> robots_path("https://a.example/caf\u00e9/x?q=1#frag"), robots_path("https://a.example")
+    ('/caf%C3%A9/x?q=1', '/')
+    """
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return _percent_encode(path)
+
+
+def _robots_line(line):
+    """``(key, value)`` of one robots.txt line (comment and white space removed), or None.
+
+    A missing colon is accepted when exactly two words remain ("disallow /"), as Google does.
+
+    >>> _robots_line("  Disallow: /a#b # note"), _robots_line("user-agent FooBot"), _robots_line("# x")
+    (('disallow', '/a'), ('user-agent', 'FooBot'), None)
+    """
+    line = line.split("#", 1)[0].strip()
+    if not line:
+        return None
+    key, colon, value = line.partition(":")
+    if not colon:
+        words = line.split()
+        if len(words) != 2:
+            return None
+        key, value = words
+    key = _ROBOTS_KEYS.get(" ".join(key.split()).lower())
+    return (key, value.strip()) if key else None
+
+
+def _product_token(value):
+    """The product token a ``User-agent`` value names: its leading letters, ``-`` and ``_`` (RFC 9309 §2.2.1).
+
+    >>> _product_token("FooBot/2.1 (+http://foo.example)"), _product_token("foo bar"), _product_token("*")
+    ('foobot', 'foo', '')
+    """
+    end = 0
+    while end < len(value) and (value[end].isascii() and value[end].isalpha() or value[end] in "-_"):
+        end += 1
+    return value[:end].lower()
+
+
+class _RobotsRule:
+    """One compiled Allow/Disallow pattern: literal pieces between ``*``, and whether ``$`` ends it."""
+
+    __slots__ = ("pattern", "allow", "priority", "pieces", "anchored", "key")
+
+    def __init__(self, pattern, allow):
+        self.pattern = pattern
+        self.allow = allow
+        self.priority = len(pattern)        # RFC 9309 §2.2.2: the match with the most octets wins
+        body = pattern[:-1] if pattern.endswith("$") else pattern
+        self.anchored = body is not pattern
+        self.pieces = tuple(re.sub(r"\*+", "*", body).split("*"))
+        self.key = None               # a one- or two-character string the path must contain (see _index)
+
+    def grams(self):
+        """The two-character strings of the pieces after the first (one-character ones if none)."""
+        later = [p for p in self.pieces[1:] if p]
+        grams = {p[k:k + 2] for p in later for k in range(len(p) - 1)}
+        return grams or set(later)
+
+    @property
+    def is_literal(self):
+        return len(self.pieces) == 1 and not self.anchored
+
+    def matches_after(self, path, pos):
+        """Whether the pieces after the first match ``path`` from ``pos`` (the first is matched already).
+
+        Leftmost placement of every piece is optimal for ``*`` wildcards, so this is at most one
+        ``str.find`` per piece: linear, never backtracking.
+        """
+        pieces = self.pieces
+        last = len(pieces) - 1
+        if last == 0:
+            return not self.anchored or pos == len(path)
+        for piece in pieces[1:last]:
+            found = path.find(piece, pos)
+            if found < 0:
+                return False
+            pos = found + len(piece)
+        tail = pieces[last]
+        if self.anchored:
+            return len(path) - len(tail) >= pos and path.endswith(tail)
+        return path.find(tail, pos) >= 0
+
+
 class RobotsRules:
-    """robots.txt rules for one user agent (RFC 9309: longest match wins, Allow wins ties).
+    """robots.txt rules for one user agent, by RFC 9309.
+
+    Every group naming the agent's product token (case-insensitive) is merged; ``*`` groups apply only
+    when none names it. Only Allow/Disallow lines end a group's agent lines (Crawl-delay, Sitemap,
+    unknown keys, comments and blank lines never do). Rules match the path *and query* as sent on
+    the wire: rule paths are percent-encoded (non-ASCII as UTF-8), ``%xx`` is upper-cased on both
+    sides, ``%2F`` stays distinct from ``/``; :func:`robots_path` gives the form of a URL to ask
+    about (raw non-ASCII handed to :meth:`allowed` is compared as is, as Google's parser does). The
+    longest pattern wins and Allow wins a tie; ``*`` and a final ``$`` are matched without
+    backtracking. Only the first ``ROBOTS_MAX_BYTES`` are read; a UTF-8 BOM and CR/CRLF are accepted.
 
     >>> r = RobotsRules("User-agent: *\\nDisallow: /private\\nAllow: /private/ok$\\nSitemap: https://a.example/s.xml")
     >>> r.allowed("/private/x"), r.allowed("/private/ok"), r.allowed("/public"), r.sitemaps
     (False, True, True, ['https://a.example/s.xml'])
+    >>> r = RobotsRules("User-agent: *\\nCrawl-delay: 5\\nUser-agent: WebSearch-Ring/1.0\\nDisallow: /*?*ajax")
+    >>> r.allowed("/a?x=ajax"), r.allowed("/a"), r.crawl_delay_s, r.group
+    (False, True, 5.0, 'websearch-ring')
     """
 
-    AGENT = "websearch-ring"
+    AGENT = "websearch-ring"      # the product token; a subclass (or the evaluator) may name another
 
     def __init__(self, text, allow_all=False, disallow_all=False):
         self.sitemaps = []
-        self.rules = []          # (pattern regex, length, allow)
+        self.rules = []               # _RobotsRule of the chosen groups, in file order
+        self.crawl_delay_s = None     # the chosen groups' Crawl-delay (the largest given), or None
+        self.group = None             # "*", the agent's token, or None when no group applies
+        self.truncated = False        # the body was longer than ROBOTS_MAX_BYTES
         self.disallow_all = disallow_all
+        self._trie = {}               # prefix tree: char -> node; "" -> (priority, allow) of a literal rule
+        #                               ending here; None -> {key gram: [wildcard rules]} (see _index)
         if allow_all or disallow_all:
             return
-        groups, agents, rules, last_was_agent = {}, [], [], False
-        for raw in text.splitlines():
-            line = raw.split("#", 1)[0].strip()
-            if ":" not in line:
+        self._parse(self._prepare(text))
+        self._index(self.rules)
+
+    def _prepare(self, text):
+        """The text to parse: decoded, BOM dropped, cut at ROBOTS_MAX_BYTES on a line boundary."""
+        if isinstance(text, (bytes, bytearray)):
+            raw = bytes(text[:ROBOTS_MAX_BYTES + 1])
+            text = raw[:ROBOTS_MAX_BYTES].decode("utf-8", "replace")
+            self.truncated = len(raw) > ROBOTS_MAX_BYTES
+        elif len(text) > ROBOTS_MAX_BYTES // 4:
+            raw = text.encode("utf-8", "surrogatepass")
+            if len(raw) > ROBOTS_MAX_BYTES:
+                self.truncated = True
+                text = raw[:ROBOTS_MAX_BYTES].decode("utf-8", "ignore")
+        if self.truncated:
+            text = text[:max(text.rfind("\n"), text.rfind("\r")) + 1]      # no half line at the cut
+        return text.lstrip("\ufeff")
+
+    def _parse(self, text):
+        own = self.AGENT.lower()
+        mine, everyone = [], []                   # (key, value) lines of our groups and of "*" groups
+        has_own = has_all = False
+        lines, is_own, is_all = None, False, False  # the open group: its lines, whom it names
+        ends_agents = False                       # an Allow/Disallow was seen since the last User-agent
+        for raw in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+            parsed = _robots_line(raw)
+            if parsed is None:
                 continue
-            field, value = (part.strip() for part in line.split(":", 1))
-            field = field.lower()
-            if field == "sitemap":
-                if value:
+            key, value = parsed
+            if key == "sitemap":
+                if value and value not in self.sitemaps:
                     self.sitemaps.append(value)
+            elif key == "user-agent":
+                if lines is None or ends_agents:  # a new group; the lines of the last one go where it said
+                    if is_own:
+                        mine.extend(lines)
+                    if is_all:
+                        everyone.extend(lines)
+                    lines, is_own, is_all, ends_agents = [], False, False, False
+                if value == "*" or (value[:1] == "*" and value[1:2].isspace()):
+                    is_all = has_all = True
+                elif own and _product_token(value) == own:
+                    is_own = has_own = True
+            elif lines is not None:               # lines before any User-agent belong to no group
+                ends_agents = ends_agents or key in ("allow", "disallow")
+                lines.append((key, value))
+        if is_own:
+            mine.extend(lines)
+        if is_all:
+            everyone.extend(lines)
+        self.group = own if has_own else ("*" if has_all else None)
+        delays = []
+        for key, value in mine if has_own else everyone:
+            if key == "crawl-delay":
+                try:
+                    delay = float(value)
+                except ValueError:
+                    continue
+                if 0.0 <= delay < float("inf"):
+                    delays.append(delay)
+            elif value and key in ("allow", "disallow"):
+                pattern = _percent_encode(value)
+                self.rules.append(_RobotsRule(pattern, key == "allow"))
+                # Google: allowing /dir/index.html allows /dir/ as well.
+                if key == "allow" and pattern.endswith(("/index.html", "/index.htm")):
+                    self.rules.append(_RobotsRule(pattern[:pattern.rfind("/") + 1] + "$", True))
+        self.crawl_delay_s = max(delays) if delays else None
+
+    def _index(self, rules):
+        """File ``rules`` in the prefix tree under their first literal piece.
+
+        A wildcard rule is filed under one of the one- or two-character strings its later pieces need
+        (the one fewest rules share), so :meth:`allowed` tries only rules whose pieces can all occur:
+        thousands of ``/*x1*`` rules cost a set look-up per two characters of path, not a scan each.
+        """
+        counts = {}
+        for rule in rules:
+            for gram in rule.grams():
+                counts[gram] = counts.get(gram, 0) + 1
+        for rule in rules:
+            node = self._trie
+            for ch in rule.pieces[0]:
+                node = node.setdefault(ch, {})
+            if rule.is_literal:
+                best = node.get("")
+                if best is None or (rule.priority, rule.allow) > best:
+                    node[""] = (rule.priority, rule.allow)
                 continue
-            if field == "user-agent":
-                if not last_was_agent:
-                    agents, rules = [], []
-                agents.append(value.lower())
-                for agent in agents:
-                    groups.setdefault(agent, rules)
-                last_was_agent = True
-                continue
-            last_was_agent = False
-            if field in ("allow", "disallow") and agents:
-                rules.append((field == "allow", value))
-        chosen = groups.get(self.AGENT) or groups.get("*") or []
-        for allow, path in chosen:
-            if not path:
-                continue      # "Disallow:" with nothing allows everything
-            regex = re.escape(path).replace(r"\*", ".*")
-            if regex.endswith(r"\$"):
-                regex = regex[:-2] + "$"
-            self.rules.append((re.compile(regex), len(path), allow))
+            grams = rule.grams()
+            rule.key = min(grams, key=lambda g: (counts[g], -len(g))) if grams else None
+            node.setdefault(None, {}).setdefault(rule.key, []).append(rule)
 
     def allowed(self, path):
+        """Whether the agent may fetch ``path`` (path and query, as :func:`robots_path` gives it).
+
+        Linear in ``len(path)`` plus, per wildcard rule whose literal head matches, one pass of
+        ``str.find`` over the rest: no backtracking whatever the patterns.
+        """
         if self.disallow_all:
             return False
-        best = None
-        for regex, length, allow in self.rules:
-            if regex.match(path) and (best is None or length > best[0] or (length == best[0] and allow)):
-                best = (length, allow)
-        return True if best is None else best[1]
+        if not self.rules:
+            return True
+        path = path or "/"
+        if "%" in path:
+            path = _PCT_ESCAPE.sub(lambda m: m.group(0).upper(), path)
+        if path == "/robots.txt":
+            return True                   # RFC 9309 §2.2.2: implicitly allowed
+        best = (-1, True)                 # (priority, allow): no rule matched
+        node, depth, wild = self._trie, 0, []
+        while True:
+            here = node.get("")
+            if here is not None and here > best:
+                best = here
+            rules = node.get(None)
+            if rules is not None:
+                wild.append((depth, rules))
+            if depth == len(path):
+                break
+            node = node.get(path[depth])
+            if node is None:
+                break
+            depth += 1
+        grams = None
+        for start, buckets in wild:
+            if len(buckets) > 2:          # look the path's own one- and two-character strings up instead
+                if grams is None:
+                    grams = set(path).union(path[k:k + 2] for k in range(len(path) - 1))
+                    grams.add(None)
+                keys = grams if len(grams) < len(buckets) else [k for k in buckets if k in grams]
+            else:
+                keys = list(buckets)
+            for key in keys:
+                for rule in buckets.get(key, ()):
+                    if (rule.priority, rule.allow) > best and rule.matches_after(path, start):
+                        best = (rule.priority, rule.allow)
+        return best[1]
 
 
-_LOC = LazyPattern(r"<loc>\s*(.*?)\s*</loc>", re.I | re.S)
-_HREF = LazyPattern(r"""<a\s[^>]*?href\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""", re.I)
+class CrawlPacer:
+    """Spaces the requests of one map by robots.txt ``Crawl-delay``, capped, inside the map's deadline.
+
+    ``wait(token, seconds)`` sleeps and is ended early by cancellation (the default does it with an
+    Event the token sets); tests inject a fake clock and wait.
+
+    >>> t = [0.0]; slept = []
+    >>> p = CrawlPacer(10.0, clock=lambda: t[0], wait=lambda token, s: (slept.append(s), t.__setitem__(0, t[0] + s)))
+    >>> p.delay_s, p.pause(None, None), p.pause(None, None), slept
+    (2.0, True, True, [2.0])
+    """
+
+    def __init__(self, crawl_delay_s, cap_s=MAP_CRAWL_DELAY_MAX_S, clock=time.monotonic, wait=None):
+        self.requested_s = crawl_delay_s
+        self.delay_s = min(max(crawl_delay_s or 0.0, 0.0), cap_s)
+        self.waited_s = 0.0
+        self._clock = clock
+        self._wait = wait or self._wait_cancellable
+        self._last = None
+
+    @staticmethod
+    def _wait_cancellable(token, seconds):
+        event = threading.Event()
+        handle = token.add_callback(event.set) if token is not None else None
+        try:
+            event.wait(seconds)
+        finally:
+            if token is not None:
+                token.remove(handle)
+
+    def pause(self, token, deadline):
+        """Wait until ``delay_s`` has passed since the previous request, then count this one.
+
+        False (without waiting) when the wait would end after ``deadline``: the caller stops there.
+        Raises Cancelled through ``token.check()`` when cancelled while waiting.
+        """
+        if self._last is not None and self.delay_s > 0.0:
+            due = self._last + self.delay_s - self._clock()
+            if due > 0.0:
+                if deadline is not None and deadline.remaining() <= due:
+                    return False
+                self._wait(token, due)
+                self.waited_s += due
+                if token is not None:
+                    token.check()
+        self._last = self._clock()
+        return True
+
+    def stats(self):
+        """What the map reports: the delay robots.txt asked for, the one applied, the time spent waiting."""
+        return {"crawl_delay_s": self.requested_s, "crawl_delay_applied_s": self.delay_s,
+                "crawl_delay_waited_s": round(self.waited_s, 3)}
+
+
+SitemapEntry = collections.namedtuple("SitemapEntry", "url lastmod is_sitemap")
+SitemapEntry.__doc__ = """One URL a sitemap lists: a page, or (``is_sitemap``) another sitemap to read."""
+
+
+def _xml_unescape(text):
+    """``text`` with XML entities, named (and HTML's, when spelled with ``;``) and numeric, replaced.
+
+    >>> _xml_unescape("a&amp;b&#38;c&#x26;d&nbsp;&lt;&bogus;&region=1&#0;")
+    'a&b&c&d\\xa0<&bogus;&region=1&#0;'
+    """
+    if "&" not in text:
+        return text
+
+    def one(m):
+        name = m.group(1)
+        if name[0] == "#":
+            code = int(name[2:], 16) if name[1:2] in ("x", "X") else int(name[1:])
+            ok = 0 < code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF
+            return chr(code) if ok else m.group(0)
+        if name in _XML_NAMED:
+            return _XML_NAMED[name]
+        from html.entities import html5
+        return html5.get(name + ";", m.group(0))
+    return _XML_ENTITY.sub(one, text)
+
+
+def _rss_date(value):
+    """An RSS ``pubDate`` (RFC 822) as ISO 8601; anything else unchanged.
+
+    >>> _rss_date("Tue, 01 Dec 2026 16:50:00 GMT"), _rss_date("2026-12-01")
+    ('2026-12-01T16:50:00+00:00', '2026-12-01')
+    """
+    if not value or value[:1].isdigit():
+        return value
+    import email.utils
+    try:
+        return email.utils.parsedate_to_datetime(value).isoformat()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return value
+
+
+def _absolute(url, base_url):
+    """``url`` resolved against ``base_url``; None for a URL ``urljoin`` cannot parse."""
+    if not base_url or url.startswith(("http://", "https://")):
+        return url
+    from urllib.parse import urljoin
+    try:
+        return urljoin(base_url, url)
+    except ValueError:
+        return None
+
+
+def _attribute(raw, name):
+    """The value of attribute ``name`` in a tag's text, unescaped; '' when absent.
+
+    Index arithmetic over one lower-cased copy: every character is looked at a bounded number of
+    times, however many times ``name`` recurs in a hostile tag.
+
+    >>> _attribute('link rel="alternate" href="/a?x=1&amp;y=2"/', "href"), _attribute("link", "rel")
+    ('/a?x=1&y=2', '')
+    >>> _attribute("link xhref='/no' href = /yes/>", "href")
+    '/yes'
+    """
+    low = raw.lower()
+    n = len(raw)
+    at = 0
+    while True:
+        at = low.find(name, at)
+        if at < 0:
+            return ""
+        start, at = at, at + len(name)
+        if start == 0 or not low[start - 1].isspace():
+            continue
+        j = at
+        while j < n and low[j].isspace():
+            j += 1
+        if j >= n or low[j] != "=":
+            continue
+        j += 1
+        while j < n and low[j].isspace():
+            j += 1
+        if j < n and raw[j] in "'\"":
+            close = raw.find(raw[j], j + 1)
+            return _xml_unescape(raw[j + 1:close if close > 0 else n]).strip()
+        end = j
+        while end < n and not raw[end].isspace() and raw[end] != ">":
+            end += 1
+        return _xml_unescape(raw[j:end].rstrip("/"))
+
+
+def _iter_text_sitemap(text):
+    """Entries of a plain-text sitemap: one absolute URL per line (sitemaps.org), other lines skipped."""
+    for line in text.splitlines():
+        url = line.strip()
+        if url[:8].lower().startswith(("http://", "https://")) and not any(c.isspace() for c in url):
+            yield SitemapEntry(url, None, False)
+
+
+def iter_sitemap(body, base_url=None):
+    """The entries of a sitemap, lazily: ``SitemapEntry(url, lastmod, is_sitemap)``.
+
+    Reads sitemaps.org ``<urlset>`` and ``<sitemapindex>`` files, plain-text sitemaps (one URL per
+    line), and RSS 2.0, RSS 1.0 and Atom feeds given as sitemaps. Values may be wrapped in CDATA or
+    white space and may hold any XML entity; ``lastmod`` (RSS ``pubDate``, Atom ``updated``) is kept.
+    A hand-written scanner of ``str.find`` calls: linear on any input (an unclosed ``<loc>``, comment
+    or CDATA ends the scan or the field, never rescans), no entity expansion beyond the fixed ones
+    (no DTD is read), ``base_url`` resolves relative feed links. ``body`` is text or UTF-8 bytes.
+
+    >>> doc = ("<?xml version='1.0'?><urlset xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'>"
+    ...        "<url><loc> <![CDATA[https://a.example/?a=1&b=2]]> </loc><lastmod>2026-11-30</lastmod></url>"
+    ...        "<url><loc>https://a.example/x?a=1&amp;b=&#50;</loc></url></urlset>")
+    >>> [tuple(e) for e in iter_sitemap(doc)]
+    [('https://a.example/?a=1&b=2', '2026-11-30', False), ('https://a.example/x?a=1&b=2', None, False)]
+    >>> [e.url for e in iter_sitemap(b"https://a.example/1\\n\\nnot a url\\nhttps://a.example/2\\n")]
+    ['https://a.example/1', 'https://a.example/2']
+    """
+    if isinstance(body, (bytes, bytearray)):
+        body = bytes(body).decode("utf-8", "replace")
+    text = body.lstrip("\ufeff \t\r\n")
+    if not text.startswith("<"):
+        yield from _iter_text_sitemap(text)
+        return
+    n = len(text)
+    root = None                  # (prefix, local) of the first element
+    prefixes = ("",)             # field prefixes read: the root's and none (image:loc is not a loc)
+    feed = False
+    record = None                # [kind_is_sitemap, url, lastmod] of the open <url>/<sitemap>/<item>/<entry>
+    field, parts, size = None, [], 0    # the open field element and its text so far
+    depth = 0                    # open elements, for SITEMAP_NESTING_MAX
+    gt = -1                      # position of the next ">" at or after i (cached: never searched twice)
+    name_at = _XML_NAME.match
+    i = 0
+
+    def finish(rec):
+        if rec is None or not rec[1]:
+            return None
+        url = _absolute(rec[1], base_url)
+        return SitemapEntry(url, rec[2], rec[0]) if url else None
+
+    while i < n:
+        lt = text.find("<", i)
+        if lt < 0:
+            lt = n
+        if field is not None and lt > i:
+            if size <= SITEMAP_VALUE_MAX:           # past the cap the value is dropped: stop keeping it
+                parts.append(text[i:lt])
+            size += lt - i
+        if lt >= n:
+            break
+        special = text[lt + 1:lt + 2] in ("!", "?")
+        if special and text.startswith("<![CDATA[", lt):
+            end = text.find("]]>", lt + 9)
+            stop = n if end < 0 else end
+            if field is not None:
+                if size <= SITEMAP_VALUE_MAX:
+                    parts.append(text[lt + 9:stop])
+                size += stop - lt - 9
+            i = n if end < 0 else end + 3
+            continue
+        if special and text.startswith("<!--", lt):
+            end = text.find("-->", lt + 4)
+            i = n if end < 0 else end + 3
+            continue
+        if gt < lt:
+            gt = text.find(">", lt + 1)
+            if gt < 0:
+                break                               # a tag that never closes: nothing more to read
+        inner = text.find("<", lt + 1, gt)
+        if inner >= 0:                              # "<" inside a tag: the first "<" was text
+            if field is not None:
+                parts.append("<")
+            i = lt + 1
+            continue
+        if special:
+            if text[lt + 1] == "!":                 # DOCTYPE: skip it, internal subset and all, unread
+                bracket = text.find("[", lt, gt)
+                if bracket >= 0:
+                    close = text.find("]", bracket)
+                    gt = text.find(">", close) if close >= 0 else -1
+                    if gt < 0:
+                        break
+            i = gt + 1
+            continue
+        i = gt + 1
+        closing = text[lt + 1:lt + 2] == "/"
+        m = name_at(text, lt + 2 if closing else lt + 1, gt)
+        if m is None:
+            continue
+        prefix, _, name = m.group(0).lower().rpartition(":")
+        raw = text[lt + 1:gt]
+        if closing:
+            depth = max(0, depth - 1)
+            if field is not None and name == field:
+                value = _xml_unescape("".join(parts)).strip() if size <= SITEMAP_VALUE_MAX else ""
+                field, parts, size = None, [], 0
+                if record is not None and value:
+                    if name in ("loc", "link") and not record[1]:
+                        record[1] = value
+                    elif name in ("lastmod", "updated", "published", "pubdate", "date") and not record[2]:
+                        record[2] = _rss_date(value) if name == "pubdate" else value
+                elif record is None and name == "loc" and value and not feed:
+                    entry = finish([root is not None and root[1] == "sitemapindex", value, None])
+                    if entry:
+                        yield entry
+            elif record is not None and name == record[3]:
+                entry = finish(record)
+                record = None
+                if entry:
+                    yield entry
+            continue
+        if not raw.endswith("/"):
+            depth += 1
+        if root is None:
+            root = (prefix, name)
+            prefixes = (prefix, "") if prefix else ("",)
+            feed = name in _FEED_ROOTS
+            continue
+        if depth > SITEMAP_NESTING_MAX:
+            continue
+        field, parts, size = None, [], 0            # a tag inside a field: the field was not plain text
+        if prefix not in prefixes and not (prefix == "dc" and name == "date"):
+            continue
+        if (name in _SITEMAP_RECORDS and not feed) or (name in _FEED_RECORDS and feed):
+            entry = finish(record)
+            if entry:
+                yield entry                         # the previous record was never closed
+            record = [_SITEMAP_RECORDS.get(name, False), None, None, name]
+        elif name in _SITEMAP_FIELDS and record is not None or name == "loc" and not feed:
+            if name == "link" and feed and root[1] == "feed":
+                rel = _attribute(raw, "rel")
+                href = _attribute(raw, "href")
+                if record is not None and href and rel in ("", "alternate") and not record[1]:
+                    record[1] = href
+                continue
+            if not raw.endswith("/"):
+                field = name
+    entry = finish(record)
+    if entry:
+        yield entry
+
+
+_HREF = LazyPattern(r"""<a\s[^<>]*?\bhref\s*=\s*(?:"([^"<>]*)"|'([^'<>]*)'|([^\s"'<>]+))""", re.I)
 MAP_SITEMAPS_MAX = 20      # sitemap files read per map (index files point to more)
 
 
 class SiteMapper:
     """The URLs of a site: robots.txt, its sitemaps (or /sitemap.xml), then a same-origin crawl."""
 
-    def __init__(self, config, transport, tavily, logger):
+    def __init__(self, config, transport, tavily, logger, clock=time.monotonic, wait=None):
         self.config = config
         self.transport = transport
         self.tavily = tavily
         self.log = logger
+        self._clock = clock
+        self._wait = wait           # CrawlPacer's wait(token, seconds); None: a cancellable Event wait
 
     def _get(self, url, token, deadline, truncate=False):
         return call_upstream("direct", self.transport, "GET", url, token=token, deadline=deadline,
@@ -4344,42 +5405,64 @@ class SiteMapper:
         return [r for r in data.get("results") or []], {}
 
     def direct(self, url, args, token, deadline, progress=None):
-        """``(urls, stats)`` by robots.txt, sitemaps and a breadth-first crawl; raises UpstreamError."""
+        """``(urls, stats)`` by robots.txt, sitemaps and a breadth-first crawl; raises UpstreamError.
+
+        ``stats["lastmod"]`` maps listed URLs to the ``lastmod`` their sitemap gave (web_map moves it out).
+        Requests to the site are spaced by robots.txt Crawl-delay (at most MAP_CRAWL_DELAY_MAX_S); a wait
+        that would end past the deadline ends the map with what it has (``stats["stopped"]``).
+        """
         from urllib.parse import urlsplit, urljoin
         parts = urlsplit(url)
         origin = "%s://%s" % (parts.scheme, parts.netloc)
         host = (parts.hostname or "").lower()
         robots = self._robots(origin, token, deadline)
+        pacer = CrawlPacer(robots.crawl_delay_s, clock=self._clock, wait=self._wait)
+        pacer.pause(token, deadline)          # robots.txt was the first request
         limit = args["limit"]
-        found, seen = [], set()
+        found, seen, lastmod = [], set(), {}
         stats = {"robots": "disallow_all" if robots.disallow_all else ("rules" if robots.rules else "allow_all"),
-                 "sitemaps_read": 0, "pages_crawled": 0, "skipped_by_robots": 0}
+                 "sitemaps_read": 0, "pages_crawled": 0, "skipped_by_robots": 0,
+                 "sitemaps_too_deep": 0}
 
-        def add(candidate, first=False):
+        def add(candidate, first=False, modified=None):
             try:
                 p = urlsplit(candidate)
+                target = robots_path(candidate)
             except ValueError:
+                stats["bad_links"] = stats.get("bad_links", 0) + 1
                 return False
             if p.scheme not in ("http", "https") or (p.hostname or "").lower() != host:
                 return False
             key = normalize_url(candidate.split("#", 1)[0])
             if key in seen:
                 return False
-            if not robots.allowed(p.path or "/"):
+            if not robots.allowed(target):
                 stats["skipped_by_robots"] += 1
                 return False
             seen.add(key)
             found.insert(0 if first else len(found), candidate.split("#", 1)[0])
+            if modified:
+                lastmod[candidate.split("#", 1)[0]] = modified
             if progress is not None:
                 progress(len(found), limit, "%d URLs found" % len(found))
             return True
 
-        queue = list(robots.sitemaps) or [origin + "/sitemap.xml"]
+        def polite(target_url):
+            """Wait out Crawl-delay before a request to the site; False when the deadline comes first."""
+            if url_host(target_url) != host or pacer.pause(token, deadline):
+                return True
+            stats["stopped"] = "deadline_before_crawl_delay"
+            return False
+
+        queue = [(s, 0) for s in robots.sitemaps] or [(origin + "/sitemap.xml", 0)]
+        queued = {s for s, _ in queue}
         read = 0
         while queue and read < MAP_SITEMAPS_MAX and len(found) < limit and not deadline.expired():
             token.check()
-            sitemap = queue.pop(0)
+            sitemap, level = queue.pop(0)
             read += 1
+            if not polite(sitemap):
+                break
             try:
                 resp = self._get(sitemap, token, deadline, truncate=True)
             except UpstreamError as exc:
@@ -4390,15 +5473,20 @@ class SiteMapper:
             body = resp.body
             if body[:2] == b"\x1f\x8b":
                 body = _decompress(body, MAX_BODY_BYTES, truncate=True)
-            text = body.decode("utf-8", errors="replace")
             stats["sitemaps_read"] += 1
-            is_index = "<sitemapindex" in text[:2000].lower()
-            for match in _LOC.finditer(text):
-                loc = match.group(1).replace("&amp;", "&")
-                if is_index:
-                    queue.append(loc)
-                elif add(loc) and len(found) >= limit:
-                    break
+            for n, entry in enumerate(iter_sitemap(body, base_url=resp.url)):
+                if n % 512 == 511:
+                    token.check()
+                    if deadline.expired():
+                        break
+                if not entry.is_sitemap:
+                    if add(entry.url, modified=entry.lastmod) and len(found) >= limit:
+                        break
+                elif level >= SITEMAP_INDEX_DEPTH_MAX:
+                    stats["sitemaps_too_deep"] += 1
+                elif entry.url not in queued:
+                    queued.add(entry.url)
+                    queue.append((entry.url, level + 1))
         frontier = [(url, 0)]
         crawled = set()
         while frontier and len(found) < limit and not deadline.expired():
@@ -4407,9 +5495,16 @@ class SiteMapper:
             if depth >= args["max_depth"] or page in crawled:
                 continue
             crawled.add(page)
-            if not robots.allowed(urlsplit(page).path or "/"):
+            try:
+                target = robots_path(page)
+            except ValueError:
+                stats["bad_links"] = stats.get("bad_links", 0) + 1
+                continue
+            if not robots.allowed(target):
                 stats["skipped_by_robots"] += 1
                 continue
+            if not polite(page):
+                break
             try:
                 resp = self._get(page, token, deadline)
             except UpstreamError:
@@ -4423,16 +5518,27 @@ class SiteMapper:
                 continue
             html = decode_page(resp.body, resp.headers.get("content-type", ""))
             taken = 0
-            for match in _HREF.finditer(html):
+            for n, match in enumerate(_HREF.finditer(html)):
+                if n % 256 == 255:
+                    token.check()
+                    if deadline.expired():
+                        break
                 href = next(g for g in match.groups() if g is not None)
                 if href.startswith(("javascript:", "mailto:", "#", "tel:")):
                     continue
-                target = urljoin(resp.url, href.strip()).split("#", 1)[0]
+                try:
+                    target = urljoin(resp.url, href.strip()).split("#", 1)[0]
+                except ValueError:          # "http://[::1": a bad link is skipped, not fatal
+                    stats["bad_links"] = stats.get("bad_links", 0) + 1
+                    continue
                 if add(target):
                     frontier.append((target, depth + 1))
                     taken += 1
                     if taken >= args["max_breadth"] or len(found) >= limit:
                         break
+        stats.update(pacer.stats())
+        stats["robots_group"] = robots.group
+        stats["lastmod"] = {u: lastmod[u] for u in found[:limit] if u in lastmod}
         return found[:limit], stats
 
     def _robots(self, origin, token, deadline):
@@ -5402,6 +6508,8 @@ WEB_MAP_OUTPUT = {
         "provider": {"type": ["string", "null"]},
         "ignored_results": {"type": "array", "items": {"type": "object"},
                             "description": "Items the provider returned that are not usable URLs, with why."},
+        "lastmod": {"type": "object", "additionalProperties": {"type": "string"},
+                    "description": "Last modification of listed URLs, as their sitemap or feed gives it."},
         "stats": {"type": "object", "description": "robots.txt verdict, sitemaps read, pages crawled."},
         "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
         "validation": {"type": "object"},
@@ -5525,7 +6633,7 @@ class PageTools:
             last = next((a for a in reversed(attempts) if a["outcome"] != "skipped"), None)
             code = last["code"] if last and last["code"] in (
                 "private_address", "bad_url", "unsupported_content_type", "body_too_large", "too_many_redirects",
-                "not_found") else "fetch_failed"
+                "not_found", "extraction_timeout") else "fetch_failed"
             message = "could not fetch %s: %s" % (url, "; ".join(
                 "%s: %s" % (a["vendor"], a["message"] or a["outcome"]) for a in attempts
                 if a["outcome"] != "skipped" or a is attempts[-1]) or "no provider usable")
@@ -5620,6 +6728,7 @@ class PageTools:
                 ignored.append({"item": item if isinstance(item, (str, int, float)) else json.dumps(item)[:200],
                                 "reason": "not an absolute http(s) URL"})
         good = good[:values["limit"]]
+        lastmod = stats.pop("lastmod", None) or {}
         s = status_fields("success" if good and not ignored else "partial_success" if good else "error")
         if not good:
             last = next((a for a in reversed(attempts) if a["outcome"] not in ("skipped", "success")), None)
@@ -5633,6 +6742,7 @@ class PageTools:
             s["error"] = "ignored_results"
         s.update({"request_id": call.request_id, "duration_ms": round((self._clock() - started) * 1000.0, 2),
                   "base_url": url, "results": good, "provider": provider, "ignored_results": ignored,
+                  "lastmod": {u: lastmod[u] for u in good if u in lastmod},
                   "stats": stats, "attempts": attempts})
         if not good:
             return s, "Map failed: " + s["error_detail"]["message"], True
