@@ -6043,6 +6043,16 @@ def test_web_fetch_start_index_past_the_end_is_an_error_with_the_length(start_se
     assert fake_upstream.hits("GET", "/article") == 1
 
 
+@pytest.mark.parametrize("arguments, path", [
+    ({"exclude_domains": 5}, "/exclude_domains"), ({"include_domains": "example.com"}, "/include_domains"),
+    ({"time_range": ["day"]}, "/time_range"), ({"time_range": {"day": 1}}, "/time_range"),
+])
+def test_web_search_wrong_typed_filters_are_validation_issues(shared_session, arguments, path):
+    content = structured(shared_session.call_tool("web_search", dict(arguments, query="python asyncio")))
+    assert content["error"] == "invalid_arguments", content
+    assert path in issue_codes(content)
+
+
 def test_web_fetch_negative_numbers_are_validation_issues(shared_session):
     content = structured(shared_session.call_tool("web_fetch", {"url": "https://example.org/",
                                                          "start_index": -1, "max_length": -5}))
@@ -8155,6 +8165,44 @@ def test_client_gone_cancels_a_streaming_answer_and_exits_zero_at_once(tmp_path,
         assert elapsed < DEFAULT_TIMEOUT_S
         assert call not in [r.get("id") for r in server.responses]
         assert "Traceback" not in server.stderr_text()
+
+
+def _strict_json(line):
+    """json.loads that refuses NaN and Infinity, as strict clients (JavaScript's JSON.parse) do."""
+    def refuse(name):
+        raise ValueError("not JSON: %s" % name)
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_nan_and_infinity_from_an_upstream_never_reach_stdout(tmp_path):
+    body = (b'{"query": "q", "results": [{"title": "Scores", "url": "https://example.com/a", '
+            b'"content": "text", "score": NaN}, {"title": "More", "url": "https://example.com/b", '
+            b'"content": "text", "score": Infinity}]}')
+    answer = _raw("HTTP/1.1 200 OK", [("Content-Type", "application/json"), ("Content-Length", len(body))], body)
+    with RawUpstream([(answer, True)]) as upstream:
+        server = ServerProcess({"WEBSEARCH_VENDORS": "tavily", "WEBSEARCH_TAVILY_URL": upstream.url})
+        try:
+            server.initialize()
+            response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+            echoed = server.call_tool("get_sources", {"session_id": float("nan")})   # NaN in, echoed back
+        finally:
+            server.close()
+    assert [r["url"] for r in structured(response)["results"]] == ["https://example.com/a", "https://example.com/b"]
+    assert tool_result(echoed)["isError"] is True
+    for line in server.raw_lines:
+        _strict_json(line.decode("utf-8"))
+    assert server.check_stdout() == []
+
+
+def test_cli_json_output_is_strict_json(tmp_path):
+    body = (b'{"query": "q", "results": [{"title": "Scores", "url": "https://example.com/a", '
+            b'"content": "text", "score": NaN}]}')
+    answer = _raw("HTTP/1.1 200 OK", [("Content-Type", "application/json"), ("Content-Length", len(body))], body)
+    with RawUpstream([(answer, True)]) as upstream:
+        run = run_cli("search", "nan scores", "--json",
+                      env={"WEBSEARCH_VENDORS": "tavily", "WEBSEARCH_TAVILY_URL": upstream.url})
+    assert run.code == 0, run.err
+    assert _strict_json(run.out)["results"][0]["url"] == "https://example.com/a"
 
 
 def test_an_upstream_title_with_a_lone_surrogate_is_still_answered(tmp_path):

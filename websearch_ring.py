@@ -276,18 +276,41 @@ def collapse_ws(text):
 
 
 def json_line(obj):
-    """One compact JSON message as UTF-8 bytes with a trailing newline, whatever it holds.
+    """One compact, strict JSON message as UTF-8 bytes with a trailing newline, whatever it holds.
 
-    A lone surrogate (from a broken upstream title) cannot be UTF-8: such a message is
-    written with ``\\u`` escapes instead, so it is still answered.
+    JSON has no NaN or Infinity: such numbers (an upstream's ``"score": NaN``) go out as
+    null. A lone surrogate (from a broken upstream title) cannot be UTF-8: such a message
+    is written with ``\\u`` escapes instead. Either way the message is still answered.
 
+    >>> json_line({"score": float("nan"), "n": [1.5, float("-inf")]})
+    b'{"score":null,"n":[1.5,null]}\\n'
     >>> json_line({"t": "\\ud83d"})
     b'{"t":"\\\\ud83d"}\\n'
     """
     try:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        obj = finite_json(obj)
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        return text.encode("utf-8") + b"\n"
     except UnicodeEncodeError:
-        return json.dumps(obj, separators=(",", ":")).encode("ascii") + b"\n"
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
+
+
+def finite_json(value):
+    """``value`` with every NaN and infinity in it replaced by None, for strict JSON.
+
+    >>> finite_json({"a": [float("inf"), 2.0], "b": "NaN"})
+    {'a': [None, 2.0], 'b': 'NaN'}
+    """
+    if isinstance(value, float):
+        return value if value - value == 0.0 else None      # false for NaN and both infinities
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
 
 
 def new_id(prefix):
@@ -6125,7 +6148,7 @@ def validate_search_args(args, config=None):
             values["lang"] = lang
     time_range = args.get("time_range")
     if time_range is not None:
-        if time_range not in TIME_RANGES:
+        if not isinstance(time_range, str) or time_range not in TIME_RANGES:
             guess = closest(str(time_range), list(TIME_RANGES)) if isinstance(time_range, str) else None
             issues.append(issue("/time_range", "enum", "time_range must be day, week, month or year, got %s" %
                                 json.dumps(time_range), ("did you mean %r?" % guess) if guess else
@@ -6135,7 +6158,8 @@ def validate_search_args(args, config=None):
     for name in ("include_domains", "exclude_domains"):
         values[name] = _validate_domains(name, args.get(name), issues)
     clash = set(values["include_domains"]) & set(values["exclude_domains"])
-    for index, item in enumerate(args.get("exclude_domains") or []):
+    excluded = args.get("exclude_domains")
+    for index, item in enumerate(excluded if isinstance(excluded, list) else []):
         domain = _bare_domain(item)
         if domain in clash:
             issues.append(issue("/exclude_domains/%d" % index, "conflict", "%s is both included and excluded" % domain,
@@ -8249,7 +8273,8 @@ def run_cli(argv, env):
         return 130
     except Cancelled:
         return 130
-    _emit(json.dumps(structured, indent=2) if opts.json else server.log.redact(text))
+    _emit(json.dumps(finite_json(structured), indent=2, allow_nan=False) if opts.json
+          else server.log.redact(text))
     if structured.get("validation"):
         return 2
     return 1 if is_error else (2 if config.problems else 0)
