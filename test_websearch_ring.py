@@ -7888,6 +7888,19 @@ def test_batch_on_a_2025_03_26_session_gets_an_array_of_responses(start_server):
     assert all("result" in message for message in batch)
 
 
+def test_initialize_inside_a_batch_is_refused_and_the_rest_answered(start_server):
+    server = start_server()
+    server.initialize("2025-03-26")
+    server.send([{"jsonrpc": "2.0", "id": 9001, "method": "ping"},
+                 {"jsonrpc": "2.0", "id": 9002, "method": "initialize",
+                  "params": {"protocolVersion": "2025-03-26", "capabilities": {},
+                             "clientInfo": {"name": "t", "version": "1"}}}])
+    batch = {message["id"]: message for message in server.wait_batch()}
+    assert batch[9001]["result"] == {}
+    assert batch[9002]["error"]["code"] == INVALID_REQUEST
+    assert "batch" in batch[9002]["error"]["message"]
+
+
 def test_empty_batch_on_a_2025_03_26_session_is_one_invalid_request(start_server):
     server = start_server()
     server.initialize("2025-03-26")

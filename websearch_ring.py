@@ -7884,12 +7884,11 @@ class Server:
         if not batch:
             self.send(rpc_error(None, INVALID_REQUEST, "empty batch"))
             return
-        for item in batch:
-            if isinstance(item, dict) and item.get("method") == "initialize":
-                self.send(rpc_error(item.get("id"), INVALID_REQUEST, "initialize must not be part of a batch"))
-                return
-
-        tokens = [self._register(m["id"]) if self._is_call(m) else None for m in batch]
+        # initialize must not be part of a batch: that element is refused, the others answered.
+        tokens = [rpc_error(m.get("id") if _valid_id(m.get("id")) else None, INVALID_REQUEST,
+                            "initialize must not be part of a batch")
+                  if isinstance(m, dict) and m.get("method") == "initialize"
+                  else self._register(m["id"]) if self._is_call(m) else None for m in batch]
 
         def run_batch():
             results = [None] * len(batch)
