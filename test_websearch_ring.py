@@ -3150,6 +3150,17 @@ def test_answer_stream_parser_splits_nothing_at_odd_line_boundaries(ring):
     assert parser.done and parser.result().content == CHAT_OK_TEXT
 
 
+@pytest.mark.parametrize("chunk", [
+    {"choices": [{"index": 0, "delta": "a string"}]}, {"choices": "x"}, {"choices": [{"message": 5}]},
+    {"citations": "https://example.com/a", "choices": [{"delta": {"content": "kept"}}]},
+])
+def test_answer_stream_parser_skips_malformed_chat_chunks(ring, chunk):
+    parser = parse_answer_stream(ring, "data: %s\n\ndata: %s\n\n" % (
+        json.dumps(chunk), json.dumps({"choices": [{"delta": {"content": " end"}, "finish_reason": "stop"}]})))
+    assert parser.done and "".join(parser.parts).endswith(" end")
+    assert parser.citations == []
+
+
 def test_answer_stream_parser_ignores_comments_and_reads_data_without_a_space(ring):
     lines = [": OPENROUTER PROCESSING", "", 'data:{"choices":[{"delta":{"content":"a"}}]}', "",
              ":keep-alive", 'data: {"choices":[{"delta":{"content":"b"}}]}', "",

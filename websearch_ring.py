@@ -2181,12 +2181,16 @@ class AnswerStreamParser:
         if fields:
             self._fail(fields)
         self.model = data.get("model") or self.model
-        for url in data.get("citations") or []:
+        citations = data.get("citations")
+        for url in citations if isinstance(citations, list) else []:
             _add_citation(self.citations, url)
-        for choice in data.get("choices") or []:
+        choices = data.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict):
                 continue
             delta = choice.get("delta") or choice.get("message") or {}
+            if not isinstance(delta, dict):      # a relay's malformed chunk: no text in it
+                delta = {}
             text = delta.get("content")
             if isinstance(text, str) and text:
                 self.parts.append(text)
