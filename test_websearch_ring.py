@@ -2775,6 +2775,15 @@ def test_a_cancel_in_the_middle_of_a_body_is_a_cancellation_not_its_end(ring, re
     assert transport.slots.in_use == 0
 
 
+def test_a_redirect_to_a_malformed_url_is_a_bad_url_not_an_internal_error(ring):
+    transport = ring.Transport(ring.Config.from_env({}), ring.Logger("error", stream=io.StringIO()))
+    answer = _raw("HTTP/1.1 302 Found", [("Location", "http://[::1"), ("Content-Length", 0)])
+    with RawUpstream([(answer, True)]) as upstream:
+        with pytest.raises(ring.TransportError) as caught:
+            transport.request("GET", upstream.url + "/moved", timeout_s=DEFAULT_TIMEOUT_S, max_redirects=5)
+    assert caught.value.kind == "bad_url"
+
+
 def test_a_gzip_body_cut_before_its_end_is_truncated_and_every_member_is_read(ring):
     transport = ring.Transport(ring.Config.from_env({}), ring.Logger("error", stream=io.StringIO()))
     packed = gzip.compress(_BODY)
@@ -3554,6 +3563,35 @@ HOSTILE_UNITS = {
                      "<section><p>Another branch, with text, long enough to score.</p>"),
 }
 
+
+
+def test_a_long_text_tail_with_an_ampersand_is_kept(ring):
+    # html.parser holds back a final run of text with a bare "&"; that is text, not broken markup.
+    title, text = ring.html_to_markdown("<p>" + "word, " * 400 + "see AT&T", "https://example.com/", plain=True)
+    assert text.startswith("word, word") and text.endswith("see AT&T")
+
+
+def test_one_paragraph_of_links_is_capped_like_the_rest_of_the_output(ring):
+    base = "https://example.com/" + "a" * 2000
+    html = "<p>" + "<a href=x>y</a>" * 20000
+    title, markdown = ring.html_to_markdown(html, base)
+    assert len(markdown) <= max(ring._MIN_OUTPUT_CAP, 3 * len(html))
+
+
+def test_the_address_table_is_complete_for_threads_racing_to_build_it(ring):
+    results = []
+    barrier = threading.Barrier(8)
+
+    def probe():
+        barrier.wait(DEFAULT_TIMEOUT_S)
+        results.append(ring.non_public_reason("10.1.2.3"))
+    ring.non_public_reason.__defaults__[0].clear()          # a fresh process: nothing built yet
+    threads = [threading.Thread(target=probe) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEFAULT_TIMEOUT_S)
+    assert results == ["private"] * 8
 
 
 def test_a_large_page_defers_the_cyclic_collector_and_frees_its_tree_in_slices(ring):

@@ -1262,6 +1262,22 @@ class Slots:
         with self._cond:
             self._cond.notify_all()
 
+def _sleep(token, seconds):
+    """Sleep that a cancellation ends at once (then raises :class:`Cancelled`); ``token`` may be None."""
+    if seconds <= 0:
+        return
+    if token is None:
+        time.sleep(seconds)
+        return
+    event = threading.Event()
+    handle = token.add_callback(event.set)
+    try:
+        event.wait(seconds)
+    finally:
+        token.remove(handle)
+    token.check()
+
+
 # ---------------------------------------------------------------------------
 # §6 HTTP transport
 # ---------------------------------------------------------------------------
@@ -1523,7 +1539,10 @@ class Transport:
                 location = response.headers.get("location")
                 if response.status not in _REDIRECTS or not location or max_redirects == 0:
                     break
-                url = urljoin(url, location.strip())
+                try:
+                    url = urljoin(url, location.strip())
+                except ValueError:
+                    raise TransportError("bad_url", "redirect to an invalid URL: %r" % location[:200]) from None
                 if url in seen:
                     raise TransportError("redirects", "redirect loop at %s" % url)
                 if response.status == 303 or (response.status in (301, 302) and method == "POST"):
@@ -1854,7 +1873,8 @@ def non_public_reason(address, _table=[]):
     """
     import ipaddress
     if not _table:
-        _table.extend((ipaddress.ip_network(net), reason) for net, reason in _NON_PUBLIC)
+        # Built whole, then published in one step: another thread never sees half a table.
+        _table[:] = [(ipaddress.ip_network(net), reason) for net, reason in _NON_PUBLIC]
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
@@ -2848,8 +2868,8 @@ def _close_parser(parser, base):
     budget = 2 * len(parser.rawdata)      # characters re-read: each round reads the whole tail
     for _ in range(_TAIL_ROUNDS):
         tail = parser.rawdata
-        if len(tail) <= _TAIL_LIMIT or len(tail) > budget:
-            break
+        if len(tail) <= _TAIL_LIMIT or len(tail) > budget or not tail.startswith("<"):
+            break                 # a text tail (held back for an "&"): close() reads it in linear time
         budget -= len(tail)
         parser.rawdata = ""
         if parser.cdata_elem is not None or tail.startswith("<!--"):
@@ -2860,7 +2880,8 @@ def _close_parser(parser, base):
         if end < 0:
             break
         base.feed(tail[end + 1:])
-    if len(parser.rawdata) > _TAIL_LIMIT or parser.cdata_elem is not None:
+    rest = parser.rawdata
+    if (len(rest) > _TAIL_LIMIT and rest.startswith("<")) or parser.cdata_elem is not None:
         parser.rawdata = ""
         parser.clear_cdata_mode()
     base.close()
@@ -2874,6 +2895,7 @@ def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
             self.open = collections.Counter()   # open elements by tag: unmatched end tags cost O(1)
             self.ticks = 0
             self.size = 0             # characters in self.blocks
+            self.pending = 0          # characters added since the last flush
             self.full = False         # the output cap was reached: nothing more is kept
             self.blocks = []          # finished Markdown blocks
             self.inline = []          # text of the block being built
@@ -2887,7 +2909,7 @@ def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
             self.table = None         # rows of cells while inside a table
             self.quote = 0
 
-        # -- helpers -----------------------------------------------------------
+        # -- output ------------------------------------------------------------
         def emitting(self):
             return not self.skip and not self.full
 
@@ -2898,6 +2920,7 @@ def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
 
         def emit(self, block):
             self.blocks.append(block)
+            self.pending = 0
             self.size += len(block)
             if self.size > max_chars:
                 self.full = True
@@ -2905,6 +2928,7 @@ def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
         def flush(self, prefix=""):
             text = "".join(self.inline)
             self.inline = []
+            self.pending = 0
             text = re.sub(r"[ \t\r\n\f\v]+", " ", text).strip().replace(_BR, "\n").strip()
             if not text or self.table is not None:
                 return
@@ -2913,6 +2937,10 @@ def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
             self.emit(prefix + text)
 
         def add(self, text):
+            self.pending += len(text)         # a block's text counts against the cap as it arrives
+            if self.size + self.pending > max_chars:
+                self.full = True
+                return
             if self.pre is not None:
                 self.pre[1].append(text)
             elif self.table is not None and self.table["cell"] is not None:
@@ -4955,7 +4983,7 @@ class RobotsRules:
     (False, True, 5.0, 'websearch-ring')
     """
 
-    AGENT = "websearch-ring"      # the product token; a subclass (or the evaluator) may name another
+    AGENT = "websearch-ring"      # the product token matched against User-agent lines; a subclass may name another
 
     def __init__(self, text, allow_all=False, disallow_all=False):
         self.sitemaps = []
@@ -5123,18 +5151,8 @@ class CrawlPacer:
         self.delay_s = min(max(crawl_delay_s or 0.0, 0.0), cap_s)
         self.waited_s = 0.0
         self._clock = clock
-        self._wait = wait or self._wait_cancellable
+        self._wait = wait or _sleep
         self._last = None
-
-    @staticmethod
-    def _wait_cancellable(token, seconds):
-        event = threading.Event()
-        handle = token.add_callback(event.set) if token is not None else None
-        try:
-            event.wait(seconds)
-        finally:
-            if token is not None:
-                token.remove(handle)
 
     def pause(self, token, deadline):
         """Wait until ``delay_s`` has passed since the previous request, then count this one.
@@ -5202,14 +5220,10 @@ def _rss_date(value):
 
 
 def _absolute(url, base_url):
-    """``url`` resolved against ``base_url``; None for a URL ``urljoin`` cannot parse."""
+    """``url`` resolved against ``base_url`` (see :func:`absolute_url`); absolute URLs as they are."""
     if not base_url or url.startswith(("http://", "https://")):
         return url
-    from urllib.parse import urljoin
-    try:
-        return urljoin(base_url, url)
-    except ValueError:
-        return None
+    return absolute_url(base_url, url)
 
 
 def _attribute(raw, name):
@@ -5499,7 +5513,11 @@ class SiteMapper:
                 continue
             body = resp.body
             if body[:2] == b"\x1f\x8b":
-                body = _decompress(body, MAX_BODY_BYTES, truncate=True)
+                try:
+                    body = _decompress(body, MAX_BODY_BYTES, truncate=True)
+                except TransportError as exc:
+                    self.log.info("map: sitemap %s unreadable: %s", sitemap, exc.message)
+                    continue
             stats["sitemaps_read"] += 1
             for n, entry in enumerate(iter_sitemap(body, base_url=resp.url)):
                 if n % 512 == 511:
@@ -6986,19 +7004,6 @@ def answer_sources(result):
     return sources
 
 
-def _sleep(token, seconds):
-    """Sleep that a cancellation ends at once."""
-    if seconds <= 0:
-        return
-    event = threading.Event()
-    handle = token.add_callback(event.set)
-    try:
-        event.wait(seconds)
-    finally:
-        token.remove(handle)
-    token.check()
-
-
 class AnswerTools:
     """web_answer, switch_model and get_config_info."""
 
@@ -7828,7 +7833,7 @@ class Server:
         until = time.monotonic() + timeout_s
         while True:
             with self._state_lock:
-                workers = list(self._workers)
+                workers = [w for w in self._workers if w.ident is not None]   # started ones only
             if not workers:
                 return True
             remaining = until - time.monotonic()
@@ -7891,7 +7896,7 @@ class Server:
         # initialize must not be part of a batch: that element is refused, the others answered.
         tokens = [rpc_error(m.get("id") if _valid_id(m.get("id")) else None, INVALID_REQUEST,
                             "initialize must not be part of a batch")
-                  if isinstance(m, dict) and m.get("method") == "initialize"
+                  if isinstance(m, dict) and m.get("method") == "initialize" and "id" in m
                   else self._register(m["id"]) if self._is_call(m) else None for m in batch]
 
         def run_batch():
@@ -8432,6 +8437,8 @@ def main(argv=None, env=None):
     except KeyboardInterrupt:
         server.shutdown("interrupted")
         return 130
+    except Stop:              # SIGTERM while the end of stdin was already shutting the server down
+        return 0
 
 
 def _stop_on_signals():
