@@ -2889,9 +2889,10 @@ def _close_parser(parser, base):
 
 def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
 
-    class MarkdownConverter(_html_parser_class()):
+    class MarkdownConverter:
+        """Markdown from parser events that _render_tree replays (never fed raw HTML)."""
+
         def __init__(self):
-            super().__init__(convert_charrefs=True)
             self.open = collections.Counter()   # open elements by tag: unmatched end tags cost O(1)
             self.ticks = 0
             self.size = 0             # characters in self.blocks
@@ -2899,10 +2900,8 @@ def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
             self.full = False         # the output cap was reached: nothing more is kept
             self.blocks = []          # finished Markdown blocks
             self.inline = []          # text of the block being built
-            self.skip = 0             # depth inside dropped elements
-            self.stack = []           # open elements: (tag, dropped)
+            self.stack = []           # open elements' tags
             self.title = []
-            self.in_title = False
             self.pre = None           # [lang, text parts] inside <pre>
             self.lists = []           # [kind, counter] per open list
             self.links = []           # [href, start index in inline] per open link
@@ -2911,7 +2910,7 @@ def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
 
         # -- output ------------------------------------------------------------
         def emitting(self):
-            return not self.skip and not self.full
+            return not self.full
 
         def tick(self):
             self.ticks += 1
@@ -2954,17 +2953,9 @@ def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
             if tag in _VOID_TAGS:
                 self.handle_startendtag(tag, attrs)
                 return
-            if tag == "a" and self.open["a"]:
-                self.handle_endtag("a")   # links do not nest: a new <a> ends the open one
             a = dict(attrs)
-            dropped = tag in _SILENT_TAGS       # the content tree leaves these out already
-            self.stack.append((tag, dropped))
+            self.stack.append(tag)
             self.open[tag] += 1
-            if dropped:
-                self.skip += 1
-                return
-            if tag == "title":
-                self.in_title = True
             if not self.emitting():
                 return
             if tag in _HEADINGS or tag in _BLOCK_TAGS or tag in ("ul", "ol", "li", "table", "pre"):
@@ -3037,17 +3028,12 @@ def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
                 return
             while True:
                 entry = self.stack.pop()
-                self._close(*entry)
-                if entry[0] == tag:
+                self._close(entry)
+                if entry == tag:
                     return
 
-        def _close(self, tag, dropped):
+        def _close(self, tag):
             self.open[tag] -= 1
-            if dropped:
-                self.skip -= 1
-                return
-            if tag == "title":
-                self.in_title = False
             if self.emitting():
                 self._close_emitting(tag)
 
@@ -3114,9 +3100,6 @@ def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
 
         def handle_data(self, data):
             self.tick()
-            if self.in_title:
-                self.title.append(data)
-                return
             if not self.emitting():
                 return
             if self.pre is None and self.table is None and not self.inline and not data.strip():
@@ -3125,7 +3108,7 @@ def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
 
         def result(self):
             while self.stack:
-                self._close(*self.stack.pop())
+                self._close(self.stack.pop())
             self.flush()
             # Items of one list sit on consecutive lines; other blocks are paragraphs.
             out, in_list = [], False
@@ -5583,6 +5566,8 @@ class SiteMapper:
                         break
         stats.update(pacer.stats())
         stats["robots_group"] = robots.group
+        if robots.truncated:
+            stats["robots_truncated"] = True      # only the first ROBOTS_MAX_BYTES were read (RFC 9309)
         stats["lastmod"] = {u: lastmod[u] for u in found[:limit] if u in lastmod}
         return found[:limit], stats
 
