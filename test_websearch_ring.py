@@ -2944,6 +2944,18 @@ def _proxied_transport(ring, proxy, resolvable=()):
     return transport
 
 
+
+def test_proxy_passwords_never_show_in_the_configuration_problems_or_snippets(ring):
+    config = ring.Config.from_env({"WEBSEARCH_PROXY": "http://me:pr0xy-pw@127.0.0.1:3128",
+                                   "HTTPS_PROXY": "socks5://me:s0cks-pw@127.0.0.1:1080"})
+    shown = json.dumps([config.masked(), [p.message for p in config.problems]])
+    assert "pr0xy-pw" not in shown and "s0cks-pw" not in shown
+    assert config.masked()["WEBSEARCH_PROXY"] == "http://me:****@127.0.0.1:3128"
+    for client in ("claude-code", "codex", "opencode"):
+        run = run_cli("config", client, env={"WEBSEARCH_PROXY": "http://me:pr0xy-pw@127.0.0.1:3128"},
+                      as_script=True)
+        assert run.code == 0 and "pr0xy-pw" not in run.out and "http://me:<password>@127.0.0.1:3128" in run.out
+
 @pytest.mark.parametrize("value, expected", [
     ("127.0.0.1:3128", "http://127.0.0.1:3128"), ("proxy.corp:8080", "http://proxy.corp:8080"),
     ("http://user:pw@proxy.corp:8080/", "http://user:pw@proxy.corp:8080"),

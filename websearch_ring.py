@@ -252,6 +252,22 @@ class Redactor:
         return text
 
 
+def mask_url_credentials(url, mask="****"):
+    """``url`` with the password in its user-info replaced by ``mask`` (the user name stays).
+
+    >>> mask_url_credentials("http://me:s3cr@t@proxy.corp:3128/x"), mask_url_credentials("http://proxy:3128")
+    ('http://me:****@proxy.corp:3128/x', 'http://proxy:3128')
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    end = min([i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0] or [len(rest)])
+    userinfo, at, hostport = rest[:end].rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return "%s://%s:%s@%s%s" % (scheme, userinfo.partition(":")[0], mask, hostport, rest[end:])
+
+
 def fingerprint(secret):
     """A masked form of a secret that still tells keys apart.
 
@@ -965,7 +981,8 @@ class Config:
                 values[var.field] = _parse_value(var, raw)
                 sources[var.field] = used
             except ValueError as exc:
-                shown = "<hidden>" if var.secret else raw
+                shown = "<hidden>" if var.secret else (
+                    mask_url_credentials(raw.strip()) if var.kind in ("url", "proxy") else raw)
                 fallback = "using the default (%s)" % var.label
                 if var.kind == "proxy":   # going direct instead would bypass the proxy the user asked for
                     fallback = "requests that would use it fail instead of going direct"
@@ -1033,6 +1050,8 @@ class Config:
             value = self._values[var.field]
             if var.secret:
                 value = fingerprint(value) if value else ""
+            elif var.kind in ("url", "proxy") and value:
+                value = mask_url_credentials(value)
             elif isinstance(value, tuple):
                 value = list(value)
             out[var.name] = value
@@ -8341,7 +8360,8 @@ def cli_config(client, env, module=False):
         for name in (var.name,) + var.aliases:
             value = env.get(name)
             if value is not None and value.strip() and name.upper() == name:
-                variables[name] = "<your %s>" % name if var.secret else value
+                variables[name] = "<your %s>" % name if var.secret else (
+                    mask_url_credentials(value, "<password>") if var.kind in ("url", "proxy") else value)
                 break
     if module:
         variables["PYTHONPATH"] = os.path.dirname(path)
