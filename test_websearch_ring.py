@@ -2715,7 +2715,7 @@ def test_transport_refuses_credentials_in_a_public_only_url(ring, fake_upstream)
 @pytest.mark.parametrize("ending", sorted(BODY_ENDINGS))
 def test_transport_request_reads_every_body_ending_and_reuses_only_kept_connections(ring, ending):
     raw, keep_open, expected, reusable = BODY_ENDINGS[ending]
-    transport = ring.Transport(ring.Config.from_env({}), ring.Logger("error", stream=io.StringIO()))
+    transport = inprocess_transport(ring)
     with RawUpstream([(raw, keep_open)]) as upstream:
         for _ in range(3):
             response = transport.request("GET", upstream.url + "/page", timeout_s=DEFAULT_TIMEOUT_S)
@@ -2727,7 +2727,7 @@ def test_transport_request_reads_every_body_ending_and_reuses_only_kept_connecti
 @pytest.mark.parametrize("ending", sorted(BODY_ENDINGS))
 def test_stream_reader_reads_every_body_ending(ring, ending):
     raw, keep_open, expected, _ = BODY_ENDINGS[ending]
-    transport = ring.Transport(ring.Config.from_env({}), ring.Logger("error", stream=io.StringIO()))
+    transport = inprocess_transport(ring)
     with RawUpstream([(raw, keep_open)]) as upstream:
         with transport.open_stream("POST", upstream.url + "/v1/chat/completions", body="{}",
                                    timeout_s=DEFAULT_TIMEOUT_S) as stream:
@@ -2737,7 +2737,7 @@ def test_stream_reader_reads_every_body_ending(ring, ending):
 
 @pytest.mark.parametrize("cut", sorted(BODIES_CUT_SHORT))
 def test_a_body_cut_short_is_truncated_for_both_readers(ring, cut):
-    transport = ring.Transport(ring.Config.from_env({}), ring.Logger("error", stream=io.StringIO()))
+    transport = inprocess_transport(ring)
     with RawUpstream([(BODIES_CUT_SHORT[cut], False)]) as upstream:
         with pytest.raises(ring.TransportError) as caught:
             transport.request("GET", upstream.url + "/page", timeout_s=DEFAULT_TIMEOUT_S)
@@ -2751,7 +2751,7 @@ def test_a_body_cut_short_is_truncated_for_both_readers(ring, cut):
 
 def test_head_request_ends_at_the_headers_whatever_the_content_length(ring):
     raw = _raw("HTTP/1.1 200 OK", [("Content-Length", len(_BODY)), ("Content-Type", "text/html")])
-    transport = ring.Transport(ring.Config.from_env({}), ring.Logger("error", stream=io.StringIO()))
+    transport = inprocess_transport(ring)
     with RawUpstream([(raw, True)]) as upstream:
         for _ in range(2):
             response = transport.request("HEAD", upstream.url + "/page", timeout_s=DEFAULT_TIMEOUT_S)
@@ -2769,7 +2769,7 @@ def test_compressed_bodies_are_inflated_on_every_framing(ring, encoding, compres
     headers = [("Content-Encoding", encoding), ("Content-Length", len(packed))]
     if close:
         headers.append(("Connection", "close"))
-    transport = ring.Transport(ring.Config.from_env({}), ring.Logger("error", stream=io.StringIO()))
+    transport = inprocess_transport(ring)
     with RawUpstream([(_raw("HTTP/1.1 200 OK", headers, packed), not close)]) as upstream:
         response = transport.request("GET", upstream.url + "/page", timeout_s=DEFAULT_TIMEOUT_S)
         assert response.body == _BODY
@@ -2783,7 +2783,7 @@ def test_a_cancel_in_the_middle_of_a_body_is_a_cancellation_not_its_end(ring, re
         raw = _raw("HTTP/1.0 200 OK", [], b"x" * 100)
     else:
         raw = _raw("HTTP/1.1 200 OK", [("Content-Length", 10000)], b"x" * 100)
-    transport = ring.Transport(ring.Config.from_env({}), ring.Logger("error", stream=io.StringIO()))
+    transport = inprocess_transport(ring)
     token = ring.CancelToken()
 
     def read():
@@ -2801,7 +2801,7 @@ def test_a_cancel_in_the_middle_of_a_body_is_a_cancellation_not_its_end(ring, re
 
 
 def test_a_redirect_to_a_malformed_url_is_a_bad_url_not_an_internal_error(ring):
-    transport = ring.Transport(ring.Config.from_env({}), ring.Logger("error", stream=io.StringIO()))
+    transport = inprocess_transport(ring)
     answer = _raw("HTTP/1.1 302 Found", [("Location", "http://[::1"), ("Content-Length", 0)])
     with RawUpstream([(answer, True)]) as upstream:
         with pytest.raises(ring.TransportError) as caught:
@@ -2810,7 +2810,7 @@ def test_a_redirect_to_a_malformed_url_is_a_bad_url_not_an_internal_error(ring):
 
 
 def test_a_gzip_body_cut_before_its_end_is_truncated_and_every_member_is_read(ring):
-    transport = ring.Transport(ring.Config.from_env({}), ring.Logger("error", stream=io.StringIO()))
+    transport = inprocess_transport(ring)
     packed = gzip.compress(_BODY)
     cut = packed[:len(packed) // 2]
     two_members = gzip.compress(_BODY[:500]) + gzip.compress(_BODY[500:])
@@ -2851,10 +2851,7 @@ def test_every_tool_reads_a_complete_body_that_closes_the_connection(tmp_path, t
                "web_fetch": _closing("text/html; charset=utf-8", _ARTICLE, "gzip"),
                "web_answer": _closing("text/event-stream", _CHAT_SSE)}
     with RawUpstream([(answers[tool], False)]) as upstream:
-        env = {"WEBSEARCH_VENDORS": "tavily", "WEBSEARCH_TAVILY_URL": upstream.url,
-               "WEBSEARCH_FETCH_PROVIDERS": "direct", "WEBSEARCH_ALLOW_PRIVATE_URLS": "1",
-               "GROK_API_URL": upstream.url + "/v1", "GROK_API_KEY": "xai-" + "k" * 40,
-               "WEBSEARCH_CONFIG_FILE": str(tmp_path / "config.json")}
+        env = ring_env({"tavily": upstream}, **direct_env(**answer_env(upstream, tmp_path)))
         arguments = {"web_search": {"query": "python asyncio timeout"},
                      "web_fetch": {"url": upstream.url + "/article"},
                      "web_answer": {"query": "how do bodies end"}}[tool]
@@ -2909,19 +2906,18 @@ def tls_upstream(tmp_path, body=b"secure hello"):
 
 
 def test_certificate_failure_says_what_to_do_and_ssl_cert_file_fixes_it(ring, tmp_path, monkeypatch):
-    quiet = ring.Logger("error", stream=io.StringIO())
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
     with tls_upstream(tmp_path) as url:
         with pytest.raises(ring.TransportError) as caught:
-            ring.Transport(ring.Config.from_env({}), quiet).request("GET", url, timeout_s=DEFAULT_TIMEOUT_S)
+            inprocess_transport(ring).request("GET", url, timeout_s=DEFAULT_TIMEOUT_S)
         message = caught.value.message
         assert "certificate verification failed" in message
         assert "Install Certificates.command" in message and "SSL_CERT_FILE" in message
         # The remedy the message gives works: trust the inspecting CA through SSL_CERT_FILE.
         (tmp_path / "ca.pem").write_text(TEST_CA_PEM)
         monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
-        response = ring.Transport(ring.Config.from_env({}), quiet).request("GET", url, timeout_s=DEFAULT_TIMEOUT_S)
+        response = inprocess_transport(ring).request("GET", url, timeout_s=DEFAULT_TIMEOUT_S)
         assert response.body == b"secure hello"
 
 
@@ -2929,8 +2925,7 @@ def test_certificate_failure_says_what_to_do_and_ssl_cert_file_fixes_it(ring, tm
 
 def _proxied_transport(ring, proxy, resolvable=()):
     """A Transport behind ``proxy`` that resolves only ``resolvable`` names (asking no DNS)."""
-    transport = ring.Transport(ring.Config.from_env({"WEBSEARCH_PROXY": proxy}),
-                               ring.Logger("error", stream=io.StringIO()))
+    transport = inprocess_transport(ring, WEBSEARCH_PROXY=proxy)
 
     def resolve(host, port):
         if host in resolvable:
@@ -7574,9 +7569,8 @@ def test_web_answer_backoff_sleeps_through_the_injected_sleep_within_the_budget(
     def sleep(token, seconds):
         slept.append(seconds)
         clock.advance(seconds)
-    tools = ring.AnswerTools(config, ring.Transport(config, ring.Logger("critical", stream=io.StringIO())),
-                             None, ring.TTLCache(16, 3600.0), ring.Coalescer(),
-                             ring.Logger("critical", stream=io.StringIO()), clock, sleep=sleep)
+    tools = ring.AnswerTools(config, ring.Transport(config, quiet_logger(ring)), None, ring.TTLCache(16, 3600.0),
+                             ring.Coalescer(), quiet_logger(ring), clock, sleep=sleep)
     content, _, is_error = tools.web_answer({"query": QUESTION}, new_call(ring))
     assert is_error is False and content["content"] == CHAT_OK_TEXT
     assert content["diagnostics"]["attempts"] == 3
@@ -8209,8 +8203,7 @@ def _streaming_answer_server(fake, tmp_path):
                    for _ in range(300))
     fake.route("POST", "/v1/chat/completions", {"status": 200, "headers": {"Content-Type": "text/event-stream"},
                                                 "body": body, "drip": (len(body) // 300, 0.1)})
-    server = ServerProcess({"GROK_API_URL": fake.url + "/v1", "GROK_API_KEY": "xai-" + "k" * 40,
-                            "WEBSEARCH_CONFIG_FILE": str(tmp_path / "config.json")})
+    server = ServerProcess(answer_env(fake, tmp_path))
     server.initialize()
     call = server.start_call_tool("web_answer", {"query": "what happens when the client leaves"},
                                   meta={"progressToken": "p1"})
@@ -8257,7 +8250,7 @@ def test_nan_and_infinity_from_an_upstream_never_reach_stdout(tmp_path):
             b'"content": "text", "score": Infinity}]}')
     answer = _raw("HTTP/1.1 200 OK", [("Content-Type", "application/json"), ("Content-Length", len(body))], body)
     with RawUpstream([(answer, True)]) as upstream:
-        server = ServerProcess({"WEBSEARCH_VENDORS": "tavily", "WEBSEARCH_TAVILY_URL": upstream.url})
+        server = ServerProcess(ring_env({"tavily": upstream}))
         try:
             server.initialize()
             response = server.call_tool("web_search", {"query": "python asyncio timeout"})
@@ -8277,7 +8270,7 @@ def test_cli_json_output_is_strict_json(tmp_path):
     answer = _raw("HTTP/1.1 200 OK", [("Content-Type", "application/json"), ("Content-Length", len(body))], body)
     with RawUpstream([(answer, True)]) as upstream:
         run = run_cli("search", "nan scores", "--json",
-                      env={"WEBSEARCH_VENDORS": "tavily", "WEBSEARCH_TAVILY_URL": upstream.url})
+                      env=ring_env({"tavily": upstream}))
     assert run.code == 0, run.err
     assert _strict_json(run.out)["results"][0]["url"] == "https://example.com/a"
 
@@ -8287,7 +8280,7 @@ def test_an_upstream_title_with_a_lone_surrogate_is_still_answered(tmp_path):
            b'"content": "text", "score": 0.5}]}'
     answer = _raw("HTTP/1.1 200 OK", [("Content-Type", "application/json"), ("Content-Length", len(body))], body)
     with RawUpstream([(answer, True)]) as upstream:
-        server = ServerProcess({"WEBSEARCH_VENDORS": "tavily", "WEBSEARCH_TAVILY_URL": upstream.url})
+        server = ServerProcess(ring_env({"tavily": upstream}))
         try:
             server.initialize()
             response = server.call_tool("web_search", {"query": "python asyncio timeout"})
@@ -8719,8 +8712,7 @@ def test_cli_output_loses_no_character_on_a_legacy_console_encoding(tmp_path):
     answer = _raw("HTTP/1.1 200 OK", [("Content-Type", "application/json"), ("Content-Length", len(body.encode()))],
                   body.encode())
     with RawUpstream([(answer, True)]) as upstream:
-        env = server_env({"WEBSEARCH_VENDORS": "tavily", "WEBSEARCH_TAVILY_URL": upstream.url,
-                          "PYTHONIOENCODING": "cp1252", "WEBSEARCH_TTL_MS": "0"})
+        env = server_env(ring_env({"tavily": upstream}, PYTHONIOENCODING="cp1252", WEBSEARCH_TTL_MS="0"))
         runs = {}
         for mode in ("text", "json"):
             args = [sys.executable, str(SERVER_PATH), "search", "tokyo cafe"] + (["--json"] if mode == "json" else [])
