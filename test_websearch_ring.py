@@ -4091,6 +4091,116 @@ def test_tavily_key_travels_as_a_bearer_header_and_never_reaches_output(
     assert key not in server.stderr_text()
 
 
+# ---- one masking pass over every output ------------------------------------------------------
+
+PROXY_PASSWORD = "pr0xy-Pa55word-TEST"
+URL_PASSWORD = "searx-Pa55word-TEST"
+
+
+def route_echo_everything(fake, status=401):
+    """Every request to `fake` answers `status` with a JSON error echoing its path, body and every
+    header, the way relays that echo a rejected key do."""
+    def echo(exchange):
+        echoed = "; ".join("%s: %s" % item for item in exchange.headers.items())
+        message = "rejected %s %s %s [%s]" % (exchange.command, exchange.path,
+                                             exchange.body.decode("utf-8", "replace"), echoed)
+        exchange.reply_json(status, {"error": {"message": message, "code": "invalid_api_key",
+                                               "detail": {"echo": echoed}}, "detail": message})
+    for method in ("GET", "POST"):
+        fake.route(method, "/", echo, prefix=True)
+
+
+def every_secret_env(fake):
+    """Every key and URL password the server knows, set, with every upstream pointed at `fake`."""
+    with_password = "http://user:%s@127.0.0.1:%d" % (URL_PASSWORD, fake.port)
+    proxy = "http://user:%s@10.9.9.9:3128" % PROXY_PASSWORD      # loopback never goes through it
+    env = ring_env({v: fake for v in ("brave", "serper", "yep", "exa", "tavily", "bing", "duckduckgo")},
+                   SEARXNG_URL=with_password, EXA_API_KEY=EXA_KEY, TAVILY_API_KEYS=",".join(TAVILY_KEYS),
+                   GROK_API_URL=fake.url + "/v1", GROK_API_KEY=ANSWER_KEY, WEBSEARCH_PROXY=proxy,
+                   HTTPS_PROXY=proxy, HTTP_PROXY=proxy, GROK_RETRY_MULTIPLIER="0.01", GROK_RETRY_MAX_WAIT="0.05",
+                   WEBSEARCH_FETCH_PROVIDERS="tavily,direct", WEBSEARCH_MAP_PROVIDERS="tavily,direct",
+                   WEBSEARCH_ALLOW_PRIVATE_URLS="1", GROK_LOG_LEVEL="debug")
+    env["WEBSEARCH_VENDORS"] += ",searxng"
+    return env
+
+
+def leaked_secrets(data):
+    """The secrets (or 8-character pieces of them) that occur in `data` (str)."""
+    secrets = list(VENDOR_KEYS.values()) + list(TAVILY_KEYS) + [EXA_KEY, ANSWER_KEY, PROXY_PASSWORD, URL_PASSWORD]
+    found = []
+    for secret in secrets:
+        pieces = {secret[i:i + 8] for i in range(4, len(secret) - 8)}  # fingerprints show the ends
+        if secret in data or any(piece in data for piece in pieces):
+            found.append(secret)
+    return found
+
+
+def test_no_key_or_url_password_reaches_any_output_when_every_upstream_echoes_it(
+        start_server, fake_upstream, tmp_path):
+    route_echo_everything(fake_upstream)
+    env = every_secret_env(fake_upstream)
+    env["WEBSEARCH_CONFIG_FILE"] = str(tmp_path / "config.json")
+    server = start_server(env)
+    server.initialize()
+    assert "result" in server.request("logging/setLevel", {"level": "debug"})
+    page = "http://user:%s@127.0.0.1:%d/page" % (URL_PASSWORD, fake_upstream.port)
+    calls = [("web_search", {"query": "echo test"}), ("web_search", {"query": "echo fan", "mode": "fanout"}),
+             ("web_answer", {"query": "echo answer"}), ("web_fetch", {"url": page}),
+             ("web_map", {"url": page}), ("get_config_info", {}), ("switch_model", {"model": "grok-echo"})]
+    for name, args in calls:
+        result = tool_result(server.call_tool(name, args, timeout=60))
+        assert result["isError"] is (name not in ("get_config_info", "switch_model")), (name, result)
+    server.close_stdin()
+    assert server.wait_exit() == 0
+    out = b"".join(server.raw_lines).decode("utf-8")
+    assert fake_upstream.hits("POST", "/v1/chat/completions") >= 1 and fake_upstream.hits("GET", "/v1/models") >= 1
+    assert "Bearer" in out and "user:****@" in out      # the echoes arrived, masked
+    assert leaked_secrets(out) == [] and leaked_secrets(server.stderr_text()) == []
+
+
+@pytest.mark.parametrize("argv", [("search", "echo test"), ("search", "echo test", "--json"), ("check",),
+                                  ("check", "--json"), ("answer", "echo answer", "--json"),
+                                  ("fetch", "http://127.0.0.1:9/x", "--json"), ("map", "http://127.0.0.1:9/")])
+def test_no_key_or_url_password_reaches_cli_output(fake_upstream, tmp_path, argv):
+    route_echo_everything(fake_upstream)
+    env = every_secret_env(fake_upstream)
+    env["WEBSEARCH_CONFIG_FILE"] = str(tmp_path / "config.json")
+    run = run_cli(*argv, env=env, timeout=60)
+    assert run.code != 0 and (run.out or run.err), run
+    assert fake_upstream.requests, run
+    assert leaked_secrets(run.out) == [] and leaked_secrets(run.err) == [], run
+
+
+def test_outgoing_masks_error_fields_fully_and_document_fields_only_for_what_leaked(ring):
+    redact = ring.Redactor(["my-own-secret-value-42"], ["hunter2hunter2"])
+    message = {"content": [{"type": "text", "text": "Error: Bearer abcdefghijklmnop0123 (my-own-secret-value-42)\n"
+                                                    "docs say: export TAVILY_API_KEY=tvly-exampleKEY0000"}],
+               "structuredContent": {
+                   "error_detail": {"message": "401: Bearer abcdefghijklmnop0123 via http://u:hunter2hunter2@p:1"},
+                   "url": "https://example.com/risk-assessment-task-manager",
+                   "final_url": "http://u:pw@example.com/x", "score": 1.5,
+                   "results": [{"title": "sk-learn-tutorial-basics", "snippet": "tvly-exampleKEY0000"}]}}
+    shown = redact.outgoing(message)
+    text, s = shown["content"][0]["text"], shown["structuredContent"]
+    assert "abcdefghijklmnop0123" not in text and "my-own-secret-value-42" not in text
+    assert "tvly-exampleKEY0000" in text                  # documentation, not a leak
+    assert s["error_detail"]["message"] == "401: Bear\u20260123 via http://u:****@p:1"
+    assert s["url"] == "https://example.com/risk-assessment-task-manager"   # no key inside a word
+    assert s["final_url"] == "http://u:****@example.com/x" and s["score"] == 1.5
+    assert s["results"] == [{"title": "sk-learn-tutorial-basics", "snippet": "tvly-exampleKEY0000"}]
+    assert message["structuredContent"]["final_url"] == "http://u:pw@example.com/x"    # a copy is masked
+    # A message cut in the middle of a key hides the piece it kept, and only a whole token.
+    assert redact("x-api-key: my-own-secret-v") == "x-api-key: my-o\u2026e-42"
+    assert redact("my-own-secretXYZ, my-own-secret") == "my-own-secretXYZ, my-o\u2026e-42"
+
+
+def test_mask_url_credentials_finds_every_url_in_text_and_runs_in_linear_time(ring):
+    assert ring.mask_url_credentials("a http://u:p@ss@h/x, https://x:y@z and ftp://anon@h") == \
+        "a http://u:****@h/x, https://x:****@z and ftp://anon@h"
+    assert_linear(lambda n: ring.mask_url_credentials("http://" + "a:" * n + "@" + "x://" * n), 20000,
+                  "mask_url_credentials")
+
+
 def test_decode_bing_url_matches_every_case_of_the_ck_links_table(ring):
     cases = fixture_json("bing_html/ck_links.json")["cases"]
     assert len(cases) == 5
@@ -5055,6 +5165,9 @@ VENDOR_ERROR_CASES = [
     ("tavily", "tavily/empty.json", "no_results", "empty", 200, [], {}),
     ("tavily", "tavily/keyless_limit.json", "rate_limited", "keyless_limit", 429,
      ["Keyless usage limit reached for this hour"], {"retry_after_s": 1800.0}),
+    # An error envelope that is not the keyless limit (no retry fields, not a 429) goes by its status.
+    ("tavily", {"status": 500, "body": {"error": {"code": "internal", "message": "engine down"}}},
+     "http_error", "server_error", 500, ["engine down"], {}),
     ("bing", "bing_html/no_results.html", "no_results", "empty", 200, [], {}),
 ]
 
@@ -5078,6 +5191,18 @@ def test_vendor_error_bodies_map_to_outcome_code_and_an_actionable_message(
     assert len(sent_to(fake_upstream, vendor)) == 1
     for key in VENDOR_KEYS.values():
         assert key not in json.dumps(attempt) and key not in log.getvalue()
+
+
+def test_tavily_error_envelope_on_a_keyed_request_is_an_invalid_key_not_the_keyless_limit(ring, fake_upstream):
+    fake_upstream.route("POST", "/search", {"status": 401, "body": {
+        "error": {"code": "invalid_api_key", "message": "Unauthorized: missing or invalid API key.",
+                  "retry_after_seconds": 30}}})
+    result, board, _ = inprocess_search(ring, ring_env({"tavily": fake_upstream}, TAVILY_API_KEY=TAVILY_KEYS[0]),
+                                        "tavily")
+    [attempt] = result["attempts"]
+    assert (attempt["outcome"], attempt["http_status"]) == ("auth_error", 401)
+    assert "Unauthorized" in attempt["message"]
+    assert [k["state"] for k in board.tavily.pool.describe()["keys"]] == ["invalid"]
 
 
 def test_keyed_vendor_failures_are_listed_with_their_messages_in_the_tool_result(

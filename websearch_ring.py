@@ -215,57 +215,154 @@ class LazyPattern:
         return getattr(self._compiled, name)
 
 
-# Secrets that look like keys even when we were not told about them.
+# Secrets that look like keys even when we were not told about them (not inside a longer word:
+# "task-management" is no key).
 _SECRET_PATTERNS = LazyPattern(
-    r"(tvly-[A-Za-z0-9_-]{6,}|xai-[A-Za-z0-9_-]{6,}|sk-[A-Za-z0-9_-]{10,}"
+    r"((?<![A-Za-z0-9])(?:tvly-[A-Za-z0-9_-]{6,}|xai-[A-Za-z0-9_-]{6,}|sk-[A-Za-z0-9_-]{10,})"
     r"|(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}|exaApiKey=[^&\s\"']+)")
 # Cheap substring tests that must all fail before _SECRET_PATTERNS can match.
 _SECRET_MARKERS = ("tvly-", "xai-", "sk-", "earer", "EARER", "exaApiKey")
 _WS = LazyPattern(r"\s+")
+# Result fields that hold document text (a page, a snippet, an answer, the text block): an example
+# key in documentation is content there, so only the configured secrets are masked in them.
+_DOCUMENT_FIELDS = frozenset(("title", "snippet", "content", "text"))
 
 
 class Redactor:
-    """Masks every known secret and anything shaped like an API key.
+    """Masks every configured secret and anything shaped like an API key or a URL password.
+
+    ``secrets`` (API keys) become fingerprints that still tell keys apart;
+    ``passwords`` (from proxy and endpoint URLs) become ``****``.
 
     >>> r = Redactor(["s3cr3t-value-123"])
-    >>> r("key s3cr3t-value-123 and tvly-abcdefgh1234")
-    'key s3cr…-123 and tvly…1234'
+    >>> r("key s3cr3t-value-123 and tvly-abcdefgh1234 via http://me:pw@proxy:3128")
+    'key s3cr…-123 and tvly…1234 via http://me:****@proxy:3128'
     """
 
-    def __init__(self, secrets=()):
-        self._secrets = sorted({s for s in secrets if s and len(s) >= 6}, key=len, reverse=True)
+    def __init__(self, secrets=(), passwords=()):
+        masks = {s: fingerprint(s) for s in secrets if s and len(s) >= 6}
+        masks.update((p, "****") for p in passwords if p and len(p) >= 4)
+        self._masks = sorted(masks.items(), key=lambda item: len(item[0]), reverse=True)
+
+    @classmethod
+    def for_config(cls, config):
+        return cls(config.secrets(), config.passwords())
 
     def __call__(self, text):
-        """Mask known secrets and key-shaped strings (for logs and error messages)."""
-        text = self.known(text)
+        """Mask secrets, key-shaped strings and URL passwords (logs, error messages, every field
+        that is not document text)."""
+        return mask_url_credentials(self._shaped(self.known(text)))
+
+    def known(self, text, extra=()):
+        """Mask only the configured secrets (and ``extra`` strings): for page and answer text, where
+        a key-shaped string (an example key in documentation) is content, not a leak."""
+        text = str(text)
+        for secret, mask in self._masks:
+            if secret in text:
+                text = text.replace(secret, mask)
+        for secret, mask in self._masks:
+            if secret[:8] in text:
+                text = _mask_cut(text, secret, mask)
+        for found in extra:
+            if found in text:
+                text = text.replace(found, fingerprint(found))
+        return text
+
+    @staticmethod
+    def _shaped(text):
         if not any(marker in text for marker in _SECRET_MARKERS):
             return text          # the common case, without running the regular expression
         return _SECRET_PATTERNS.sub(lambda m: fingerprint(m.group(0)), text)
 
-    def known(self, text):
-        """Mask only the configured secrets: for page and answer text, where a key-shaped string
-        (an example key in documentation) is content, not a leak."""
-        text = str(text)
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, fingerprint(secret))
-        return text
+    def outgoing(self, message):
+        """``message`` (any JSON value) with every string in it masked: the one pass every
+        output goes through (MCP messages, CLI text and ``--json``).
+
+        Document fields (``title``, ``snippet``, ``content``, ``text``) get the
+        configured secrets masked, and any key-shaped string that the other
+        fields of the same message had (so the text block cannot show what an
+        error field hid); a bare URL gets its password masked; every other
+        string gets the full treatment.
+        """
+        found = set()
+        self._walk(message, None, found, collect=True)
+        return self._walk(message, None, tuple(sorted(found, key=len, reverse=True)), collect=False)
+
+    def _walk(self, value, field, found, collect):
+        if isinstance(value, str):
+            if field in _DOCUMENT_FIELDS:
+                return value if collect else self.known(value, found)
+            if value.startswith(("http://", "https://")) and not any(c.isspace() for c in value[:2048]):
+                return value if collect else mask_url_credentials(self.known(value))
+            if collect:
+                if any(marker in value for marker in _SECRET_MARKERS):
+                    found.update(m.group(0) for m in _SECRET_PATTERNS.finditer(value))
+                return value
+            return self(value)
+        if isinstance(value, dict):
+            if collect:
+                for key, item in value.items():
+                    self._walk(item, key, found, True)
+                return value
+            return {self.known(key) if isinstance(key, str) else key: self._walk(item, key, found, False)
+                    for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            if collect:
+                for item in value:
+                    self._walk(item, field, found, True)
+                return value
+            return [self._walk(item, field, found, False) for item in value]
+        return value
 
 
-def mask_url_credentials(url, mask="****"):
-    """``url`` with the password in its user-info replaced by ``mask`` (the user name stays).
+def _mask_cut(text, secret, mask):
+    """``text`` with every whole token that is the start of ``secret`` (8 characters or more)
+    replaced by ``mask``: a message cut short in the middle of a key hides the piece it kept."""
+    head, out, start = secret[:8], [], 0
+    while True:
+        at = text.find(head, start)
+        if at < 0:
+            break
+        end = at + len(head)
+        while end - at < len(secret) and end < len(text) and text[end] == secret[end - at]:
+            end += 1
+        if end < len(text) and (text[end].isalnum() or text[end] in "-_"):
+            out.append(text[start:end])          # another key that starts the same way
+        else:
+            out.append(text[start:at] + mask)
+        start = end
+    out.append(text[start:])
+    return "".join(out)
 
-    >>> mask_url_credentials("http://me:s3cr@t@proxy.corp:3128/x"), mask_url_credentials("http://proxy:3128")
-    ('http://me:****@proxy.corp:3128/x', 'http://proxy:3128')
+
+def mask_url_credentials(text, mask="****"):
+    """``text`` with the password of every URL in it replaced by ``mask`` (the user name stays).
+
+    >>> mask_url_credentials("via http://me:s3cr@t@proxy.corp:3128/x failed"), mask_url_credentials("http://proxy:3128")
+    ('via http://me:****@proxy.corp:3128/x failed', 'http://proxy:3128')
     """
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    end = min([i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0] or [len(rest)])
-    userinfo, at, hostport = rest[:end].rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    return "%s://%s:%s@%s%s" % (scheme, userinfo.partition(":")[0], mask, hostport, rest[end:])
+    if "://" not in text or "@" not in text:
+        return text
+    out, start = [], 0
+    while True:
+        sep = text.find("://", start)
+        if sep < 0:
+            break
+        begin = sep + 3
+        stop = _AUTHORITY_END.search(text, begin)
+        end = stop.start() if stop else len(text)
+        userinfo, at, _ = text[begin:end].rpartition("@")
+        if at and ":" in userinfo:
+            out.append(text[start:begin] + userinfo.partition(":")[0] + ":" + mask)
+            start = begin + len(userinfo)
+        else:
+            out.append(text[start:end])
+            start = end
+    out.append(text[start:])
+    return "".join(out)
+
+
+_AUTHORITY_END = LazyPattern(r"[/?#\\\s\"'<>`]")
 
 
 def fingerprint(secret):
@@ -1042,6 +1139,21 @@ class Config:
         """Every secret value (each pooled key on its own), for the redactor."""
         return [self._values[v.field] for v in VARIABLES if v.secret and self._values[v.field]] + list(
             self._values["tavily_keys"])
+
+    def passwords(self):
+        """The passwords in every URL variable (proxies, endpoints), for the redactor."""
+        from urllib.parse import urlsplit, unquote
+        found = []
+        for var in VARIABLES:
+            value = self._values[var.field]
+            if var.kind in ("url", "proxy") and value and "@" in value:
+                try:
+                    password = urlsplit(value).password
+                except ValueError:
+                    continue
+                if password:
+                    found += [password, unquote(password)]
+        return found
 
     def masked(self):
         """The configuration as a dict with secrets shown as fingerprints."""
@@ -4043,7 +4155,7 @@ class TavilyClient:
                                     "Tavily %s needs a key: set TAVILY_API_KEY or TAVILY_API_KEYS" % path,
                                     retryable=False)
             headers["X-Tavily-Access-Mode"] = "keyless"
-            return self._check(self._send(url, body, headers, token, deadline, timeout_s), path)
+            return self._check(self._send(url, body, headers, token, deadline, timeout_s), path, keyless=True)
         last = None
         for _ in range(len(self.pool) + 1):
             try:
@@ -4090,8 +4202,12 @@ class TavilyClient:
         return call_upstream(self.service, self.transport, "POST", url, token=token, deadline=deadline,
                              timeout_s=timeout_s, headers=headers, body=body)
 
-    def _check(self, resp, path):
-        """The JSON of a 200 answer, or the classified error."""
+    def _check(self, resp, path, keyless=False):
+        """The JSON of a 200 answer, or the classified error.
+
+        The keyless-limit envelope counts only for a keyless request; any
+        other ``{"error": {...}}`` body is classified by its status.
+        """
         data = None
         try:
             data = resp.json()
@@ -4100,7 +4216,8 @@ class TavilyClient:
         envelope = data.get("error") if isinstance(data, dict) else None
         if resp.status == 200 and isinstance(data, dict) and not isinstance(envelope, dict):
             return data, resp.headers
-        if isinstance(envelope, dict) and isinstance(envelope.get("code"), str):
+        if keyless and isinstance(envelope, dict) and isinstance(envelope.get("code"), str) and (
+                resp.status == 429 or "retry_after_seconds" in envelope or "next_actions" in envelope):
             # The keyless-limit envelope: {"error": {"code", "message", "retry_after_seconds", ...}}.
             wait = envelope.get("retry_after_seconds")
             raise UpstreamError(self.service, "rate_limited", "keyless_limit",
@@ -4110,8 +4227,9 @@ class TavilyClient:
         message = body_message(resp)
         status = resp.status
         if status == 200:
-            raise UpstreamError(self.service, "bad_response", "invalid_json",
-                                "Tavily answered 200 without a JSON object: " + message, status=200)
+            raise UpstreamError(self.service, "bad_response", "upstream_error" if envelope else "invalid_json",
+                                "Tavily answered 200 %s: %s" % ("with an error" if envelope else "without a JSON object",
+                                                                message), status=200)
         if status in (432, 433):
             raise UpstreamError(self.service, "quota_exhausted", "plan_limit" if status == 432 else "payg_limit",
                                 message, status=status, retryable=False)
@@ -4758,7 +4876,7 @@ class Fetcher:
                 if token.cancelled:
                     raise Cancelled(token.reason or "cancelled") from None
                 record = attempt_record(name, exc.outcome, time.monotonic() - started, code=exc.code,
-                                        http_status=exc.status, message=self.log.redact(exc.message))
+                                        http_status=exc.status, message=exc.message)
                 if exc.diagnostics:
                     record["diagnostics"] = exc.diagnostics
                 attempts.append(record)
@@ -5865,7 +5983,7 @@ class Ring:
                 self.health.record(name, "cancelled")
                 raise Cancelled(token.reason or "cancelled") from None
             record = attempt_record(name, exc.outcome, self._clock() - started, code=exc.code,
-                                    http_status=exc.status, message=self.log.redact(exc.message))
+                                    http_status=exc.status, message=exc.message)
             record["retryable"] = exc.retryable
             if exc.retry_after_s is not None:
                 record["retry_after_s"] = round(exc.retry_after_s, 1)
@@ -5880,7 +5998,7 @@ class Ring:
             self.log.error("%s raised %s: %s", name, type(exc).__name__, exc)
             self.health.record(name, "bad_response", ctx.headers, None, "internal_error", str(exc))
             return None, attempt_record(name, "bad_response", self._clock() - started, code="internal_error",
-                                        message=self.log.redact("%s: %s" % (type(exc).__name__, exc))), {}
+                                        message="%s: %s" % (type(exc).__name__, exc)), {}
         self.health.record(name, "success", ctx.headers)
         elapsed = self._clock() - started
         kept = apply_post_filters(results, filters, native) if post else results
@@ -6761,7 +6879,7 @@ class PageTools:
                 if call.token.cancelled:
                     raise Cancelled(call.token.reason or "cancelled") from None
                 attempts.append(attempt_record(name, exc.outcome, self._clock() - began, code=exc.code,
-                                               http_status=exc.status, message=self.log.redact(exc.message)))
+                                               http_status=exc.status, message=exc.message))
                 if exc.code in ("private_address", "bad_url"):
                     break
                 continue
@@ -7724,7 +7842,8 @@ class Server:
 
     def __init__(self, config, *, stdin=None, stdout=None, logger=None, clock=time.monotonic):
         self.config = config
-        self.log = logger or Logger(config.log_level, redact=Redactor(config.secrets()), log_dir=config.log_dir)
+        self.redact = Redactor.for_config(config)
+        self.log = logger or Logger(config.log_level, redact=self.redact, log_dir=config.log_dir)
         self._clock = clock
         self._stdin = stdin if stdin is not None else sys.stdin.buffer
         self._stdout = stdout if stdout is not None else sys.stdout.buffer
@@ -7771,8 +7890,8 @@ class Server:
     # -- output ---------------------------------------------------------------
 
     def send(self, message):
-        """Write one JSON-RPC message (or batch) as one line; never raises."""
-        data = json_line(message)
+        """Write one JSON-RPC message (or batch) as one line, every secret in it masked; never raises."""
+        data = json_line(self.redact.outgoing(message))
         with self._write_lock:
             if self._stdout_broken:
                 return
@@ -8133,7 +8252,7 @@ class Server:
             structured = dict(structured, config_problems=[p.as_dict() for p in self.config.problems])
             text = "\n".join("Configuration problem: " + p.message for p in self.config.problems) + "\n\n" + text
             is_error = True
-        result = {"content": [{"type": "text", "text": self.log.redact.known(text)}],
+        result = {"content": [{"type": "text", "text": text}],
                   "structuredContent": structured, "isError": bool(is_error)}
         if modern:
             result["resultType"] = "complete"
@@ -8269,9 +8388,10 @@ def run_cli(argv, env):
     config = Config.from_env(env)
     if opts.command == "config":
         return cli_config(opts.client, env, opts.module)
+    redact = Redactor.for_config(config)
     for problem in config.problems:
-        _emit("configuration problem: " + problem.message, sys.stderr)
-    server = Server(config, logger=Logger("warning", redact=Redactor(config.secrets())))
+        _emit(redact("configuration problem: " + problem.message), sys.stderr)
+    server = Server(config, logger=Logger("warning", redact=redact))
     if opts.command == "check":
         return cli_check(server, opts.json)
     args = {k: v for k, v in vars(opts).items() if k not in ("command", "json") and v is not None}
@@ -8285,8 +8405,8 @@ def run_cli(argv, env):
         return 130
     except Cancelled:
         return 130
-    _emit(json.dumps(finite_json(structured), indent=2, allow_nan=False) if opts.json
-          else server.log.redact(text))
+    shown = server.redact.outgoing({"structuredContent": structured, "content": [{"type": "text", "text": text}]})
+    _emit(_json_text(shown["structuredContent"]) if opts.json else shown["content"][0]["text"])
     if structured.get("validation"):
         return 2
     return 1 if is_error else (2 if config.problems else 0)
@@ -8314,36 +8434,39 @@ def cli_check(server, as_json=False):
     by_name = {r["vendor"]: r for r in results}
     ok = any(r["outcome"] == "success" for r in results)
     if as_json:
-        _emit(json.dumps({"version": __version__, "search_available": ok,
-                          "problems": [p.as_dict() for p in config.problems],
-                          "vendors": [by_name.get(n) or attempt_record(n, "timeout", 0.0, message="no answer")
-                                      for n in config.vendors],
-                          "tavily": keys.pool.describe() if keys.keyed else {"mode": "keyless" if
-                                                                              config.tavily_enabled else "disabled"},
-                          "fetch_providers": list(config.fetch_providers), "map_providers": list(config.map_providers),
-                          "answer": {"model": model, "model_source": source, "url": config.grok_url,
-                                     "connection_test": test}}, indent=2))
+        _emit(_json_text(server.redact.outgoing({
+            "version": __version__, "search_available": ok, "problems": [p.as_dict() for p in config.problems],
+            "vendors": [by_name.get(n) or attempt_record(n, "timeout", 0.0, message="no answer")
+                        for n in config.vendors],
+            "tavily": keys.pool.describe() if keys.keyed else {"mode": "keyless" if config.tavily_enabled
+                                                               else "disabled"},
+            "fetch_providers": list(config.fetch_providers), "map_providers": list(config.map_providers),
+            "answer": {"model": model, "model_source": source, "url": config.grok_url, "connection_test": test}})))
         return 0 if ok else 1
-    _emit("websearch-ring %s, Python %s" % (__version__, sys.version.split()[0]))
-    _emit("configuration: " + ("%d problem(s)" % len(config.problems) if config.problems else "ok"))
-    for problem in config.problems:
-        _emit("  - " + problem.message)
-    _emit("search vendors (ring order):")
+    lines = ["websearch-ring %s, Python %s" % (__version__, sys.version.split()[0]),
+             "configuration: " + ("%d problem(s)" % len(config.problems) if config.problems else "ok")]
+    lines += ["  - " + problem.message for problem in config.problems]
+    lines.append("search vendors (ring order):")
     for name in config.vendors:
         r = by_name.get(name)
-        if r is None:
-            _emit("  %-11s no answer" % name)
-            continue
-        _emit("  %-11s %-15s %7.0f ms  %s" % (name, r["outcome"], r["elapsed_ms"], (r["message"] or "")[:90]))
-    _emit("tavily: " + ("%d key(s) in the pool" % len(keys.pool) if keys.keyed else
-                        "keyless mode" if config.tavily_enabled else "disabled"))
-    _emit("fetch providers: %s; map providers: %s" % (", ".join(config.fetch_providers),
-                                                      ", ".join(config.map_providers)))
-    _emit("answers: model %s (from %s) at %s: %s" % (model, source, config.grok_url, test["message"]))
+        lines.append("  %-11s no answer" % name if r is None else "  %-11s %-15s %7.0f ms  %s" % (
+            name, r["outcome"], r["elapsed_ms"], server.redact(r["message"] or "")[:90]))
+    lines.append("tavily: " + ("%d key(s) in the pool" % len(keys.pool) if keys.keyed else
+                               "keyless mode" if config.tavily_enabled else "disabled"))
+    lines.append("fetch providers: %s; map providers: %s" % (", ".join(config.fetch_providers),
+                                                             ", ".join(config.map_providers)))
+    lines.append("answers: model %s (from %s) at %s: %s" % (model, source, config.grok_url, test["message"]))
     if any(TLS_HINT in (r["message"] or "") for r in results) or TLS_HINT in (test["message"] or ""):
-        _emit("TLS certificates could not be verified: " + TLS_HINT)
-    _emit("search: " + ("available" if ok else "NOT available: no vendor answered"))
+        lines.append("TLS certificates could not be verified: " + TLS_HINT)
+    lines.append("search: " + ("available" if ok else "NOT available: no vendor answered"))
+    for line in lines:
+        _emit(server.redact(line))
     return 0 if ok else 1
+
+
+def _json_text(value):
+    """``--json`` output: strict (no NaN), indented, ASCII."""
+    return json.dumps(finite_json(value), indent=2, allow_nan=False)
 
 
 def cli_config(client, env, module=False):
