@@ -5193,6 +5193,34 @@ def test_vendor_error_bodies_map_to_outcome_code_and_an_actionable_message(
         assert key not in json.dumps(attempt) and key not in log.getvalue()
 
 
+def test_search_engine_redirect_elsewhere_is_address_checked_and_its_body_never_shown(ring, fake_upstream, upstreams):
+    internal = upstreams()
+    internal.route("GET", "/admin", {"body": "INTERNAL-ADMIN-PAGE"})
+    route_vendor(fake_upstream, "searxng", {"status": 302, "headers": {"Location": internal.url + "/admin"}})
+    result, _, _ = inprocess_search(ring, ring_env({"searxng": fake_upstream}), "searxng")
+    [attempt] = result["attempts"]
+    assert (attempt["outcome"], attempt["code"]) == ("blocked", "private_address"), attempt
+    assert "127.0.0.1 (loopback)" in attempt["message"] and "INTERNAL" not in json.dumps(result)
+    assert internal.requests == []
+
+
+@pytest.mark.parametrize("location", ["http://169.254.169.254/latest/meta-data/", "http://[::ffff:10.0.0.1]/",
+                                      "http://[2002:a00:1::]/"])
+def test_keyless_engine_redirect_to_a_non_public_address_is_refused_before_connecting(ring, fake_upstream,
+                                                                                       location):
+    route_vendor(fake_upstream, "bing", {"status": 302, "headers": {"Location": location}})
+    result, _, _ = inprocess_search(ring, ring_env({"bing": fake_upstream}), "bing")
+    [attempt] = result["attempts"]
+    assert (attempt["outcome"], attempt["code"]) == ("blocked", "private_address"), attempt
+
+
+def test_configured_engine_on_a_private_address_may_redirect_to_itself(ring, fake_upstream):
+    fake_upstream.route("GET", "/search", {"status": 301, "headers": {"Location": "/searxng/search?format=json"}})
+    fake_upstream.route("GET", "/searxng/search", "searxng/success.json")
+    result, _, _ = inprocess_search(ring, ring_env({"searxng": fake_upstream}), "searxng")
+    assert result["ok"] is True and result["results"], result
+
+
 def test_tavily_error_envelope_on_a_keyed_request_is_an_invalid_key_not_the_keyless_limit(ring, fake_upstream):
     fake_upstream.route("POST", "/search", {"status": 401, "body": {
         "error": {"code": "invalid_api_key", "message": "Unauthorized: missing or invalid API key.",

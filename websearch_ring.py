@@ -1651,7 +1651,10 @@ class Transport:
 
         ``public_only`` refuses hosts that resolve to loopback, private,
         link-local and other non-public addresses, checked on every hop, and
-        connects to the address that was checked.  ``truncate`` keeps the
+        connects to the address that was checked.  Without it (a configured
+        endpoint, such as a SearXNG on the local network) the first host is
+        trusted, and so is a redirect to the same scheme, host and port; a
+        redirect anywhere else gets the same check.  ``truncate`` keeps the
         first ``max_bytes`` of a longer body instead of failing.
         Raises :class:`TransportError`, :class:`Cancelled` or :class:`DeadlineExceeded`.
         An HTTP error status is not an exception: callers classify it.
@@ -1661,12 +1664,13 @@ class Transport:
         deadline = deadline.child(timeout_s)
         started = self._clock()
         seen = set()
+        trusted = _origin(url)
         self.slots.acquire(token, deadline)
         try:
             for _ in range(max_redirects + 1):
                 seen.add(url)
                 response = self._exchange(method, url, headers or {}, body, deadline, token, max_bytes,
-                                          public_only, truncate)
+                                          public_only or _origin(url) != trusted, truncate)
                 location = response.headers.get("location")
                 if response.status not in _REDIRECTS or not location or max_redirects == 0:
                     break
@@ -1986,6 +1990,17 @@ _NON_PUBLIC = (
     ("3fff::/20", "reserved"), ("5f00::/16", "reserved"), ("fc00::/7", "private"),
     ("fe80::/10", "link-local"), ("fec0::/10", "private"), ("ff00::/8", "multicast"),
 )
+
+
+def _origin(url):
+    """``(scheme, host, port)`` of ``url``, or None when it cannot be parsed."""
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(url)
+        return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or (
+            443 if parts.scheme.lower() == "https" else 80)
+    except ValueError:
+        return None
 
 
 def non_public_reason(address, _table=[]):
