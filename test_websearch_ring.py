@@ -6598,6 +6598,47 @@ def test_web_map_direct_crawls_within_max_depth_and_max_breadth(start_server, fa
     assert len(limited["results"]) == 8 and len(set(limited["results"])) == 8
 
 
+def test_non_ascii_urls_are_percent_encoded_in_fetch_map_and_redirects(start_server, fake_upstream):
+    html = {"Content-Type": "text/html; charset=utf-8"}
+    utf8_location = "/wiki/Stra\u00dfe?q=caf\u00e9".encode("utf-8").decode("latin-1")  # the bytes on the wire
+    fake_upstream.route("GET", "/old", {"status": 301, "headers": {"Location": utf8_location}})
+    fake_upstream.route("GET", "/latin", {"status": 302, "headers": {"Location": "/caf\u00e9"}})
+    fake_upstream.route("GET", "/wiki/Stra%C3%9Fe", {"headers": html, "body": "<title>Stra\u00dfe</title><p>Weg.</p>"})
+    fake_upstream.route("GET", "/caf%E9", {"headers": html, "body": "<title>Latin</title><p>Old server.</p>"})
+    fake_upstream.route("GET", "/", {"headers": html, "body": "<a href='/wiki/\u00dcbersicht'>a</a> "
+                                                            "<a href='/x y'>b</a>"})
+    base = fake_upstream.url
+    server = start_server(direct_env())
+    server.initialize()
+    for url, title in ((base + "/wiki/Stra\u00dfe?q=caf\u00e9", "Stra\u00dfe"), (base + "/old", "Stra\u00dfe"),
+                       (base + "/latin", "Latin")):
+        content, is_error = call_fetch(server, url)
+        assert is_error is False and content["title"] == title, content
+    assert [r.path for r in fake_upstream.requests_to("GET", "/wiki/Stra%C3%9Fe")] == [
+        "/wiki/Stra%C3%9Fe?q=caf%C3%A9"] * 2
+    content, is_error = call_map(server, base + "/", max_depth=1)
+    assert content["results"] == [base + "/", base + "/wiki/%C3%9Cbersicht", base + "/x%20y"], content
+    bad, is_error = call_fetch(server, "http://\u00fc" + "x" * 70 + ".example/")
+    assert is_error is True and issue_codes(bad) == {"/url": "invalid"}
+
+
+def test_web_map_direct_keeps_to_one_origin_for_pages_and_sitemaps(start_server, fake_upstream, upstreams):
+    other = upstreams()            # the same host on another port: another origin (RFC 9309 2.3)
+    other.route("GET", "/sitemap.xml", {"body": "<urlset><url><loc>%s/secret</loc></url></urlset>" % other.url})
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nAllow: /\nSitemap: %s/sitemap.xml\n" % other.url})
+    fake_upstream.route("GET", "/sitemap.xml", {"body": "<sitemapindex><sitemap><loc>%s/sitemap.xml</loc></sitemap>"
+                                                        "</sitemapindex>" % other.url})
+    fake_upstream.route("GET", "/", {"headers": {"Content-Type": "text/html"},
+                                     "body": "<a href='%s/x'>other port</a> <a href='/p1'>here</a>" % other.url})
+    base = fake_upstream.url
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_map(server, base + "/", max_depth=2)
+    assert is_error is False and content["results"] == [base + "/", base + "/p1"], content
+    assert content["stats"]["sitemaps_other_origin"] == 2
+    assert other.requests == []
+
+
 def test_web_map_direct_skips_and_counts_a_malformed_link(start_server, fake_upstream):
     fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
     fake_upstream.route("GET", "/", {"headers": {"Content-Type": "text/html"},

@@ -501,6 +501,53 @@ _SHARED_SUFFIXES = ("github.io", "gitlab.io", "blogspot.com", "wordpress.com", "
 _HOST_LABEL = LazyPattern(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 
 
+# Characters a URI may hold as they are (RFC 3986 reserved and unreserved, and existing escapes).
+_URI_SAFE = "!#$%&'()*+,/:;=?@[]~"
+_URI_UNSAFE_ASCII = LazyPattern(r"[\x00-\x20\x7f\"<>\\^`{|}]")
+
+
+def iri_to_uri(url):
+    """``url`` as an ASCII URI (RFC 3987 3.1): a non-ASCII host in IDNA, every other non-ASCII
+    or unsafe character percent-encoded as UTF-8; escapes already there stay as they are.
+    Raises ValueError when the URL or its host cannot be encoded.
+
+    >>> iri_to_uri("https://Bücher.example/wiki/Straße?q=café latte#frag")
+    'https://xn--bcher-kva.example/wiki/Stra%C3%9Fe?q=caf%C3%A9%20latte#frag'
+    >>> iri_to_uri("https://example.com/a%20b?x=1")
+    'https://example.com/a%20b?x=1'
+    """
+    from urllib.parse import quote, urlsplit, urlunsplit
+    if url.isascii() and not _URI_UNSAFE_ASCII.search(url):
+        return url
+    parts = urlsplit(url)
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    if not hostport.isascii():
+        host, colon, port = hostport.partition(":")
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise ValueError("the host %r cannot be encoded (%s)" % (host, exc)) from None
+        hostport = host + colon + port
+    netloc = quote(userinfo, safe=_URI_SAFE) + at + hostport
+    return urlunsplit((parts.scheme, netloc, quote(parts.path, safe=_URI_SAFE),
+                       quote(parts.query, safe=_URI_SAFE), quote(parts.fragment, safe=_URI_SAFE)))
+
+
+def location_url(value):
+    """A ``Location`` header as a URL: its bytes (``http.client`` hands them over as Latin-1)
+    read as UTF-8 when they are, else percent-encoded byte by byte, as browsers do.
+
+    >>> location_url("/wiki/Stra\xc3\x9fe"), location_url("/caf\xe9")
+    ('/wiki/Straße', '/caf%E9')
+    """
+    from urllib.parse import quote
+    raw = value.strip().encode("latin-1", "replace")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return quote(raw, safe=_URI_SAFE)
+
+
 def normalize_url(url):
     """The form of a URL used to tell duplicates apart.
 
@@ -1663,6 +1710,10 @@ class Transport:
         deadline = deadline or Deadline(timeout_s, self._clock)
         deadline = deadline.child(timeout_s)
         started = self._clock()
+        try:
+            url = iri_to_uri(url)
+        except ValueError as exc:
+            raise TransportError("bad_url", "invalid URL %r (%s)" % (url[:200], exc)) from None
         seen = set()
         trusted = _origin(url)
         self.slots.acquire(token, deadline)
@@ -1675,7 +1726,7 @@ class Transport:
                 if response.status not in _REDIRECTS or not location or max_redirects == 0:
                     break
                 try:
-                    url = urljoin(url, location.strip())
+                    url = iri_to_uri(urljoin(url, location_url(location)))
                 except ValueError:
                     raise TransportError("bad_url", "redirect to an invalid URL: %r" % location[:200]) from None
                 if url in seen:
@@ -2580,7 +2631,7 @@ def absolute_url(base_url, href):
     """
     from urllib.parse import urljoin, urlsplit
     try:
-        url = urljoin(base_url, href.strip())
+        url = iri_to_uri(urljoin(base_url, href.strip()))
         urlsplit(url).port         # raises on a bad IPv6 literal or port, as later users would
     except ValueError:
         return None
@@ -5587,10 +5638,10 @@ class SiteMapper:
         Requests to the site are spaced by robots.txt Crawl-delay (at most MAP_CRAWL_DELAY_MAX_S); a wait
         that would end past the deadline ends the map with what it has (``stats["stopped"]``).
         """
-        from urllib.parse import urlsplit, urljoin
+        from urllib.parse import urlsplit
         parts = urlsplit(url)
         origin = "%s://%s" % (parts.scheme, parts.netloc)
-        host = (parts.hostname or "").lower()
+        site = _origin(url)     # robots.txt speaks for one scheme, host and port (RFC 9309 2.3)
         robots = self._robots(origin, token, deadline)
         pacer = CrawlPacer(robots.crawl_delay_s, clock=self._clock, wait=self._wait)
         pacer.pause(token, deadline)          # robots.txt was the first request
@@ -5602,12 +5653,12 @@ class SiteMapper:
 
         def add(candidate, first=False, modified=None):
             try:
-                p = urlsplit(candidate)
+                candidate = iri_to_uri(candidate)
                 target = robots_path(candidate)
             except ValueError:
                 stats["bad_links"] = stats.get("bad_links", 0) + 1
                 return False
-            if p.scheme not in ("http", "https") or (p.hostname or "").lower() != host:
+            if _origin(candidate) != site:
                 return False
             key = normalize_url(candidate.split("#", 1)[0])
             if key in seen:
@@ -5625,13 +5676,14 @@ class SiteMapper:
 
         def polite(target_url):
             """Wait out Crawl-delay before a request to the site; False when the deadline comes first."""
-            if url_host(target_url) != host or pacer.pause(token, deadline):
+            if pacer.pause(token, deadline):
                 return True
             stats["stopped"] = "deadline_before_crawl_delay"
             return False
 
-        queue = [(s, 0) for s in robots.sitemaps] or [(origin + "/sitemap.xml", 0)]
+        queue = [(s, 0) for s in robots.sitemaps if _origin(s) == site] or [(origin + "/sitemap.xml", 0)]
         queued = {s for s, _ in queue}
+        stats["sitemaps_other_origin"] = sum(1 for s in robots.sitemaps if _origin(s) != site)
         read = 0
         while queue and read < MAP_SITEMAPS_MAX and len(found) < limit and not deadline.expired():
             token.check()
@@ -5664,6 +5716,8 @@ class SiteMapper:
                         break
                 elif level >= SITEMAP_INDEX_DEPTH_MAX:
                     stats["sitemaps_too_deep"] += 1
+                elif _origin(entry.url) != site:
+                    stats["sitemaps_other_origin"] += 1
                 elif entry.url not in queued:
                     queued.add(entry.url)
                     queue.append((entry.url, level + 1))
@@ -5706,11 +5760,11 @@ class SiteMapper:
                 href = next(g for g in match.groups() if g is not None)
                 if href.startswith(("javascript:", "mailto:", "#", "tel:")):
                     continue
-                try:
-                    target = urljoin(resp.url, href.strip()).split("#", 1)[0]
-                except ValueError:          # "http://[::1": a bad link is skipped, not fatal
+                target = absolute_url(resp.url, href)
+                if target is None:          # "http://[::1": a bad link is skipped, not fatal
                     stats["bad_links"] = stats.get("bad_links", 0) + 1
                     continue
+                target = target.split("#", 1)[0]
                 if add(target):
                     frontier.append((target, depth + 1))
                     taken += 1
@@ -6739,7 +6793,11 @@ def validate_url_arg(args, issues, name="url"):
         issues.append(issue(path, "credentials", "URLs with a user name or password are refused",
                             "remove the user:password@ part"))
         return None
-    return url
+    try:
+        return iri_to_uri(url)
+    except ValueError as exc:
+        issues.append(issue(path, "invalid", "%s is not a valid URL (%s)" % (name, exc), "check the host name"))
+        return None
 
 
 def _int_arg(args, name, lo, hi, default, issues):
