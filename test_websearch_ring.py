@@ -26,6 +26,7 @@ user's clone of the repository has no ``../shared``. Nothing here reads that fol
 """
 
 import ast
+import base64
 import contextlib
 import gzip
 import importlib.util
@@ -5221,6 +5222,19 @@ def test_configured_engine_on_a_private_address_may_redirect_to_itself(ring, fak
     assert result["ok"] is True and result["results"], result
 
 
+def test_url_credentials_go_out_as_basic_authorization_never_in_the_request_line(ring, fake_upstream):
+    fake_upstream.route("GET", "/search", "searxng/success.json")
+    url = "http://svc:p%%40ss@127.0.0.1:%d" % fake_upstream.port
+    result, _, _ = inprocess_search(ring, ring_env({"searxng": url}), "searxng")
+    assert result["ok"] is True, result
+    [sent] = fake_upstream.requests_to("GET", "/search")
+    assert sent.header("Authorization") == "Basic " + base64.b64encode(b"svc:p@ss").decode()
+    assert sent.header("Host") == "127.0.0.1:%d" % fake_upstream.port and "svc" not in sent.path
+    config = ring.Config.from_env({"SEARXNG_URL": url})
+    shown = ring.Redactor.for_config(config)("echo: Authorization: Basic c3ZjOnBAc3M= and p@ss")
+    assert "c3ZjOnBAc3M" not in shown and "p@ss" not in shown
+
+
 def test_tavily_error_envelope_on_a_keyed_request_is_an_invalid_key_not_the_keyless_limit(ring, fake_upstream):
     fake_upstream.route("POST", "/search", {"status": 401, "body": {
         "error": {"code": "invalid_api_key", "message": "Unauthorized: missing or invalid API key.",
@@ -7828,6 +7842,19 @@ def test_web_answer_extra_sources_give_the_model_search_results_as_evidence(
     assert "evidence" in system and "untrusted" in system
     [search] = fake_upstream.requests_to("POST", "/search")
     assert search.json()["query"] == "python asyncio timeout"
+
+
+def test_web_answer_evidence_never_carries_a_configured_key_to_the_model(start_server, fake_upstream, tmp_path):
+    page = fixture_json("tavily/search_success.json")
+    page["results"][0]["content"] = "echoed key: " + VENDOR_KEYS["brave"]
+    fake_upstream.route("POST", "/search", {"body": page})
+    server = answer_server(start_server, fake_upstream, tmp_path, "xai_chat/stream_ok.sse",
+                           **ring_env({"tavily": fake_upstream}, BRAVE_API_KEY=VENDOR_KEYS["brave"]))
+    content, _ = ask(server, "python asyncio timeout", extra_sources=3)
+    assert content["status"] == "success"
+    [sent] = fake_upstream.requests_to("POST", CHAT_PATH)
+    assert "echoed key: BSAt\u2026abcd" in sent.json()["messages"][1]["content"]
+    assert VENDOR_KEYS["brave"] not in sent.body.decode("utf-8")
 
 
 def test_web_answer_with_every_search_vendor_failing_is_a_partial_success(

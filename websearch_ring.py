@@ -219,9 +219,9 @@ class LazyPattern:
 # "task-management" is no key).
 _SECRET_PATTERNS = LazyPattern(
     r"((?<![A-Za-z0-9])(?:tvly-[A-Za-z0-9_-]{6,}|xai-[A-Za-z0-9_-]{6,}|sk-[A-Za-z0-9_-]{10,})"
-    r"|(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}|exaApiKey=[^&\s\"']+)")
+    r"|(?i:bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}|exaApiKey=[^&\s\"']+)")
 # Cheap substring tests that must all fail before _SECRET_PATTERNS can match.
-_SECRET_MARKERS = ("tvly-", "xai-", "sk-", "earer", "EARER", "exaApiKey")
+_SECRET_MARKERS = ("tvly-", "xai-", "sk-", "earer", "EARER", "asic", "ASIC", "exaApiKey")
 _WS = LazyPattern(r"\s+")
 # Result fields that hold document text (a page, a snippet, an answer, the text block): an example
 # key in documentation is content there, so only the configured secrets are masked in them.
@@ -333,6 +333,29 @@ def _mask_cut(text, secret, mask):
         start = end
     out.append(text[start:])
     return "".join(out)
+
+
+def split_credentials(url):
+    """``(url without its user-info, the Basic Authorization value or None)``.
+
+    >>> split_credentials("http://me:pw@proxy:3128/x"), split_credentials("http://h/")
+    (('http://proxy:3128/x', 'Basic bWU6cHc='), ('http://h/', None))
+    """
+    scheme, sep, rest = url.partition("://")
+    end = min([i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0] or [len(rest)])
+    userinfo, at, hostport = rest[:end].rpartition("@")
+    if not sep or not at:
+        return url, None
+    return "%s://%s%s" % (scheme, hostport, rest[end:]), basic_credentials(url)
+
+
+def basic_credentials(url):
+    """The ``Authorization: Basic`` value for the user-info of ``url`` (RFC 7617)."""
+    import base64
+    from urllib.parse import unquote, urlsplit
+    parts = urlsplit(url)
+    creds = "%s:%s" % (unquote(parts.username or ""), unquote(parts.password or ""))
+    return "Basic " + base64.b64encode(creds.encode("utf-8")).decode("ascii")
 
 
 def mask_url_credentials(text, mask="****"):
@@ -1199,7 +1222,7 @@ class Config:
                 except ValueError:
                     continue
                 if password:
-                    found += [password, unquote(password)]
+                    found += [password, unquote(password), basic_credentials(value)[6:]]
         return found
 
     def masked(self):
@@ -1665,7 +1688,7 @@ class Transport:
 
     def _connect(self, scheme, host, port, timeout_s, address=None):
         import http.client
-        from urllib.parse import urlsplit, unquote
+        from urllib.parse import urlsplit
         proxy = self._proxy_for(scheme, host)
         if proxy is None:
             if address is not None:
@@ -1678,9 +1701,7 @@ class Transport:
         p = urlsplit(proxy)
         headers = {}
         if p.username:
-            creds = "%s:%s" % (unquote(p.username), unquote(p.password or ""))
-            import base64
-            headers["Proxy-Authorization"] = "Basic " + base64.b64encode(creds.encode()).decode()
+            headers["Proxy-Authorization"] = basic_credentials(proxy)
         pport = p.port or (443 if p.scheme == "https" else 80)
         if scheme == "https":
             # CONNECT goes to the proxy in the clear; TLS then runs inside the tunnel.
@@ -1776,6 +1797,7 @@ class Transport:
             if parts.username is not None or parts.password is not None:
                 raise TransportError("bad_url", "URLs with credentials are refused: %s" % url.split("@")[-1])
             address = self._public_address(host, port, self._proxy_for(parts.scheme, host) is not None)
+        url, parts, headers = _credentials_to_header(url, parts, headers)
         if isinstance(body, str):
             body = body.encode("utf-8")
         key = (parts.scheme, host, port, address)
@@ -1898,6 +1920,7 @@ class Transport:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise TransportError("bad_url", "not an http(s) URL: %r" % url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
+        url, parts, headers = _credentials_to_header(url, parts, headers or {})
         self.slots.acquire(token, deadline)
         conn = handle = None
         try:
@@ -2041,6 +2064,18 @@ _NON_PUBLIC = (
     ("3fff::/20", "reserved"), ("5f00::/16", "reserved"), ("fc00::/7", "private"),
     ("fe80::/10", "link-local"), ("fec0::/10", "private"), ("ff00::/8", "multicast"),
 )
+
+
+def _credentials_to_header(url, parts, headers):
+    """A configured URL's ``user:password@`` goes out as Basic authorization (unless the request
+    has its own), never in the request line, ``Host`` or a proxy's log: ``(url, parts, headers)``."""
+    from urllib.parse import urlsplit
+    if parts.username is None and parts.password is None:
+        return url, parts, headers
+    url, auth = split_credentials(url)
+    if not any(name.lower() == "authorization" for name in headers):
+        headers = dict(headers, Authorization=auth)
+    return url, urlsplit(url), headers
 
 
 def _origin(url):
@@ -4635,7 +4670,7 @@ class DuckDuckGoVendor(Vendor):
                              "Content-Type": "application/x-www-form-urlencoded",
                              "Accept": "text/html,application/xhtml+xml;q=0.9,*/*;q=0.8",
                              "Accept-Language": "en-US,en;q=0.9",
-                             "Referer": base + "/"})
+                             "Referer": split_credentials(base)[0] + "/"})
         html = resp.text()
         if _DDG_ANOMALY.search(html[:200000]):
             raise UpstreamError(self.name, "blocked", "anomaly",
@@ -7302,7 +7337,8 @@ class AnswerTools:
                 state["phase"] = "searching"
                 found = self.ring.search(query, extra, None, token, budget.child(self.config.deadline_s))
                 if found["ok"]:
-                    evidence = [{"title": r["title"], "url": r["url"], "snippet": r["snippet"][:500]}
+                    known = self.log.redact.known      # a key a page echoed is not passed on to the model
+                    evidence = [{"title": known(r["title"]), "url": known(r["url"]), "snippet": known(r["snippet"][:500])}
                                 for r in found["results"]]
                 else:
                     evidence_error = "the search ring found no evidence (%s)" % ", ".join(
