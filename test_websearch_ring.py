@@ -2335,15 +2335,20 @@ def test_model_file_save_is_atomic_keeps_other_keys_and_leaves_no_temp_file(ring
     assert model_file.model() == "grok-4"
 
 
-@pytest.mark.parametrize("kind", ["directory", "invalid_json"])
+BAD_CONFIG_FILES = {"invalid_json": '{"model": "grok-4", oops', "deep": "[" * 100000,
+                    "huge": '{"model": "grok-4", "pad": "%s"}' % ("x" * (1024 * 1024))}
+
+
+@pytest.mark.parametrize("kind", ["directory"] + sorted(BAD_CONFIG_FILES))
 def test_bad_config_file_is_a_problem_the_env_model_is_used_and_switch_model_replaces_it(
         start_server, fake_upstream, tmp_path, kind):
     config_file = tmp_path / "websearch-ring" / "config.json"
     config_file.parent.mkdir()
     if kind == "directory":
         config_file.mkdir()   # tests run as root: a directory is what cannot be read as a file
+        (config_file / "keep.txt").write_text("mine", encoding="utf-8")
     else:
-        config_file.write_text('{"model": "grok-4", oops', encoding="utf-8")
+        config_file.write_text(BAD_CONFIG_FILES[kind], encoding="utf-8")
     fake_upstream.route("GET", MODELS_PATH, "xai_chat/models.json")
     server = answer_server(start_server, fake_upstream, tmp_path, "xai_chat/stream_ok.sse")
     info = structured(server.call_tool("get_config_info", {}))
@@ -2355,17 +2360,37 @@ def test_bad_config_file_is_a_problem_the_env_model_is_used_and_switch_model_rep
     assert content["status"] == "success"
     assert fake_upstream.requests_to("POST", CHAT_PATH)[0].json()["model"] == "grok-4-fast"
     switched = structured(server.call_tool("switch_model", {"model": "grok-4"}))
+    backups = [p for p in config_file.parent.iterdir() if p.name.startswith("config.json.invalid-")]
+    if kind == "directory":      # never moved: it is not ours to rename
+        assert (switched["status"], switched["error"], switched["persisted"]) == (
+            "partial_success", "config_file_not_written", False)
+        assert "not a regular file" in switched["error_detail"]["message"]
+        assert backups == [] and (config_file / "keep.txt").read_text(encoding="utf-8") == "mine"
+        assert structured(server.call_tool("get_config_info", {}))["answer"]["model"] == "grok-4"
+        return
     assert (switched["status"], switched["persisted"]) == ("success", True)
     assert switched["note"] and "invalid" in switched["note"]
-    backups = [p for p in config_file.parent.iterdir() if p.name.startswith("config.json.invalid-")]
     assert len(backups) == 1 and backups[0].name in switched["note"]
-    if kind == "invalid_json":
-        assert backups[0].read_text(encoding="utf-8") == '{"model": "grok-4", oops'
-    else:
-        assert backups[0].is_dir()
+    assert backups[0].read_text(encoding="utf-8") == BAD_CONFIG_FILES[kind]
     assert json.loads(config_file.read_text(encoding="utf-8")) == {"model": "grok-4"}
     again = structured(server.call_tool("get_config_info", {}))
     assert "WEBSEARCH_CONFIG_FILE" not in [p["variable"] for p in again["problems"]]
+
+
+def test_concurrent_switch_model_calls_all_succeed_and_leave_one_valid_file(
+        start_server, fake_upstream, tmp_path):
+    server = answer_server(start_server, fake_upstream, tmp_path, "xai_chat/stream_ok.sse")
+    config_file = tmp_path / "websearch-ring" / "config.json"
+    for burst in range(5):
+        ids = ["s%d-%d" % (burst, i) for i in range(40)]
+        for i, request_id in enumerate(ids):
+            server.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                         "params": {"name": "switch_model", "arguments": {"model": "grok-%d-%d" % (burst, i)}}})
+        for request_id in ids:
+            assert structured(server.wait_response(request_id))["status"] == "success"
+        in_use = structured(server.call_tool("get_config_info", {}))["answer"]["model"]
+        assert json.loads(config_file.read_text(encoding="utf-8")) == {"model": in_use}
+        assert sorted(p.name for p in config_file.parent.iterdir()) == ["config.json"]
 
 
 # ----------------------------------------------------------------------------------------------

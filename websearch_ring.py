@@ -1242,24 +1242,40 @@ class Config:
 
 
 class ModelFile:
-    """The small JSON file where switch_model keeps the answer model, written atomically."""
+    """The small JSON file where switch_model keeps the answer model, written atomically.
+
+    Writers in this process take turns (one lock per path); each write goes
+    to a temporary file of its own and is renamed over the old file, so a
+    reader never sees half a file, whatever the number of concurrent calls.
+    """
+
+    MAX_BYTES = 1024 * 1024
+    _locks = {}
+    _locks_guard = threading.Lock()
 
     def __init__(self, path):
         self.path = path
+        with ModelFile._locks_guard:
+            self._lock = ModelFile._locks.setdefault(os.path.abspath(path), threading.Lock())
 
     def load(self):
         """``(data, problem)``: the file's object (``{}`` when absent) and what is wrong with it, if anything."""
         try:
+            if os.path.exists(self.path) and not os.path.isfile(self.path):
+                return {}, "%s is not a regular file" % self.path
             with open(self.path, "r", encoding="utf-8") as handle:
-                text = handle.read()
+                text = handle.read(self.MAX_BYTES + 1)
         except FileNotFoundError:
             return {}, None
         except (OSError, UnicodeDecodeError) as exc:
             return {}, "cannot read %s: %s" % (self.path, exc)
+        if len(text) > self.MAX_BYTES:
+            return {}, "%s is larger than %d bytes" % (self.path, self.MAX_BYTES)
         try:
             data = json.loads(text)
-        except ValueError as exc:
-            return {}, "%s is not valid JSON (%s)" % (self.path, exc)
+        except (ValueError, RecursionError) as exc:
+            return {}, "%s is not valid JSON (%s)" % (self.path, "nested too deeply" if isinstance(
+                exc, RecursionError) else exc)
         if not isinstance(data, dict):
             return {}, "%s does not hold a JSON object" % self.path
         return data, None
@@ -1272,30 +1288,35 @@ class ModelFile:
     def save(self, model):
         """Write ``model`` (keeping the file's other keys); returns a note about a replaced bad file, or None.
 
-        Writes a temporary file in the same folder and renames it over the old
-        one, so a crash leaves either the old or the new file, never half of one.
+        Raises OSError when the file cannot be written (the path is a
+        folder, the folder is read-only ...).
         """
-        data, problem = self.load()
-        folder = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(folder, exist_ok=True)
-        note = None
-        if problem and os.path.exists(self.path):
-            backup = "%s.invalid-%d" % (self.path, int(time.time()))
-            os.replace(self.path, backup)
-            note = "the old file was unreadable (%s); it was kept as %s" % (problem, backup)
-        data["model"] = model
-        temp = os.path.join(folder, ".%s.%d.tmp" % (os.path.basename(self.path), os.getpid()))
-        try:
-            with open(temp, "w", encoding="utf-8") as handle:
-                json.dump(data, handle, indent=2)
-                handle.write("\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, self.path)
-        finally:
-            if os.path.exists(temp):
-                os.remove(temp)
-        return note
+        import tempfile
+        with self._lock:
+            data, problem = self.load()
+            folder = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(folder, exist_ok=True)
+            if os.path.exists(self.path) and not os.path.isfile(self.path):
+                raise IsADirectoryError("%s exists and is not a regular file; nothing was moved" % self.path)
+            note = None
+            if problem and os.path.isfile(self.path):
+                backup = "%s.invalid-%d-%s" % (self.path, int(time.time()), os.urandom(3).hex())
+                os.replace(self.path, backup)
+                note = "the old file was unreadable (%s); it was kept as %s" % (problem, backup)
+            data["model"] = model
+            handle, temp = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".", suffix=".tmp",
+                                            dir=folder)
+            try:
+                with os.fdopen(handle, "w", encoding="utf-8") as out:
+                    json.dump(data, out, indent=2)
+                    out.write("\n")
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(temp, self.path)
+            finally:
+                if os.path.exists(temp):
+                    os.remove(temp)
+            return note
 
 
 def help_env_text():
@@ -7255,6 +7276,7 @@ class AnswerTools:
             "all %d answer slots busy (GROK_MAX_CONCURRENCY); question queued", s.limit))
         self.override = None            # set by switch_model, this process only
         self.model_file = ModelFile(config.config_file)
+        self._switching = threading.Lock()
         self._lock = threading.Lock()
         self._catalogue = None          # (fetched_at, [model ids])
 
@@ -7464,14 +7486,15 @@ class AnswerTools:
         if issues:
             return validation_result("switch_model", issues)
         model = model.strip()
-        with self._lock:
-            previous = self.current_model()[0]
-            self.override = model
         s = status_fields("success")
-        s.update({"previous_model": previous, "current_model": model, "config_file": self.config.config_file,
-                  "persisted": True})
         try:
-            note = self.model_file.save(model)
+            with self._switching:     # the file ends with the model this process uses, whatever the races
+                with self._lock:
+                    previous = self.current_model()[0]
+                    self.override = model
+                s.update({"previous_model": previous, "current_model": model,
+                          "config_file": self.config.config_file, "persisted": True})
+                note = self.model_file.save(model)
         except OSError as exc:
             s.update(status_fields("partial_success", "config_file_not_written", error_detail(
                 "config_file_not_written", "switched for this process, but %s could not be written: %s" % (
