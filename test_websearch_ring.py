@@ -1187,7 +1187,7 @@ def inprocess_ring(ring, env, clock=None):
     """A Ring of the module in-process (real transport) and the text its logger wrote."""
     config = ring.Config.from_env(env)
     stream = io.StringIO()
-    logger = ring.Logger("debug", stream=stream, redact=ring.Redactor(config.secrets()))
+    logger = ring.Logger("debug", stream=stream, redact=ring.Redactor.for_config(config))
     transport = ring.Transport(config, logger)
     board = ring.Ring(config, transport, logger, clock=clock if clock is not None else time.monotonic)
     return board, stream
@@ -1351,13 +1351,13 @@ def sent_prompt(request):
     return roles["system"], json.loads(roles["user"])
 
 
-def assert_answer_failed(content, result, termination, kind, attempts):
-    """Assert a failed answer with this termination, error kind and number of attempts."""
+def assert_answer_failed(content, result, termination, code, attempts):
+    """Assert a failed answer with this termination, error code and number of attempts."""
     assert result["isError"] is True
     assert content["status"] == "error" and content["content"] == ""
     assert content["diagnostics"]["termination"] == termination, content["diagnostics"]
     assert content["grok_error"]["termination"] == termination
-    assert content["grok_error"]["kind"] == kind, content["grok_error"]
+    assert content["grok_error"]["code"] == code, content["grok_error"]
     assert content["diagnostics"]["attempts"] == attempts, content["diagnostics"]
 
 
@@ -1943,6 +1943,18 @@ def test_the_doctests_of_the_module_pass(ring):
 # §3 Utilities
 # ----------------------------------------------------------------------------------------------
 # Unit tests of the pure helpers go here (use the `ring` fixture).
+
+
+def test_log_file_rotates_at_its_cap_and_keeps_one_older_file(ring, tmp_path, monkeypatch):
+    monkeypatch.setattr(ring, "LOG_FILE_MAX_BYTES", 2000)
+    logger = ring.Logger("info", stream=io.StringIO(), log_dir=str(tmp_path))
+    for n in range(200):
+        logger.info("line %03d %s", n, "x" * 40)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["websearch-ring.log", "websearch-ring.log.1"]
+    sizes = [(tmp_path / name).stat().st_size for name in files]
+    assert all(size <= 2000 + 100 for size in sizes), sizes
+    assert "line 199" in (tmp_path / "websearch-ring.log").read_text(encoding="utf-8")
 
 
 def test_redactor_masks_known_secrets_and_key_shaped_strings(ring):
@@ -2641,7 +2653,7 @@ def test_transport_refuses_a_loopback_first_hop_without_connecting(ring, fake_up
     for url in (fake_upstream.url + "/", "http://localhost:%d/" % fake_upstream.port):
         with pytest.raises(ring.TransportError) as caught:
             transport.request("GET", url, timeout_s=5, public_only=True)
-        assert caught.value.kind == "blocked_address"
+        assert caught.value.code == "private_address"
         assert "(loopback)" in caught.value.message and "refused" in caught.value.message
     assert fake_upstream.requests == []
 
@@ -2684,7 +2696,7 @@ def test_transport_refuses_a_redirect_to_a_non_public_address_on_the_hop(
     with pytest.raises(ring.TransportError) as caught:
         transport.request("GET", "http://public.test:%d/start" % fake_upstream.port, timeout_s=5,
                           max_redirects=5, public_only=True)
-    assert caught.value.kind == "blocked_address"
+    assert caught.value.code == "private_address"
     assert named in caught.value.message
     assert [r.route_path for r in fake_upstream.requests] == ["/start"]
     assert fake_upstream.requests[0].header("Host") == "public.test:%d" % fake_upstream.port
@@ -2720,7 +2732,7 @@ def test_transport_refuses_a_name_that_resolves_to_a_private_address(ring, monke
     monkeypatch.setattr(transport, "_connect", no_connect)
     with pytest.raises(ring.TransportError) as caught:
         transport.request("GET", "http://intranet.test/", timeout_s=5, public_only=True)
-    assert caught.value.kind == "blocked_address"
+    assert caught.value.code == "private_address"
     assert "intranet.test resolves to 10.1.2.3 (private)" in caught.value.message
     assert "WEBSEARCH_ALLOW_PRIVATE_URLS" in caught.value.message
     assert connects == []
@@ -2731,7 +2743,7 @@ def test_transport_refuses_credentials_in_a_public_only_url(ring, fake_upstream)
     with pytest.raises(ring.TransportError) as caught:
         transport.request("GET", "http://user:pw@127.0.0.1:%d/" % fake_upstream.port, timeout_s=5,
                           public_only=True)
-    assert caught.value.kind == "bad_url"
+    assert caught.value.code == "bad_url"
     assert "pw" not in caught.value.message
     assert fake_upstream.requests == []
 
@@ -2767,12 +2779,12 @@ def test_a_body_cut_short_is_truncated_for_both_readers(ring, cut):
     with RawUpstream([(BODIES_CUT_SHORT[cut], False)]) as upstream:
         with pytest.raises(ring.TransportError) as caught:
             transport.request("GET", upstream.url + "/page", timeout_s=DEFAULT_TIMEOUT_S)
-        assert caught.value.kind == "truncated"
+        assert caught.value.code == "truncated_body"
         with transport.open_stream("POST", upstream.url + "/v1/chat/completions", body="{}",
                                    timeout_s=DEFAULT_TIMEOUT_S) as stream:
             with pytest.raises(ring.TransportError) as caught:
                 stream.read()
-        assert caught.value.kind == "truncated"
+        assert caught.value.code == "truncated_body"
 
 
 def test_head_request_ends_at_the_headers_whatever_the_content_length(ring):
@@ -2832,7 +2844,7 @@ def test_a_redirect_to_a_malformed_url_is_a_bad_url_not_an_internal_error(ring):
     with RawUpstream([(answer, True)]) as upstream:
         with pytest.raises(ring.TransportError) as caught:
             transport.request("GET", upstream.url + "/moved", timeout_s=DEFAULT_TIMEOUT_S, max_redirects=5)
-    assert caught.value.kind == "bad_url"
+    assert caught.value.code == "bad_url"
 
 
 def test_a_gzip_body_cut_before_its_end_is_truncated_and_every_member_is_read(ring):
@@ -2846,7 +2858,7 @@ def test_a_gzip_body_cut_before_its_end_is_truncated_and_every_member_is_read(ri
                             two_members), True)]) as upstream:
         with pytest.raises(ring.TransportError) as caught:
             transport.request("GET", upstream.url + "/cut", timeout_s=DEFAULT_TIMEOUT_S)
-        assert caught.value.kind == "truncated"
+        assert caught.value.code == "truncated_body"
         assert transport.request("GET", upstream.url + "/members", timeout_s=DEFAULT_TIMEOUT_S).body == _BODY
 
 
@@ -2999,7 +3011,7 @@ def test_an_unusable_proxy_is_a_problem_and_requests_fail_instead_of_going_direc
     transport._config = config
     with pytest.raises(ring.TransportError) as caught:
         transport.request("GET", "https://api.example.com/search", timeout_s=DEFAULT_TIMEOUT_S, public_only=True)
-    assert caught.value.kind == "proxy" and "HTTPS_PROXY" in caught.value.message
+    assert caught.value.code == "proxy_error" and "HTTPS_PROXY" in caught.value.message
     # Loopback never uses a proxy, so a broken one does not stop it.
     with RawUpstream([(_raw("HTTP/1.1 200 OK", [("Content-Length", 2)], b"ok"), False)]) as upstream:
         assert transport.request("GET", upstream.url, timeout_s=DEFAULT_TIMEOUT_S).body == b"ok"
@@ -3025,7 +3037,7 @@ def test_behind_a_proxy_literal_and_locally_resolved_private_addresses_are_refus
         transport = _proxied_transport(ring, "127.0.0.1:%d" % proxy.port, resolvable)
         with pytest.raises(ring.TransportError) as caught:
             transport.request("GET", url, timeout_s=DEFAULT_TIMEOUT_S, public_only=True)
-        assert caught.value.kind == "blocked_address"
+        assert caught.value.code == "private_address"
         assert proxy.requests == []
 
 
@@ -3035,7 +3047,7 @@ def test_a_proxy_that_refuses_is_named_in_the_error(ring):
     for url in ("http://news.example.invalid/", "https://news.example.invalid/"):
         with pytest.raises(ring.TransportError) as caught:
             transport.request("GET", url, timeout_s=DEFAULT_TIMEOUT_S, public_only=True)
-        assert caught.value.kind == "proxy"
+        assert caught.value.code == "proxy_error"
         assert caught.value.message == "proxy 127.0.0.1:%d refused the connection" % port
 
 
@@ -3044,7 +3056,7 @@ def test_a_proxy_that_refuses_the_tunnel_is_named_in_the_error(ring):
         transport = _proxied_transport(ring, "http://127.0.0.1:%d" % proxy.port)
         with pytest.raises(ring.TransportError) as caught:
             transport.request("GET", "https://api.example.invalid/search", timeout_s=DEFAULT_TIMEOUT_S)
-        assert caught.value.kind == "proxy"
+        assert caught.value.code == "proxy_error"
         assert caught.value.message == "proxy 127.0.0.1:%d refused the tunnel (403 Forbidden)" % proxy.port
         assert proxy.requests[0].startswith("CONNECT api.example.invalid:443 HTTP/1.")
 
@@ -3107,37 +3119,44 @@ def test_error_fields_is_none_without_an_error(ring, data):
     assert ring.error_fields(data) is None
 
 
-@pytest.mark.parametrize("status, code, message, kind, retryable", [
-    (401, "unauthenticated", "No API key provided.", "auth", False),
-    (400, "invalid-argument", "Incorrect API key provided.", "auth", False),
-    (401, "invalid_api_key", "Incorrect API key provided: sk-relay****abcd.", "auth", False),
-    (403, "permission-denied", "Your team has either used all available credits", "credits", False),
+# Every answer failure speaks the search vocabulary: its outcome, and a finer code.
+ANSWER_OUTCOMES = {"invalid_key": "auth_error", "no_credits": "quota_exhausted", "account_unusable": "auth_error",
+                   "unknown_model": "http_error", "forbidden": "auth_error", "bad_parameters": "http_error",
+                   "rate_limited": "rate_limited", "server_error": "http_error", "upstream_error": "http_error"}
+
+
+@pytest.mark.parametrize("status, upstream_code, message, code, retryable", [
+    (401, "unauthenticated", "No API key provided.", "invalid_key", False),
+    (400, "invalid-argument", "Incorrect API key provided.", "invalid_key", False),
+    (401, "invalid_api_key", "Incorrect API key provided: sk-relay****abcd.", "invalid_key", False),
+    (403, "permission-denied", "Your team has either used all available credits", "no_credits", False),
     (429, "Some resource has been exhausted", "Your team has either used all available credits",
-     "credits", False),
-    (402, None, "Insufficient credits", "credits", False),
-    (403, None, "Your account has been deactivated", "account", False),
-    (200, None, "该令牌额度已用尽", "account", False),
-    (None, None, "no available channel for model grok-4", "account", False),
-    (404, None, "404 page not found", "model", False),
-    (None, "404", "The model `grok-4-nonexistent` does not exist.", "model", False),
-    (400, "Client specified an invalid argument", "Model grok-99 does not exist", "model", False),
-    (403, None, "blocked by the moderation guardrail", "permission", False),
-    (410, "Gone", "Live search is deprecated.", "params", False),
-    (422, None, "Unprocessable entity", "params", False),
+     "no_credits", False),
+    (402, None, "Insufficient credits", "no_credits", False),
+    (403, None, "Your account has been deactivated", "account_unusable", False),
+    (200, None, "该令牌额度已用尽", "account_unusable", False),
+    (None, None, "no available channel for model grok-4", "account_unusable", False),
+    (404, None, "404 page not found", "unknown_model", False),
+    (None, "404", "The model `grok-4-nonexistent` does not exist.", "unknown_model", False),
+    (400, "Client specified an invalid argument", "Model grok-99 does not exist", "unknown_model", False),
+    (403, None, "blocked by the moderation guardrail", "forbidden", False),
+    (410, "Gone", "Live search is deprecated.", "bad_parameters", False),
+    (422, None, "Unprocessable entity", "bad_parameters", False),
     (429, "Some resource has been exhausted", "The service is temporarily at capacity.",
      "rate_limited", True),
-    (408, None, "Request timeout", "server", True),
-    (500, "Internal error", "An internal error occurred.", "server", True),
-    (502, None, "Bad Gateway", "server", True),
-    (None, "502", "Upstream error from xai: ResourceExhausted", "upstream", True),
-    (None, "server_is_overloaded", "The service is temporarily at capacity.", "upstream", True),
-    (None, None, "Some resource has been exhausted: try later", "upstream", True),
-    (None, "weird_code", "something odd happened", "upstream", False),
+    (408, None, "Request timeout", "server_error", True),
+    (500, "Internal error", "An internal error occurred.", "server_error", True),
+    (502, None, "Bad Gateway", "server_error", True),
+    (None, "502", "Upstream error from xai: ResourceExhausted", "upstream_error", True),
+    (None, "server_is_overloaded", "The service is temporarily at capacity.", "upstream_error", True),
+    (None, None, "Some resource has been exhausted: try later", "upstream_error", True),
+    (None, "weird_code", "something odd happened", "upstream_error", False),
 ])
-def test_classify_answer_error_table(ring, status, code, message, kind, retryable):
-    error = ring.classify_answer_error(status, code, message, ring.DEFAULT_RETRYABLE_CODES)
-    assert (error.kind, error.retryable) == (kind, retryable), error.as_dict()
-    assert error.status == status and error.code == code
+def test_classify_answer_error_table(ring, status, upstream_code, message, code, retryable):
+    error = ring.classify_answer_error(status, upstream_code, message, ring.DEFAULT_RETRYABLE_CODES)
+    assert (error.service, error.outcome) == ("answer", ANSWER_OUTCOMES[code])
+    assert (error.code, error.retryable) == (code, retryable), error.as_dict()
+    assert error.status == status and error.upstream_code == upstream_code
     assert message in error.message
 
 
@@ -3175,20 +3194,20 @@ def test_answer_stream_parser_reads_complete_fixture_streams_line_by_line(
 
 
 @pytest.mark.parametrize("name, protocol, kind, retryable, partial", [
-    ("xai_chat/stream_error_in_200.sse", "chat", "upstream", True, ""),
-    ("xai_chat/stream_midstream_error.sse", "chat", "upstream", True, "Here is a partial"),
-    ("xai_responses/stream_failed.sse", "response", "upstream", True, ""),
-    ("xai_responses/stream_error_event.sse", "response", "upstream", True, "According to recent "),
+    ("xai_chat/stream_error_in_200.sse", "chat", "upstream_error", True, ""),
+    ("xai_chat/stream_midstream_error.sse", "chat", "upstream_error", True, "Here is a partial"),
+    ("xai_responses/stream_failed.sse", "response", "upstream_error", True, ""),
+    ("xai_responses/stream_error_event.sse", "response", "upstream_error", True, "According to recent "),
     ("xai_responses/stream_incomplete.sse", "response", "incomplete", False,
      "The three most cited sources are"),
 ])
 def test_answer_stream_parser_raises_on_error_events(
         ring, name, protocol, kind, retryable, partial):
     parser = ring.AnswerStreamParser(protocol, ring.DEFAULT_RETRYABLE_CODES)
-    with pytest.raises(ring.AnswerError) as caught:
+    with pytest.raises(ring.UpstreamError) as caught:
         for line in FIXTURES[name]["body"].split("\n"):
             parser.feed_line(line)
-    assert (caught.value.kind, caught.value.retryable) == (kind, retryable)
+    assert (caught.value.code, caught.value.retryable) == (kind, retryable)
     assert "".join(parser.parts) == partial
     assert parser.done is False
 
@@ -3332,16 +3351,18 @@ def test_stream_answer_responses_json_body_without_search_has_no_citations(
 
 def test_stream_answer_empty_json_answer_is_a_retryable_empty_error(ring, fake_upstream, tmp_path):
     fake_upstream.route("POST", CHAT_PATH, "xai_chat/empty.json")
-    with pytest.raises(ring.AnswerError) as caught:
+    with pytest.raises(ring.UpstreamError) as caught:
         stream_one_answer(ring, answer_config(ring, tmp_path, GROK_API_URL=fake_upstream.url + "/v1"))
-    assert (caught.value.kind, caught.value.retryable) == ("empty", True)
+    assert (caught.value.code, caught.value.retryable) == ("empty", True)
 
 
-def test_stream_answer_cut_connection_is_a_retryable_broken_stream(ring, fake_upstream, tmp_path):
+def test_stream_answer_cut_connection_is_a_retryable_bad_response(ring, fake_upstream, tmp_path):
     fake_upstream.route("POST", CHAT_PATH, {"fixture": "xai_chat/stream_ok.sse", "truncate": 900})
-    with pytest.raises(ring.AnswerError) as caught:
+    with pytest.raises(ring.UpstreamError) as caught:
         stream_one_answer(ring, answer_config(ring, tmp_path, GROK_API_URL=fake_upstream.url + "/v1"))
-    assert (caught.value.kind, caught.value.retryable) == ("broken_stream", True)
+    error = caught.value
+    assert (error.service, error.outcome, error.code, error.retryable) == (
+        "answer", "bad_response", "truncated_body", True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -3752,7 +3773,7 @@ def test_key_pool_per_key_concurrency_limits_requests_per_key(ring, fake_clock):
 def test_key_pool_invalid_key_stays_invalid_forever(ring, fake_clock):
     pool = key_pool(ring, fake_clock, keys=TAVILY_KEYS[:2])
     key, probe = pool.acquire()
-    pool.release(key, probe, "invalid", message="Unauthorized: missing or invalid API key.")
+    pool.release(key, probe, "auth_error", message="Unauthorized: missing or invalid API key.")
     fake_clock.advance(30 * 86400.0)
     assert key_states(pool) == {TAVILY_FINGERPRINTS[0]: "invalid", TAVILY_FINGERPRINTS[1]: "healthy"}
     for _ in range(3):
@@ -3789,7 +3810,7 @@ def test_key_pool_rate_limited_key_without_retry_after_uses_the_key_cooldown(rin
 def test_key_pool_quota_exhausted_key_rests_for_the_quota_cooldown(ring, fake_clock, retry_after, expected):
     pool = key_pool(ring, fake_clock, keys=TAVILY_KEYS[:2])
     key, probe = pool.acquire()
-    pool.release(key, probe, "quota", retry_after_s=retry_after)
+    pool.release(key, probe, "quota_exhausted", retry_after_s=retry_after)
     first = pool.describe()["keys"][0]
     assert (first["state"], first["cooldown_remaining_s"]) == ("quota_exhausted", expected)
     fake_clock.advance(expected - 1.0)
@@ -3802,7 +3823,7 @@ def test_key_pool_parameter_error_costs_the_key_nothing(ring, fake_clock):
     pool = key_pool(ring, fake_clock, keys=TAVILY_KEYS[:2])
     for _ in range(4):
         key, probe = pool.acquire()
-        pool.release(key, probe, "params", message="Invalid topic.")
+        pool.release(key, probe, None, message="Invalid topic.")
     described = pool.describe()
     assert [k["state"] for k in described["keys"]] == ["healthy", "healthy"]
     assert described["breaker"] == "closed"
@@ -3827,7 +3848,7 @@ def test_key_pool_refuses_at_once_when_every_cooldown_outlasts_the_budget(ring, 
     a, _ = pool.acquire()
     b, _ = pool.acquire()
     pool.release(a, False, "rate_limited", retry_after_s=100.0)
-    pool.release(b, False, "quota")
+    pool.release(b, False, "quota_exhausted")
     started = time.monotonic()
     with pytest.raises(ring.KeysUnavailable) as caught:
         pool.acquire(None, ring.Deadline(10.0, fake_clock))
@@ -3841,7 +3862,7 @@ def test_key_pool_with_every_key_invalid_is_unavailable_with_masked_fingerprints
     pool = key_pool(ring, fake_clock)
     for _ in TAVILY_KEYS:
         key, probe = pool.acquire()
-        pool.release(key, probe, "invalid", message="Unauthorized")
+        pool.release(key, probe, "auth_error", message="Unauthorized")
     with pytest.raises(ring.KeysUnavailable) as caught:
         pool.acquire(None, ring.Deadline(10.0, fake_clock))
     exc = caught.value
@@ -3855,10 +3876,10 @@ def test_key_pool_with_every_key_invalid_is_unavailable_with_masked_fingerprints
 def test_breaker_opens_when_two_distinct_keys_fail_and_refuses_while_open(ring, fake_clock):
     pool = key_pool(ring, fake_clock)
     a, probe = pool.acquire()
-    pool.release(a, probe, "service", message="HTTP 500")
+    pool.release(a, probe, "http_error", message="HTTP 500")
     assert pool.describe()["breaker"] == "closed"
     b, probe = pool.acquire()
-    pool.release(b, probe, "service", message="HTTP 502")
+    pool.release(b, probe, "http_error", message="HTTP 502")
     assert pool.describe()["breaker"] == "open"
     with pytest.raises(ring.KeysUnavailable) as caught:
         pool.acquire(None, ring.Deadline(60.0, fake_clock))
@@ -3873,13 +3894,13 @@ def test_breaker_ignores_one_key_failing_twice_and_mixed_failure_kinds(ring, fak
     pool = key_pool(ring, fake_clock, keys=TAVILY_KEYS[:1])
     for _ in range(3):
         key, probe = pool.acquire()
-        pool.release(key, probe, "service")
+        pool.release(key, probe, "http_error")
     assert pool.describe()["breaker"] == "closed"
     pool = key_pool(ring, fake_clock, keys=TAVILY_KEYS[:2])
     a, _ = pool.acquire()
-    pool.release(a, False, "service")
+    pool.release(a, False, "http_error")
     b, _ = pool.acquire()
-    pool.release(b, False, "network")
+    pool.release(b, False, "network_error")
     assert pool.describe()["breaker"] == "closed"
 
 
@@ -3887,7 +3908,7 @@ def open_breaker(ring, fake_clock):
     pool = key_pool(ring, fake_clock)
     for _ in range(2):
         key, probe = pool.acquire()
-        pool.release(key, probe, "service")
+        pool.release(key, probe, "http_error")
     assert pool.describe()["breaker"] == "open"
     return pool
 
@@ -3911,7 +3932,7 @@ def test_breaker_probe_failure_opens_it_again_for_a_full_cooldown(ring, fake_clo
     fake_clock.advance(31.0)
     key, probe = pool.acquire()
     assert probe is True
-    pool.release(key, probe, "network", message="connection refused")
+    pool.release(key, probe, "network_error", message="connection refused")
     assert pool.describe()["breaker"] == "open"
     with pytest.raises(ring.KeysUnavailable):
         pool.acquire()
@@ -3926,7 +3947,7 @@ def test_breaker_probe_without_a_verdict_lets_the_next_probe_through(ring, fake_
     pool = open_breaker(ring, fake_clock)
     fake_clock.advance(30.0)
     key, probe = pool.acquire()
-    pool.release(key, probe, "params")
+    pool.release(key, probe, None)
     again, probe = pool.acquire()
     assert probe is True
 
@@ -5258,6 +5279,22 @@ def test_url_credentials_go_out_as_basic_authorization_never_in_the_request_line
     config = ring.Config.from_env({"SEARXNG_URL": url})
     shown = ring.Redactor.for_config(config)("echo: Authorization: Basic c3ZjOnBAc3M= and p@ss")
     assert "c3ZjOnBAc3M" not in shown and "p@ss" not in shown
+
+
+def test_waiting_for_our_own_upstream_slots_is_busy_and_never_benches_an_engine(ring, fake_upstream):
+    route_vendor(fake_upstream, "tavily", "tavily/search_success.json")
+    board, _ = inprocess_ring(ring, ring_env({"tavily": fake_upstream}, WEBSEARCH_MAX_INFLIGHT="1",
+                                             WEBSEARCH_FAILURE_THRESHOLD="1"))
+    board.transport.slots.acquire()          # every slot taken, by someone else
+    for _ in range(3):
+        outcome = board.search("q", 3, "tavily", ring.CancelToken(), ring.Deadline(0.2), filters=ring.NO_FILTERS)
+        [attempt] = outcome["attempts"]
+        assert (attempt["outcome"], attempt["code"]) == ("busy", "upstream_slots"), attempt
+        assert "WEBSEARCH_MAX_INFLIGHT" in attempt["message"]
+    assert board.health.snapshot(["tavily"])["tavily"]["state"] == "healthy"
+    board.transport.slots.release()
+    assert board.search("q", 3, "tavily", ring.CancelToken(), ring.Deadline(5.0), filters=ring.NO_FILTERS)["ok"]
+    assert fake_upstream.hits("POST", "/search") == 1
 
 
 def test_tavily_error_envelope_on_a_keyed_request_is_an_invalid_key_not_the_keyless_limit(ring, fake_upstream):
@@ -7332,7 +7369,7 @@ def test_web_answer_responses_failure_events_are_retried_then_an_error(
     server = answer_server(start_server, fake_upstream, tmp_path, fixture, path=RESPONSES_PATH,
                            GROK_API_PROTOCOL="response", GROK_MODEL_MAX_ATTEMPTS="3")
     content, result = ask(server)
-    assert_answer_failed(content, result, "max_attempts_exhausted", "upstream", 3)
+    assert_answer_failed(content, result, "max_attempts_exhausted", "upstream_error", 3)
     assert fake_upstream.hits("POST", RESPONSES_PATH) == 3
     assert content["grok_error"]["retryable"] is True
     assert "According to recent" not in result["content"][0]["text"]
@@ -7356,15 +7393,15 @@ def test_web_answer_responses_truncated_stream_is_retried_as_a_broken_stream(
     content, _ = ask(server)
     assert (content["status"], content["content"]) == ("success", RESPONSES_OK_TEXT)
     assert content["diagnostics"]["attempts"] == 2
-    assert [e["kind"] for e in content["diagnostics"]["errors"]] == ["broken_stream"]
+    assert [e["code"] for e in content["diagnostics"]["errors"]] == ["broken_stream"]
 
 
 @pytest.mark.parametrize("spec, kind, attempts", [
-    ("xai_responses/invalid_key.json", "auth", 1),
-    ("xai_responses/bad_params.json", "params", 1),
+    ("xai_responses/invalid_key.json", "invalid_key", 1),
+    ("xai_responses/bad_params.json", "bad_parameters", 1),
     ({"fixture": "xai_responses/rate_limited.json", "headers": {"Retry-After": "0"}},
      "rate_limited", 2),
-    ("xai_responses/server_error.json", "server", 2),
+    ("xai_responses/server_error.json", "server_error", 2),
 ])
 def test_web_answer_responses_http_errors_are_classified_and_retried_only_when_transient(
         start_server, fake_upstream, tmp_path, spec, kind, attempts):
@@ -7386,7 +7423,7 @@ def test_web_answer_rejected_key_is_an_auth_error_after_one_attempt(
         start_server, fake_upstream, tmp_path, fixture):
     server = answer_server(start_server, fake_upstream, tmp_path, fixture)
     content, result = ask(server)
-    assert_answer_failed(content, result, "non_retryable_error", "auth", 1)
+    assert_answer_failed(content, result, "non_retryable_error", "invalid_key", 1)
     assert fake_upstream.hits("POST", CHAT_PATH) == 1
     assert content["grok_error"]["http_status"] == FIXTURES[fixture]["status"]
     assert content["error_detail"]["retryable"] is False
@@ -7403,7 +7440,7 @@ def test_web_answer_exhausted_credits_are_not_retried(
     server = answer_server(start_server, fake_upstream, tmp_path, fixture, path=path,
                            GROK_API_PROTOCOL=protocol)
     content, result = ask(server)
-    assert_answer_failed(content, result, "non_retryable_error", "credits", 1)
+    assert_answer_failed(content, result, "non_retryable_error", "no_credits", 1)
     assert fake_upstream.hits("POST", path) == 1
 
 
@@ -7416,7 +7453,7 @@ def test_web_answer_unknown_model_is_a_model_error_after_one_attempt(
         start_server, fake_upstream, tmp_path, spec):
     server = answer_server(start_server, fake_upstream, tmp_path, spec)
     content, result = ask(server, model="grok-4-nonexistent")
-    assert_answer_failed(content, result, "non_retryable_error", "model", 1)
+    assert_answer_failed(content, result, "non_retryable_error", "unknown_model", 1)
     assert fake_upstream.hits("POST", CHAT_PATH) == 1
 
 
@@ -7424,7 +7461,7 @@ def test_web_answer_refused_request_is_a_params_error_after_one_attempt(
         start_server, fake_upstream, tmp_path):
     server = answer_server(start_server, fake_upstream, tmp_path, "xai_chat/live_search_gone.json")
     content, result = ask(server)
-    assert_answer_failed(content, result, "non_retryable_error", "params", 1)
+    assert_answer_failed(content, result, "non_retryable_error", "bad_parameters", 1)
     assert content["grok_error"]["http_status"] == 410
     assert "Live search is deprecated" in content["grok_error"]["message"]
 
@@ -7438,7 +7475,7 @@ def test_web_answer_refused_request_is_a_params_error_after_one_attempt(
 def test_web_answer_dead_relay_account_is_not_retried(start_server, fake_upstream, tmp_path, spec):
     server = answer_server(start_server, fake_upstream, tmp_path, spec)
     content, result = ask(server)
-    assert_answer_failed(content, result, "non_retryable_error", "account", 1)
+    assert_answer_failed(content, result, "non_retryable_error", "account_unusable", 1)
     assert fake_upstream.hits("POST", CHAT_PATH) == 1
 
 
@@ -7490,7 +7527,7 @@ def test_web_answer_server_errors_and_a_gateway_page_are_retried_until_an_answer
     assert (content["status"], content["content"]) == ("success", CHAT_OK_TEXT)
     assert fake_upstream.hits("POST", CHAT_PATH) == 3
     errors = content["diagnostics"]["errors"]
-    assert [(e["kind"], e["http_status"]) for e in errors] == [("server", 500), ("server", 502)]
+    assert [(e["code"], e["http_status"]) for e in errors] == [("server_error", 500), ("server_error", 502)]
     assert "502 Bad Gateway" in errors[1]["message"]
 
 
@@ -7499,7 +7536,7 @@ def test_web_answer_gateway_page_every_time_exhausts_the_attempts(
     server = answer_server(start_server, fake_upstream, tmp_path, "xai_chat/gateway_html_502.html",
                            GROK_MODEL_MAX_ATTEMPTS="3")
     content, result = ask(server)
-    assert_answer_failed(content, result, "max_attempts_exhausted", "server", 3)
+    assert_answer_failed(content, result, "max_attempts_exhausted", "server_error", 3)
     assert fake_upstream.hits("POST", CHAT_PATH) == 3
     assert "<html>" not in content["grok_error"]["message"]
 
@@ -7510,13 +7547,13 @@ def test_web_answer_relay_error_in_a_200_body_is_retried(start_server, fake_upst
     content, _ = ask(server)
     assert (content["status"], content["content"]) == ("success", CHAT_OK_TEXT)
     [error] = content["diagnostics"]["errors"]
-    assert (error["kind"], error["upstream_code"], error["retryable"]) == ("upstream", "502", True)
+    assert (error["code"], error["upstream_code"], error["retryable"]) == ("upstream_error", "502", True)
 
 
 @pytest.mark.parametrize("fixture, kind, retryable", [
-    ("xai_chat/rate_limited.json", "upstream", True),
-    ("xai_chat/invalid_key.json", "auth", False),
-    ("xai_chat/server_error.json", "upstream", True),
+    ("xai_chat/rate_limited.json", "upstream_error", True),
+    ("xai_chat/invalid_key.json", "invalid_key", False),
+    ("xai_chat/server_error.json", "upstream_error", True),
 ])
 def test_web_answer_flat_error_body_in_a_200_is_classified(
         start_server, fake_upstream, tmp_path, fixture, kind, retryable):
@@ -7543,7 +7580,7 @@ def test_web_answer_midstream_error_never_returns_the_partial_text(
     server = answer_server(start_server, fake_upstream, tmp_path,
                            "xai_chat/stream_midstream_error.sse", GROK_MODEL_MAX_ATTEMPTS="2")
     content, result = ask(server)
-    assert_answer_failed(content, result, "max_attempts_exhausted", "upstream", 2)
+    assert_answer_failed(content, result, "max_attempts_exhausted", "upstream_error", 2)
     assert content["grok_error"]["upstream_code"] == "server_error"
     assert "partial" not in result["content"][0]["text"] and content["sources"] == []
 
@@ -7567,7 +7604,9 @@ def test_web_answer_stream_without_end_marker_is_a_broken_stream_and_retried(
     server = answer_server(start_server, fake_upstream, tmp_path, [spec, "xai_chat/stream_ok.sse"])
     content, result = ask(server)
     assert (content["status"], content["content"]) == ("success", CHAT_OK_TEXT)
-    assert [e["kind"] for e in content["diagnostics"]["errors"]] == ["broken_stream"]
+    [error] = content["diagnostics"]["errors"]
+    assert (error["outcome"], error["code"]) == (
+        "bad_response", "truncated_body" if isinstance(spec, dict) and "fixture" in spec else "broken_stream")
     assert "Canb" not in result["content"][0]["text"]
 
 
@@ -7590,7 +7629,7 @@ def test_web_answer_blank_answer_is_an_empty_error_and_retried(
                            [spec, spec, "xai_chat/stream_ok.sse"])
     content, _ = ask(server)
     assert content["content"] == CHAT_OK_TEXT
-    assert [e["kind"] for e in content["diagnostics"]["errors"]] == ["empty", "empty"]
+    assert [e["code"] for e in content["diagnostics"]["errors"]] == ["empty", "empty"]
 
 
 def test_web_answer_blank_answer_every_time_is_an_error(start_server, fake_upstream, tmp_path):
@@ -7679,7 +7718,7 @@ def test_web_answer_failure_has_grok_error_and_full_diagnostics(
     assert (diagnostics["configured_attempts"], diagnostics["attempts"]) == (2, 2)
     assert diagnostics["budget_s"] == 30 and diagnostics["elapsed_s"] < 30
     assert content["grok_error"] == {
-        "kind": "server", "message": content["grok_error"]["message"], "http_status": 500,
+        "outcome": "http_error", "code": "server_error", "message": content["grok_error"]["message"], "http_status": 500,
         "upstream_code": "Internal error", "retryable": True,
         "termination": "max_attempts_exhausted"}
     assert "An internal error occurred" in content["grok_error"]["message"]
@@ -7749,7 +7788,7 @@ def test_web_answer_slow_stream_ends_within_the_total_budget(ring, fake_upstream
     assert clock() - started < 5 + 1
     assert is_error is True and content["content"] == ""
     assert content["diagnostics"]["termination"] in ("total_budget_exhausted", "max_attempts_exhausted")
-    assert content["grok_error"]["kind"] == "timeout"
+    assert content["grok_error"]["outcome"] == "timeout"
     assert content["diagnostics"]["budget_s"] == 5
 
 
@@ -7760,7 +7799,7 @@ def test_web_answer_one_attempt_is_bounded_by_the_single_attempt_timeout(ring, f
     content, _, is_error = tools.web_answer({"query": QUESTION}, new_call(ring))
     assert is_error is True
     assert content["diagnostics"]["attempts"] >= 2, content["diagnostics"]
-    assert all(e["kind"] == "timeout" for e in content["diagnostics"]["errors"])
+    assert all(e["outcome"] == "timeout" for e in content["diagnostics"]["errors"])
     assert fake_upstream.hits("POST", CHAT_PATH) >= 2
 
 
@@ -8777,6 +8816,17 @@ def test_cli_invalid_variable_is_reported_and_exits_two_after_the_output(fake_up
     assert "WEBSEARCH_TIMEOUT_MS='12s' is invalid" in run.err
     assert run.err.startswith("configuration problem:")
     assert run.out.startswith('3 results for "%s" (via tavily)' % CLI_QUERY)
+
+
+@pytest.mark.parametrize("args, status", [(("config", "claude-code"), 1), (("--help",), 1), ((), 0)])
+def test_a_reader_that_closes_stdout_early_gets_no_traceback_and_no_exit_120(args, status):
+    argv, folder = server_command(args)
+    request = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}) + "\n"
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=with_pythonpath(server_env(), folder), cwd=str(SERVER_PATH.parent))
+    proc.stdout.close()                  # the reader is gone before the first byte
+    _, err = proc.communicate(request.encode() * 3, timeout=DEFAULT_TIMEOUT_S)
+    assert (proc.returncode, b"Traceback" in err, b"BrokenPipeError" in err) == (status, False, False), err
 
 
 def test_cli_check_probes_every_vendor_with_outcome_and_latency(fake_upstream):

@@ -71,6 +71,7 @@ UNSUPPORTED_VERSION = -32022
 
 MAX_LINE_BYTES = 16 * 1024 * 1024     # a stdin line longer than this is discarded
 MAX_BODY_BYTES = 5 * 1024 * 1024      # every upstream body, streams too
+LOG_FILE_MAX_BYTES = 5 * 1024 * 1024  # WEBSEARCH_LOG_DIR: the log, then one older file of this size
 MAX_QUERY_CHARS = 1000
 MIN_RESULTS, MAX_RESULTS, DEFAULT_RESULTS = 1, 20, 8
 DEFAULT_FETCH_LENGTH, MAX_FETCH_LENGTH = 20000, 1000000
@@ -146,26 +147,31 @@ class DeadlineExceeded(RingError):
     """The request's overall deadline passed."""
 
 
-class TransportError(RingError):
-    """An HTTP exchange failed below the HTTP status level.
-
-    ``kind`` is one of ``timeout``, ``network``, ``too_large``, ``truncated``,
-    ``redirects``, ``bad_url``, ``blocked_address``, ``proxy``.
-    """
-
-    def __init__(self, kind, message):
-        self.kind = kind
-        self.message = message
-        super().__init__(message)
+# The one failure vocabulary.  Every failed exchange with anything upstream (a search engine, a
+# page, Tavily, the answer model, the transport below them) is an UpstreamError whose ``outcome``
+# is one of these; the outcome alone decides failover, vendor cooldowns, key states and retries,
+# so search, fetch and answers cannot classify one failure two ways.  ``code`` is the finer,
+# machine-readable reason (``invalid_key``, ``truncated_body``, ``unknown_model`` ...).
+OUTCOMES = (
+    "no_results",        # the upstream answered, with nothing usable for this request
+    "rate_limited",      # 429 and its relatives: wait and try again
+    "quota_exhausted",   # credits or plan used up: rest for a long time
+    "auth_error",        # key missing, invalid, forbidden, or the account unusable
+    "http_error",        # any other refusal or server error
+    "bad_response",      # an answer that cannot be read: broken JSON, a cut body, a broken stream
+    "timeout",           # no (complete) answer in time
+    "network_error",     # no exchange: DNS, refused connection, TLS, proxy, bad URL
+    "blocked",           # refused on purpose: a bot challenge, a non-public address, robots.txt
+    "busy",              # our own limit: every upstream slot was taken until the deadline
+)
 
 
 class UpstreamError(RingError):
-    """A vendor answered, or failed to, in a way that counts as a failed attempt.
+    """An upstream exchange that failed, classified: ``outcome`` from :data:`OUTCOMES`.
 
-    ``outcome`` is the attempt outcome (``rate_limited``, ``http_error``,
-    ``timeout``, ``network_error``, ``blocked``, ``no_results``,
-    ``bad_response``, ``quota_exhausted``, ``auth_error``); ``code`` is a finer
-    machine-readable reason.
+    ``service`` names the upstream (a vendor, ``tavily``, ``direct``,
+    ``answer``); ``code`` is the finer reason; ``upstream_code`` the code the
+    upstream itself gave, when it gave one.
     """
 
     def __init__(self, service, outcome, code, message, *, status=None,
@@ -180,6 +186,18 @@ class UpstreamError(RingError):
         self.retry_after_s = retry_after_s
         self.upstream_code = upstream_code
         super().__init__(message)
+
+    def as_dict(self):
+        return {"outcome": self.outcome, "code": self.code, "message": self.message, "http_status": self.status,
+                "upstream_code": self.upstream_code, "retryable": self.retryable}
+
+
+class TransportError(UpstreamError):
+    """An HTTP exchange that failed below the HTTP status level (raised by :class:`Transport`);
+    the caller names the service when it passes the failure on."""
+
+    def __init__(self, outcome, code, message):
+        super().__init__("transport", outcome, code, message, retryable=outcome != "blocked")
 
 
 class RpcError(RingError):
@@ -714,11 +732,13 @@ class Logger:
         self.redact = redact or Redactor()
         self._lock = threading.Lock()
         self._file = None
+        self._path = os.path.join(log_dir, "websearch-ring.log") if log_dir else None
         if log_dir:
             try:
                 os.makedirs(log_dir, exist_ok=True)
-                self._file = open(os.path.join(log_dir, "websearch-ring.log"), "a", encoding="utf-8")
+                self._file = open(self._path, "a", encoding="utf-8")
             except OSError as exc:
+                self._path = None
                 self._write("warning", "cannot open log directory %r: %s" % (log_dir, exc))
         self.listeners = []   # callables (level, text) -> None, e.g. MCP notifications/message
 
@@ -747,8 +767,19 @@ class Logger:
                 try:
                     self._file.write(line)
                     self._file.flush()
+                    if self._file.tell() > LOG_FILE_MAX_BYTES:
+                        self._rotate()
                 except (OSError, ValueError):
                     pass
+
+    def _rotate(self):
+        """The log file grew past LOG_FILE_MAX_BYTES: it becomes ``websearch-ring.log.1`` (replacing
+        the one before) and a new file starts, so the log never holds more than twice the cap."""
+        self._file.close()
+        try:
+            os.replace(self._path, self._path + ".1")
+        finally:
+            self._file = open(self._path, "a", encoding="utf-8")
 
     def debug(self, msg, *a):
         self.log("debug", msg, *a)
@@ -1672,7 +1703,8 @@ class Transport:
             if entry == "*" or (entry and (host == entry.lstrip(".") or host.endswith("." + entry.lstrip(".")))):
                 return None
         if not proxy:
-            raise TransportError("proxy", "%s; fix or unset it (nothing is sent around the proxy)"
+            raise TransportError("network_error", "proxy_error",
+                                 "%s; fix or unset it (nothing is sent around the proxy)"
                                  % cfg.broken_proxies[field])
         return proxy
 
@@ -1696,7 +1728,8 @@ class Transport:
         except (socket.gaierror, UnicodeError) as exc:
             if proxied and isinstance(exc, socket.gaierror):
                 return None
-            raise TransportError("network", "DNS lookup of %s failed (%s)" % (host, exc)) from None
+            raise TransportError("network_error", "connection_error",
+                                 "DNS lookup of %s failed (%s)" % (host, exc)) from None
         refused = []
         for info in infos:
             address = info[4][0]
@@ -1704,8 +1737,9 @@ class Transport:
             if reason is None:
                 return address
             refused.append("%s (%s)" % (address, reason))
-        raise TransportError("blocked_address", "%s resolves to %s: refused; set WEBSEARCH_ALLOW_PRIVATE_URLS=1 "
-                                                "to allow private addresses" % (host, ", ".join(refused) or "nothing"))
+        raise TransportError("blocked", "private_address",
+                             "%s resolves to %s: refused; set WEBSEARCH_ALLOW_PRIVATE_URLS=1 "
+                             "to allow private addresses" % (host, ", ".join(refused) or "nothing"))
 
     def _connect(self, scheme, host, port, timeout_s, address=None):
         import http.client
@@ -1755,10 +1789,10 @@ class Transport:
         try:
             url = iri_to_uri(url)
         except ValueError as exc:
-            raise TransportError("bad_url", "invalid URL %r (%s)" % (url[:200], exc)) from None
+            raise TransportError("network_error", "bad_url", "invalid URL %r (%s)" % (url[:200], exc)) from None
         seen = set()
         trusted = _origin(url)
-        self.slots.acquire(token, deadline)
+        self._take_slot(token, deadline)
         try:
             for _ in range(max_redirects + 1):
                 seen.add(url)
@@ -1770,17 +1804,26 @@ class Transport:
                 try:
                     url = iri_to_uri(urljoin(url, location_url(location)))
                 except ValueError:
-                    raise TransportError("bad_url", "redirect to an invalid URL: %r" % location[:200]) from None
+                    raise TransportError("network_error", "bad_url",
+                                         "redirect to an invalid URL: %r" % location[:200]) from None
                 if url in seen:
-                    raise TransportError("redirects", "redirect loop at %s" % url)
+                    raise TransportError("bad_response", "too_many_redirects", "redirect loop at %s" % url)
                 if response.status == 303 or (response.status in (301, 302) and method == "POST"):
                     method, body = "GET", None
             else:
-                raise TransportError("redirects", "more than %d redirects" % max_redirects)
+                raise TransportError("bad_response", "too_many_redirects", "more than %d redirects" % max_redirects)
             response.elapsed_s = self._clock() - started
             return response
         finally:
             self.slots.release()
+
+    def _take_slot(self, token, deadline):
+        """One of the upstream slots; waiting for one until the deadline is our limit, not the upstream's."""
+        try:
+            self.slots.acquire(token, deadline)
+        except DeadlineExceeded:
+            raise TransportError("busy", "upstream_slots", "every one of the %d upstream slots was busy until the "
+                                 "deadline (WEBSEARCH_MAX_INFLIGHT)" % self.slots.limit) from None
 
     def _take(self, key):
         """An idle kept-alive connection for ``key``, or None."""
@@ -1809,14 +1852,15 @@ class Transport:
             host = parts.hostname
             port = parts.port
         except ValueError:
-            raise TransportError("bad_url", "invalid URL %r" % url) from None
+            raise TransportError("network_error", "bad_url", "invalid URL %r" % url) from None
         if parts.scheme not in ("http", "https") or not host:
-            raise TransportError("bad_url", "not an http(s) URL: %r" % url)
+            raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
         port = port or (443 if parts.scheme == "https" else 80)
         address = None
         if public_only:
             if parts.username is not None or parts.password is not None:
-                raise TransportError("bad_url", "URLs with credentials are refused: %s" % url.split("@")[-1])
+                raise TransportError("network_error", "bad_url",
+                                     "URLs with credentials are refused: %s" % url.split("@")[-1])
             address = self._public_address(host, port, self._proxy_for(parts.scheme, host) is not None)
         url, parts, headers = _credentials_to_header(url, parts, headers)
         if isinstance(body, str):
@@ -1828,7 +1872,7 @@ class Transport:
             if token is not None:
                 token.check()
             if deadline.expired():
-                raise TransportError("timeout", "deadline passed before connecting")
+                raise TransportError("timeout", "timeout", "deadline passed before connecting")
             conn = self._take(key) if attempt == 0 else None
             reused = conn is not None
             absolute = False
@@ -1839,7 +1883,7 @@ class Transport:
                                   deadline, token, max_bytes, truncate)
             except _StaleConnection:
                 continue
-        raise TransportError("network", "the connection was closed before an answer")
+        raise TransportError("network_error", "connection_error", "the connection was closed before an answer")
 
     def _send(self, conn, reused, absolute, key, method, url, parts, headers, body, deadline, token, max_bytes,
               truncate):
@@ -1866,24 +1910,26 @@ class Transport:
             answered = True
             length = resp.getheader("content-length")
             if length and length.isdigit() and int(length) > max_bytes and not truncate:
-                raise TransportError("too_large", "body of %s bytes is over the %d byte cap" % (length, max_bytes))
+                raise TransportError("bad_response", "body_too_large",
+                                     "body of %s bytes is over the %d byte cap" % (length, max_bytes))
             chunks, total = [], 0
             while True:
                 remaining = deadline.remaining()
                 if remaining <= 0:
-                    raise TransportError("timeout", "timed out reading the body")
+                    raise TransportError("timeout", "timeout", "timed out reading the body")
                 chunk = _read_piece(resp, sock, remaining)
                 if not chunk:
                     if token is not None:
                         token.check()    # a cancel shuts the socket: what looks like the end is not
                     if resp.length:   # read1() ends quietly when the peer closes before Content-Length
-                        raise TransportError("truncated", "connection closed with %d of the body's bytes "
-                                                          "missing" % resp.length)
+                        raise TransportError("bad_response", "truncated_body",
+                                             "connection closed with %d of the body's bytes "
+                                             "missing" % resp.length)
                     break
                 total += len(chunk)
                 if total > max_bytes:
                     if not truncate:
-                        raise TransportError("too_large", "body over the %d byte cap" % max_bytes)
+                        raise TransportError("bad_response", "body_too_large", "body over the %d byte cap" % max_bytes)
                     chunks.append(chunk[:max_bytes - (total - len(chunk))])
                     break
                 chunks.append(chunk)
@@ -1904,11 +1950,12 @@ class Transport:
         except http.client.IncompleteRead as exc:
             if token is not None and token.cancelled:
                 raise Cancelled(token.reason or "cancelled") from None
-            raise TransportError("truncated", "connection closed after %d bytes of the body" % len(exc.partial)) from None
+            raise TransportError("bad_response", "truncated_body",
+                                 "connection closed after %d bytes of the body" % len(exc.partial)) from None
         except _TIMEOUTS:
             if token is not None and token.cancelled:
                 raise Cancelled(token.reason or "cancelled") from None
-            raise TransportError("timeout", "timed out waiting for the upstream") from None
+            raise TransportError("timeout", "timeout", "timed out waiting for the upstream") from None
         except (OSError, http.client.HTTPException) as exc:
             if token is not None and token.cancelled:
                 raise Cancelled(token.reason or "cancelled") from None
@@ -1916,8 +1963,8 @@ class Transport:
                                                             http.client.BadStatusLine)):
                 raise _StaleConnection() from None
             if deadline.expired():
-                raise TransportError("timeout", "timed out") from None
-            raise TransportError("network", _describe_os_error(exc)) from None
+                raise TransportError("timeout", "timeout", "timed out") from None
+            raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
         finally:
             if token is not None:
                 token.remove(handle)
@@ -1939,10 +1986,10 @@ class Transport:
         deadline = deadline or Deadline(timeout_s, self._clock)
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise TransportError("bad_url", "not an http(s) URL: %r" % url)
+            raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         url, parts, headers = _credentials_to_header(url, parts, headers or {})
-        self.slots.acquire(token, deadline)
+        self._take_slot(token, deadline)
         conn = handle = None
         try:
             conn, absolute = self._connect(parts.scheme, parts.hostname, port, max(0.05, deadline.clip(timeout_s)))
@@ -1971,9 +2018,9 @@ class Transport:
             if token is not None and token.cancelled:
                 raise Cancelled(token.reason or "cancelled") from None
             if isinstance(exc, _TIMEOUTS) or deadline.expired():
-                raise TransportError("timeout", "timed out waiting for the upstream") from None
+                raise TransportError("timeout", "timeout", "timed out waiting for the upstream") from None
             if isinstance(exc, (OSError, http.client.HTTPException)):
-                raise TransportError("network", _describe_os_error(exc)) from None
+                raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
             raise
 
 
@@ -2003,29 +2050,34 @@ class HttpStream:
             while True:
                 wait = self._deadline.clip(self._timeout_s)
                 if wait <= 0:
-                    raise TransportError("timeout", "the stream outlived its time budget")
+                    raise TransportError("timeout", "timeout", "the stream outlived its time budget")
                 chunk = _read_piece(self._resp, self._sock, wait)
                 if not chunk:
                     self._raise_cancelled()     # a cancel shuts the socket: what looks like the end is not
                     if self._resp.length:
-                        raise TransportError("truncated", "the connection closed with %d bytes of the body "
-                                                          "missing" % self._resp.length)
+                        raise TransportError("bad_response", "truncated_body",
+                                             "the connection closed with %d bytes of the body "
+                                             "missing" % self._resp.length)
                     return
                 self.received += len(chunk)
                 if self.received > self._max_bytes:
-                    raise TransportError("too_large", "stream over the %d byte cap" % self._max_bytes)
+                    raise TransportError("bad_response", "body_too_large",
+                                         "stream over the %d byte cap" % self._max_bytes)
                 yield chunk
         except (TransportError, Cancelled):
             raise
         except http.client.IncompleteRead:
             self._raise_cancelled()
-            raise TransportError("truncated", "the connection closed in the middle of the stream") from None
+            raise TransportError("bad_response", "truncated_body",
+                                 "the connection closed in the middle of the stream") from None
         except _TIMEOUTS:
             self._raise_cancelled()
-            raise TransportError("timeout", "no data from the upstream for %.0f s" % self._timeout_s) from None
+            raise TransportError("timeout", "timeout",
+                                 "no data from the upstream for %.0f s" % self._timeout_s) from None
         except (OSError, http.client.HTTPException, ValueError) as exc:
             self._raise_cancelled()
-            raise TransportError("network", _describe_os_error(exc) if isinstance(exc, OSError) else str(exc)) \
+            raise TransportError("network_error", "connection_error",
+                                 _describe_os_error(exc) if isinstance(exc, OSError) else str(exc)) \
                 from None
 
     def _raise_cancelled(self):
@@ -2191,7 +2243,7 @@ def _open_connection(conn):
             what = "refused the tunnel (%s)" % str(exc).partition(": ")[2]
         else:
             what = "failed: " + _describe_os_error(exc)
-        raise TransportError("proxy", "proxy %s %s" % (proxy, what)) from None
+        raise TransportError("network_error", "proxy_error", "proxy %s %s" % (proxy, what)) from None
 
 
 def _read_piece(resp, sock, wait_s):
@@ -2256,18 +2308,20 @@ def _decompress(raw, max_bytes, truncate=False):
                 if size > max_bytes:
                     if truncate:
                         return b"".join(out)[:max_bytes]
-                    raise TransportError("too_large", "decompressed body over the %d byte cap" % max_bytes)
+                    raise TransportError("bad_response", "body_too_large",
+                                         "decompressed body over the %d byte cap" % max_bytes)
                 if not inflater.eof:
                     if truncate:
                         return b"".join(out)
-                    raise TransportError("truncated", "the compressed body ends before its end marker")
+                    raise TransportError("bad_response", "truncated_body",
+                                         "the compressed body ends before its end marker")
                 rest = inflater.unused_data
                 if not (wbits == 47 and rest[:2] == b"\x1f\x8b"):
                     return b"".join(out)          # no further gzip member; trailing bytes are ignored
         except zlib.error:
             if size:
                 return b"".join(out)              # a damaged member after good ones
-    raise TransportError("network", "body is not valid gzip/deflate data")
+    raise TransportError("bad_response", "bad_encoding", "body is not valid gzip/deflate data")
 
 # ---------------------------------------------------------------------------
 # §7 Streaming LLM client
@@ -2287,26 +2341,9 @@ _UNKNOWN_MODEL = LazyPattern(r"model.{0,60}(not found|does not exist|not exist|u
 _RESPONSES_ONLY = LazyPattern(r"multi-?agent", re.I)
 
 
-class AnswerError(RingError):
-    """One failed answer attempt, classified.
-
-    ``kind``: ``auth``, ``credits``, ``account``, ``model``, ``permission``,
-    ``params``, ``rate_limited``, ``server``, ``network``, ``timeout``,
-    ``broken_stream``, ``empty``, ``incomplete``, ``upstream``.
-    """
-
-    def __init__(self, kind, message, *, status=None, code=None, retryable=False, retry_after_s=None):
-        self.kind = kind
-        self.message = message
-        self.status = status
-        self.code = code
-        self.retryable = retryable
-        self.retry_after_s = retry_after_s
-        super().__init__(message)
-
-    def as_dict(self):
-        return {"kind": self.kind, "message": self.message, "http_status": self.status, "upstream_code": self.code,
-                "retryable": self.retryable}
+def answer_error(outcome, code, message, **kwargs):
+    """A failed answer attempt: an :class:`UpstreamError` of the ``answer`` service."""
+    return UpstreamError("answer", outcome, code, message, **kwargs)
 
 
 def error_fields(data):
@@ -2348,30 +2385,33 @@ def _code_key(text):
 
 
 def classify_answer_error(status, code, message, retryable_codes, retry_after_s=None):
-    """An :class:`AnswerError` from an HTTP status (None inside a 200) and the error's code and message."""
+    """The :class:`UpstreamError` of an answer endpoint's HTTP status (None inside a 200) and error code and message."""
     text = "%s %s" % (code or "", message or "")
+    kw = {"status": status, "upstream_code": code, "retryable": False}
     if _INVALID_KEY.search(text) or status == 401:
-        return AnswerError("auth", "the answer endpoint rejected GROK_API_KEY: " + message, status=status, code=code)
+        return answer_error("auth_error", "invalid_key", "the answer endpoint rejected GROK_API_KEY: " + message, **kw)
     if _CREDITS.search(text) or status == 402:
-        return AnswerError("credits", "the answer account has no credits left: " + message, status=status, code=code)
+        return answer_error("quota_exhausted", "no_credits", "the answer account has no credits left: " + message,
+                            **kw)
     if _DEAD_ACCOUNT.search(text):
-        return AnswerError("account", "the relay's upstream account is unusable: " + message, status=status,
-                           code=code)
+        return answer_error("auth_error", "account_unusable", "the relay's upstream account is unusable: " + message,
+                            **kw)
     if _UNKNOWN_MODEL.search(text) or status == 404:
-        return AnswerError("model", "unknown model: " + message, status=status, code=code)
+        return answer_error("http_error", "unknown_model", "unknown model: " + message, **kw)
     if status == 403 or (status is None and code and "permission" in code.lower()):
-        return AnswerError("permission", "no permission: " + message, status=status, code=code)
+        return answer_error("auth_error", "forbidden", "no permission: " + message, **kw)
     if status in (400, 405, 410, 413, 415, 422):
-        return AnswerError("params", "the endpoint refused the request: " + message, status=status, code=code)
+        return answer_error("http_error", "bad_parameters", "the endpoint refused the request: " + message, **kw)
+    kw.update(retryable=True, retry_after_s=retry_after_s)
+    if status == 429:
+        return answer_error("rate_limited", "rate_limited", message, **kw)
+    if status == 408 or (status is not None and status >= 500):
+        return answer_error("http_error", "server_error", message, **kw)
     wanted = {_code_key(c) for c in retryable_codes}
-    if status in (408, 429) or (status is not None and status >= 500):
-        return AnswerError("rate_limited" if status == 429 else "server", message, status=status, code=code,
-                           retryable=True, retry_after_s=retry_after_s)
     said = _code_key(message)
-    if _code_key(code or "") in wanted or any(c in said for c in wanted if len(c) > 6):
-        return AnswerError("upstream", message, status=status, code=code, retryable=True,
-                           retry_after_s=retry_after_s)
-    return AnswerError("upstream", message, status=status, code=code, retryable=False)
+    if not (_code_key(code or "") in wanted or any(c in said for c in wanted if len(c) > 6)):
+        kw.update(retryable=False, retry_after_s=None)
+    return answer_error("http_error", "upstream_error", message, **kw)
 
 
 class AnswerResult:
@@ -2396,7 +2436,7 @@ class AnswerStreamParser:
 
     A stream counts only with its end marker: ``[DONE]`` or a ``finish_reason``
     (chat), ``response.completed`` (responses).  An error chunk or event
-    raises :class:`AnswerError` at once.
+    raises a classified :class:`UpstreamError` at once.
     """
 
     def __init__(self, protocol, retryable_codes, on_text=None):
@@ -2490,8 +2530,8 @@ class AnswerStreamParser:
             self._fail((str(err.get("code") or "failed"), str(err.get("message") or "the response failed")))
         if kind == "response.incomplete":
             reason = ((response or {}).get("incomplete_details") or {}).get("reason") or "unknown"
-            raise AnswerError("incomplete", "the response stopped early (%s)" % reason, code=reason,
-                              retryable=False)
+            raise answer_error("bad_response", "incomplete", "the response stopped early (%s)" % reason,
+                               upstream_code=reason, retryable=False)
         if kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
             self.parts.append(data["delta"])
             if self.on_text is not None:
@@ -2555,7 +2595,7 @@ def answer_payload(config, protocol, model, system, user):
 def stream_answer(transport, config, protocol, model, system, user, token, deadline, timeout_s, on_text=None):
     """One streamed answer attempt; returns a complete :class:`AnswerResult`.
 
-    Raises :class:`AnswerError` (classified, with ``retryable``) or
+    Raises :class:`UpstreamError` (classified, with ``retryable``) or
     :class:`Cancelled`.  The whole body is read and parsed before anything is
     returned: a stream without its end marker is an error, never an answer.
     """
@@ -2586,24 +2626,24 @@ def stream_answer(transport, config, protocol, model, system, user, token, deadl
                 try:
                     data = json.loads(stream.read().decode("utf-8", "replace"))
                 except ValueError:
-                    raise AnswerError("upstream", "the endpoint answered 200 with neither a stream nor JSON",
-                                      status=200, retryable=True) from None
+                    raise answer_error("bad_response", "invalid_json",
+                                       "the endpoint answered 200 with neither a stream nor JSON",
+                                       status=200, retryable=True) from None
                 if protocol == "chat" or "choices" in data:
                     parser.protocol = "chat"
                     parser._chat(data)
                 else:
                     parser._responses({"type": "response.completed", "response": data})
     except TransportError as exc:
-        kind = {"timeout": "timeout", "truncated": "broken_stream"}.get(exc.kind, "network")
-        raise AnswerError(kind, exc.message, retryable=exc.kind != "bad_url") from None
+        raise answer_error(exc.outcome, exc.code, exc.message, retryable=exc.code != "bad_url") from None
     except DeadlineExceeded as exc:
-        raise AnswerError("timeout", str(exc), retryable=True) from None
+        raise answer_error("timeout", "deadline", str(exc), retryable=True) from None
     if not parser.done:
-        raise AnswerError("broken_stream", "the stream ended without its end marker after %d characters" % len(
-            "".join(parser.parts)), retryable=True)
+        raise answer_error("bad_response", "broken_stream", "the stream ended without its end marker after %d "
+                           "characters" % len("".join(parser.parts)), retryable=True)
     result = parser.result()
     if not result.content.strip():
-        raise AnswerError("empty", "the model returned an empty answer", retryable=True)
+        raise answer_error("no_results", "empty", "the model returned an empty answer", retryable=True)
     result.model = result.model or model
     return result
 
@@ -3575,38 +3615,43 @@ class KeyPool:
                 token.remove(handle)
 
     def release(self, key, probe, outcome, retry_after_s=None, message=None):
-        """Record how a request with ``key`` ended.
+        """Record how a request with ``key`` ended: ``success``, ``cancelled``, ``no_results``
+        or a failure from :data:`OUTCOMES`.
 
-        ``outcome``: ``success``, ``invalid`` (401/403), ``rate_limited`` (429),
-        ``quota`` (432/433), ``params`` (400/422: the request's fault, no key
-        penalty), ``service`` (5xx) or ``network``, ``cancelled``.
+        ``auth_error`` makes the key invalid, ``rate_limited`` rests it for
+        Retry-After (or the key cooldown), ``quota_exhausted`` for the quota
+        cooldown; the request's own fault (``None``: a 400 or 422) costs the
+        key nothing; the others count towards the service breaker, answer
+        failures (``http_error``, ``bad_response``) and connection failures
+        (``timeout``, ``network_error``, ``blocked``) apart.
         """
         opened = False
         with self._cond:
             key.busy -= 1
             now = self._clock()
-            if outcome == "success":
+            if outcome in ("success", "no_results"):
                 self.breaker.success_locked()
-            elif outcome == "invalid":
+            elif outcome == "auth_error":
                 key.state, key.last_error = KeyState.INVALID, message
             elif outcome == "rate_limited":
                 key.state, key.until = KeyState.COOLDOWN, now + (retry_after_s or self.key_cooldown_s)
                 key.last_error = message
-            elif outcome == "quota":
+            elif outcome == "quota_exhausted":
                 key.state, key.until = KeyState.QUOTA_EXHAUSTED, now + max(retry_after_s or 0, self.quota_cooldown_s)
                 key.last_error = message
-            elif outcome in ("service", "network"):
+            elif outcome in ("http_error", "bad_response", "timeout", "network_error", "blocked"):
                 key.last_error = message
-                opened = self.breaker.failure_locked(key.fp, outcome, probe)
+                kind = "service" if outcome in ("http_error", "bad_response") else "network"
+                opened = self.breaker.failure_locked(key.fp, kind, probe)
             elif probe:
                 self.breaker.release_probe_locked()
             self._cond.notify_all()
             state = key.state
-        if outcome in ("invalid", "rate_limited", "quota"):
+        if outcome in ("auth_error", "rate_limited", "quota_exhausted"):
             self.log.warning("%s key %s is now %s (%s)", self.service, key.fp, state.value, message or outcome)
         if opened:
             self.log.warning("%s circuit breaker open for %.0f s: distinct keys failed with %s errors",
-                             self.service, self.breaker.cooldown_s, outcome)
+                             self.service, self.breaker.cooldown_s, self.breaker.kind)
 
     def describe_locked(self, now=None):
         now = self._clock() if now is None else now
@@ -3979,18 +4024,6 @@ def exhausted_window(headers):
     return max(waits) if waits else None
 
 
-_TRANSPORT_OUTCOMES = {
-    "timeout": ("timeout", "timeout"),
-    "network": ("network_error", "connection_error"),
-    "too_large": ("bad_response", "body_too_large"),
-    "truncated": ("bad_response", "truncated_body"),
-    "redirects": ("bad_response", "too_many_redirects"),
-    "bad_url": ("network_error", "bad_url"),
-    "blocked_address": ("blocked", "private_address"),
-    "proxy": ("network_error", "proxy_error"),
-}
-
-
 def call_upstream(service, transport, method, url, *, token, deadline, timeout_s, headers=None, body=None,
                   max_redirects=0, **options):
     """One request through the transport; transport failures become :class:`UpstreamError`."""
@@ -3998,8 +4031,7 @@ def call_upstream(service, transport, method, url, *, token, deadline, timeout_s
         return transport.request(method, url, headers=headers, body=body, timeout_s=timeout_s,
                                  deadline=deadline, token=token, max_redirects=max_redirects, **options)
     except TransportError as exc:
-        outcome, code = _TRANSPORT_OUTCOMES.get(exc.kind, ("network_error", exc.kind))
-        raise UpstreamError(service, outcome, code, exc.message, retryable=outcome != "blocked") from None
+        raise UpstreamError(service, exc.outcome, exc.code, exc.message, retryable=exc.retryable) from None
     except DeadlineExceeded as exc:
         raise UpstreamError(service, "timeout", "deadline", str(exc)) from None
 
@@ -4244,10 +4276,6 @@ class TavilyClient:
     """
 
     service = "tavily"
-    # UpstreamError outcome -> what the key pool records.
-    _POOL_OUTCOME = {"auth_error": "invalid", "rate_limited": "rate_limited", "quota_exhausted": "quota",
-                     "http_error": "service", "bad_response": "service", "timeout": "network",
-                     "network_error": "network", "blocked": "network"}
 
     def __init__(self, config, transport, logger, clock=time.monotonic):
         self.config = config
@@ -4294,10 +4322,10 @@ class TavilyClient:
                 return result
             except UpstreamError as exc:
                 last, wait, message = exc, exc.retry_after_s, exc.message
-                outcome = "params" if exc.code in ("bad_parameters", "not_found") else \
-                    self._POOL_OUTCOME.get(exc.outcome, "service")
-                if outcome == "params":
+                if exc.code in ("bad_parameters", "not_found"):   # the request's fault, not the key's
+                    outcome = None
                     raise
+                outcome = exc.outcome
             finally:
                 self.pool.release(key, probe, outcome, wait, message)
             if token is not None:
@@ -5886,7 +5914,7 @@ class HealthBoard:
     """
 
     # Outcomes that say nothing about the vendor's health.
-    NEUTRAL = frozenset({"success", "no_results", "cancelled"})
+    NEUTRAL = frozenset({"success", "no_results", "cancelled", "busy"})
 
     def __init__(self, config, logger, clock=time.monotonic):
         self.config = config
@@ -7339,8 +7367,8 @@ class AnswerTools:
                 key, lambda token, emit: self._answer(query, platform, model, protocol, extra, token, emit),
                 call.token, Deadline(self.config.answer_budget_s + 10.0, self._clock), call.progress)
         except DeadlineExceeded as exc:
-            outcome, how = {"result": None, "error": AnswerError("timeout", str(exc)), "evidence_error": None,
-                            "diagnostics": {"termination": "total_budget_exhausted"}}, "own"
+            outcome, how = {"result": None, "error": answer_error("timeout", "deadline", str(exc)),
+                            "evidence_error": None, "diagnostics": {"termination": "total_budget_exhausted"}}, "own"
         return self._answer_result(call, query, model, protocol, outcome, how == "shared", started)
 
     def _answer(self, query, platform, model, protocol, extra, token, emit):
@@ -7360,8 +7388,8 @@ class AnswerTools:
                 found = self.ring.search(query, extra, None, token, budget.child(self.config.deadline_s))
                 if found["ok"]:
                     known = self.log.redact.known      # a key a page echoed is not passed on to the model
-                    evidence = [{"title": known(r["title"]), "url": known(r["url"]), "snippet": known(r["snippet"][:500])}
-                                for r in found["results"]]
+                    evidence = [{"title": known(r["title"]), "url": known(r["url"]),
+                                 "snippet": known(r["snippet"][:500])} for r in found["results"]]
                 else:
                     evidence_error = "the search ring found no evidence (%s)" % ", ".join(
                         "%s: %s" % (a["vendor"], a["outcome"]) for a in found["attempts"])
@@ -7376,9 +7404,9 @@ class AnswerTools:
             except DeadlineExceeded:
                 diagnostics["queue_wait_s"] = round(self._clock() - queued_at, 3)
                 diagnostics["termination"] = "concurrency_queue_timeout"
-                error = AnswerError("timeout", "waited for one of %d answer slots until the budget of %d s ran "
-                                    "out" % (self.config.grok_concurrency, self.config.answer_budget_s),
-                                    retryable=True)
+                error = answer_error("busy", "answer_slots", "waited for one of %d answer slots until the budget of "
+                                     "%d s ran out" % (self.config.grok_concurrency, self.config.answer_budget_s),
+                                     retryable=True)
                 return {"result": None, "error": error, "evidence": evidence, "evidence_error": evidence_error,
                         "diagnostics": diagnostics}
             diagnostics["queue_wait_s"] = round(self._clock() - queued_at, 3)
@@ -7410,11 +7438,11 @@ class AnswerTools:
                                        attempt_deadline, attempt_deadline.remaining(), on_text)
                 diagnostics["termination"] = "completed"
                 return result, None
-            except AnswerError as exc:
+            except UpstreamError as exc:
                 token.check()
                 error = exc
                 diagnostics["errors"].append(dict(exc.as_dict(), attempt=attempt))
-                self.log.info("answer attempt %d failed: %s (%s)", attempt, exc.kind, exc.message[:200])
+                self.log.info("answer attempt %d failed: %s/%s (%s)", attempt, exc.outcome, exc.code, exc.message[:200])
                 if not exc.retryable:
                     diagnostics["termination"] = "non_retryable_error"
                     break
@@ -7432,7 +7460,7 @@ class AnswerTools:
                 self._sleep(token, wait)
         if diagnostics["termination"] is None:
             diagnostics["termination"] = "total_budget_exhausted"
-        return None, error or AnswerError("timeout", "the answer budget ran out", retryable=True)
+        return None, error or answer_error("timeout", "budget", "the answer budget ran out", retryable=True)
 
     def _answer_result(self, call, query, model, protocol, outcome, shared, started):
         result, error = outcome["result"], outcome["error"]
@@ -7447,7 +7475,7 @@ class AnswerTools:
             s.update(status_fields("error", code, error_detail(
                 code, "no answer (%s): %s" % (termination, error.message if error else "unknown"), "web_answer",
                 retryable=bool(error and error.retryable), http_status=error.status if error else None,
-                upstream_code=error.code if error else None, diagnostics=diagnostics)))
+                upstream_code=error.upstream_code if error else None, diagnostics=diagnostics)))
             s["grok_error"] = dict(error.as_dict() if error else {}, termination=termination)
             s["duration_ms"] = round((self._clock() - started) * 1000.0, 2)
             return s, "Answer failed (%s): %s" % (termination, error.message if error else "unknown"), True
@@ -8718,5 +8746,30 @@ def _stop_on_signals():
                 pass
 
 
+def run_main():
+    """:func:`main` as a process: its status, also when the reader closed stdout early
+    (``search ... | head -1``, a client that went away). Such output is lost, not an error of
+    ours: stdout is pointed at the null device so the interpreter's last flush cannot fail
+    (which would exit 120 with a traceback). A command whose output was cut exits 1; the
+    server exits as it would have (its stdout is its client's, and the client left)."""
+    status = 1
+    try:
+        status = main()
+        sys.stdout.flush()
+        return status
+    except OSError as exc:
+        # Windows reports a write to a pipe whose reader left as EINVAL.
+        if not isinstance(exc, BrokenPipeError) and not (os.name == "nt" and exc.errno == 22):
+            raise
+        if sys.argv[1:]:
+            status = 1
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    return status
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main())
