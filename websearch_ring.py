@@ -991,7 +991,8 @@ VARIABLES = (
         "Least severe stderr log level: debug, info, notice, warning, error, critical."),
     Var("GROK_DEBUG", "debug", "bool", "0", "1 turns on debug logging (same as GROK_LOG_LEVEL=debug)."),
     Var("GROK_LOG_DIR", "log_dir", "str", "",
-        "Folder for a websearch-ring.log copy of the stderr log. Unset: stderr only."),
+        "Folder for a websearch-ring.log copy of the stderr log (at 5 MB it becomes websearch-ring.log.1). "
+        "Unset: stderr only."),
 )
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
