@@ -5261,6 +5261,23 @@ def test_keyless_engine_redirect_to_a_non_public_address_is_refused_before_conne
     assert (attempt["outcome"], attempt["code"]) == ("blocked", "private_address"), attempt
 
 
+def test_a_redirect_to_another_origin_never_carries_the_key_headers(ring, fake_upstream, upstreams):
+    other = upstreams()
+    other.route("GET", "/landing", {"body": "ok"})
+    fake_upstream.route("GET", "/api", {"status": 302, "headers": {"Location": other.url + "/landing"}})
+    fake_upstream.route("GET", "/here", {"status": 302, "headers": {"Location": "/api2"}})
+    fake_upstream.route("GET", "/api2", {"body": "same origin"})
+    transport = inprocess_transport(ring, WEBSEARCH_ALLOW_PRIVATE_URLS="1")
+    keys = {"Authorization": "Bearer k-123456789", "X-Subscription-Token": "t-123456789", "X-API-KEY": "x-1234567",
+            "Accept": "text/html"}
+    for path in ("/api", "/here"):
+        assert transport.request("GET", fake_upstream.url + path, headers=keys, max_redirects=2).status == 200
+    [moved] = other.requests_to("GET", "/landing")
+    assert [moved.header(h) for h in keys] == [None, None, None, "text/html"]
+    [kept] = fake_upstream.requests_to("GET", "/api2")
+    assert [kept.header(h) for h in keys] == list(keys.values())
+
+
 def test_configured_engine_on_a_private_address_may_redirect_to_itself(ring, fake_upstream):
     fake_upstream.route("GET", "/search", {"status": 301, "headers": {"Location": "/searxng/search?format=json"}})
     fake_upstream.route("GET", "/searxng/search", "searxng/success.json")

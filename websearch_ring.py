@@ -1809,6 +1809,8 @@ class Transport:
                                          "redirect to an invalid URL: %r" % location[:200]) from None
                 if url in seen:
                     raise TransportError("bad_response", "too_many_redirects", "redirect loop at %s" % url)
+                if _origin(url) != trusted and headers:      # a key is for the host it was configured for
+                    headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
                 if response.status == 303 or (response.status in (301, 302) and method == "POST"):
                     method, body = "GET", None
             else:
@@ -2138,6 +2140,10 @@ _NON_PUBLIC = (
     ("3fff::/20", "reserved"), ("5f00::/16", "reserved"), ("fc00::/7", "private"),
     ("fe80::/10", "link-local"), ("fec0::/10", "private"), ("ff00::/8", "multicast"),
 )
+
+
+# Request headers that carry a key or a session: never sent on to another origin by a redirect.
+_CREDENTIAL_HEADERS = frozenset(("authorization", "cookie", "x-api-key", "x-subscription-token"))
 
 
 def _credentials_to_header(url, parts, headers):
