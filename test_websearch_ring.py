@@ -4241,6 +4241,18 @@ def test_outgoing_masks_error_fields_fully_and_document_fields_only_for_what_lea
     assert redact("my-own-secretXYZ, my-own-secret") == "my-own-secretXYZ, my-o\u2026e-42"
 
 
+def test_needed_finds_whatever_outgoing_would_mask_in_the_json_text(ring):
+    redact = ring.Redactor(['q"uo\\te-s\u00e9cret-1'], ["p@ss\u00fcword"])
+    for message in ({"m": 'x q"uo\\te-s\u00e9cret-1 y'}, {"m": "cut: q\"uo\\te-s"}, {"m": "pw p@ss\u00fcword"},
+                    {"m": "Authorization: Bearer\nabcdefghijk9"}, {"url": "http://u:p@h/"},
+                    {"m": "tvly-abcdefgh1234"}):
+        for text in (json.dumps(message, ensure_ascii=False), json.dumps(message)):
+            assert redact.needed(text), text
+            assert redact.outgoing(message) != message
+    plain = {"results": [{"title": "Basic task-management", "url": "https://example.com/risk-sk-a"}]}
+    assert not redact.needed(json.dumps(plain)) and redact.outgoing(plain) == plain
+
+
 def test_mask_url_credentials_finds_every_url_in_text_and_runs_in_linear_time(ring):
     assert ring.mask_url_credentials("a http://u:p@ss@h/x, https://x:y@z and ftp://anon@h") == \
         "a http://u:****@h/x, https://x:****@z and ftp://anon@h"
