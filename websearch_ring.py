@@ -299,7 +299,7 @@ class Redactor:
     def needed(self, text):
         """False when the JSON text of a message holds nothing :meth:`outgoing` would change:
         the common case, found by one scan of the text instead of a walk over every string."""
-        if any(head in text for head in self._heads) or ("@" in text and "://" in text):
+        if any(head in text for head in self._heads) or ("@" in text and _URL_USERINFO.search(text)):
             return True
         return any(marker in text for marker in _SECRET_MARKERS) and _SECRET_PATTERNS.search(text) is not None
 
@@ -415,6 +415,8 @@ def mask_url_credentials(text, mask="****"):
 
 
 _AUTHORITY_END = LazyPattern(r"[/?#\\\s\"'<>`]")
+# A URL that may carry user-info, also inside JSON text (where quotes come escaped).
+_URL_USERINFO = LazyPattern(r"://[^\s/?#@<>]*@")
 
 
 def fingerprint(secret):
