@@ -3409,6 +3409,8 @@ def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
                 return ""
             kind, count = self.lists[-1]
             indent = "  " * min(len(self.lists) - 1, _MAX_LIST_INDENT)
+            if plain:          # plain text has no markup: an item is a line, nesting is its indent
+                return indent
             return indent + ("%d. " % count if kind == "ol" else "- ")
 
         def handle_data(self, data):
