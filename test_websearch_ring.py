@@ -6347,6 +6347,54 @@ def test_web_fetch_direct_pages_through_a_document_from_the_cache(start_server, 
     assert fake_upstream.hits("GET", "/article") == 1
 
 
+def test_web_fetch_urls_reads_several_pages_at_once_each_with_its_own_result(start_server, fake_upstream):
+    html = {"Content-Type": "text/html; charset=utf-8"}
+
+    def slow_page(exchange):
+        with fake_upstream.visit("page"):
+            fake_upstream.pause(0.3)
+        exchange.reply(200, html["Content-Type"], ("<title>%s</title><p>The text of %s is here.</p>" % (
+            exchange.route_path, exchange.route_path)).encode())
+    fake_upstream.route("GET", "/p/", slow_page, prefix=True)
+    fake_upstream.route("GET", "/gone", {"status": 404, "headers": html, "body": "<p>no</p>"})
+    base = fake_upstream.url
+    urls = [base + "/p/1", base + "/gone", base + "/p/2", base + "/p/3", base + "/p/1"]
+    server = start_server(direct_env())
+    server.initialize()
+    response = server.call_tool("web_fetch", {"urls": urls, "max_length": 12}, meta={"progressToken": "many"})
+    content, result = structured(response), tool_result(response)
+    assert (content["status"], content["error"], result["isError"]) == ("partial_success", "some_pages_failed", False)
+    assert (content["succeeded"], content["failed"]) == (4, 1)
+    assert [r["url"] for r in content["results"]] == urls
+    assert [r["status"] for r in content["results"]] == ["success", "error", "success", "success", "success"]
+    first = content["results"][0]
+    assert (first["title"], first["content"], first["next_start_index"]) == ("/p/1", "The text of ", 12)
+    assert content["results"][1]["error"] == "not_found"
+    assert fake_upstream.max_active >= 2 and fake_upstream.hits("GET", "/p/1") == 1     # concurrent, coalesced
+    notes = [n["params"] for n in server.notifications
+             if n["method"] == "notifications/progress" and n["params"].get("progressToken") == "many"]
+    assert [n["progress"] for n in notes] == [1, 2, 3, 4, 5] and all(n["total"] == 5 for n in notes)
+    text = result["content"][0]["text"]
+    assert text.startswith("4 of 5 pages fetched.") and "=== 2. %s/gone (error) ===" % base in text
+    again, _ = call_fetch(server, base + "/p/2", start_index=12)
+    assert again["cached"] is True and again["content"].startswith("/p/2 is here")
+
+
+@pytest.mark.parametrize("args, path, code", [
+    ({"url": "https://a.example/", "urls": ["https://b.example/"]}, "/url", "required"),
+    ({}, "/url", "required"),
+    ({"urls": []}, "/urls", "type"),
+    ({"urls": ["https://a.example/%d" % i for i in range(11)]}, "/urls", "type"),
+    ({"urls": "https://a.example/"}, "/urls", "type"),
+    ({"urls": ["https://a.example/", "ftp://b.example/"]}, "/urls/1", "scheme"),
+])
+def test_web_fetch_urls_arguments_are_checked(ring, args, path, code):
+    config = ring.Config.from_env({})
+    tools = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring)).page_tools
+    content, _, is_error = tools.web_fetch(args, new_call(ring))
+    assert is_error is True and issue_codes(content) == {path: code}
+
+
 def test_web_fetch_start_index_past_the_end_is_an_error_with_the_length(start_server, fake_upstream):
     fake_upstream.route("GET", "/article", {"headers": {"Content-Type": "text/html"}, "body": WAL_ARTICLE})
     server = start_server(direct_env())

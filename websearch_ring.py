@@ -75,6 +75,7 @@ LOG_FILE_MAX_BYTES = 5 * 1024 * 1024  # WEBSEARCH_LOG_DIR: the log, then one old
 MAX_QUERY_CHARS = 1000
 MIN_RESULTS, MAX_RESULTS, DEFAULT_RESULTS = 1, 20, 8
 DEFAULT_FETCH_LENGTH, MAX_FETCH_LENGTH = 20000, 1000000
+MAX_FETCH_URLS = 10                   # web_fetch urls: pages per call
 MAX_ANSWER_QUERY_CHARS = 4000
 MIN_ATTEMPT_S = 1.0          # an answer attempt with less time than this left is not started
 DEFAULT_MODEL = "grok-4-fast"
@@ -6788,6 +6789,9 @@ WEB_FETCH_INPUT = {
     "type": "object",
     "properties": {
         "url": {"type": "string", "description": "Absolute http:// or https:// URL of the page."},
+        "urls": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_FETCH_URLS,
+                 "description": "Instead of url: up to %d pages fetched at once, each with its own result "
+                                "(start_index and max_length apply to each)." % MAX_FETCH_URLS},
         "start_index": {"type": "integer", "minimum": 0, "default": 0,
                         "description": "Character offset to start from: pass next_start_index of the previous "
                                        "page to continue a long document."},
@@ -6796,7 +6800,6 @@ WEB_FETCH_INPUT = {
         "format": {"type": "string", "enum": ["markdown", "text", "html"], "default": "markdown",
                    "description": "markdown (default), plain text, or the page's raw HTML."},
     },
-    "required": ["url"],
     "additionalProperties": False,
 }
 
@@ -6817,6 +6820,9 @@ WEB_FETCH_OUTPUT = {
         "cached": {"type": "boolean", "description": "Served from the extracted-document cache."},
         "coalesced": {"type": "boolean"},
         "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
+        "results": {"type": "array", "items": {"type": "object"},
+                    "description": "With urls: one result per URL, in order, each shaped like a single fetch."},
+        "succeeded": {"type": "integer"}, "failed": {"type": "integer"},
         "validation": {"type": "object"},
     }),
     "required": ["status", "partial", "error"],
@@ -6865,9 +6871,34 @@ WEB_MAP_OUTPUT = {
 
 def validate_url_arg(args, issues, name="url"):
     """An absolute http(s) URL without credentials from ``args[name]``, or None with issues added."""
+    return validate_url(args.get(name), "/" + name, name, issues)
+
+
+def validate_urls_arg(args, issues):
+    """``web_fetch``'s page list: ``url`` or ``urls`` (1 to MAX_FETCH_URLS), exactly one of them.
+
+    Returns the URLs (None when the arguments are invalid, with issues added)
+    and whether they came as a list.
+    """
+    if ("url" in args) == ("urls" in args):
+        issues.append(issue("/url", "required", "pass either url (one page) or urls (a list of pages)",
+                            "e.g. {\"url\": \"https://example.com/\"} or {\"urls\": [\"https://a/\", \"https://b/\"]}"))
+        return None, "urls" in args
+    if "url" in args:
+        url = validate_url_arg(args, issues)
+        return (None if url is None else [url]), False
+    value = args["urls"]
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_FETCH_URLS:
+        issues.append(issue("/urls", "type", "urls must be a list of 1 to %d URLs" % MAX_FETCH_URLS,
+                            "pass at most %d URLs per call" % MAX_FETCH_URLS))
+        return None, True
+    urls = [validate_url(item, "/urls/%d" % i, "urls[%d]" % i, issues) for i, item in enumerate(value)]
+    return (None if None in urls else urls), True
+
+
+def validate_url(value, path, name, issues):
+    """``value`` as an absolute http(s) URL without credentials, or None with an issue at ``path``."""
     from urllib.parse import urlsplit
-    value = args.get(name)
-    path = "/" + name
     if value is None:
         issues.append(issue(path, "required", "%s is required" % name, "pass an absolute https:// URL"))
         return None
@@ -6943,7 +6974,7 @@ class PageTools:
         started = self._clock()
         issues = []
         _unknown_args(args, WEB_FETCH_INPUT, issues)
-        url = validate_url_arg(args, issues)
+        urls, many = validate_urls_arg(args, issues)
         start = _int_arg(args, "start_index", 0, 10 ** 12, 0, issues)
         length = _int_arg(args, "max_length", 1, MAX_FETCH_LENGTH, DEFAULT_FETCH_LENGTH, issues)
         fmt = args.get("format", "markdown")
@@ -6952,6 +6983,67 @@ class PageTools:
                                 "use 'markdown' (default), 'text' or 'html'"))
         if issues:
             return validation_result("web_fetch", issues, {"request_id": call.request_id})
+        if not many:
+            return self._fetch_page(urls[0], fmt, start, length, call, started, inline)
+        if inline:
+            return None
+        return self._fetch_pages(urls, fmt, start, length, call, started)
+
+    def _fetch_pages(self, urls, fmt, start, length, call, started):
+        """web_fetch with ``urls``: every page at once (the upstream slots bound the concurrency),
+        each with its own result; ``partial_success`` when some fail, a progress note per page done."""
+        results = [None] * len(urls)
+        done, lock = [0], threading.Lock()
+
+        def one(i):
+            try:
+                results[i] = self._fetch_page(urls[i], fmt, start, length, Call(call.token), self._clock())
+            except Cancelled:
+                return
+            except Exception as exc:         # one page's bug must not lose the others
+                self.log.error("web_fetch of %s failed internally: %s: %s", urls[i], type(exc).__name__, exc)
+                results[i] = self._fetch_error(call, urls[i], fmt, "internal_error", "%s: %s" % (
+                    type(exc).__name__, exc), [], started, False)
+            with lock:
+                done[0] += 1
+                if call.progress is not None:
+                    call.progress(done[0], len(urls), "%d of %d pages fetched" % (done[0], len(urls)))
+        threads = [threading.Thread(target=one, args=(i,), name="web_fetch-%d" % i, daemon=True)
+                   for i in range(1, len(urls))]
+        for thread in threads:
+            thread.start()
+        one(0)
+        for thread in threads:
+            thread.join()
+        call.token.check()
+        for i, result in enumerate(results):
+            if result is None:              # its shared fetch was cancelled by everyone else
+                results[i] = self._fetch_error(call, urls[i], fmt, "fetch_failed", "the fetch was cancelled",
+                                               [], started, True)
+        pages = []
+        for (s, _, _), url in zip(results, urls):
+            s = dict(s, url=url)
+            s.pop("request_id", None)
+            pages.append(s)
+        failed = sum(1 for p in pages if p["status"] == "error")
+        if failed == len(pages):
+            s = status_fields("error", "fetch_failed", error_detail(
+                "fetch_failed", "none of the %d pages could be fetched" % len(pages), "web_fetch",
+                retryable=any(p["error_detail"] and p["error_detail"]["retryable"] for p in pages)))
+        elif failed:
+            s = status_fields("partial_success", "some_pages_failed", error_detail(
+                "some_pages_failed", "%d of %d pages could not be fetched" % (failed, len(pages)), "web_fetch"))
+        else:
+            s = status_fields("success")
+        s.update({"request_id": call.request_id, "duration_ms": round((self._clock() - started) * 1000.0, 2),
+                  "format": fmt, "results": pages, "succeeded": len(pages) - failed, "failed": failed})
+        blocks = ["%d of %d pages fetched." % (len(pages) - failed, len(pages))]
+        for i, ((_, text, _), page) in enumerate(zip(results, pages), 1):
+            blocks.append("=== %d. %s (%s) ===\n%s" % (i, page["url"], page["status"], text))
+        return s, "\n\n".join(blocks), failed == len(pages)
+
+    def _fetch_page(self, url, fmt, start, length, call, started, inline=False):
+        """One page of one document: from the cache, or fetched once however many ask at the same time."""
         key = ("web_fetch", url, fmt)
 
         def work(flight_token, emit):
@@ -7204,8 +7296,9 @@ TOOLS = (
         ("Fetch one web page (http/https) and return its main content as clean Markdown (or plain text or "
          "raw HTML), paged: long documents come in pieces of max_length characters; call again with "
          "start_index = next_start_index for the next piece (served from cache, no refetch). Use it after "
-         "web_search to read a result in full. Uses Tavily Extract when a key is set, else a built-in "
-         "extractor that refuses private network addresses."),
+         "web_search to read a result in full; pass urls (up to %d) instead of url to read several pages in "
+         "one call. Uses Tavily Extract when a key is set, else a built-in extractor that refuses private "
+         "network addresses." % MAX_FETCH_URLS),
         WEB_FETCH_INPUT, WEB_FETCH_OUTPUT),
     tool_entry(
         "web_map", "Map a site's URLs",
