@@ -649,9 +649,10 @@ class FakeTavily(FakeUpstream):
 
     name = "fake-tavily"
 
-    def __init__(self, *, latency_s=0.0, slow_s=SLOW_QUERY_S):
+    def __init__(self, *, latency_s=0.0, slow_s=SLOW_QUERY_S, pages_at=None):
         super().__init__(latency_s=latency_s)
         self.slow_s = slow_s
+        self.pages_at = pages_at     # a FakeSite URL: results link to its articles instead of *.test hosts
         self.route("POST", "/search", self._search)
 
     def _search(self, request):
@@ -663,9 +664,10 @@ class FakeTavily(FakeUpstream):
             self.pause(self.slow_s if "slow" in query else self.latency_s)
             request.reply_json(200, self.build_response(query, max_results))
 
-    @staticmethod
-    def result_url(query, rank):
+    def result_url(self, query, rank):
         tag = hashlib.sha1(query.encode("utf-8")).hexdigest()[:10]
+        if self.pages_at:
+            return "%s/article/%s-%d" % (self.pages_at, tag, rank)
         return "https://example-%s.test/page/%d" % (tag, rank)
 
     def build_response(self, query, max_results):
@@ -1665,6 +1667,8 @@ FANOUT_LATENCY_S = 0.1   # every fake engine answers after this long
 FUSION_RUNS = 1000
 FETCH_BATCH = 20         # distinct URLs per CPU measurement
 FETCH_ROUNDS = 3
+PAGES_LATENCY_S = 0.1    # several-pages bench: the search and every page answer after this long
+PAGES_ROUNDS = 5
 FETCH_COALESCE_CALLS = 20
 FETCH_WHOLE = 1000000    # a max_length that returns the whole article in one page
 DEFAULT_PAGE_CHARS = 20000  # the server's default max_length
@@ -2016,6 +2020,50 @@ class Bench:
                  "%s (coalesced %s)" % (", ".join(map(str, hits)), ", ".join(map(str, coalesced))), "exactly 1",
                  _verdict(all(h == 1 for h in hits)))
 
+    # -- several pages in one call: include_content, urls -----------------------------------------
+
+    def pages(self):
+        site = FakeSite(latency_s=PAGES_LATENCY_S)
+        search = FakeTavily(latency_s=PAGES_LATENCY_S, pages_at=site.url)
+        client = self.spawn(offline_env(search.url, WEBSEARCH_FETCH_PROVIDERS="direct",
+                                        WEBSEARCH_ALLOW_PRIVATE_URLS="1"), threaded=False)
+        alone, with_content, one_call, separate, problems = [], [], [], [], []
+        try:
+            client.handshake_sync()
+            for _ in range(PAGES_ROUNDS):
+                t0 = time.perf_counter()
+                client.call_sync("tools/call", search_params(self.fresh_query("bench alone"), numResults=5))
+                alone.append((time.perf_counter() - t0) * 1000)
+                t0 = time.perf_counter()
+                sc = _sc(client.call_sync("tools/call", search_params(
+                    self.fresh_query("bench content"), numResults=5, include_content=5)))
+                with_content.append((time.perf_counter() - t0) * 1000)
+                statuses = [r.get("content_status") for r in sc.get("results") or ()]
+                if statuses != ["success"] * 5:
+                    problems.append("include_content: %s" % statuses)
+                urls = [site.url + "/article/" + self.fresh_query("many").replace(" ", "-") for _ in range(10)]
+                t0 = time.perf_counter()
+                sc = _sc(client.call_sync("tools/call", {"name": "web_fetch", "arguments": {"urls": urls}}))
+                one_call.append((time.perf_counter() - t0) * 1000)
+                if sc.get("succeeded") != 10:
+                    problems.append("urls: %s of 10" % sc.get("succeeded"))
+                t0 = time.perf_counter()
+                for url in urls:
+                    client.call_sync("tools/call", fetch_params(url + "-again"))
+                separate.append((time.perf_counter() - t0) * 1000)
+        finally:
+            client.close()
+            search.close()
+            site.close()
+        note = "" if not problems else " (%d problems: %s)" % (len(problems), problems[0])
+        base = _median(alone)
+        self.row("web_search of 5 results, round trip", "%.0f ms" % base)
+        self.row("  with include_content=5 (five ~100 KB pages)", "%.0f ms = search + %.0f ms for all five pages%s" % (
+            _median(with_content), _median(with_content) - base, note))
+        self.row("web_fetch of 10 URLs in one call (urls)", "%.0f ms" % _median(one_call))
+        self.row("  the same 10 pages in 10 calls, one after another", "%.0f ms = %.1fx the one call" % (
+            _median(separate), _median(separate) / _median(one_call)))
+
     # -- web_answer over a streaming chat endpoint ---------------------------------------------
 
     def answer_env(self, chat, folder):
@@ -2323,6 +2371,8 @@ def run_bench(server_path):
         ("fan-out", "web_search mode=fanout over tavily, bing, duckduckgo, exa (each %d results after %.0f ms)"
          % (ENGINE_RESULTS, FANOUT_LATENCY_S * 1000), bench.fanout),
         ("web_fetch", "web_fetch, direct provider, ~%.0f KB article" % (ARTICLE_BYTES / 1024.0), bench.fetch),
+        ("several pages", "several pages in one call (search and every page answer after %.0f ms)"
+         % (PAGES_LATENCY_S * 1000), bench.pages),
         ("web_answer", "web_answer over a streaming chat endpoint (~%.0f ms per normal answer)"
          % (ANSWER_STREAM_S * 1000), bench.answer),
         ("shutdown", "the client going away while a %.0f s web_answer streams" % SLOW_ANSWER_S, bench.shutdown),

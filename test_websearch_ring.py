@@ -6395,6 +6395,53 @@ def test_web_fetch_urls_arguments_are_checked(ring, args, path, code):
     assert is_error is True and issue_codes(content) == {path: code}
 
 
+def route_search_with_local_pages(fake, n=3):
+    """Tavily on `fake` answering with `n` results whose pages are on `fake` too (/doc/1 ... /doc/n,
+    /doc/2 a 404); returns the result URLs."""
+    urls = [fake.url + "/doc/%d" % i for i in range(1, n + 1)]
+    fake.route("POST", "/search", {"body": {"query": "q", "response_time": 0.1, "results": [
+        {"title": "Doc %d" % i, "url": url, "content": "snippet %d" % i, "score": 0.9 - i / 10}
+        for i, url in enumerate(urls, 1)]}})
+    html = {"Content-Type": "text/html; charset=utf-8"}
+    for i, url in enumerate(urls, 1):
+        fake.route("GET", "/doc/%d" % i, {"status": 404, "headers": html, "body": "<p>gone</p>"} if i == 2 else
+                   {"headers": html, "body": "<title>Doc %d</title><p>%s</p>" % (i, ("Sentence %d of the page. " % i) * 20)})
+    return urls
+
+
+@pytest.mark.parametrize("mode", ["failover", "fanout"])
+def test_web_search_include_content_reads_the_top_pages_and_web_fetch_goes_on_from_there(
+        start_server, fake_upstream, mode):
+    urls = route_search_with_local_pages(fake_upstream)
+    server = start_server(dict(direct_env(), **ring_env({"tavily": fake_upstream})))
+    server.initialize()
+    response = server.call_tool("web_search", {"query": "q", "include_content": 2, "content_chars": 100,
+                                               "mode": mode})
+    content, result = structured(response), tool_result(response)
+    assert (content["status"], result["isError"]) == ("success", False), content
+    first, second, third = content["results"]
+    assert (first["content_status"], first["content"], first["next_start_index"]) == (
+        "success", ("Sentence 1 of the page. " * 5)[:100], 100)
+    assert (second["content_status"], second["content"], second["next_start_index"]) == ("not_found", None, None)
+    assert "content_status" not in third and fake_upstream.hits("GET", "/doc/3") == 0
+    text = result["content"][0]["text"]
+    assert "web_fetch start_index=100 for more" in text and "Page content: not available (not_found)" in text
+    more, _ = call_fetch(server, urls[0], start_index=100, max_length=50)
+    assert more["cached"] is True and fake_upstream.hits("GET", "/doc/1") == 1
+    again = structured(server.call_tool("web_search", {"query": "q", "include_content": 2, "content_chars": 100,
+                                                       "mode": mode}))
+    assert again["cached"] is True and again["results"][0]["content"] == first["content"]
+    assert fake_upstream.hits("GET", "/doc/1") == 1 and fake_upstream.hits("POST", "/search") == 1
+
+
+@pytest.mark.parametrize("args, path", [({"include_content": 6}, "/include_content"),
+                                        ({"include_content": 1, "content_chars": 50}, "/content_chars"),
+                                        ({"content_chars": 20001}, "/content_chars")])
+def test_web_search_include_content_arguments_are_checked(ring, args, path):
+    values, issues, _ = ring.validate_search_args(dict(args, query="q"))
+    assert [(i["path"], i["code"]) for i in issues] == [(path, "range")]
+
+
 def test_web_fetch_start_index_past_the_end_is_an_error_with_the_length(start_server, fake_upstream):
     fake_upstream.route("GET", "/article", {"headers": {"Content-Type": "text/html"}, "body": WAL_ARTICLE})
     server = start_server(direct_env())

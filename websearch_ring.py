@@ -76,6 +76,8 @@ MAX_QUERY_CHARS = 1000
 MIN_RESULTS, MAX_RESULTS, DEFAULT_RESULTS = 1, 20, 8
 DEFAULT_FETCH_LENGTH, MAX_FETCH_LENGTH = 20000, 1000000
 MAX_FETCH_URLS = 10                   # web_fetch urls: pages per call
+# web_search include_content: how many top results come with their page, and how much of it.
+MAX_INCLUDE_CONTENT, DEFAULT_CONTENT_CHARS, MAX_CONTENT_CHARS = 5, 3000, 20000
 MAX_ANSWER_QUERY_CHARS = 4000
 MIN_ATTEMPT_S = 1.0          # an answer attempt with less time than this left is not started
 DEFAULT_MODEL = "grok-4-fast"
@@ -6322,6 +6324,14 @@ WEB_SEARCH_INPUT = {
                                    "description": "At most this many results from one site (1-10)."},
         "vendor": {"type": "string", "enum": list(KNOWN_VENDORS),
                    "description": "Ask only this engine instead of the ring (it must be configured)."},
+        "include_content": {"type": "integer", "minimum": 0, "maximum": MAX_INCLUDE_CONTENT, "default": 0,
+                            "description": "Also read the pages of the top N results (0-%d) and return the start "
+                                           "of each as content; web_fetch continues from next_start_index."
+                                           % MAX_INCLUDE_CONTENT},
+        "content_chars": {"type": "integer", "minimum": 100, "maximum": MAX_CONTENT_CHARS,
+                          "default": DEFAULT_CONTENT_CHARS,
+                          "description": "With include_content: characters of each page (default %d)."
+                                         % DEFAULT_CONTENT_CHARS},
         "mode": {"type": "string", "enum": ["failover", "fanout"], "default": "failover",
                  "description": "failover: engines in turn until one answers (fast, cheap). fanout: every "
                                 "healthy engine at once, rankings fused (broader, slower, costs more)."},
@@ -6514,6 +6524,8 @@ def validate_search_args(args, config=None):
             if mode == "fanout":
                 issues.append(issue("/mode", "conflict", "vendor asks one engine; fanout asks all of them",
                                     "leave out vendor for a fan-out, or mode for a single engine"))
+    values["include_content"] = _int_arg(args, "include_content", 0, MAX_INCLUDE_CONTENT, 0, issues)
+    values["content_chars"] = _int_arg(args, "content_chars", 100, MAX_CONTENT_CHARS, DEFAULT_CONTENT_CHARS, issues)
     return values, issues, adjustments
 
 
@@ -6649,6 +6661,13 @@ def render_search_text(s, max_chars):
                 lines.append("   Published: " + r["published"])
             if r.get("snippet"):
                 lines.append("   " + r["snippet"])
+            if "content_status" in r:
+                more = r.get("next_start_index")
+                lines.append("   Page content%s:" % (" (first %d characters; web_fetch start_index=%d for more)" % (
+                    more, more) if more else "") if r["content"] is not None else
+                             "   Page content: not available (%s)" % r["content_status"])
+                if r["content"]:
+                    lines += ["   | " + line for line in r["content"].split("\n")]
         text = "\n".join(lines)
     return _cap_text(text, max_chars)
 
@@ -6656,7 +6675,7 @@ def render_search_text(s, max_chars):
 class SearchTools:
     """The web_search and get_sources tools over one ring, cache, coalescer and session store."""
 
-    def __init__(self, config, ring, cache, sessions, coalescer, logger, clock=time.monotonic):
+    def __init__(self, config, ring, cache, sessions, coalescer, logger, clock=time.monotonic, pages=None):
         self.config = config
         self.ring = ring
         self.cache = cache
@@ -6664,6 +6683,7 @@ class SearchTools:
         self.coalescer = coalescer
         self.log = logger
         self._clock = clock
+        self.pages = pages          # PageTools, for include_content
 
     def web_search(self, args, call, inline=False):
         """The web_search tool.  With ``inline`` it answers only what needs no
@@ -6692,7 +6712,7 @@ class SearchTools:
             return self.cache.get(key)
 
         cached, how = lookup(), "cached"
-        if cached is None and inline:
+        if (cached is None or values["include_content"]) and inline:
             return None
         if cached is None:
             try:
@@ -6724,9 +6744,27 @@ class SearchTools:
                 s["error"] = "some_vendors_failed"
         else:
             s.update(self._failure(outcome["attempts"], vendor))
+        if outcome["ok"] and values["include_content"] and self.pages is not None:
+            self._attach_content(s, values["include_content"], values["content_chars"], call,
+                                 Deadline(max(1.0, self.config.deadline_s - (self._clock() - started)), self._clock))
         s["duration_ms"] = round((self._clock() - started) * 1000.0, 2)
         text, s["truncated"] = render_search_text(s, self.config.max_chars)
         return s, text, s["status"] == "error"
+
+    def _attach_content(self, s, count, chars, call, deadline):
+        """The pages of the first ``count`` results, read at once through web_fetch's providers,
+        cache and coalescing within what is left of the search deadline: each result gets
+        ``content`` (the first ``chars`` characters of its Markdown), ``content_status`` and
+        ``next_start_index`` (web_fetch goes on from there without fetching again). A page that
+        fails leaves its result, and the search, as they are."""
+        results = [dict(r) for r in s["results"]]
+        top = results[:count]
+        pages = self.pages.fetch_many([r["url"] for r in top], "markdown", 0, chars, call, deadline)
+        for result, (page, _, is_error) in zip(top, pages):
+            result.update({"content": None if is_error else page["content"],
+                           "content_status": page["error"] if is_error else "success",
+                           "next_start_index": None if is_error else page["next_start_index"]})
+        s["results"] = results
 
     @staticmethod
     def _failure(attempts, vendor):
@@ -6989,25 +7027,27 @@ class PageTools:
             return None
         return self._fetch_pages(urls, fmt, start, length, call, started)
 
-    def _fetch_pages(self, urls, fmt, start, length, call, started):
-        """web_fetch with ``urls``: every page at once (the upstream slots bound the concurrency),
-        each with its own result; ``partial_success`` when some fail, a progress note per page done."""
+    def fetch_many(self, urls, fmt, start, length, call, deadline=None, on_done=None):
+        """``[(structured, text, is_error)]`` of one page of each URL, fetched at once (the upstream
+        slots bound the concurrency) through the cache and coalescing; ``on_done(n)`` after each.
+        A fetch that ends without a result (its shared fetch was cancelled) is a ``fetch_failed``."""
         results = [None] * len(urls)
         done, lock = [0], threading.Lock()
 
         def one(i):
             try:
-                results[i] = self._fetch_page(urls[i], fmt, start, length, Call(call.token), self._clock())
+                results[i] = self._fetch_page(urls[i], fmt, start, length, Call(call.token), self._clock(),
+                                              deadline=deadline)
             except Cancelled:
                 return
             except Exception as exc:         # one page's bug must not lose the others
                 self.log.error("web_fetch of %s failed internally: %s: %s", urls[i], type(exc).__name__, exc)
                 results[i] = self._fetch_error(call, urls[i], fmt, "internal_error", "%s: %s" % (
-                    type(exc).__name__, exc), [], started, False)
+                    type(exc).__name__, exc), [], self._clock(), False)
             with lock:
                 done[0] += 1
-                if call.progress is not None:
-                    call.progress(done[0], len(urls), "%d of %d pages fetched" % (done[0], len(urls)))
+                if on_done is not None:
+                    on_done(done[0])
         threads = [threading.Thread(target=one, args=(i,), name="web_fetch-%d" % i, daemon=True)
                    for i in range(1, len(urls))]
         for thread in threads:
@@ -7016,10 +7056,16 @@ class PageTools:
         for thread in threads:
             thread.join()
         call.token.check()
-        for i, result in enumerate(results):
-            if result is None:              # its shared fetch was cancelled by everyone else
-                results[i] = self._fetch_error(call, urls[i], fmt, "fetch_failed", "the fetch was cancelled",
-                                               [], started, True)
+        return [r or self._fetch_error(call, url, fmt, "fetch_failed", "the fetch was cancelled", [],
+                                       self._clock(), True) for r, url in zip(results, urls)]
+
+    def _fetch_pages(self, urls, fmt, start, length, call, started):
+        """web_fetch with ``urls``: one result each, ``partial_success`` when some fail, a progress
+        note per page done."""
+        def on_done(n):
+            if call.progress is not None:
+                call.progress(n, len(urls), "%d of %d pages fetched" % (n, len(urls)))
+        results = self.fetch_many(urls, fmt, start, length, call, on_done=on_done)
         pages = []
         for (s, _, _), url in zip(results, urls):
             s = dict(s, url=url)
@@ -7042,8 +7088,9 @@ class PageTools:
             blocks.append("=== %d. %s (%s) ===\n%s" % (i, page["url"], page["status"], text))
         return s, "\n\n".join(blocks), failed == len(pages)
 
-    def _fetch_page(self, url, fmt, start, length, call, started, inline=False):
-        """One page of one document: from the cache, or fetched once however many ask at the same time."""
+    def _fetch_page(self, url, fmt, start, length, call, started, inline=False, deadline=None):
+        """One page of one document: from the cache, or fetched once however many ask at the same time.
+        ``deadline`` bounds this caller's wait (the fetch itself goes on for others and the cache)."""
         key = ("web_fetch", url, fmt)
 
         def work(flight_token, emit):
@@ -7062,7 +7109,7 @@ class PageTools:
             if inline:
                 return None
             try:
-                (doc, attempts), how = self.coalescer.run(key, work, call.token, Deadline(
+                (doc, attempts), how = self.coalescer.run(key, work, call.token, deadline or Deadline(
                     self.config.deadline_s + 5.0, self._clock), call.progress, lookup)
             except DeadlineExceeded as exc:
                 return self._fetch_error(call, url, fmt, "deadline_exceeded", str(exc), [], started, True)
@@ -8135,13 +8182,13 @@ class Server:
         self.coalescer = Coalescer()
         self.transport = Transport(config, self.log, clock)
         self.ring = Ring(config, self.transport, self.log, clock)
-        self.search_tools = SearchTools(config, self.ring, self.cache, self.sessions, self.coalescer,
-                                        self.log, clock)
         self.documents = TTLCache(100000, config.ttl_s, clock, max_weight=config.fetch_cache_mb * 1024 * 1024,
                                   weigh=Document.weight)
         self.page_tools = PageTools(config, Fetcher(config, self.transport, self.ring.tavily, self.log),
                                     SiteMapper(config, self.transport, self.ring.tavily, self.log),
                                     self.documents, self.coalescer, self.log, clock)
+        self.search_tools = SearchTools(config, self.ring, self.cache, self.sessions, self.coalescer,
+                                        self.log, clock, pages=self.page_tools)
         self.answer_tools = AnswerTools(config, self.transport, self.ring, self.sessions, self.coalescer,
                                         self.log, clock)
         self.handlers = {"web_search": self.search_tools.web_search,
