@@ -109,6 +109,7 @@ def offline_env(fake_url, **overrides):
     env.update({
         "WEBSEARCH_VENDORS": "tavily",
         "WEBSEARCH_TAVILY_URL": fake_url,
+        "WEBSEARCH_JINA_URL": "http://127.0.0.1:9",     # no page ever leaves the machine
         "NO_PROXY": "*",
         "no_proxy": "*",
     })

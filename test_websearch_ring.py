@@ -241,7 +241,7 @@ _STRIPPED_PREFIXES = (
     "SEARXNG_", "JINA_", "XAI_", "OPENROUTER_",
 )
 _DEAD_VENDOR_URLS = ("WEBSEARCH_EXA_URL", "WEBSEARCH_EXA_MCP_URL", "WEBSEARCH_TAVILY_URL",
-                     "WEBSEARCH_BING_URL", "WEBSEARCH_DUCKDUCKGO_URL")
+                     "WEBSEARCH_BING_URL", "WEBSEARCH_DUCKDUCKGO_URL", "WEBSEARCH_JINA_URL")
 
 
 def _is_stripped_env_name(name):
@@ -6442,6 +6442,96 @@ def test_web_search_include_content_arguments_are_checked(ring, args, path):
     assert [(i["path"], i["code"]) for i in issues] == [(path, "range")]
 
 
+SCRIPT_SHELL = ("<html><head><title>App</title></head><body><div id=\"root\"></div>"
+                "<noscript>You need to enable JavaScript to run this app.</noscript></body></html>")
+
+
+def jina_env(reader, **extra):
+    """direct then jina, the reader on `reader` (a loopback fake: a reader inside this network)."""
+    return dict(direct_env(WEBSEARCH_FETCH_PROVIDERS="direct,jina", WEBSEARCH_JINA_URL=reader.url), **extra)
+
+
+@pytest.mark.parametrize("page, reason", [
+    ({"status": 403, "headers": {"Content-Type": "text/html"}, "body": "<p>Just a moment...</p>"}, "HTTP 403"),
+    ({"headers": {"Content-Type": "text/html"}, "body": SCRIPT_SHELL}, "script root"),
+    ({"headers": {"Content-Type": "application/x-shockwave-flash"}, "body": b"FWS\x00"}, "does not read"),
+])
+def test_web_fetch_falls_back_to_jina_reader_only_when_direct_cannot_do_the_job(
+        start_server, fake_upstream, upstreams, page, reason):
+    reader = upstreams()
+    reader.route("POST", "/", "jina_reader/reader_success.json")
+    fake_upstream.route("GET", "/page", page)
+    fake_upstream.route("GET", "/fine", {"headers": {"Content-Type": "text/html"}, "body": "<p>%s</p>" % (
+        "Plain server-rendered text. " * 20)})
+    server = start_server(jina_env(reader, JINA_API_KEY="jina_TESTSECRET0123456789abcdef"))
+    server.initialize()
+    content, is_error = call_fetch(server, fake_upstream.url + "/page")
+    assert (is_error, content["provider"]) == (False, "jina"), content
+    assert content["title"] == "Coroutines and Tasks \u2014 Python 3.13.1 documentation"
+    assert content["content"].startswith("This section outlines high-level asyncio APIs")
+    assert reason in content["fallback"] and [a["vendor"] for a in content["attempts"]] == ["direct", "jina"]
+    [sent] = reader.requests_to("POST", "/")
+    assert sent.json() == {"url": fake_upstream.url + "/page"}
+    assert (sent.header("Accept"), sent.header("X-Return-Format")) == ("application/json", "markdown")
+    assert sent.header("Authorization") == "Bearer jina_TESTSECRET0123456789abcdef"
+    fine, _ = call_fetch(server, fake_upstream.url + "/fine")
+    assert (fine["provider"], fine["fallback"]) == ("direct", None) and len(reader.requests) == 1
+
+
+def test_jina_rate_limit_is_learned_and_a_shell_is_still_the_answer(start_server, fake_upstream, upstreams):
+    reader = upstreams()
+    reader.route("POST", "/", "jina_reader/rate_limited.json")
+    fake_upstream.route("GET", "/app/", {"headers": {"Content-Type": "text/html"}, "body": SCRIPT_SHELL}, prefix=True)
+    server = start_server(jina_env(reader))
+    server.initialize()
+    first, is_error = call_fetch(server, fake_upstream.url + "/app/1")
+    assert (is_error, first["error"]) == (True, "empty_page")       # the shell, with nothing in it to read
+    assert [(a["vendor"], a["outcome"], a["code"]) for a in first["attempts"]] == [
+        ("direct", "no_results", "script_rendered"), ("jina", "rate_limited", "rate_limited")]
+    assert first["attempts"][1]["retry_after_s"] == 37.0
+    second, _ = call_fetch(server, fake_upstream.url + "/app/2")
+    assert [(a["vendor"], a["outcome"]) for a in second["attempts"]] == [
+        ("direct", "no_results"), ("jina", "skipped_cooldown")]
+    assert len(reader.requests) == 1
+
+
+@pytest.mark.parametrize("spec, outcome, code", [
+    ("jina_reader/no_content.json", "no_results", "empty"),
+    ("jina_reader/domain_blocked.json", "blocked", "forbidden"),
+    ("jina_reader/insufficient_balance.json", "quota_exhausted", "no_credits"),
+    ({"body": {"code": 200, "status": 20000, "data": {"title": "Just a moment...", "url": "https://a.example/",
+                                                     "content": "Verifying you are human.",
+                                                     "warning": "Target URL returned error 403: Forbidden"}}},
+     "blocked", "target_refused"),
+])
+def test_jina_reader_errors_are_classified(start_server, fake_upstream, upstreams, spec, outcome, code):
+    reader = upstreams()
+    reader.route("POST", "/", spec)
+    fake_upstream.route("GET", "/page", {"status": 403, "body": "no"})
+    server = start_server(jina_env(reader))
+    server.initialize()
+    content, is_error = call_fetch(server, fake_upstream.url + "/page")
+    assert is_error is True
+    assert [(a["vendor"], a["outcome"], a["code"]) for a in content["attempts"]] == [
+        ("direct", "http_error", "http_403"), ("jina", outcome, code)]
+
+
+def test_jina_never_reads_a_private_page_unless_the_reader_is_on_this_network(ring):
+    config = ring.Config.from_env({"WEBSEARCH_JINA_URL": "https://reader.example", "NO_PROXY": "*"})
+    transport = ring.Transport(config, quiet_logger(ring))
+    transport._resolve = lambda host, port: {
+        "reader.example": [(2, 1, 6, "", ("93.184.216.34", port))],
+        "intranet.corp": [(2, 1, 6, "", ("10.1.2.3", port))],
+        "www.example.org": [(2, 1, 6, "", ("93.184.216.35", port))]}[host]
+    fetcher = ring.Fetcher(config, transport, None, quiet_logger(ring))
+    assert "private address" in fetcher._jina_refusal("http://intranet.corp/wiki")
+    assert "private address" in fetcher._jina_refusal("http://127.0.0.1:8080/")
+    assert fetcher._jina_refusal("https://www.example.org/") is None
+    inside = ring.Fetcher(ring.Config.from_env({"WEBSEARCH_JINA_URL": "http://127.0.0.1:3000"}), transport,
+                          None, quiet_logger(ring))
+    assert inside._jina_refusal("http://intranet.corp/wiki") is None
+
+
 def test_web_fetch_start_index_past_the_end_is_an_error_with_the_length(start_server, fake_upstream):
     fake_upstream.route("GET", "/article", {"headers": {"Content-Type": "text/html"}, "body": WAL_ARTICLE})
     server = start_server(direct_env())
@@ -11910,6 +12000,92 @@ data: {"sequence_number":22,"type":"response.output_text.delta","content_index":
 }""",
     },
 }
+
+# Jina Reader (r.jina.ai) answers, from its contract.
+FIXTURES.update({
+    "jina_reader/reader_success.json": {
+        "status": 200,
+        "headers": {"Content-Type": "application/json; charset=utf-8", "X-Usage-Tokens": "412"},
+        "body": r"""{
+  "code": 200,
+  "status": 20000,
+  "data": {
+    "title": "Coroutines and Tasks — Python 3.13.1 documentation",
+    "description": "This section outlines high-level asyncio APIs to work with coroutines and Tasks.",
+    "url": "https://docs.python.org/3/library/asyncio-task.html",
+    "content": "This section outlines high-level asyncio APIs to work with coroutines and Tasks.\n\nCoroutines\n----------\n\n[Coroutines](https://docs.python.org/3/glossary.html#term-coroutine) declared with the async/await syntax is the preferred way of writing asyncio applications.\n\nTimeouts\n--------\n\n_async with_ asyncio.timeout(_delay_)\n\nReturn an [asynchronous context manager](https://docs.python.org/3/reference/datamodel.html#async-context-managers) that can be used to limit the amount of time spent waiting on something.\n\n```\nasync def main():\n    async with asyncio.timeout(10):\n        await long_running_task()\n```",
+    "publishedTime": "2024-12-03T10:15:00+00:00",
+    "metadata": {
+      "lang": "en",
+      "viewport": "width=device-width, initial-scale=1.0"
+    },
+    "usage": {
+      "tokens": 412
+    }
+  },
+  "meta": {
+    "usage": {
+      "tokens": 412
+    }
+  }
+}
+""",
+    },
+    "jina_reader/rate_limited.json": {
+        "status": 429,
+        "headers": {"Content-Type": "application/json; charset=utf-8", "Retry-After": "37"},
+        "body": r"""{
+  "data": null,
+  "code": 429,
+  "name": "RateLimitTriggeredError",
+  "status": 42903,
+  "message": "Rate limit exceeded (20 times in last 60 seconds)",
+  "readableMessage": "RateLimitTriggeredError: Rate limit exceeded (20 times in last 60 seconds)",
+  "retryAfter": 37,
+  "retryAfterDate": "2025-11-29T23:15:37.000Z"
+}
+""",
+    },
+    "jina_reader/no_content.json": {
+        "status": 422,
+        "headers": {"Content-Type": "application/json; charset=utf-8"},
+        "body": r"""{
+  "data": null,
+  "code": 422,
+  "name": "AssertionFailureError",
+  "status": 42206,
+  "message": "No content available for URL https://example.com/empty",
+  "readableMessage": "AssertionFailureError: No content available for URL https://example.com/empty"
+}
+""",
+    },
+    "jina_reader/domain_blocked.json": {
+        "status": 451,
+        "headers": {"Content-Type": "application/json; charset=utf-8"},
+        "body": r"""{
+  "data": null,
+  "code": 451,
+  "name": "SecurityCompromiseError",
+  "status": 45102,
+  "message": "Anonymous access to domain blocked.example.com blocked until Eternally due to previous abuse found on https://blocked.example.com/: DDoS attack suspected",
+  "readableMessage": "SecurityCompromiseError: Anonymous access to domain blocked.example.com blocked until Eternally due to previous abuse found on https://blocked.example.com/: DDoS attack suspected"
+}
+""",
+    },
+    "jina_reader/insufficient_balance.json": {
+        "status": 402,
+        "headers": {"Content-Type": "application/json; charset=utf-8"},
+        "body": r"""{
+  "data": null,
+  "code": 402,
+  "name": "InsufficientBalanceError",
+  "status": 40203,
+  "message": "Account balance not enough to run this query, please recharge.",
+  "readableMessage": "InsufficientBalanceError: Account balance not enough to run this query, please recharge."
+}
+""",
+    },
+})
 # A CA and a certificate for 127.0.0.1 it signed (EC P-256, valid until 2126), for TLS tests. Like the CA of
 # many TLS-inspecting proxies, its basic constraints are not marked critical (Python 3.13's strict mode refuses it).
 TEST_CA_PEM = """-----BEGIN CERTIFICATE-----

@@ -854,7 +854,7 @@ class Var:
         if self.kind == "vendors":
             return "a comma-separated list of: " + ", ".join(KNOWN_VENDORS)
         if self.kind == "providers":
-            return "a comma-separated list of: tavily, direct"
+            return "a comma-separated list of: " + ", ".join(self.choices)
         if self.kind == "tools":
             return "all, plan, or a comma-separated list of tool names (%s, plan_*)" % ", ".join(CORE_TOOLS)
         if self.kind == "level":
@@ -896,12 +896,14 @@ VARIABLES = (
     Var("WEBSEARCH_AUTH_COOLDOWN_MS", "auth_cooldown_s", "int", "3600000",
         "How long a vendor with a rejected key or an exhausted quota is skipped.",
         lo=1000, hi=604800000, scale=0.001),
-    Var("WEBSEARCH_FETCH_PROVIDERS", "fetch_providers", "providers", "tavily,direct",
-        "web_fetch providers in order: tavily (Tavily Extract, only with a key) and direct "
-        "(the built-in extractor)."),
+    Var("WEBSEARCH_FETCH_PROVIDERS", "fetch_providers", "providers", "tavily,direct,jina",
+        "web_fetch providers in order: tavily (Tavily Extract, only with a key), direct (the built-in "
+        "extractor) and jina (Jina Reader: after direct only for script-rendered pages, anti-bot refusals and "
+        "types direct cannot read; it sends the URL to Jina, so leave it out to keep pages to yourself).",
+        choices=("tavily", "direct", "jina")),
     Var("WEBSEARCH_MAP_PROVIDERS", "map_providers", "providers", "tavily,direct",
         "web_map providers in order: tavily (Tavily Map, only with a key) and direct (robots.txt, "
-        "sitemaps and a same-origin crawl)."),
+        "sitemaps and a same-origin crawl).", choices=("tavily", "direct")),
     Var("WEBSEARCH_ALLOW_PRIVATE_URLS", "allow_private", "bool", "0",
         "1 lets the direct fetch and map reach loopback, private and link-local addresses "
         "(intranets, air-gapped sites, tests)."),
@@ -957,6 +959,10 @@ VARIABLES = (
         "Base URL of the Serper API (POST /search)."),
     Var("WEBSEARCH_YEP_URL", "yep_url", "url", "https://platform.yep.com",
         "Base URL of the Yep API (POST /api/search)."),
+    Var("JINA_API_KEY", "jina_api_key", "str", "",
+        "Jina Reader key (Bearer), optional: without it about 20 pages a minute per IP.", secret=True),
+    Var("WEBSEARCH_JINA_URL", "jina_url", "url", "https://r.jina.ai",
+        "Base URL of Jina Reader; a reader on a private or loopback address may also read private pages."),
     Var("WEBSEARCH_PROXY", "proxy", "proxy", "",
         "HTTP proxy for every upstream request (host:port means http://; SOCKS is not supported); "
         "overrides HTTPS_PROXY and HTTP_PROXY. An invalid value fails requests rather than going direct."),
@@ -1121,7 +1127,7 @@ def _parse_value(var, raw):
         return tuple(n for n in CORE_TOOLS + PLAN_TOOL_NAMES if n in chosen)
     if var.kind == "providers":
         names = [n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()]
-        unknown = [n for n in names if n not in ("tavily", "direct")]
+        unknown = [n for n in names if n not in var.choices]
         if unknown or not names:
             raise ValueError("unknown provider " + ", ".join(repr(n) for n in unknown) if unknown else "empty list")
         return tuple(dict.fromkeys(names))
@@ -5000,30 +5006,67 @@ def _media_type(content_type):
 
 
 class Document:
-    """One extracted page, whole: what the fetch cache keeps and pages through."""
+    """One extracted page, whole: what the fetch cache keeps and pages through.
 
-    __slots__ = ("url", "final_url", "title", "content", "provider", "content_type")
+    ``shell`` says why the direct extraction looks like a script-rendered
+    shell (None when it does not); ``fallback`` why another provider served
+    the page instead of the one before it.
+    """
 
-    def __init__(self, url, final_url, title, content, provider, content_type):
+    __slots__ = ("url", "final_url", "title", "content", "provider", "content_type", "shell", "fallback")
+
+    def __init__(self, url, final_url, title, content, provider, content_type, shell=None):
         self.url = url
         self.final_url = final_url
         self.title = title
         self.content = content
         self.provider = provider
         self.content_type = content_type
+        self.shell = shell
+        self.fallback = None
 
     def weight(self):
         return len(self.content) * 2 + 256
 
 
-class Fetcher:
-    """Turns a URL into a :class:`Document` through Tavily Extract or the built-in extractor."""
+# Direct-fetch failures Jina Reader may get past: refusals that anti-bot walls answer with, and
+# bodies the built-in extractor cannot read.
+_JINA_AFTER_CODES = frozenset(("http_401", "http_403", "http_429", "http_503", "unsupported_content_type"))
+# A page whose extracted text is shorter than this and whose HTML names a script root is a shell.
+_SHELL_TEXT_CHARS = 200
+_SHELL_MARKERS = LazyPattern(r"""id=["']?(?:root|app|__next|__nuxt|svelte)["'\s>]|\bng-app\b|\bdata-reactroot\b"""
+                             r"|<noscript[^>]{0,200}>[^<]{0,400}(?i:javascript)")
 
-    def __init__(self, config, transport, tavily, logger):
+
+def script_shell(html, text):
+    """Why ``html`` looks like a page that only a browser running its scripts can show (almost
+    no text, and an app root or a noscript plea), or None.
+
+    >>> script_shell('<div id="root"></div><noscript>You need to enable JavaScript</noscript>', "")
+    'almost no text (0 characters) and a script root (id="root")'
+    >>> script_shell('<p>' + 'words ' * 100 + '</p><div id="root"></div>', 'words ' * 100) is None
+    True
+    """
+    if len(collapse_ws(text)) >= _SHELL_TEXT_CHARS:
+        return None
+    marker = _SHELL_MARKERS.search(html[:500000])
+    if marker is None:
+        return None
+    return "almost no text (%d characters) and a script root (%s)" % (
+        len(collapse_ws(text)), collapse_ws(marker.group(0))[:40])
+
+
+class Fetcher:
+    """Turns a URL into a :class:`Document` through Tavily Extract, the built-in extractor or
+    Jina Reader."""
+
+    def __init__(self, config, transport, tavily, logger, health=None, clock=time.monotonic):
         self.config = config
         self.transport = transport
         self.tavily = tavily
         self.log = logger
+        self.health = health or HealthBoard(config, logger, clock)   # Jina's rate limit
+        self._clock = clock
 
     def providers(self, fmt):
         """``(usable, skipped)`` provider names for a format, in configured order."""
@@ -5038,15 +5081,34 @@ class Fetcher:
         return usable, skipped
 
     def fetch(self, url, fmt, token, deadline):
-        """``(document, attempts)``; document is None when every provider failed."""
+        """``(document, attempts)``; document is None when every provider failed.
+
+        Jina Reader, when it comes after direct, is asked only when direct
+        could not do the job (a script-rendered shell, an anti-bot refusal, a
+        type it cannot read), and never about a page on a private address
+        unless the reader itself is on one. A shell that Jina cannot read
+        either is still the answer.
+        """
         usable, skipped = self.providers(fmt)
         attempts = [attempt_record(name, "skipped", 0.0, code="not_usable", message=why) for name, why in skipped]
+        shell, why = None, None
         for name in usable:
             token.check()
+            if name == "jina" and "direct" in usable[:usable.index("jina")]:
+                if why is None:
+                    continue
+                refusal = self._jina_refusal(url)
+                if refusal:
+                    attempts.append(attempt_record("jina", "skipped", 0.0, code="private_page", message=refusal))
+                    continue
+            gate = self.health.admit(name) if name == "jina" else None
+            if gate is not None:
+                attempts.append(attempt_record(name, "skipped_cooldown", 0.0, code="cooldown", message=gate[1]))
+                continue
             started = time.monotonic()
             try:
-                doc = self._tavily(url, fmt, token, deadline) if name == "tavily" else \
-                    self._direct(url, fmt, token, deadline)
+                doc = (self._tavily if name == "tavily" else self._jina if name == "jina" else self._direct)(
+                    url, fmt, token, deadline)
             except UpstreamError as exc:
                 if token.cancelled:
                     raise Cancelled(token.reason or "cancelled") from None
@@ -5054,14 +5116,87 @@ class Fetcher:
                                         http_status=exc.status, message=exc.message)
                 if exc.diagnostics:
                     record["diagnostics"] = exc.diagnostics
+                if exc.retry_after_s is not None:
+                    record["retry_after_s"] = round(exc.retry_after_s, 1)
                 attempts.append(record)
+                if name == "jina":
+                    self.health.record(name, exc.outcome, None, exc.retry_after_s, exc.code, exc.message)
                 self.log.info("fetch via %s failed: %s (%s)", name, exc.outcome, exc.code)
                 if exc.code in ("private_address", "bad_url"):
                     break       # no other provider may fetch what the guard refused
+                if name == "direct" and exc.code in _JINA_AFTER_CODES:
+                    why = "direct: %s" % exc.message
+                continue
+            if name == "jina":
+                self.health.record(name, "success")
+            if doc.shell and name == "direct" and "jina" in usable[usable.index("direct"):]:
+                attempts.append(attempt_record(name, "no_results", time.monotonic() - started, code="script_rendered",
+                                               http_status=200, message=doc.shell))
+                shell, why = doc, "direct: " + doc.shell
                 continue
             attempts.append(attempt_record(name, "success", time.monotonic() - started, http_status=200))
+            doc.fallback = why if name == "jina" else None
             return doc, attempts
-        return None, attempts
+        return shell, attempts
+
+    def _jina_refusal(self, url):
+        """Why ``url`` must not go to Jina Reader (its host is not public and the reader is not inside
+        the same network), or None."""
+        from urllib.parse import urlsplit
+        private = self._private(url)
+        if private is False or self._private(self.config.jina_url) is True:
+            return None
+        return "%s is %s: a page on this network is not sent to %s" % (
+            urlsplit(url).hostname, "on a private address" if private else "not resolvable here", self.config.jina_url)
+
+    def _private(self, url):
+        """True when the host of ``url`` is a non-public address, False when public, None when its
+        name does not resolve here (behind a proxy, which resolves it, that counts as public)."""
+        import socket
+        from urllib.parse import urlsplit
+        try:
+            parts = urlsplit(url)
+            host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            return None
+        if host in _LOOPBACK_HOSTS:
+            return True
+        try:
+            infos = self.transport._resolve(host, port)
+        except (socket.gaierror, UnicodeError, OSError):
+            return False if self.transport._proxy_for(parts.scheme, host) is not None else None
+        return any(non_public_reason(info[4][0]) for info in infos) or not infos
+
+    def _jina(self, url, fmt, token, deadline):
+        """Jina Reader's JSON envelope for ``url`` (POST, so a fragment survives) as a Document."""
+        headers = {"Content-Type": "application/json", "Accept": "application/json",
+                   "X-Return-Format": {"text": "text", "html": "html"}.get(fmt, "markdown")}
+        if self.config.jina_api_key:
+            headers["Authorization"] = "Bearer " + self.config.jina_api_key
+        resp = call_upstream("jina", self.transport, "POST", self.config.jina_url.rstrip("/") + "/", token=token,
+                             deadline=deadline, timeout_s=max(self.config.timeout_s, deadline.remaining()),
+                             headers=headers, body=json.dumps({"url": url}))
+        try:
+            data = resp.json()
+        except ValueError:
+            data = None
+        page = data.get("data") if isinstance(data, dict) else None
+        if resp.status != 200 or not isinstance(page, dict):
+            raise _jina_error(resp, data)
+        warning = page.get("warning") if isinstance(page.get("warning"), str) else ""
+        content = page.get("content") if isinstance(page.get("content"), str) else ""
+        if fmt == "html" and isinstance(page.get("html"), str):
+            content = page["html"]
+        elif fmt == "text" and isinstance(page.get("text"), str):
+            content = page["text"]
+        if re.search(r"CAPTCHA|returned error [45]\d\d", warning):
+            raise UpstreamError("jina", "blocked", "target_refused", "Jina Reader: %s" % collapse_ws(warning)[:300],
+                                status=200)
+        if not content.strip():
+            raise UpstreamError("jina", "no_results", "empty", "Jina Reader found no content on %s" % url, status=200)
+        title = page.get("title") if isinstance(page.get("title"), str) else ""
+        final = page.get("url") if isinstance(page.get("url"), str) and page["url"].startswith("http") else url
+        return Document(url, final, title, content.strip(), "jina", "text/html" if fmt == "html" else "text/markdown")
 
     def _tavily(self, url, fmt, token, deadline):
         data, _ = self.tavily.post("/extract", {"urls": [url], "format": "text" if fmt == "text" else "markdown",
@@ -5109,7 +5244,7 @@ class Fetcher:
                                         "extracting the text of %s took until the deadline" % url,
                                         retryable=False)
             title, content = html_to_markdown(html, resp.url, plain=fmt == "text", check=check)
-            return Document(url, resp.url, title, content, "direct", media)
+            return Document(url, resp.url, title, content, "direct", media, script_shell(html, content))
         if media.startswith(_MEDIA_TEXT_PREFIXES) or media in _MEDIA_TEXTUAL or media.endswith(("+json", "+xml")):
             return Document(url, resp.url, "", decode_page(body, ctype).strip(), "direct", media)
         raise UpstreamError("direct", "bad_response", "unsupported_content_type",
@@ -5117,6 +5252,32 @@ class Fetcher:
                                 url, media, "; with a Tavily key, web_fetch can extract PDFs"
                                 if media == "application/pdf" else ""), status=200, retryable=False)
 
+
+
+def _jina_error(resp, data):
+    """The UpstreamError of a Jina Reader answer that is not a page (its civkit error envelope)."""
+    status = resp.status
+    name = data.get("name") if isinstance(data, dict) and isinstance(data.get("name"), str) else ""
+    message = data.get("message") if isinstance(data, dict) and isinstance(data.get("message"), str) else \
+        body_message(resp, 300)
+    message = "Jina Reader answered HTTP %d%s: %s" % (status, " (%s)" % name if name else "", message[:300])
+    if status == 429:
+        wait = data.get("retryAfter") if isinstance(data, dict) else None
+        return UpstreamError("jina", "rate_limited", "rate_limited", message, status=status, retry_after_s=float(
+            wait) if _is_number(wait) and wait > 0 else retry_after_of(resp.headers))
+    if status == 401:
+        return UpstreamError("jina", "auth_error", "invalid_key", message + "; check JINA_API_KEY", status=status,
+                             retryable=False)
+    if status == 402:
+        return UpstreamError("jina", "quota_exhausted", "no_credits", message, status=status, retryable=False)
+    if status in (403, 451):
+        return UpstreamError("jina", "blocked", "forbidden", message, status=status, retryable=False)
+    if status == 422:
+        return UpstreamError("jina", "no_results", "empty", message, status=status, retryable=False)
+    if status == 200:
+        return UpstreamError("jina", "bad_response", "invalid_json", message, status=status)
+    return UpstreamError("jina", "http_error", "server_error" if status >= 500 else "bad_parameters", message,
+                         status=status, retryable=status >= 500)
 
 
 ROBOTS_MAX_BYTES = 500 * 1024        # RFC 9309 §2.5: parse at least the first 500 KiB, nothing beyond
@@ -6854,6 +7015,8 @@ WEB_FETCH_OUTPUT = {
         "next_start_index": {"type": ["integer", "null"], "description": "Pass as start_index for the next page; "
                                                                           "null at the end."},
         "format": {"type": "string"}, "provider": {"type": ["string", "null"]},
+        "fallback": {"type": ["string", "null"],
+                     "description": "Why a later provider (jina) served the page instead of direct."},
         "content_type": {"type": ["string", "null"]},
         "cached": {"type": "boolean", "description": "Served from the extracted-document cache."},
         "coalesced": {"type": "boolean"},
@@ -7144,11 +7307,14 @@ class PageTools:
         s.update({"request_id": call.request_id, "duration_ms": round((self._clock() - started) * 1000.0, 2),
                   "url": url, "final_url": doc.final_url, "title": doc.title, "content": page, "start_index": start,
                   "total_length": total, "next_start_index": end if end < total else None, "format": fmt,
-                  "provider": doc.provider, "content_type": doc.content_type, "cached": how == "cached",
+                  "provider": doc.provider, "fallback": doc.fallback, "content_type": doc.content_type,
+                  "cached": how == "cached",
                   "coalesced": how == "shared", "attempts": attempts})
         head = "%s\n%s (%s via %s%s, characters %d-%d of %d)" % (
             doc.title or doc.final_url, doc.final_url, fmt, doc.provider, ", cached" if how == "cached" else "",
             start, end, total)
+        if doc.fallback:
+            head += "\nRead through %s because %s" % (doc.provider, doc.fallback)
         tail = "\n\n[more: call web_fetch with start_index=%d]" % end if end < total else ""
         return s, head + "\n\n" + page + tail, False
 
@@ -8184,7 +8350,8 @@ class Server:
         self.ring = Ring(config, self.transport, self.log, clock)
         self.documents = TTLCache(100000, config.ttl_s, clock, max_weight=config.fetch_cache_mb * 1024 * 1024,
                                   weigh=Document.weight)
-        self.page_tools = PageTools(config, Fetcher(config, self.transport, self.ring.tavily, self.log),
+        self.page_tools = PageTools(config, Fetcher(config, self.transport, self.ring.tavily, self.log,
+                                                    self.ring.health, clock),
                                     SiteMapper(config, self.transport, self.ring.tavily, self.log),
                                     self.documents, self.coalescer, self.log, clock)
         self.search_tools = SearchTools(config, self.ring, self.cache, self.sessions, self.coalescer,
