@@ -6532,6 +6532,20 @@ def test_jina_never_reads_a_private_page_unless_the_reader_is_on_this_network(ri
     assert inside._jina_refusal("http://intranet.corp/wiki") is None
 
 
+def test_web_fetch_body_cap_is_websearch_fetch_max_mb(start_server, fake_upstream):
+    html = {"Content-Type": "text/html"}
+    fake_upstream.route("GET", "/big", {"headers": html, "body": "<p>%s</p>" % ("word " * 1000), "size": 6 << 20})
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_fetch(server, fake_upstream.url + "/big", max_length=100)
+    assert is_error is False and content["total_length"] > 5 << 20          # 6 MB under the 10 MB default
+    small = start_server(direct_env(WEBSEARCH_FETCH_MAX_MB="1"))
+    small.initialize()
+    content, is_error = call_fetch(small, fake_upstream.url + "/big")
+    assert (is_error, content["error"]) == (True, "body_too_large")
+    assert "WEBSEARCH_FETCH_MAX_MB=1" in content["error_detail"]["message"]
+
+
 def test_web_fetch_start_index_past_the_end_is_an_error_with_the_length(start_server, fake_upstream):
     fake_upstream.route("GET", "/article", {"headers": {"Content-Type": "text/html"}, "body": WAL_ARTICLE})
     server = start_server(direct_env())

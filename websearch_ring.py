@@ -907,6 +907,8 @@ VARIABLES = (
     Var("WEBSEARCH_ALLOW_PRIVATE_URLS", "allow_private", "bool", "0",
         "1 lets the direct fetch and map reach loopback, private and link-local addresses "
         "(intranets, air-gapped sites, tests)."),
+    Var("WEBSEARCH_FETCH_MAX_MB", "fetch_max_mb", "int", "10",
+        "Largest page or document (PDF) the direct fetch reads, in megabytes (1-50).", lo=1, hi=50),
     Var("WEBSEARCH_FETCH_CACHE_MB", "fetch_cache_mb", "int", "64",
         "Megabytes of extracted pages kept for paging with start_index (least recently used go first).",
         lo=1, hi=4096),
@@ -5214,13 +5216,19 @@ class Fetcher:
             url, reason), status=200)
 
     def _direct(self, url, fmt, token, deadline):
-        resp = call_upstream("direct", self.transport, "GET", url, token=token, deadline=deadline,
-                             timeout_s=self.config.timeout_s, max_redirects=5,
-                             public_only=not self.config.allow_private, headers={
-                                 "User-Agent": self.config.user_agent,
-                                 "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,"
-                                           "application/json;q=0.8,*/*;q=0.5",
-                                 "Accept-Language": "en-US,en;q=0.8"})
+        try:
+            resp = call_upstream("direct", self.transport, "GET", url, token=token, deadline=deadline,
+                                 timeout_s=self.config.timeout_s, max_redirects=5,
+                                 max_bytes=self.config.fetch_max_mb * 1024 * 1024,
+                                 public_only=not self.config.allow_private, headers={
+                                     "User-Agent": self.config.user_agent,
+                                     "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,"
+                                               "application/json;q=0.8,*/*;q=0.5",
+                                     "Accept-Language": "en-US,en;q=0.8"})
+        except UpstreamError as exc:
+            if exc.code == "body_too_large":
+                exc.message += " (WEBSEARCH_FETCH_MAX_MB=%d allows up to 50)" % self.config.fetch_max_mb
+            raise
         if resp.status != 200:
             raise UpstreamError("direct", "http_error", "not_found" if resp.status in (404, 410) else
                                 "http_%d" % resp.status, "%s answered HTTP %d: %s" % (
