@@ -29,6 +29,7 @@ import ast
 import base64
 import contextlib
 import gzip
+import hashlib
 import importlib.util
 import io
 import ipaddress
@@ -3707,6 +3708,420 @@ def test_html_to_markdown_time_grows_linearly_on_hostile_documents(ring, name):
 
 
 # ----------------------------------------------------------------------------------------------
+# §8 PDF to text: small PDFs assembled byte by byte in each test
+# ----------------------------------------------------------------------------------------------
+
+PDF_HELVETICA = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>"
+
+
+# ---- Building PDFs ----------------------------------------------------------------------------
+
+def pdf_stream(body, extra=b""):
+    """A stream object's bytes: dictionary with /Length and ``extra`` entries, then the data."""
+    return b"<< /Length %d %s >>\nstream\n%s\nendstream" % (len(body), extra, body)
+
+
+def pdf_file(objects, trailer=b"", xref=True, root=1):
+    """A PDF file from ``objects`` (object bodies numbered from 1) with a classic xref table."""
+    out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
+    offsets = []
+    for num, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (num, body)
+    start = len(out)
+    if xref:
+        out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+        for off in offsets:
+            out += b"%010d 00000 n \n" % off
+    out += b"trailer\n<< /Size %d /Root %d 0 R %s >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1, root, trailer, start)
+    return bytes(out)
+
+
+def pdf_one_page(content, font=PDF_HELVETICA, resources=b"/Font << /F1 4 0 R >>", extra=()):
+    """Objects of a one-page document: catalog, pages, page, font 4, content 5, then ``extra``."""
+    return [b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << %s >> "
+            b"/Contents 5 0 R >>" % resources,
+            font,
+            pdf_stream(content)] + list(extra)
+
+
+def pdf_rc4(key, data):
+    s, j = list(range(256)), 0
+    for i in range(256):
+        j = (j + s[i] + key[i % len(key)]) & 255
+        s[i], s[j] = s[j], s[i]
+    out, i, j = bytearray(), 0, 0
+    for c in data:
+        i = (i + 1) & 255
+        j = (j + s[i]) & 255
+        s[i], s[j] = s[j], s[i]
+        out.append(c ^ s[(s[i] + s[j]) & 255])
+    return bytes(out)
+
+
+PDF_PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683E802F0CA9FE6453697A")
+
+
+def pdf_encrypted_rc4(objects, user_password=b""):
+    """A file with RC4-128 encryption (V 2, R 3) opened by ``user_password``."""
+    file_id = b"0123456789abcdef"
+    owner = hashlib.md5(b"owner").digest() * 2
+    perms = -4
+    h = hashlib.md5((user_password + PDF_PAD)[:32] + owner + (perms & 0xFFFFFFFF).to_bytes(4, "little") + file_id)
+    key = h.digest()
+    for _ in range(50):
+        key = hashlib.md5(key[:16]).digest()
+    key = key[:16]
+    check = pdf_rc4(key, hashlib.md5(PDF_PAD + file_id).digest())
+    for i in range(1, 20):
+        check = pdf_rc4(bytes(b ^ i for b in key), check)
+    user = check + b"\0" * 16
+    out = []
+    for num, body in enumerate(objects, 1):
+        if b"stream\n" in body:
+            head, rest = body.split(b"stream\n", 1)
+            data = rest[:rest.rindex(b"\nendstream")]
+            obj_key = hashlib.md5(key + num.to_bytes(3, "little") + b"\0\0").digest()
+            body = head + b"stream\n" + pdf_rc4(obj_key, data) + b"\nendstream"
+        out.append(body)
+    enc_num = len(out) + 1
+    out.append(b"<< /Filter /Standard /V 2 /R 3 /Length 128 /P %d /O <%s> /U <%s> >>" % (
+        perms, owner.hex().encode(), user.hex().encode()))
+    return pdf_file(out, b"/Encrypt %d 0 R /ID [<%s> <%s>]" % (
+        enc_num, file_id.hex().encode(), file_id.hex().encode()))
+
+
+def pdf_text_of(data, **kwargs):
+    return import_server_module().pdf_to_text(data, **kwargs)
+
+
+# ---- Text -------------------------------------------------------------------------------------
+
+def test_pdf_minimal_page_with_helvetica_tj():
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (Hello, world!) Tj ET"))
+    assert pdf_text_of(data) == "Hello, world!"
+
+
+def test_pdf_tj_kerning_small_gap_joins_large_gap_spaces():
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td [(Hel) -20 (lo) -400 (there)] TJ ET"))
+    assert pdf_text_of(data) == "Hello there"
+
+
+def test_pdf_lines_paragraphs_and_forward_jumps():
+    content = (b"BT /F1 10 Tf 14 TL 72 700 Td (First line) Tj T* (second line) Tj "
+               b"0 -40 Td (New paragraph) Tj 200 0 Td (far right) Tj ET")
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "First line\nsecond line\n\nNew paragraph far right"
+
+
+def test_pdf_quote_operators_move_to_next_line():
+    content = b"BT /F1 10 Tf 12 TL 72 700 Td (one) Tj (two) ' 1 0 (three) \" ET"
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "one\ntwo\nthree"
+
+
+def test_pdf_text_matrix_and_ctm_place_text():
+    content = (b"q 2 0 0 2 0 0 cm BT /F1 6 Tf 1 0 0 1 36 350 Tm (top) Tj ET Q "
+               b"BT /F1 12 Tf 1 0 0 1 72 680 Tm (below) Tj ET")
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "top\nbelow"
+
+
+def test_pdf_text_outside_the_page_is_left_out():
+    content = b"BT /F1 12 Tf 72 900 Td (printer mark) Tj ET BT /F1 12 Tf 72 700 Td (body) Tj ET"
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "body"
+
+
+def test_pdf_differences_glyph_names_and_ligatures():
+    font = (b"<< /Type /Font /Subtype /Type1 /BaseFont /CMR10 /Encoding << /Type /Encoding "
+            b"/BaseEncoding /WinAnsiEncoding /Differences [1 /fi /eacute /uni00660066 /f_l /quoteright] >> >>")
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (\\001nd caf\\002 o\\003ice \\004ow it\\005s) Tj ET", font))
+    assert pdf_text_of(data) == "find caf\u00e9 office flow it\u2019s"
+
+
+def test_pdf_tounicode_cmap_type0_identity_h():
+    cmap = (b"/CIDInit /ProcSet findresource begin 12 dict begin begincmap\n"
+            b"1 begincodespacerange <0000> <FFFF> endcodespacerange\n"
+            b"2 beginbfchar <0001> <0048> <0002> <00690020> endbfchar\n"
+            b"2 beginbfrange <0010> <0012> <0061> <0020> <0021> [<03A9> <D835DC00>] endbfrange\n"
+            b"endcmap CMapName currentdict /CMap defineresource pop end end")
+    font = (b"<< /Type /Font /Subtype /Type0 /BaseFont /ABCDEF+Some /Encoding /Identity-H "
+            b"/DescendantFonts [6 0 R] /ToUnicode 7 0 R >>")
+    descendant = (b"<< /Type /Font /Subtype /CIDFontType2 /BaseFont /ABCDEF+Some /DW 500 "
+                  b"/CIDSystemInfo << /Registry (Adobe) /Ordering (Identity) /Supplement 0 >> "
+                  b"/W [1 [600 250] 16 18 500] >>")
+    content = b"BT /F1 12 Tf 72 700 Td <000100020010001100120020 0021> Tj ET"
+    data = pdf_file(pdf_one_page(content, font, extra=[descendant, pdf_stream(cmap)]))
+    assert pdf_text_of(data) == "Hi abc\u03a9\U0001d400"
+
+
+def test_pdf_form_xobject_text_is_read():
+    form = pdf_stream(b"BT /F1 12 Tf 0 0 Td (inside the form) Tj ET",
+                  b"/Type /XObject /Subtype /Form /BBox [0 0 500 100] /Matrix [1 0 0 1 72 686] "
+                  b"/Resources << /Font << /F1 4 0 R >> >>")
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (page) Tj ET /X1 Do",
+                          resources=b"/Font << /F1 4 0 R >> /XObject << /X1 6 0 R >>", extra=[form]))
+    assert pdf_text_of(data) == "page\ninside the form"
+
+
+def test_pdf_pages_in_tree_order_separated_by_blank_line():
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>",
+               b"<< /Type /Pages /Kids [6 0 R 3 0 R] /Count 2 /MediaBox [0 0 612 792] "
+               b"/Resources << /Font << /F1 4 0 R >> >> >>",
+               b"<< /Type /Page /Parent 2 0 R /Contents 5 0 R >>",
+               PDF_HELVETICA,
+               pdf_stream(b"BT /F1 12 Tf 72 700 Td (second) Tj ET"),
+               b"<< /Type /Pages /Parent 2 0 R /Kids [7 0 R] /Count 1 >>",
+               b"<< /Type /Page /Parent 6 0 R /Contents 8 0 R >>",
+               pdf_stream(b"BT /F1 12 Tf 72 700 Td (first) Tj ET")]
+    assert pdf_text_of(pdf_file(objects)) == "first\n\nsecond"
+    assert pdf_text_of(pdf_file(objects), max_pages=1) == "first"
+
+
+def test_pdf_nested_parentheses_escapes_and_inline_image():
+    content = (b"BT /F1 12 Tf 72 700 Td (a (nested) \\(escaped\\) \\101) Tj ET "
+               b"BI /W 4 /H 1 /BPC 8 /CS /G ID \x00(BT\xff)Tj EI Q "
+               b"BT /F1 12 Tf 72 680 Td (after) Tj ET")
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "a (nested) (escaped) A\nafter"
+
+
+# ---- File structure ---------------------------------------------------------------------------
+
+def pdf_xref_stream_file(objects, compress=True):
+    """A PDF 1.5 file whose cross-reference is a Flate stream with a PNG Up predictor."""
+    out = bytearray(b"%PDF-1.5\n")
+    offsets = []
+    for num, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (num, body)
+    xref_num = len(objects) + 1
+    offsets.append(len(out))
+    rows = [b"\x00\x00\x00\xff"] + [b"\x01" + off.to_bytes(2, "big") + b"\x00" for off in offsets]
+    raw, prev = bytearray(), bytes(4)
+    for row in rows:                     # PNG "Up" filter: each byte minus the one above
+        raw += b"\x02" + bytes((a - b) & 255 for a, b in zip(row, prev))
+        prev = row
+    body = zlib.compress(bytes(raw)) if compress else bytes(raw)
+    out += b"%d 0 obj\n%s\nendobj\n" % (xref_num, pdf_stream(
+        body, b"/Type /XRef /Size %d /W [1 2 1] /Root 1 0 R /Filter /FlateDecode "
+              b"/DecodeParms << /Predictor 12 /Columns 4 >>" % (xref_num + 1)))
+    out += b"startxref\n%d\n%%%%EOF\n" % offsets[-1]
+    return bytes(out)
+
+
+def test_pdf_flate_content_with_xref_stream_and_png_predictor():
+    content = zlib.compress(b"BT /F1 12 Tf 72 700 Td (compressed text) Tj ET")
+    objects = pdf_one_page(b"")
+    objects[4] = pdf_stream(content, b"/Filter /FlateDecode")
+    assert pdf_text_of(pdf_xref_stream_file(objects)) == "compressed text"
+
+
+def test_pdf_object_stream_holds_the_page_objects(ring):
+    members = [b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+               b"/Resources << /Font << /F1 4 0 R >> >> /Contents 5 0 R >>",
+               PDF_HELVETICA]
+    header, body = b"", b""
+    for num, member in zip((2, 3, 4), members):
+        header += b"%d %d " % (num, len(body))
+        body += member + b"\n"
+    objstm = pdf_stream(zlib.compress(header + body),
+                    b"/Type /ObjStm /N 3 /First %d /Filter /FlateDecode" % len(header))
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"null", b"null", b"null",
+               pdf_stream(b"BT /F1 12 Tf 72 700 Td (from an object stream) Tj ET"), objstm]
+    data = pdf_xref_stream_file(objects)
+    # point objects 2-4 at the object stream (type 2 entries): rebuild the xref rows
+    doc = ring._PdfDocument(data, None)
+    for i, num in enumerate((2, 3, 4)):
+        doc.xref[num] = (6, i)
+    doc.cache.clear()
+    page, resources, box = doc.pages(10)[0]
+    reader = ring._PdfTextReader(doc)
+    reader.run_page(page, resources, box)
+    assert reader.text() == "from an object stream"
+
+
+def test_pdf_object_stream_found_by_scan_when_xref_is_missing():
+    header = b"2 0 3 45 "
+    body = (b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>\n    "
+            b"<< /Type /Page /Parent 2 0 R /Resources << /Font << /F1 4 0 R >> >> /Contents 5 0 R >>")
+    objstm = pdf_stream(zlib.compress(header + body), b"/Type /ObjStm /N 2 /First %d /Filter /FlateDecode" % len(header))
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"null", b"null", PDF_HELVETICA,
+               pdf_stream(b"BT /F1 12 Tf 72 700 Td (scanned objstm) Tj ET"), objstm]
+    data = pdf_file(objects, xref=False).replace(b"2 0 obj\nnull", b"% 0 obj\nnull").replace(
+        b"3 0 obj\nnull", b"% 0 obj\nnull")
+    assert pdf_text_of(data) == "scanned objstm"
+
+
+def test_pdf_incremental_update_follows_prev():
+    base = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (old text) Tj ET"))
+    start = int(base.rsplit(b"startxref", 1)[1].split()[0])
+    update = bytearray(base)
+    offset = len(update)
+    new = pdf_stream(b"BT /F1 12 Tf 72 700 Td (new text) Tj ET")
+    update += b"5 0 obj\n%s\nendobj\n" % new
+    xref_at = len(update)
+    update += b"xref\n5 1\n%010d 00000 n \ntrailer\n<< /Size 6 /Root 1 0 R /Prev %d >>\nstartxref\n%d\n%%%%EOF\n" % (
+        offset, start, xref_at)
+    assert pdf_text_of(bytes(update)) == "new text"
+
+
+def test_pdf_prev_loop_terminates():
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (loop) Tj ET"))
+    start = int(data.rsplit(b"startxref", 1)[1].split()[0])
+    data = data.replace(b"/Size 6", b"/Size 6 /Prev %d" % start)
+    assert pdf_text_of(data) == "loop"
+
+
+def test_pdf_broken_xref_is_recovered_by_scan():
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (recovered) Tj ET"))
+    data = data.replace(b"0000000", b"0000123")           # every offset wrong
+    assert pdf_text_of(data) == "recovered"
+    no_xref = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (no xref at all) Tj ET"), xref=False)
+    no_xref = no_xref[:no_xref.index(b"trailer")]         # no trailer either
+    assert pdf_text_of(no_xref) == "no xref at all"
+
+
+def test_pdf_wrong_stream_length_is_tolerated():
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (length lies) Tj ET")).replace(b"/Length 41", b"/Length 9")
+    assert pdf_text_of(data) == "length lies"
+
+
+def test_pdf_damaged_zlib_stream_yields_what_inflates():
+    good = zlib.compress(b"BT /F1 12 Tf 72 700 Td (checksum is wrong) Tj ET")
+    bad = good[:-4] + bytes(b ^ 0xFF for b in good[-4:])  # damage the Adler-32 checksum
+    objects = pdf_one_page(b"")
+    objects[4] = pdf_stream(bad, b"/Filter /FlateDecode")
+    assert pdf_text_of(pdf_file(objects)) == "checksum is wrong"
+
+
+def test_pdf_not_a_pdf_is_damaged(ring):
+    with pytest.raises(ring.PdfError) as info:
+        pdf_text_of(b"<html>not a pdf</html>")
+    assert info.value.code == "pdf_damaged"
+    assert info.value.partial == ""
+
+
+# ---- Filters ----------------------------------------------------------------------------------
+
+def test_pdf_filters_lzw_ascii85_hex_run_length(ring):
+    # The LZW example of the PDF specification (7.4.4.2).
+    assert ring._pdf_lzw(bytes.fromhex("800B6050220C0C8501"), 100, True) == b"\x2d\x2d\x2d\x2d\x2d\x41\x2d\x2d\x2d\x42"
+    assert ring._pdf_ascii85(b"<~87cURD]i,\"Ebo7~>") == b"Hello World"
+    assert ring._pdf_ascii85(b"z!!~>") == b"\0\0\0\0\0"
+    assert ring._pdf_ascii_hex(b"48 65 6c6C 6>") == b"Hell`"
+    assert ring._pdf_run_length(b"\x02abc\xfdz\x80", 100) == b"abczzzz"
+
+
+def test_pdf_chained_filters_on_content():
+    body = zlib.compress(b"BT /F1 12 Tf 72 700 Td (two filters) Tj ET").hex().encode() + b">"
+    objects = pdf_one_page(b"")
+    objects[4] = pdf_stream(body, b"/Filter [/ASCIIHexDecode /FlateDecode]")
+    assert pdf_text_of(pdf_file(objects)) == "two filters"
+
+
+def test_pdf_png_predictors_sub_average_paeth(ring):
+    rows = [bytes([10, 20, 30]), bytes([11, 25, 40])]
+    encoded = b"\x01" + bytes([10, 10, 10]) + b"\x04" + bytes([1, 5, 10])
+    assert ring._pdf_predict(encoded, {"Predictor": 15, "Columns": 3}) == rows[0] + rows[1]
+    assert ring._pdf_predict(b"\x03" + bytes([4, 4]), {"Predictor": 10, "Columns": 2}) == bytes([4, 6])
+
+
+def test_pdf_image_filters_are_skipped(ring):
+    assert ring._pdf_filter("DCTDecode", b"\xff\xd8", {}, 100, None) is None
+    assert ring._pdf_filter("JBIG2Decode", b"", {}, 100, None) is None
+
+
+# ---- Encryption -------------------------------------------------------------------------------
+
+def test_pdf_rc4_with_empty_user_password_is_decrypted():
+    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (secret but open) Tj ET")
+    assert pdf_text_of(pdf_encrypted_rc4(objects)) == "secret but open"
+
+
+def test_pdf_user_password_needed_is_reported(ring):
+    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (closed) Tj ET")
+    with pytest.raises(ring.PdfError) as info:
+        pdf_text_of(pdf_encrypted_rc4(objects, b"openpassword"))
+    assert info.value.code == "pdf_encrypted"
+    assert "password" in info.value.message
+
+
+def test_pdf_aes_encryption_is_reported(ring):
+    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (aes) Tj ET") + [
+        b"<< /Filter /Standard /V 4 /R 4 /Length 128 /P -4 /O <%s> /U <%s> "
+        b"/CF << /StdCF << /CFM /AESV2 /AuthEvent /DocOpen /Length 16 >> >> /StmF /StdCF /StrF /StdCF >>"
+        % (b"00" * 32, b"00" * 32)]
+    data = pdf_file(objects, b"/Encrypt 6 0 R /ID [<00112233> <00112233>]")
+    with pytest.raises(ring.PdfError) as info:
+        pdf_text_of(data)
+    assert info.value.code == "pdf_encrypted"
+    assert "AES" in info.value.message
+
+
+# ---- No text, bounds, cancellation ------------------------------------------------------------
+
+def test_pdf_image_only_page_is_no_text(ring):
+    image = pdf_stream(b"\xff\xd8\xff\xd9", b"/Type /XObject /Subtype /Image /Width 1 /Height 1 "
+                                        b"/ColorSpace /DeviceGray /BitsPerComponent 8 /Filter /DCTDecode")
+    data = pdf_file(pdf_one_page(b"q 612 0 0 792 0 0 cm /Im0 Do Q", resources=b"/XObject << /Im0 6 0 R >>",
+                          extra=[image]))
+    with pytest.raises(ring.PdfError) as info:
+        pdf_text_of(data)
+    assert info.value.code == "pdf_no_text"
+    assert "scanned image" in info.value.message
+
+
+def test_pdf_zip_bomb_stops_at_the_cap(ring, monkeypatch):
+    monkeypatch.setattr(ring, "_PDF_MAX_STREAM", 1 << 20)
+    monkeypatch.setattr(ring, "_PDF_MAX_DECODED", 2 << 20)
+    inflater = zlib.compressobj(9)
+    bomb = inflater.compress(b"BT /F1 12 Tf 72 700 Td (boom) Tj ET\n") + inflater.compress(b" " * (64 << 20))
+    bomb += inflater.flush()
+    objects = pdf_one_page(b"")
+    objects[4] = pdf_stream(bomb, b"/Filter /FlateDecode")
+    started = time.monotonic()
+    assert pdf_text_of(pdf_file(objects)) == "boom"
+    assert time.monotonic() - started < 2.0
+
+
+def test_pdf_deep_nesting_raises_no_recursion_error(ring):
+    deep = b"[" * 100000 + b"]" * 100000
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td " + deep + b" pop (survived) Tj ET",
+                          extra=[b"<< /Deep " + deep + b" >>"]))
+    assert pdf_text_of(data) == "survived"
+    values, _, _ = ring._pdf_parse(b"<< /A " + b"[" * 5000 + b"1" + b"]" * 5000 + b" >>")
+    depth, value = 0, values[0]["A"]
+    while isinstance(value, list) and value:
+        value, depth = value[0], depth + 1
+    assert depth <= ring._PDF_MAX_NESTING
+
+
+def test_pdf_reference_cycles_terminate():
+    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (cycle) Tj ET")
+    objects[1] = b"<< /Type /Pages /Kids [3 0 R 2 0 R 6 0 R] /Count 1 >>"
+    objects.append(b"7 0 R")
+    objects.append(b"6 0 R")
+    assert pdf_text_of(pdf_file(objects)) == "cycle"
+
+
+def test_pdf_check_is_called_and_its_exception_propagates():
+    content = b"BT /F1 12 Tf 72 700 Td " + b"(x) Tj " * 20000 + b"ET"
+    data = pdf_file(pdf_one_page(content))
+    calls = []
+    pdf_text_of(data, check=lambda: calls.append(1))
+    assert calls
+
+    class Stop(Exception):
+        pass
+
+    def stop():
+        raise Stop()
+    with pytest.raises(Stop):
+        pdf_text_of(data, check=stop)
+
+
+# ----------------------------------------------------------------------------------------------
 # §9 Key pool and circuit breaker
 # ----------------------------------------------------------------------------------------------
 # Unit tests take a FakeClock (`fake_clock` fixture).
@@ -6619,8 +7034,22 @@ def test_web_fetch_direct_decodes_a_gzip_encoded_page(start_server, fake_upstrea
     assert "gzip" in fake_upstream.requests[0].header("Accept-Encoding")
 
 
+@pytest.mark.parametrize("content_type", ["application/pdf", "application/octet-stream", "text/html"])
+def test_web_fetch_direct_reads_a_pdf_whatever_type_it_is_served_with(start_server, fake_upstream, content_type):
+    page = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (A paper about write-ahead logs.) Tj ET"))
+    fake_upstream.route("GET", "/paper.pdf", {"headers": {"Content-Type": content_type}, "body": page})
+    fake_upstream.route("GET", "/scan.pdf", {"headers": {"Content-Type": content_type},
+                                             "body": b"%PDF-1.7\n1 0 obj\n<< /Type /Catalog >>\nendobj\n"})
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_fetch(server, fake_upstream.url + "/paper.pdf")
+    assert (is_error, content["content"], content["content_type"]) == (
+        False, "A paper about write-ahead logs.", "application/pdf")
+    content, is_error = call_fetch(server, fake_upstream.url + "/scan.pdf")
+    assert is_error is True and content["error"] in ("pdf_damaged", "pdf_no_text"), content["error_detail"]
+
+
 @pytest.mark.parametrize("content_type, body", [
-    ("application/pdf", b"%PDF-1.7\n1 0 obj\n<< /Type /Catalog >>\nendobj\n"),
     ("image/png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"),
     ("application/octet-stream", b"\x00\x01\x02\x03"),
 ])
@@ -6636,9 +7065,9 @@ def test_web_fetch_direct_refuses_binary_content_types(start_server, fake_upstre
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-def test_web_fetch_direct_refuses_a_page_over_five_megabytes(start_server, fake_upstream, chunked):
+def test_web_fetch_direct_refuses_a_page_over_ten_megabytes(start_server, fake_upstream, chunked):
     fake_upstream.route("GET", "/huge", {"headers": {"Content-Type": "text/html"}, "body": "<p>big</p>",
-                                         "size": 6_000_000, "chunked": chunked})
+                                         "size": 10_500_000, "chunked": chunked})
     server = start_server(direct_env())
     server.initialize()
     started = time.monotonic()

@@ -3472,6 +3472,2105 @@ def _render_table(rows, plain):
 
 
 # ---------------------------------------------------------------------------
+# PDF to text (the rest of §8)
+# ---------------------------------------------------------------------------
+#
+# pdf_to_text() reads the text layer of a PDF with the standard library only:
+# the file structure (xref tables and streams, object streams, incremental
+# updates, a scan for "N G obj" when the xref is damaged), the common stream
+# filters, fonts (ToUnicode CMaps, simple encodings with /Differences, Type0
+# CID fonts) and the text operators of content streams, laid out as lines
+# and paragraphs from the text positions.  Every loop is bounded: pages,
+# inflated bytes, nesting, reference chains and form XObject depth, and the
+# caller's ``check`` is called every few thousand tokens.
+
+PDF_MAX_PAGES = 2000                # pages read from one document; later pages are left out
+_PDF_MAX_STREAM = 32 << 20          # bytes one stream may inflate to: a zip bomb stops here
+_PDF_MAX_DECODED = 64 << 20         # bytes all the streams of one document may inflate to
+_PDF_MAX_OPERATORS = 20000000       # content tokens run per document (form XObjects repeat)
+_PDF_MAX_NESTING = 64               # depth of nested arrays and dictionaries kept by the parser
+_PDF_MAX_CHAIN = 32                 # indirect references followed in a row
+_PDF_MAX_FORM_DEPTH = 12            # form XObjects drawn inside form XObjects
+_PDF_MAX_SECTIONS = 256             # cross-reference sections followed through /Prev
+_PDF_MAX_TRAILERS = 64              # trailer dictionaries read by the scan of a damaged file
+_PDF_MAX_DICT_BYTES = 65536         # bytes a trailer or xref stream dictionary may span
+_PDF_MAX_CMAP = 1 << 17             # codes a CMap or /W array may define
+_PDF_MAX_GSTATE = 256               # graphics states saved with q
+_PDF_CHECK_EVERY = 2048             # tokens (or objects) between two calls of ``check``
+_PDF_WORD_GAP = 0.18                # a forward jump wider than this share of the font size is a space
+_PDF_LINE_GAP = 0.55                # a vertical move beyond this share of the font size is a new line
+_PDF_PARA_GAP = 1.9                 # ... and beyond this share, a new paragraph
+_PDF_PAGE_BREAK = "\n\n"            # between pages: a blank line, like between paragraphs
+
+
+# The lexer: one alternative per token kind, each a single unambiguous loop, so that a match
+# costs time linear in its length.  Group numbers are the token kinds used by the parsers.
+_PDF_TOKEN_RE = LazyPattern(
+    rb"[\x00\t\n\x0c\r ]*(?:"
+    rb"([+-]?(?:\d+(?:\.\d*)?|\.\d+))"               # 1 number
+    rb"|(/[^\x00\t\n\x0c\r ()<>\[\]{}/%]*)"          # 2 name
+    rb"|(\((?:[^()\\]|\\.)*\))"                      # 3 string without nested parentheses
+    rb"|(\()"                                        # 4 start of a string with nested ones
+    rb"|(<[0-9A-Fa-f\x00\t\n\x0c\r ]*>)"             # 5 hex string
+    rb"|(<<|>>|[\[\]{}])"                            # 6 delimiter
+    rb"|([^\x00\t\n\x0c\r ()<>\[\]{}/%]+)"           # 7 keyword or operator
+    rb"|(%[^\r\n]*)"                                 # 8 comment
+    rb"|(.))", re.S)                                 # 9 anything else: skipped
+_PDF_PAREN_RE = LazyPattern(rb"[()\\]")
+# Spacing accents (as TeX fonts draw them, before the letter) and their combining marks.
+_PDF_SPACING_ACCENTS = {"\u00b4": "\u0301", "\u00a8": "\u0308", "\u02c6": "\u0302", "\u02dc": "\u0303",
+                        "\u00af": "\u0304", "\u02d8": "\u0306", "\u02d9": "\u0307", "\u02da": "\u030a",
+                        "\u00b8": "\u0327", "\u02dd": "\u030b", "\u02db": "\u0328", "\u02c7": "\u030c"}
+_PDF_ACCENT_RE = LazyPattern("([\u00b4\u00a8\u02c6\u02dc\u00af\u02d8\u02d9\u02da\u00b8\u02dd\u02db\u02c7])"
+                            "([A-Za-z\u0131])")
+_PDF_ESCAPE_RE = LazyPattern(rb"\\(?:([0-7]{1,3})|(\r\n?|\n)|(.))", re.S)
+_PDF_HEADER_RE = LazyPattern(rb"[\x00\t\n\x0c\r ]{0,64}(\d{1,10})[\x00\t\n\x0c\r ]{1,64}(\d{1,10})"
+                            rb"[\x00\t\n\x0c\r ]{0,64}obj")
+_PDF_BEFORE_OBJ_RE = LazyPattern(rb"(?:^|[^0-9])(\d{1,10})[\x00\t\n\x0c\r ]{1,16}(\d{1,5})"
+                                rb"[\x00\t\n\x0c\r ]{0,16}$")
+_PDF_XREF_ENTRY_RE = LazyPattern(rb"[\x00\t\n\x0c\r ]{0,8}(\d{1,10})[ ]{1,4}(\d{1,5})[ ]{1,4}([nf])")
+_PDF_XREF_HEAD_RE = LazyPattern(rb"[\x00\t\n\x0c\r ]{0,64}(\d{1,10})[ ]{1,8}(\d{1,10})[ \t]{0,8}[\r\n]")
+_PDF_T1_DUP_RE = LazyPattern(rb"dup[ \t\r\n]{1,8}(\d{1,3})[ \t\r\n]{0,8}/([^ \t\r\n/\[\]{}()<>]{1,64})"
+                            rb"[ \t\r\n]{1,8}put")
+_PDF_WHITESPACE = b"\x00\t\n\x0c\r "
+_PDF_DELIMITERS = b"\x00\t\n\x0c\r ()<>[]{}/%"
+
+# Key padding of the standard security handler (PDF 1.7, 7.6.3.3, algorithm 2).
+_PDF_PASSWORD_PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683E802F0CA9FE6453697A")
+
+# Glyph names beyond plain letters, digits and accented letters, with their Unicode code points
+# (hex): the Adobe Glyph List names met in the standard encodings, TeX fonts and maths.
+_PDF_GLYPH_NAMES = """
+space 20 exclam 21 quotedbl 22 numbersign 23 dollar 24 percent 25 ampersand 26 quotesingle 27
+parenleft 28 parenright 29 asterisk 2a plus 2b comma 2c hyphen 2d period 2e slash 2f zero 30 one 31
+two 32 three 33 four 34 five 35 six 36 seven 37 eight 38 nine 39 colon 3a semicolon 3b less 3c
+equal 3d greater 3e question 3f at 40 bracketleft 5b backslash 5c bracketright 5d asciicircum 5e
+underscore 5f grave 60 braceleft 7b bar 7c braceright 7d asciitilde 7e nbspace a0 nonbreakingspace a0
+exclamdown a1 cent a2 sterling a3 currency a4 yen a5 brokenbar a6 section a7 dieresis a8 copyright a9
+ordfeminine aa guillemotleft ab logicalnot ac sfthyphen ad registered ae macron af degree b0
+plusminus b1 twosuperior b2 threesuperior b3 acute b4 mu b5 paragraph b6 periodcentered b7
+cedilla b8 onesuperior b9 ordmasculine ba guillemotright bb onequarter bc onehalf bd
+threequarters be questiondown bf AE c6 Eth d0 multiply d7 Oslash d8 Thorn de germandbls df ae e6
+eth f0 divide f7 oslash f8 thorn fe dotlessi 131 dotlessj 237 Lslash 141 lslash 142 OE 152 oe 153
+Dcroat 110 dcroat 111 Hbar 126 hbar 127 IJ 132 ij 133 kgreenlandic 138 Ldot 13f ldot 140 Eng 14a
+eng 14b florin 192 circumflex 2c6 caron 2c7 breve 2d8 dotaccent 2d9 ring 2da ogonek 2db tilde 2dc
+hungarumlaut 2dd endash 2013 emdash 2014 figuredash 2012 quoteleft 2018 quoteright 2019
+quotesinglbase 201a quotereversed 201b quotedblleft 201c quotedblright 201d quotedblbase 201e
+dagger 2020 daggerdbl 2021 bullet 2022 ellipsis 2026 perthousand 2030 minute 2032 second 2033
+guilsinglleft 2039 guilsinglright 203a fraction 2044 Euro 20ac trademark 2122 minus 2212
+fi fb01 fl fb02 ff fb00 ffi fb03 ffl fb04 visiblespace 2423 prime 2032 infinity 221e notequal 2260
+lessequal 2264 greaterequal 2265 partialdiff 2202 summation 2211 product 220f integral 222b
+radical 221a approxequal 2248 lozenge 25ca Omega 3a9 Delta 394 asteriskmath 2217 diamondmath 22c4
+minusplus 2213 circleplus 2295 circleminus 2296 circlemultiply 2297 equivalence 2261
+reflexsubset 2286 reflexsuperset 2287 similar 223c propersubset 2282 propersuperset 2283
+lessmuch 226a greatermuch 226b arrowleft 2190 arrowup 2191 arrowright 2192 arrowdown 2193
+arrowboth 2194 arrowdblleft 21d0 arrowdblup 21d1 arrowdblright 21d2 arrowdbldown 21d3
+arrowdblboth 21d4 element 2208 notelement 2209 universal 2200 existential 2203 emptyset 2205
+nabla 2207 logicaland 2227 logicalor 2228 intersection 2229 union 222a angleleft 2329
+angleright 232a bardbl 2016 proportional 221d dotmath 22c5 openbullet 25e6 club 2663 diamond 2666
+heart 2665 spade 2660 perpendicular 22a5 therefore 2234 angle 2220 aleph 2135 Ifraktur 2111
+Rfraktur 211c weierstrass 2118 suchthat 220b periodcentered b7 epsilon1 3f5 theta1 3d1 phi1 3d5
+sigma1 3c2 omega1 3d6 rho1 3f1 Upsilon1 3d2 compwordmark 200c cwm 200c arrowhookleft 21a9
+arrowhookright 21aa mapsto 21a6 checkmark 2713 dotlessI 49 Idot 130 Gamma 393 Theta 398 Lambda 39b
+Xi 39e Pi 3a0 Sigma 3a3 Upsilon 3a5 Phi 3a6 Psi 3a8 afii61352 2116 afii00208 2015 onethird 2153
+twothirds 2154 oneeighth 215b threeeighths 215c fiveeighths 215d seveneighths 215e
+"""
+_PDF_GREEK = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
+              "sigma1 sigma tau upsilon phi chi psi omega").split()
+# Accent suffixes of glyph names, as combining marks: "eacute" is "e" + U+0301, composed.
+_PDF_ACCENTS = {"grave": "\u0300", "acute": "\u0301", "circumflex": "\u0302", "tilde": "\u0303",
+                "macron": "\u0304", "breve": "\u0306", "dotaccent": "\u0307", "dieresis": "\u0308",
+                "ring": "\u030a", "hungarumlaut": "\u030b", "caron": "\u030c", "commaaccent": "\u0326",
+                "cedilla": "\u0327", "ogonek": "\u0328"}
+# StandardEncoding where it differs from ASCII (code: glyph name).
+_PDF_STANDARD_ENCODING = """
+27 quoteright 60 quoteleft a1 exclamdown a2 cent a3 sterling a4 fraction a5 yen a6 florin a7 section
+a8 currency a9 quotesingle aa quotedblleft ab guillemotleft ac guilsinglleft ad guilsinglright ae fi
+af fl b1 endash b2 dagger b3 daggerdbl b4 periodcentered b6 paragraph b7 bullet b8 quotesinglbase
+b9 quotedblbase ba quotedblright bb guillemotright bc ellipsis bd perthousand bf questiondown c1 grave
+c2 acute c3 circumflex c4 tilde c5 macron c6 breve c7 dotaccent c8 dieresis ca ring cb cedilla
+cd hungarumlaut ce ogonek cf caron d0 emdash e1 AE e3 ordfeminine e8 Lslash e9 Oslash ea OE
+eb ordmasculine f1 ae f5 dotlessi f8 lslash f9 oslash fa oe fb germandbls
+"""
+# The Symbol font's Greek letters, at the codes of the Latin ones.
+_PDF_SYMBOL_UPPER = "\u0391\u0392\u03a7\u0394\u0395\u03a6\u0393\u0397\u0399\u03d1\u039a\u039b\u039c" \
+                    "\u039d\u039f\u03a0\u0398\u03a1\u03a3\u03a4\u03a5\u03c2\u03a9\u039e\u03a8\u0396"
+_PDF_SYMBOL_LOWER = "\u03b1\u03b2\u03c7\u03b4\u03b5\u03c6\u03b3\u03b7\u03b9\u03d5\u03ba\u03bb\u03bc" \
+                    "\u03bd\u03bf\u03c0\u03b8\u03c1\u03c3\u03c4\u03c5\u03d6\u03c9\u03be\u03c8\u03b6"
+# Advance widths (thousandths of an em) of codes 32-126 in two of the standard 14 fonts, used when
+# a font has no /Widths; Courier is 600 throughout.
+_PDF_HELVETICA_WIDTHS = (
+    "278 278 355 556 556 889 667 191 333 333 389 584 278 333 278 278 556 556 556 556 556 556 556 556 "
+    "556 556 278 278 584 584 584 556 1015 667 667 722 722 667 611 778 722 278 500 667 556 833 722 778 "
+    "667 778 722 667 611 722 667 944 667 667 611 278 278 278 469 556 333 556 556 500 556 556 278 556 "
+    "556 222 222 500 222 833 556 556 556 556 333 500 278 556 500 722 500 500 500 334 260 334 584")
+_PDF_TIMES_WIDTHS = (
+    "250 333 408 500 500 833 778 180 333 333 500 564 250 333 250 278 500 500 500 500 500 500 500 500 "
+    "500 500 278 278 564 564 564 444 921 722 667 667 722 611 556 722 722 333 389 722 611 889 722 722 "
+    "556 722 667 556 611 722 722 944 722 722 611 333 278 333 469 500 333 444 500 444 500 444 333 500 "
+    "500 278 278 500 278 778 500 500 500 500 333 389 278 500 500 722 500 500 444 480 200 480 541")
+# Adobe-Japan1 CIDs 7918-7939: vertical forms of the small kana.
+_PDF_JAPAN1_VERTICAL_KANA = "\u3041\u3043\u3045\u3047\u3049\u3063\u3083\u3085\u3087\u308e" \
+                            "\u30a1\u30a3\u30a5\u30a7\u30a9\u30c3\u30e3\u30e5\u30e7\u30ee\u30f5\u30f6"
+# Ligature code points expanded to their letters in the output; NUL characters dropped.
+_PDF_LIGATURES = {0xFB00: "ff", 0xFB01: "fi", 0xFB02: "fl", 0xFB03: "ffi", 0xFB04: "ffl",
+                  0xFB05: "st", 0xFB06: "st", 0: None}
+# Predefined CJK CMaps whose codes are text in a codec Python knows (prefix of the CMap name).
+_PDF_CMAP_CODECS = (("UniJIS-UCS2", "utf-16-be"), ("UniGB-UCS2", "utf-16-be"),
+                    ("UniCNS-UCS2", "utf-16-be"), ("UniKS-UCS2", "utf-16-be"),
+                    ("UniJIS-UTF16", "utf-16-be"), ("UniGB-UTF16", "utf-16-be"),
+                    ("UniCNS-UTF16", "utf-16-be"), ("UniKS-UTF16", "utf-16-be"),
+                    ("90ms-RKSJ", "cp932"), ("90msp-RKSJ", "cp932"), ("83pv-RKSJ", "cp932"),
+                    ("90pv-RKSJ", "cp932"), ("EUC-", "euc_jp"), ("GBK-EUC", "gbk"), ("GBKp-EUC", "gbk"),
+                    ("GB-EUC", "gb2312"), ("GBK2K", "gb18030"), ("B5pc", "cp950"), ("ETen-B5", "cp950"),
+                    ("HKscs-B5", "big5hkscs"), ("KSC-EUC", "euc_kr"), ("KSCms-UHC", "cp949"))
+
+
+class PdfError(RingError):
+    """A PDF whose text could not be extracted.
+
+    ``code`` says why, for the caller to branch on: ``"pdf_encrypted"`` (a
+    password is needed, or a cipher the standard library lacks),
+    ``"pdf_no_text"`` (no text layer: a scan), ``"pdf_damaged"`` (nothing
+    readable).  ``message`` is for people; ``partial`` is the text recovered
+    before the failure, possibly empty.
+    """
+
+    def __init__(self, code, message, partial=""):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.partial = partial
+
+
+def pdf_to_text(data, *, check=None, max_pages=PDF_MAX_PAGES):
+    """The text of the PDF document ``data`` (bytes), page after page.
+
+    Lines follow the text positions (a new line where the baseline moves, a
+    blank line at a larger vertical gap, a space where text jumps forward on
+    its line); pages are separated by a blank line.  At most ``max_pages``
+    pages are read.  ``check``, if given, is called every few thousand
+    content tokens and may raise to stop the work (a deadline, a
+    cancellation); its exception propagates unchanged.
+
+    Raises :class:`PdfError`: ``pdf_encrypted`` when the file needs a user
+    password or AES, ``pdf_no_text`` when its pages hold no text (a scan),
+    ``pdf_damaged`` when nothing can be read.  A damaged file otherwise
+    yields whatever text could be recovered.
+    """
+    doc = _PdfDocument(bytes(data), check)
+    pages = doc.pages(max_pages)
+    if not pages:
+        raise PdfError("pdf_damaged", "no page could be read: the file is damaged or not a PDF")
+    texts, images, failures = [], 0, 0
+    for page, resources, box in pages:
+        reader = _PdfTextReader(doc)
+        try:
+            reader.run_page(page, resources, box)
+        except Exception:
+            if doc.stopped is not None:
+                raise
+            failures += 1
+        images += reader.images
+        texts.append(reader.text())
+    text = _PDF_PAGE_BREAK.join(t for t in texts if t).translate(_PDF_LIGATURES)
+    if _PDF_ACCENT_RE.search(text):
+        text = _pdf_compose_accents(text)
+    if text:
+        return text
+    if failures or doc.unreadable:
+        raise PdfError("pdf_damaged", "the page contents could not be read: the file is damaged", text)
+    if images:
+        raise PdfError("pdf_no_text", "scanned image; no text to extract", text)
+    raise PdfError("pdf_no_text", "the pages hold no text layer", text)
+
+
+# ---- Objects and the parser ------------------------------------------------------------------
+
+class _PdfRef:
+    """An indirect reference ``num gen R``."""
+    __slots__ = ("num", "gen")
+
+    def __init__(self, num, gen):
+        self.num = num
+        self.gen = gen
+
+    def __repr__(self):
+        return "%d %d R" % (self.num, self.gen)
+
+
+class _PdfStream:
+    """A stream object: its dictionary, its raw (still filtered and encrypted) bytes and the
+    object number that keys its decryption."""
+    __slots__ = ("dict", "raw", "num", "gen")
+
+    def __init__(self, dic, raw, num, gen):
+        self.dict = dic
+        self.raw = raw
+        self.num = num
+        self.gen = gen
+
+    def get(self, key, default=None):
+        return self.dict.get(key, default)
+
+
+def _pdf_tokens(data, pos=0, end=None, tick=None):
+    """Tokens of ``data[pos:end]`` as ``(kind, value, end)``: kinds are the group numbers of
+    ``_PDF_TOKEN_RE``; strings (kind 3) come unescaped; comments and stray bytes are left out.
+    The data of an inline image (between ``ID`` and ``EI``) is skipped.  ``tick(n)``, if
+    given, is called after every ``_PDF_CHECK_EVERY`` tokens."""
+    if end is None:
+        end = len(data)
+    finditer = _PDF_TOKEN_RE.finditer
+    count = 0
+    while pos < end:
+        for m in finditer(data, pos, end):
+            count += 1
+            if count >= _PDF_CHECK_EVERY and tick is not None:
+                tick(count)
+                count = 0
+            kind = m.lastindex
+            if kind == 3:
+                raw = m.group(3)[1:-1]
+                yield 3, (_pdf_unescape(raw) if b"\\" in raw else raw), m.end()
+            elif kind == 4:
+                value, pos = _pdf_literal(data, m.start(4), end)
+                yield 3, value, pos
+                break
+            elif kind == 7:
+                value = m.group(7)
+                if value == b"ID":
+                    pos = _pdf_skip_inline_image(data, m.end(), end)
+                    yield 7, value, pos
+                    break
+                yield 7, value, m.end()
+            elif kind < 8:
+                yield kind, m.group(kind), m.end()
+        else:
+            return
+
+
+def _pdf_literal(data, start, end):
+    """A literal string with nested parentheses starting at ``data[start] == '('``:
+    (its unescaped bytes, the position after it)."""
+    depth, pos = 0, start
+    search = _PDF_PAREN_RE.search
+    while True:
+        m = search(data, pos, end)
+        if m is None:
+            return _pdf_unescape(data[start + 1:end]), end
+        pos = m.end()
+        c = data[pos - 1]
+        if c == 92:                 # backslash: the next byte is escaped
+            pos += 1
+        elif c == 40:
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0:
+                return _pdf_unescape(data[start + 1:pos - 1]), pos
+
+
+def _pdf_unescape(raw):
+    """Bytes of a literal string body with its backslash escapes resolved.
+
+    >>> _pdf_unescape(rb"a\\(b\\)\\101\\n")
+    b'a(b)A\\n'
+    """
+    if b"\\" not in raw:
+        return raw
+
+    def one(m):
+        octal, newline, char = m.groups()
+        if octal:
+            return bytes((int(octal, 8) & 255,))
+        if newline:
+            return b""
+        return _PDF_ESCAPES.get(char, char)
+    return _PDF_ESCAPE_RE.sub(one, raw)
+
+
+_PDF_ESCAPES = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"b": b"\b", b"f": b"\f"}
+
+
+def _pdf_hex(token):
+    """Bytes of a hex string token ``<...>`` (an odd last digit counts as followed by 0)."""
+    digits = token[1:-1].translate(None, _PDF_WHITESPACE)
+    if len(digits) % 2:
+        digits += b"0"
+    return bytes.fromhex(digits.decode("ascii"))
+
+
+def _pdf_name(token):
+    """A name token ``/Name#20x`` as a str without the slash, ``#xx`` escapes resolved."""
+    name = token[1:]
+    if b"#" in name:
+        parts = name.split(b"#")
+        out = [parts[0]]
+        for part in parts[1:]:
+            try:
+                out.append(bytes((int(part[:2], 16),)) + part[2:])
+            except ValueError:
+                out.append(b"#" + part)
+        name = b"".join(out)
+    return name.decode("latin-1")
+
+
+def _pdf_skip_inline_image(data, pos, end):
+    """Position after the ``EI`` that ends inline image data starting at ``pos``."""
+    find = data.find
+    p = pos + 1
+    while True:
+        p = find(b"EI", p, end)
+        if p < 0:
+            return end
+        after = data[p + 2:p + 3]
+        if data[p - 1] in _PDF_WHITESPACE and (not after or after in _PDF_DELIMITERS):
+            return p + 2
+        p += 2
+
+
+def _pdf_parse(data, pos=0, end=None, tick=None):
+    """Parse objects from ``data[pos:end]`` up to the first keyword that is not part of an
+    object (``obj``, ``endobj``, ``stream``, ``trailer``, ...).
+
+    Returns ``(values, keyword, position after it)``; ``keyword`` is None at the end of the
+    data.  ``N G R`` becomes a :class:`_PdfRef`, dictionaries become dicts with str keys,
+    names str, strings bytes.  Arrays and dictionaries nested deeper than
+    ``_PDF_MAX_NESTING`` are flattened into their parent, so the result is never deeper.
+    """
+    stack, cur, flattened = [], [], 0
+    for kind, value, after in _pdf_tokens(data, pos, end, tick):
+        if kind == 1:
+            cur.append(float(value) if b"." in value else int(value))
+        elif kind == 2:
+            cur.append(_pdf_name(value))
+        elif kind == 3:
+            cur.append(value)
+        elif kind == 5:
+            cur.append(_pdf_hex(value))
+        elif kind == 6:
+            if value == b"[" or value == b"<<":
+                if len(stack) >= _PDF_MAX_NESTING:
+                    flattened += 1
+                    continue
+                stack.append((cur, value))
+                cur = []
+            elif value == b"]" or value == b">>":
+                if flattened:
+                    flattened -= 1
+                    continue
+                if not stack:
+                    continue
+                parent, opener = stack.pop()
+                parent.append(_pdf_dict(cur) if opener == b"<<" else cur)
+                cur = parent
+        elif value == b"R":
+            if len(cur) >= 2 and type(cur[-1]) is int and type(cur[-2]) is int:
+                gen = cur.pop()
+                cur[-1] = _PdfRef(cur[-1], gen)
+        elif value == b"true":
+            cur.append(True)
+        elif value == b"false":
+            cur.append(False)
+        elif value == b"null":
+            cur.append(None)
+        elif value in _PDF_STOP_KEYWORDS:
+            while stack:                    # a keyword inside an open container closes it
+                parent, opener = stack.pop()
+                parent.append(_pdf_dict(cur) if opener == b"<<" else cur)
+                cur = parent
+            return cur, value, after
+    while stack:
+        parent, opener = stack.pop()
+        parent.append(_pdf_dict(cur) if opener == b"<<" else cur)
+        cur = parent
+    return cur, None, end if end is not None else len(data)
+
+
+_PDF_STOP_KEYWORDS = frozenset((b"obj", b"endobj", b"stream", b"endstream", b"xref", b"trailer",
+                                b"startxref"))
+
+
+def _pdf_dict(items):
+    """A dict from the flat ``[key, value, key, value, ...]`` list of a dictionary."""
+    out = {}
+    it = iter(items)
+    for key in it:
+        if isinstance(key, str):
+            out[key] = next(it, None)
+    return out
+
+
+# ---- The document: cross-reference, objects, streams, encryption ------------------------------
+
+class _PdfDocument:
+    """Random access to the objects of one PDF file.
+
+    The cross-reference sections are read newest first (``startxref``, then
+    ``/Prev`` and ``/XRefStm``); an object whose entry does not point at its
+    ``N G obj`` header, and a file without a usable cross-reference, fall
+    back to an index built by scanning the whole file for object headers.
+    """
+
+    def __init__(self, data, check):
+        self.data = data
+        self._check = check
+        self.stopped = None             # the exception ``check`` raised, re-raised past recovery
+        self.ticks = 0
+        self.xref = {}                  # num -> (offset, None) or (object stream num, index)
+        self.trailer = {}
+        self.cache = {}
+        self.budget = _PDF_MAX_DECODED
+        self.operators = _PDF_MAX_OPERATORS
+        self.unreadable = False         # a stream could not be decoded
+        self.crypt = None
+        self.fonts = {}
+        self.forms = {}
+        self._objstms = {}
+        self._scanned = None
+        self._objstms_indexed = False
+        self._depth = 0
+        try:
+            self._read_xref()
+        except Exception:
+            if self.stopped is not None:
+                raise
+        try:
+            if not isinstance(self.resolve(self.trailer.get("Root")), dict):
+                self._use_scan()
+        except Exception:
+            if self.stopped is not None:
+                raise
+        self._setup_encryption()
+
+    def tick(self, amount=1):
+        """Count work (tokens, objects); call ``check`` every ``_PDF_CHECK_EVERY`` units."""
+        self.ticks += amount
+        if self.ticks >= _PDF_CHECK_EVERY:
+            self.ticks = 0
+            if self._check is not None:
+                try:
+                    self._check()
+                except BaseException as exc:
+                    self.stopped = exc
+                    raise
+
+    # -- cross-reference
+
+    def _read_xref(self):
+        data = self.data
+        at = data.rfind(b"startxref")
+        if at < 0:
+            return
+        values, _, _ = _pdf_parse(data, at + 9, min(len(data), at + 40))
+        offset = values[0] if values and type(values[0]) is int else None
+        seen = set()
+        while offset is not None and offset not in seen and len(seen) < _PDF_MAX_SECTIONS:
+            seen.add(offset)
+            trailer = self._read_section(offset)
+            if trailer is None:
+                break
+            for key, value in trailer.items():
+                self.trailer.setdefault(key, value)
+            extra = trailer.get("XRefStm")
+            if type(extra) is int and extra not in seen:
+                seen.add(extra)
+                self._read_section(extra)
+            offset = trailer.get("Prev")
+            if type(offset) is not int:
+                offset = None
+
+    def _read_section(self, offset):
+        """Entries of the cross-reference section at ``offset`` (a table or a stream) added to
+        ``self.xref`` unless a newer section has them; returns its trailer, or None."""
+        data = self.data
+        if not 0 <= offset < len(data):
+            return None
+        head = data[offset:offset + 64].lstrip(_PDF_WHITESPACE)
+        if head.startswith(b"xref"):
+            return self._read_table(data.find(b"xref", offset) + 4)
+        m = _PDF_HEADER_RE.match(data, offset)
+        if m is None:
+            return None
+        values, keyword, pos = _pdf_parse(data, m.end(), min(len(data), m.end() + _PDF_MAX_DICT_BYTES))
+        if keyword != b"stream" or not values or not isinstance(values[-1], dict):
+            return None
+        stream = self._stream_at(values[-1], pos, int(m.group(1)), int(m.group(2)))
+        self._read_xref_stream(stream)
+        return stream.dict
+
+    def _read_table(self, pos):
+        data, xref = self.data, self.xref
+        while True:
+            self.tick()
+            m = _PDF_XREF_HEAD_RE.match(data, pos)
+            if m is None:
+                break
+            first, count = int(m.group(1)), int(m.group(2))
+            pos = m.end()
+            block = data[pos:pos + 20 * count]
+            parts = block.split()
+            if len(parts) == 3 * count and count and block[17:18] in (b"n", b"f"):
+                for i in range(count):
+                    if parts[3 * i + 2] == b"n":
+                        xref.setdefault(first + i, (int(parts[3 * i]), None))
+                pos += 20 * count
+                continue
+            for i in range(count):          # entries of irregular length
+                e = _PDF_XREF_ENTRY_RE.match(data, pos)
+                if e is None:
+                    break
+                pos = e.end()
+                if e.group(3) == b"n":
+                    xref.setdefault(first + i, (int(e.group(1)), None))
+        at = data.find(b"trailer", pos, pos + 4096)
+        if at < 0:
+            return {}
+        values, _, _ = _pdf_parse(data, at + 7, min(len(data), at + _PDF_MAX_DICT_BYTES))
+        return values[0] if values and isinstance(values[0], dict) else {}
+
+    def _read_xref_stream(self, stream):
+        body = self.decode(stream, crypt=False)
+        if not body:
+            return
+        widths = stream.get("W")
+        if not isinstance(widths, list) or len(widths) != 3 or not all(type(w) is int for w in widths):
+            return
+        w0, w1, w2 = widths
+        size = w0 + w1 + w2
+        if size <= 0 or min(widths) < 0:
+            return
+        index = stream.get("Index")
+        if not isinstance(index, list):
+            index = [0, stream.get("Size", 0)]
+        xref, pos, n = self.xref, 0, len(body)
+        for k in range(0, len(index) - 1, 2):
+            first, count = index[k], index[k + 1]
+            if type(first) is not int or type(count) is not int:
+                break
+            for i in range(min(count, (n - pos) // size)):
+                kind = int.from_bytes(body[pos:pos + w0], "big") if w0 else 1
+                f1 = int.from_bytes(body[pos + w0:pos + w0 + w1], "big")
+                f2 = int.from_bytes(body[pos + w0 + w1:pos + size], "big")
+                pos += size
+                if kind == 1:
+                    xref.setdefault(first + i, (f1, None))
+                elif kind == 2:
+                    xref.setdefault(first + i, (f1, f2))
+            self.tick(count >> 6)
+
+    def _scan(self):
+        """Index of the file's objects by scanning for ``N G obj`` headers (later ones win),
+        and the trailer facts found on the way."""
+        if self._scanned is not None:
+            return self._scanned
+        data, found, trailers = self.data, {}, []
+        find, search = data.find, _PDF_BEFORE_OBJ_RE.search
+        pos = 0
+        while True:
+            p = find(b"obj", pos)
+            if p < 0:
+                break
+            pos = p + 3
+            self.tick()
+            m = search(data, max(0, p - 40), p)
+            if m is not None and data[p + 3:p + 4] not in b"0123456789abcdefghijklmnopqrstuvwxyz":
+                found[int(m.group(1))] = (m.start(1), None)
+        end = len(data)
+        while len(trailers) < _PDF_MAX_TRAILERS:     # the newest trailers, at the end of the file
+            p = data.rfind(b"trailer", 0, end)
+            if p < 0:
+                break
+            end = p
+            if data[p + 7:p + 72].lstrip(_PDF_WHITESPACE).startswith(b"<<"):
+                values, _, _ = _pdf_parse(data, p + 7, min(len(data), p + _PDF_MAX_DICT_BYTES), self.tick)
+                if values and isinstance(values[0], dict):
+                    trailers.insert(0, values[0])
+        self._scanned = (found, trailers)
+        return self._scanned
+
+    def _use_scan(self):
+        """Rebuild the cross-reference from a scan of the file (a damaged or missing xref)."""
+        found, trailers = self._scan()
+        old, self.xref = self.xref, dict(found)
+        for num, entry in old.items():      # members of object streams stay where they were
+            if entry[1] is not None:
+                self.xref.setdefault(num, entry)
+        self.cache = {}
+        self._objstms = {}
+        self._objstms_indexed = False
+        trailer = {}
+        for t in trailers:
+            trailer.update({k: v for k, v in t.items() if k != "Prev"})
+        self._index_scanned_objstms()
+        if not isinstance(self.resolve(trailer.get("Root")), dict):
+            trailer.pop("Root", None)
+            for num in sorted(self.xref):
+                obj = self.load(num)
+                dic = obj.dict if isinstance(obj, _PdfStream) else obj
+                if not isinstance(dic, dict):
+                    continue
+                if dic.get("Type") == "XRef":
+                    for key in ("Root", "Info", "Encrypt", "ID"):
+                        if key in dic:
+                            trailer[key] = dic[key]
+                elif dic.get("Type") == "Catalog" and "Root" not in trailer:
+                    trailer["Root"] = _PdfRef(num, 0)
+        if "Root" in trailer or not self.trailer:
+            self.trailer = trailer
+
+    def _index_objstm(self, num):
+        """Entries for the objects of the object stream ``num`` that the xref lacks."""
+        stm = self._objstm(num)
+        if stm is not None and stm[2]:
+            for i, obj_num in enumerate(stm[2]):
+                self.xref.setdefault(obj_num, (num, i))
+
+    # -- objects
+
+    def resolve(self, value):
+        """``value`` with indirect references followed (None for a dangling one)."""
+        n = 0
+        while type(value) is _PdfRef:
+            n += 1
+            if n > _PDF_MAX_CHAIN:
+                return None
+            value = self.load(value.num)
+        return value
+
+    def load(self, num):
+        """The object ``num`` (None if missing or unreadable)."""
+        cache = self.cache
+        if num in cache:
+            return cache[num]
+        if self._depth > _PDF_MAX_CHAIN:
+            return None
+        cache[num] = None                   # a reference cycle meets None
+        self._depth += 1
+        self.tick()
+        try:
+            obj = self._load(num)
+        except Exception:
+            if self.stopped is not None:
+                raise
+            obj = None
+        finally:
+            self._depth -= 1
+        cache[num] = obj
+        return obj
+
+    def _load(self, num):
+        entry = self.xref.get(num)
+        obj = None
+        if entry is not None:
+            obj = self._load_entry(entry, num)
+        if obj is None:                     # a damaged or incomplete xref: the scan may know
+            found = self._scan()[0].get(num)
+            if found is not None and found != entry:
+                obj = self._object_at(found[0], num)
+        if obj is None and not self._objstms_indexed:
+            self._index_scanned_objstms()
+            again = self.xref.get(num)
+            if again is not None and again != entry:
+                obj = self._load_entry(again, num)
+        return obj
+
+    def _load_entry(self, entry, num):
+        where, index = entry
+        if index is None:
+            return self._object_at(where, num)
+        return self._object_in_stream(where, index, num)
+
+    def _index_scanned_objstms(self):
+        """Entries for the members of every object stream in the file that the xref lacks."""
+        import bisect
+        self._objstms_indexed = True
+        found = self._scan()[0]
+        starts = sorted((where, num) for num, (where, _) in found.items())
+        keys = [where for where, _ in starts]
+        data, pos = self.data, 0
+        while True:
+            pos = data.find(b"/ObjStm", pos)
+            if pos < 0:
+                break
+            i = bisect.bisect_right(keys, pos) - 1
+            pos += 7
+            if i >= 0 and starts[i][1] not in self._objstms:
+                self.tick()
+                self._index_objstm(starts[i][1])
+
+    def _object_at(self, offset, num):
+        data = self.data
+        m = _PDF_HEADER_RE.match(data, offset)
+        if m is None or int(m.group(1)) != num:
+            found = self._scan()[0].get(num)
+            if found is None or found[0] == offset:
+                return None
+            m = _PDF_HEADER_RE.match(data, found[0])
+            if m is None:
+                return None
+        gen = int(m.group(2))
+        values, keyword, pos = _pdf_parse(data, m.end(), None, self.tick)
+        if keyword == b"obj" and len(values) >= 2:
+            values = values[:-2]            # the header of the next object: endobj is missing
+        if not values:
+            return None
+        value = values[0]
+        if keyword == b"stream" and isinstance(value, dict):
+            value = self._stream_at(value, pos, num, gen)
+        elif self.crypt is not None:
+            value = self._decrypt_strings(value, num, gen, 0)
+        return value
+
+    def _stream_at(self, dic, pos, num, gen):
+        """The stream whose dictionary ``dic`` ends at ``pos`` (just after ``stream``)."""
+        data = self.data
+        if data[pos:pos + 2] == b"\r\n":
+            pos += 2
+        elif data[pos:pos + 1] in (b"\r", b"\n"):
+            pos += 1
+        length = dic.get("Length")
+        if type(length) is _PdfRef:
+            length = self.resolve(length)
+        end = None
+        if type(length) is int and 0 <= length <= len(data) - pos:
+            tail = data[pos + length:pos + length + 32].lstrip(_PDF_WHITESPACE)
+            if tail.startswith(b"endstream"):
+                end = pos + length
+        if end is None:                     # a wrong /Length: up to endstream
+            end = data.find(b"endstream", pos)
+            if end < 0:
+                end = len(data)
+            if data[end - 2:end] == b"\r\n":
+                end -= 2
+            elif data[end - 1:end] in (b"\r", b"\n"):
+                end -= 1
+        if self.crypt is not None:
+            dic = self._decrypt_strings(dic, num, gen, 0)
+        return _PdfStream(dic, data[pos:end], num, gen)
+
+    def _objstm(self, num):
+        """(body, first, object numbers, offsets, number -> index) of the object stream
+        ``num``, or None."""
+        if num in self._objstms:
+            return self._objstms[num]
+        self._objstms[num] = None
+        stm = self.load(num)
+        if not isinstance(stm, _PdfStream):
+            return None
+        body = self.decode(stm)
+        first = stm.get("First")
+        if not body or type(first) is not int:
+            return None
+        head = body[:first].split()
+        nums, offsets = [], []
+        for i in range(0, len(head) - 1, 2):
+            try:
+                nums.append(int(head[i]))
+                offsets.append(first + int(head[i + 1]))
+            except ValueError:
+                break
+        result = (body, first, nums, offsets, {n: i for i, n in enumerate(nums)})
+        self._objstms[num] = result
+        return result
+
+    def _object_in_stream(self, snum, index, num):
+        stm = self._objstm(snum)
+        if stm is None:
+            return None
+        body, first, nums, offsets, where = stm
+        if not (index < len(nums) and nums[index] == num):
+            if num not in where:
+                return None
+            index = where[num]
+        end = offsets[index + 1] if index + 1 < len(offsets) else len(body)
+        values, _, _ = _pdf_parse(body, offsets[index], max(end, offsets[index]), self.tick)
+        return values[0] if values else None
+
+    def pages(self, max_pages):
+        """``(page dict, resources, media box)`` of the pages in order, walking /Pages /Kids (or every
+        /Type /Page object when the page tree is broken)."""
+        root = self.resolve(self.trailer.get("Root"))
+        out = []
+        if isinstance(root, dict):
+            out = self._walk_pages(root.get("Pages"), max_pages)
+        if not out:
+            found = self._scan()[0]
+            if self.xref is not found:
+                self._use_scan()
+            for num in sorted(self.xref):
+                obj = self.load(num)
+                if isinstance(obj, dict) and obj.get("Type") == "Page":
+                    out.append((obj, self.resolve(obj.get("Resources")), _pdf_page_box(self, obj, None)))
+                    if len(out) >= max_pages:
+                        break
+        return out
+
+    def _walk_pages(self, top, max_pages):
+        out, seen = [], set()
+        stack = [(top, None, None, 0)]
+        while stack and len(out) < max_pages:
+            ref, resources, box, depth = stack.pop()
+            if type(ref) is _PdfRef:
+                if ref.num in seen:
+                    continue
+                seen.add(ref.num)
+            node = self.resolve(ref)
+            if not isinstance(node, dict):
+                continue
+            own = self.resolve(node.get("Resources"))
+            if isinstance(own, dict):
+                resources = own
+            box = _pdf_page_box(self, node, box)
+            kids = self.resolve(node.get("Kids"))
+            if isinstance(kids, list) and node.get("Type") != "Page":
+                if depth < _PDF_MAX_NESTING:
+                    for kid in reversed(kids):
+                        stack.append((kid, resources, box, depth + 1))
+            elif node.get("Type") == "Page" or "Contents" in node:
+                out.append((node, resources, box))
+        return out
+
+    # -- streams
+
+    def decode(self, stream, crypt=True):
+        """The decoded bytes of ``stream``, or None for image codecs and undecodable data.
+
+        Decryption comes first; each filter's output is capped at the smaller of
+        ``_PDF_MAX_STREAM`` and what is left of the document's budget of inflated bytes.
+        """
+        data = stream.raw
+        if crypt and self.crypt is not None and stream.get("Type") != "XRef":
+            data = self.crypt.decrypt(data, stream.num, stream.gen)
+        filters = self.resolve(stream.get("Filter"))
+        params = self.resolve(stream.get("DecodeParms", stream.get("DP")))
+        if not isinstance(filters, list):
+            filters = [] if filters is None else [filters]
+        if not isinstance(params, list):
+            params = [params] * len(filters)
+        for i, name in enumerate(filters):
+            limit = min(_PDF_MAX_STREAM, self.budget)
+            if limit <= 0:
+                self.unreadable = True
+                return None
+            parm = self.resolve(params[i]) if i < len(params) else None
+            data = _pdf_filter(name, data, parm if isinstance(parm, dict) else {}, limit, self)
+            if data is None:
+                return None
+            self.budget -= len(data)
+        return data
+
+    # -- encryption
+
+    def _setup_encryption(self):
+        enc = self.resolve(self.trailer.get("Encrypt"))
+        if not isinstance(enc, dict):
+            return
+        ids = self.resolve(self.trailer.get("ID"))
+        first_id = self.resolve(ids[0]) if isinstance(ids, list) and ids else b""
+        self.crypt = _PdfRc4Security(enc, first_id if isinstance(first_id, bytes) else b"")
+        if self.crypt.identity:
+            self.crypt = None
+        self.cache = {}
+        self._objstms = {}
+
+    def _decrypt_strings(self, value, num, gen, depth):
+        """``value`` with every string in it decrypted (RC4 with the object's key)."""
+        if isinstance(value, bytes):
+            return self.crypt.decrypt(value, num, gen)
+        if depth > _PDF_MAX_NESTING:
+            return value
+        if isinstance(value, list):
+            return [self._decrypt_strings(v, num, gen, depth + 1) for v in value]
+        if isinstance(value, dict):
+            return {k: self._decrypt_strings(v, num, gen, depth + 1) for k, v in value.items()}
+        return value
+
+
+class _PdfRc4Security:
+    """The standard security handler with RC4 (V 1, 2 or 4 with /V2, revisions 2 to 4), opened
+    with the empty user password; anything else raises ``PdfError("pdf_encrypted")``."""
+
+    def __init__(self, enc, first_id):
+        self.identity = False
+        if enc.get("Filter") != "Standard":
+            raise PdfError("pdf_encrypted", "the PDF is encrypted with the %s security handler, "
+                           "which needs a password or certificate" % enc.get("Filter"))
+        version, revision = _pdf_int(enc.get("V"), 0), _pdf_int(enc.get("R"), 2)
+        length = _pdf_int(enc.get("Length"), 40)
+        if version >= 5 or revision >= 5:
+            raise PdfError("pdf_encrypted", "the PDF is encrypted with AES-256 (AESV3); the standard "
+                           "library has no AES cipher to decrypt it")
+        if version == 4:
+            filters = enc.get("CF") if isinstance(enc.get("CF"), dict) else {}
+            methods = set()
+            for key in ("StmF", "StrF"):
+                name = enc.get(key, "Identity")
+                cf = filters.get(name) if name != "Identity" else None
+                if isinstance(cf, dict):
+                    methods.add(cf.get("CFM", "None"))
+                    size = _pdf_int(cf.get("Length"), 0)
+                    if size:
+                        length = size * 8 if size <= 32 else size
+            if "AESV2" in methods or "AESV3" in methods:
+                raise PdfError("pdf_encrypted", "the PDF is encrypted with AES (AESV2); the standard "
+                               "library has no AES cipher to decrypt it")
+            if not methods - {"None"}:
+                self.identity = True
+                return
+            if type(enc.get("Length")) is not int and length == 40:
+                length = 128
+        if type(length) is not int or not 40 <= length <= 128:
+            length = 40
+        n = 5 if revision == 2 else length // 8
+        owner, user = enc.get("O", b""), enc.get("U", b"")
+        if not isinstance(owner, bytes) or not isinstance(user, bytes):
+            raise PdfError("pdf_encrypted", "the PDF's encryption dictionary is damaged")
+        perms = _pdf_int(enc.get("P"), 0)
+        self.key = _pdf_file_key(b"", owner, perms, first_id, n, revision,
+                                 enc.get("EncryptMetadata", True) is not False)
+        if not _pdf_user_password_ok(self.key, user, first_id, revision):
+            raise PdfError("pdf_encrypted", "the PDF is encrypted with a user password; "
+                           "its text cannot be read without the password")
+        self.cache = {}
+
+    def decrypt(self, data, num, gen):
+        key = self.cache.get((num, gen))
+        if key is None:
+            import hashlib
+            raw = self.key + (num & 0xFFFFFF).to_bytes(3, "little") + (gen & 0xFFFF).to_bytes(2, "little")
+            key = self.cache[(num, gen)] = hashlib.md5(raw).digest()[:min(len(self.key) + 5, 16)]
+        return _pdf_rc4(key, data)
+
+
+def _pdf_int(value, default):
+    """``value`` if it is an integer, else ``default``."""
+    return value if type(value) is int else default
+
+
+def _pdf_file_key(password, owner, perms, first_id, n, revision, encrypt_metadata):
+    """The file encryption key (PDF 1.7, 7.6.3.3, algorithm 2)."""
+    import hashlib
+    h = hashlib.md5((password + _PDF_PASSWORD_PAD)[:32])
+    h.update(owner[:32])
+    h.update((perms & 0xFFFFFFFF).to_bytes(4, "little"))
+    h.update(first_id)
+    if revision >= 4 and not encrypt_metadata:
+        h.update(b"\xff\xff\xff\xff")
+    digest = h.digest()
+    if revision >= 3:
+        for _ in range(50):
+            digest = hashlib.md5(digest[:n]).digest()
+    return digest[:n]
+
+
+def _pdf_user_password_ok(key, user, first_id, revision):
+    """Whether ``key`` opens the file: the check value /U (algorithms 4 and 5)."""
+    import hashlib
+    if revision == 2:
+        return _pdf_rc4(key, _PDF_PASSWORD_PAD) == user[:32]
+    value = _pdf_rc4(key, hashlib.md5(_PDF_PASSWORD_PAD + first_id).digest())
+    for i in range(1, 20):
+        value = _pdf_rc4(bytes(b ^ i for b in key), value)
+    return value == user[:16]
+
+
+def _pdf_rc4(key, data):
+    """RC4 (the cipher is its own inverse).
+
+    >>> _pdf_rc4(b"Key", b"Plaintext").hex()
+    'bbf316e8d940af0ad3'
+    """
+    s = list(range(256))
+    j, klen = 0, len(key)
+    for i in range(256):
+        j = (j + s[i] + key[i % klen]) & 255
+        s[i], s[j] = s[j], s[i]
+    stream = bytearray(len(data))
+    i = j = 0
+    for n in range(len(data)):
+        i = (i + 1) & 255
+        si = s[i]
+        j = (j + si) & 255
+        sj = s[j]
+        s[i] = sj
+        s[j] = si
+        stream[n] = s[(si + sj) & 255]
+    size = len(data)
+    return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(size, "big")
+
+
+# ---- Filters ----------------------------------------------------------------------------------
+
+def _pdf_filter(name, data, parms, limit, doc):
+    """``data`` through the filter ``name``, at most ``limit`` bytes out; None for image codecs
+    (DCT, JPX, JBIG2, CCITT) and unknown filters, whose data holds no text."""
+    if name in ("FlateDecode", "Fl"):
+        out = _pdf_inflate(data, limit)
+        if out is None:
+            doc.unreadable = True
+            return None
+        return _pdf_predict(out, parms)
+    if name in ("LZWDecode", "LZW"):
+        return _pdf_predict(_pdf_lzw(data, limit, parms.get("EarlyChange", 1) != 0), parms)
+    if name in ("ASCIIHexDecode", "AHx"):
+        return _pdf_ascii_hex(data)[:limit]
+    if name in ("ASCII85Decode", "A85"):
+        return _pdf_ascii85(data)[:limit]
+    if name in ("RunLengthDecode", "RL"):
+        return _pdf_run_length(data, limit)
+    if name == "Crypt":
+        return data
+    return None
+
+
+def _pdf_inflate(data, limit):
+    """zlib data inflated to at most ``limit`` bytes; a damaged stream (bad checksum, cut
+    short, missing header) yields what inflates before the damage, or None."""
+    import zlib
+    try:
+        inflater = zlib.decompressobj()
+        return inflater.decompress(data, limit)
+    except zlib.error:
+        pass
+    best = b""
+    for skip in (2, 0):                     # raw deflate after the header, then without one
+        inflater = zlib.decompressobj(-15)
+        out, size = [], 0
+        try:
+            for pos in range(skip, len(data), 4096):
+                piece = inflater.decompress(data[pos:pos + 4096], limit - size)
+                out.append(piece)
+                size += len(piece)
+                if size >= limit or inflater.eof:
+                    break
+        except zlib.error:
+            pass
+        got = b"".join(out)
+        if len(got) > len(best):
+            best = got
+    return best or None
+
+
+def _pdf_predict(data, parms):
+    """Undo a PNG (10-15) or TIFF 2 predictor named in the decode parameters."""
+    predictor = parms.get("Predictor", 1)
+    if type(predictor) is not int or predictor < 2 or not data:
+        return data
+    colors, bpc, columns = parms.get("Colors", 1), parms.get("BitsPerComponent", 8), parms.get("Columns", 1)
+    if not all(type(v) is int and v > 0 for v in (colors, bpc, columns)):
+        return data
+    bpp = max(1, colors * bpc // 8)
+    rowlen = (colors * bpc * columns + 7) // 8
+    if predictor == 2:
+        if bpc != 8:
+            return data
+        out = bytearray(data)
+        for start in range(0, len(out), rowlen):
+            for i in range(start + bpp, min(start + rowlen, len(out))):
+                out[i] = (out[i] + out[i - bpp]) & 255
+        return bytes(out)
+    if predictor < 10:
+        return data
+    out = bytearray()
+    prev = bytearray(rowlen)
+    for start in range(0, len(data) - rowlen, rowlen + 1):
+        kind = data[start]
+        row = bytearray(data[start + 1:start + 1 + rowlen])
+        if kind == 2:
+            row = bytearray((a + b) & 255 for a, b in zip(row, prev))
+        elif kind == 1:
+            for i in range(bpp, rowlen):
+                row[i] = (row[i] + row[i - bpp]) & 255
+        elif kind == 3:
+            for i in range(rowlen):
+                left = row[i - bpp] if i >= bpp else 0
+                row[i] = (row[i] + ((left + prev[i]) >> 1)) & 255
+        elif kind == 4:
+            for i in range(rowlen):
+                a = row[i - bpp] if i >= bpp else 0
+                b = prev[i]
+                c = prev[i - bpp] if i >= bpp else 0
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                row[i] = (row[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        out += row
+        prev = row
+    return bytes(out)
+
+
+def _pdf_lzw(data, limit, early):
+    """LZW decoding (the TIFF variant PDF uses), at most ``limit`` bytes out."""
+    out = bytearray()
+    table = [bytes((i,)) for i in range(256)] + [b"", b""]
+    width, bits, nbits, prev = 9, 0, 0, b""
+    for byte in data:
+        bits = (bits << 8) | byte
+        nbits += 8
+        while nbits >= width:
+            nbits -= width
+            code = (bits >> nbits) & ((1 << width) - 1)
+            if code == 256:
+                table, width, prev = table[:258], 9, b""
+                continue
+            if code == 257:
+                return bytes(out)
+            if code < len(table):
+                entry = table[code]
+                if prev:
+                    table.append(prev + entry[:1])
+            elif prev:
+                entry = prev + prev[:1]
+                table.append(entry)
+            else:
+                return bytes(out)
+            out += entry
+            if len(out) >= limit:
+                return bytes(out[:limit])
+            prev = entry
+            if len(table) + early >= (1 << width) and width < 12:
+                width += 1
+    return bytes(out)
+
+
+def _pdf_ascii_hex(data):
+    """ASCIIHexDecode: hex digits up to ``>``, whitespace ignored."""
+    end = data.find(b">")
+    digits = bytes(c for c in (data if end < 0 else data[:end]) if c in b"0123456789abcdefABCDEF")
+    if len(digits) % 2:
+        digits += b"0"
+    return bytes.fromhex(digits.decode("ascii"))
+
+
+def _pdf_ascii85(data):
+    """ASCII85Decode, ``z`` for four zero bytes, up to ``~>``.
+
+    >>> _pdf_ascii85(b'87cURD]i,"Ebo7~>')
+    b'Hello World'
+    """
+    end = data.find(b"~>")
+    if end >= 0:
+        data = data[:end]
+    if data.startswith(b"<~"):
+        data = data[2:]
+    out, group = bytearray(), []
+    for c in data:
+        if 33 <= c <= 117:
+            group.append(c - 33)
+            if len(group) == 5:
+                value = 0
+                for d in group:
+                    value = value * 85 + d
+                out += (value & 0xFFFFFFFF).to_bytes(4, "big")
+                group = []
+        elif c == 122 and not group:
+            out += b"\0\0\0\0"
+    if len(group) > 1:
+        n = len(group) - 1
+        value = 0
+        for d in group + [84] * (5 - len(group)):
+            value = value * 85 + d
+        out += (value & 0xFFFFFFFF).to_bytes(4, "big")[:n]
+    return bytes(out)
+
+
+def _pdf_run_length(data, limit):
+    """RunLengthDecode, at most ``limit`` bytes out."""
+    out, pos, n = bytearray(), 0, len(data)
+    while pos < n and len(out) < limit:
+        length = data[pos]
+        if length == 128:
+            break
+        if length < 128:
+            out += data[pos + 1:pos + 2 + length]
+            pos += length + 2
+        else:
+            out += data[pos + 1:pos + 2] * (257 - length)
+            pos += 2
+    return bytes(out[:limit])
+
+
+# ---- Fonts ------------------------------------------------------------------------------------
+
+def _pdf_glyph_table(_table=[]):
+    """Glyph name -> text, built on first use from the constants above."""
+    if not _table:
+        names = {}
+        words = _PDF_GLYPH_NAMES.split()
+        for i in range(0, len(words), 2):
+            names[words[i]] = chr(int(words[i + 1], 16))
+        for lig in ("ff", "fi", "fl", "ffi", "ffl"):
+            names[lig] = lig
+        for i, name in enumerate(_PDF_GREEK):
+            names[name] = chr(0x3B1 + i)
+            if name != "sigma1":
+                names.setdefault(name[0].upper() + name[1:], chr(0x391 + i))
+        _table.append(names)
+    return _table[0]
+
+
+def _pdf_glyph_text(name, _cache={}):
+    """Text of a glyph name: Adobe Glyph List names, ``uniXXXX``, ``uXXXX``, accented letters
+    ("eacute"), ligatures ("f_i"), suffixed variants ("a.sc"); "" when unknown.
+
+    >>> [_pdf_glyph_text(n) for n in ("A", "eacute", "uni00660069", "f_f_i", "one.oldstyle")]
+    ['A', 'é', 'fi', 'ffi', '1']
+    """
+    text = _cache.get(name)
+    if text is None:
+        text = _pdf_glyph_lookup(name)
+        if len(_cache) < 65536:
+            _cache[name] = text
+    return text
+
+
+def _pdf_glyph_lookup(name):
+    import unicodedata
+    base = name.split(".", 1)[0]
+    if len(base) > 64:                  # no real glyph name is this long; bounds the recursion
+        return ""
+    if "_" in base:
+        return "".join(_pdf_glyph_lookup(part) for part in base.split("_"))
+    table = _pdf_glyph_table()
+    if base in table:
+        return table[base]
+    if len(base) == 1 and base.isalnum():
+        return base
+    hexdigits = "0123456789ABCDEFabcdef"
+    if base.startswith("uni") and len(base) >= 7 and (len(base) - 3) % 4 == 0 \
+            and all(c in hexdigits for c in base[3:]):
+        return "".join(_pdf_chr(int(base[i:i + 4], 16)) for i in range(3, len(base), 4))
+    if base.startswith("u") and 5 <= len(base) <= 7 and all(c in hexdigits for c in base[1:]):
+        return _pdf_chr(int(base[1:], 16))
+    for suffix, mark in _PDF_ACCENTS.items():
+        if base.endswith(suffix) and len(base) > len(suffix):
+            letter = _pdf_glyph_lookup(base[:-len(suffix)])
+            if len(letter) == 1:
+                return unicodedata.normalize("NFC", letter + mark)
+    if base.endswith(("small", "oldstyle", "superior", "inferior")):
+        for suffix in ("small", "oldstyle", "superior", "inferior"):
+            if base.endswith(suffix) and len(base) > len(suffix):
+                return _pdf_glyph_lookup(base[:-len(suffix)].lower() if suffix == "small"
+                                         else base[:-len(suffix)])
+    return ""
+
+
+def _pdf_chr(code):
+    """The character ``code``, or "" for a surrogate or a value beyond Unicode."""
+    return chr(code) if 0 < code < 0x110000 and not 0xD800 <= code < 0xE000 else ""
+
+
+def _pdf_base_encoding(name, _cache={}):
+    """The 256 characters of a named simple-font encoding ("" where a code has none)."""
+    if name in _cache:
+        return _cache[name]
+    if name == "WinAnsiEncoding":
+        chars = [bytes((c,)).decode("cp1252", "ignore") for c in range(256)]
+        chars[0x7F] = chars[0x81] = chars[0x8D] = chars[0x8F] = chars[0x90] = chars[0x9D] = "\u2022"
+        chars[0xA0], chars[0xAD] = " ", "-"
+    elif name == "MacRomanEncoding":
+        chars = [bytes((c,)).decode("mac_roman", "ignore") for c in range(256)]
+    elif name == "Symbol":
+        chars = [chr(c) if 32 <= c < 127 else "" for c in range(256)]
+        for i in range(26):
+            chars[0x41 + i], chars[0x61 + i] = _PDF_SYMBOL_UPPER[i], _PDF_SYMBOL_LOWER[i]
+    elif name == "PDFDocEncoding":
+        chars = [chr(c) for c in range(256)]
+    else:
+        chars = [chr(c) if 32 <= c < 127 else "" for c in range(256)]
+        words = _PDF_STANDARD_ENCODING.split()
+        for i in range(0, len(words), 2):
+            chars[int(words[i], 16)] = _pdf_glyph_text(words[i + 1])
+    for c in range(32):
+        if chars[c] and chars[c] not in "\t\n\r":
+            chars[c] = ""
+    _cache[name] = chars
+    return chars
+
+
+def _pdf_standard_widths(base_font):
+    """Widths of codes 32-126 of a standard 14 font named ``base_font`` (None if not one)."""
+    name = base_font.replace(" ", "").replace(",", "-")
+    if name.startswith(("Courier", "CourierNew")):
+        return [600] * 95
+    if name.startswith(("Helvetica", "Arial")):
+        return [int(w) for w in _PDF_HELVETICA_WIDTHS.split()]
+    if name.startswith("Times"):
+        return [int(w) for w in _PDF_TIMES_WIDTHS.split()]
+    return None
+
+
+class _PdfFont:
+    """What a font's codes mean: ``decode(bytes)`` gives (text, width in thousandths of an em,
+    number of single-byte spaces, number of codes).
+
+    Simple fonts map one byte to one character through a 256-entry table;
+    composite (Type0) fonts split the bytes into codes by the code space of
+    their CMap and map each code through ToUnicode, a CJK codec for the
+    predefined CMaps that are one, and CID widths from /W.
+    """
+
+    def __init__(self):
+        self.simple = True
+        self.table = {}                 # simple: code -> text, for str.translate
+        self.widths = [500.0] * 256     # simple: code -> width
+        self.unicode = {}               # composite: code -> text
+        self.ranges = []                # composite: large ToUnicode ranges (lo, hi, text)
+        self.cids = None                # composite: code -> CID when an embedded CMap says so
+        self.cid_widths = {}
+        self.default_width = 1000.0
+        self.code_space = None          # composite: sorted byte lengths, or None for two bytes
+        self.space_ranges = []
+        self.codec = None
+        self.japan1 = False             # composite: CIDs of Adobe-Japan1 with no ToUnicode
+        self.vertical = False
+        self.scale = 1.0                # em of the glyph space in text space units (Type3: FontMatrix)
+        self.cache = {}
+
+    def decode(self, s):
+        hit = self.cache.get(s)
+        if hit is not None:
+            return hit
+        if self.simple:
+            widths = self.widths
+            result = (s.decode("latin-1").translate(self.table),
+                      sum([widths[b] for b in s]), s.count(32), len(s))
+        else:
+            result = self._decode_composite(s)
+        if len(self.cache) > 4096:
+            self.cache.clear()
+        self.cache[s] = result
+        return result
+
+    def _decode_composite(self, s):
+        if self.codec is not None and not self.unicode:
+            text = s.decode(self.codec, "ignore")
+            return text, self.default_width * len(text), 0, len(text)
+        codes = self._split(s)
+        unicode, get_width, default = self.unicode, self.cid_widths.get, self.default_width
+        cids = self.cids
+        parts, width = [], 0.0
+        for code in codes:
+            text = unicode.get(code)
+            if text is None:
+                text = self._lookup(code)
+                if len(unicode) < _PDF_MAX_CMAP:
+                    unicode[code] = text
+            parts.append(text)
+            width += get_width(cids.get(code, code) if cids is not None else code, default)
+        spaces = codes.count(32) if self.code_space == [1] else 0
+        return "".join(parts), width, spaces, len(codes)
+
+    def split(self, s):
+        """The codes of ``s`` as separate byte strings."""
+        if self.simple or self.code_space == [1]:
+            return [s[i:i + 1] for i in range(len(s))]
+        if self.code_space is None or self.codec is not None:
+            return [s[i:i + 2] for i in range(0, len(s), 2)]
+        out, pos = [], 0
+        for code in self._split(s):
+            size = max(1, (code.bit_length() + 7) // 8)
+            out.append(s[pos:pos + size])
+            pos += size
+        return out
+
+    def _split(self, s):
+        lengths = self.code_space
+        if lengths is None:
+            return [(s[i] << 8) | s[i + 1] for i in range(0, len(s) - 1, 2)]
+        if lengths == [1]:
+            return list(s)
+        codes, pos, n = [], 0, len(s)
+        ranges = self.space_ranges
+        while pos < n:
+            size = 0
+            for length, lo, hi in ranges:
+                piece = s[pos:pos + length]
+                if len(piece) == length and lo <= piece <= hi:
+                    size = length
+                    break
+            if not size:
+                size = lengths[0]
+            codes.append(int.from_bytes(s[pos:pos + size], "big"))
+            pos += size
+        return codes
+
+    def _lookup(self, code):
+        for lo, hi, text in self.ranges:
+            if lo <= code <= hi:
+                return text[:-1] + _pdf_chr(ord(text[-1]) + code - lo) if text else ""
+        if self.codec is not None:
+            size = 2 if code > 255 else 1
+            return code.to_bytes(size, "big").decode(self.codec, "ignore")
+        if self.japan1:
+            cid = self.cids.get(code, code) if self.cids is not None else code
+            return _pdf_japan1_text(cid)
+        return ""
+
+
+def _pdf_japan1_text(cid, _table=[]):
+    """The character of an Adobe-Japan1 CID, for fonts that have no ToUnicode map.
+
+    Adobe-Japan1 numbers JIS X 0208 in its own order: the defined cells of
+    rows 1-7, then the kanji of rows 16-84, from CID 633; CIDs 1-95 are ASCII
+    and 327-389 the half-width katakana.  Python's EUC-JP codec lists JIS X
+    0208, so the table is built from it instead of being stored here.  The
+    vertical forms of small kana and of the commonest punctuation (CIDs
+    7887-7939) map to their horizontal characters.
+
+    >>> _pdf_japan1_text(2434), _pdf_japan1_text(920), _pdf_japan1_text(34)
+    ('序', 'わ', 'A')
+    """
+    if not _table:
+        chars = {}
+        for n in range(1, 96):
+            chars[n] = chr(n + 31)
+        for n in range(327, 390):
+            chars[n] = chr(0xFF61 + n - 327)
+        n = 633
+        for row in list(range(1, 8)) + list(range(16, 85)):
+            for cell in range(1, 95):
+                try:
+                    chars[n] = bytes((0xA0 + row, 0xA0 + cell)).decode("euc_jp")
+                except UnicodeDecodeError:
+                    continue
+                n += 1
+        for n, char in ((7887, "\u3001"), (7888, "\u3002"), (7899, "\uff08"), (7900, "\uff09")):
+            chars[n] = char
+        for i, char in enumerate(_PDF_JAPAN1_VERTICAL_KANA):
+            chars[7918 + i] = char
+        _table.append(chars)
+    return _table[0].get(cid, "")
+
+
+def _pdf_load_font(doc, ref):
+    """The :class:`_PdfFont` of a font dictionary (or reference), cached per document."""
+    key = ref.num if type(ref) is _PdfRef else id(ref)
+    font = doc.fonts.get(key)
+    if font is None:
+        fd = doc.resolve(ref)
+        font = _PdfFont()
+        if isinstance(fd, dict):
+            try:
+                if fd.get("Subtype") == "Type0":
+                    _pdf_setup_composite(doc, font, fd)
+                else:
+                    _pdf_setup_simple(doc, font, fd)
+            except Exception:
+                if doc.stopped is not None:
+                    raise
+        doc.fonts[key] = (font, fd)
+        return font
+    return font[0]
+
+
+def _pdf_setup_simple(doc, font, fd):
+    resolve = doc.resolve
+    subtype = fd.get("Subtype")
+    base_font = fd.get("BaseFont") if isinstance(fd.get("BaseFont"), str) else ""
+    plain_name = base_font.split("+", 1)[-1]
+    descriptor = resolve(fd.get("FontDescriptor"))
+    descriptor = descriptor if isinstance(descriptor, dict) else {}
+    encoding = resolve(fd.get("Encoding"))
+    base_name = encoding if isinstance(encoding, str) else None
+    differences = None
+    if isinstance(encoding, dict):
+        base_name = encoding.get("BaseEncoding") if isinstance(encoding.get("BaseEncoding"), str) else None
+        differences = resolve(encoding.get("Differences"))
+    if base_name in ("WinAnsiEncoding", "MacRomanEncoding", "StandardEncoding", "PDFDocEncoding"):
+        chars = list(_pdf_base_encoding(base_name))
+    elif plain_name.startswith("Symbol"):
+        chars = list(_pdf_base_encoding("Symbol"))
+    elif subtype == "TrueType":
+        chars = list(_pdf_base_encoding("WinAnsiEncoding"))
+    else:
+        chars = _pdf_builtin_encoding(doc, descriptor) or list(_pdf_base_encoding("StandardEncoding"))
+    if isinstance(differences, list):
+        code = 0
+        for item in differences:
+            if type(item) is int:
+                code = item
+            elif isinstance(item, str):
+                if 0 <= code < 256:
+                    text = _pdf_glyph_text(item)
+                    if text or not chars[code]:
+                        chars[code] = text
+                code += 1
+    tounicode = _pdf_tounicode(doc, fd)
+    if tounicode is not None:
+        for code, text in tounicode[0].items():
+            if 0 <= code < 256 and text and text != "\x00":
+                chars[code] = text
+    font.table = {c: chars[c] for c in range(256) if chars[c] != chr(c)}
+    _pdf_simple_widths(doc, font, fd, descriptor, plain_name, subtype)
+
+
+def _pdf_simple_widths(doc, font, fd, descriptor, plain_name, subtype):
+    widths = doc.resolve(fd.get("Widths"))
+    first = fd.get("FirstChar", 0)
+    missing = descriptor.get("MissingWidth")
+    fallback = float(missing) if isinstance(missing, (int, float)) and missing > 0 else 500.0
+    table = [fallback] * 256
+    if isinstance(widths, list) and type(first) is int:
+        for i, w in enumerate(widths):
+            w = doc.resolve(w)
+            if 0 <= first + i < 256 and isinstance(w, (int, float)):
+                table[first + i] = float(w)
+    else:
+        standard = _pdf_standard_widths(plain_name)
+        if standard is not None:
+            table[32:127] = [float(w) for w in standard]
+    if subtype == "Type3":
+        matrix = doc.resolve(fd.get("FontMatrix"))
+        if isinstance(matrix, list) and len(matrix) == 6 and all(isinstance(v, (int, float)) for v in matrix):
+            table = [w * matrix[0] * 1000 for w in table]
+            font.scale = abs(matrix[3]) * 1000 or 1.0
+    font.widths = table
+
+
+def _pdf_builtin_encoding(doc, descriptor):
+    """The encoding inside an embedded Type1 font program (``dup N /name put``), or None."""
+    program = doc.resolve(descriptor.get("FontFile"))
+    if not isinstance(program, _PdfStream):
+        return None
+    data = doc.decode(program)
+    if not data:
+        return None
+    clear = program.get("Length1")
+    head = data[:clear] if type(clear) is int and 0 < clear <= len(data) else data[:65536]
+    at = head.find(b"/Encoding")
+    if at < 0 or head.startswith(b"StandardEncoding", at + 10):
+        return None
+    chars = [""] * 256
+    for m in _PDF_T1_DUP_RE.finditer(head, at):
+        code = int(m.group(1))
+        if code < 256:
+            chars[code] = _pdf_glyph_text(m.group(2).decode("latin-1"))
+    return chars if any(chars) else None
+
+
+def _pdf_setup_composite(doc, font, fd):
+    resolve = doc.resolve
+    font.simple = False
+    encoding = resolve(fd.get("Encoding"))
+    descendants = resolve(fd.get("DescendantFonts"))
+    cid_font = resolve(descendants[0]) if isinstance(descendants, list) and descendants else None
+    cid_font = cid_font if isinstance(cid_font, dict) else {}
+    if isinstance(encoding, str):
+        font.vertical = encoding.endswith("-V")
+        if not encoding.startswith("Identity"):
+            for prefix, codec in _PDF_CMAP_CODECS:
+                if encoding.startswith(prefix):
+                    font.codec = codec
+                    break
+    elif isinstance(encoding, _PdfStream):
+        body = doc.decode(encoding)
+        if body:
+            cmap = _pdf_parse_cmap(body, doc)
+            font.cids = cmap[3]
+            font.vertical = encoding.get("WMode") == 1 or cmap[4]
+            _pdf_set_code_space(font, cmap[2])
+    info = resolve(cid_font.get("CIDSystemInfo"))
+    font.japan1 = isinstance(info, dict) and info.get("Ordering") == b"Japan1"
+    tounicode = _pdf_tounicode(doc, fd)
+    if tounicode is not None:
+        font.unicode, font.ranges = tounicode[0], tounicode[1]
+        if font.code_space is None and font.codec is None and tounicode[2]:
+            lengths = sorted({r[0] for r in tounicode[2]})
+            if lengths != [2]:
+                _pdf_set_code_space(font, tounicode[2])
+    dw = cid_font.get("DW")
+    if isinstance(dw, (int, float)):
+        font.default_width = float(dw)
+    if font.vertical:
+        font.default_width = 1000.0
+    else:
+        font.cid_widths = _pdf_cid_widths(doc, resolve(cid_font.get("W")))
+
+
+def _pdf_set_code_space(font, ranges):
+    if ranges:
+        font.space_ranges = sorted(ranges)
+        font.code_space = sorted({r[0] for r in ranges})
+        if font.code_space == [2]:
+            font.code_space = None
+
+
+def _pdf_cid_widths(doc, w):
+    """CID -> width from a /W array (``c [w1 w2 ...]`` and ``c1 c2 w`` entries)."""
+    out = {}
+    if not isinstance(w, list):
+        return out
+    i, n = 0, len(w)
+    while i + 1 < n and len(out) < 65536:
+        first = w[i]
+        nxt = doc.resolve(w[i + 1])
+        if type(first) is not int:
+            break
+        if isinstance(nxt, list):
+            for k, value in enumerate(nxt):
+                if isinstance(value, (int, float)):
+                    out[first + k] = float(value)
+            i += 2
+        elif i + 2 < n and type(nxt) is int and isinstance(w[i + 2], (int, float)):
+            for cid in range(first, min(nxt, first + 65536) + 1):
+                out[cid] = float(w[i + 2])
+            i += 3
+        else:
+            break
+    return out
+
+
+def _pdf_tounicode(doc, fd):
+    """(code -> text, large ranges, code space ranges) of a font's ToUnicode CMap, or None."""
+    stream = doc.resolve(fd.get("ToUnicode"))
+    if not isinstance(stream, _PdfStream):
+        return None
+    body = doc.decode(stream)
+    if not body:
+        return None
+    mapping, ranges, space, _, _ = _pdf_parse_cmap(body, doc)
+    return mapping, ranges, space
+
+
+def _pdf_parse_cmap(body, doc):
+    """A CMap's (code -> text, large ranges (lo, hi, text), code space ranges
+    (length, lo bytes, hi bytes), code -> CID or None, vertical)."""
+    mapping, ranges, space, cids = {}, [], [], None
+    operands, stack = [], []
+    vertical = False
+    for kind, value, _ in _pdf_tokens(body, 0, None, doc.tick):
+        if kind == 5:
+            operands.append(_pdf_hex(value))
+        elif kind == 3 or kind == 1:
+            operands.append(value)
+        elif kind == 2:
+            operands.append(_pdf_name(value))
+        elif kind == 6:
+            if value == b"[":
+                stack.append(operands)
+                operands = []
+            elif value == b"]" and stack:
+                inner = operands
+                operands = stack.pop()
+                operands.append(inner)
+        elif value == b"endcodespacerange":
+            for i in range(0, len(operands) - 1, 2):
+                lo, hi = operands[i], operands[i + 1]
+                if isinstance(lo, bytes) and isinstance(hi, bytes) and len(lo) == len(hi) \
+                        and 1 <= len(lo) <= 4:
+                    space.append((len(lo), lo, hi))
+            operands = []
+        elif len(mapping) + len(cids or ()) > _PDF_MAX_CMAP:
+            operands = []
+        elif value == b"endbfchar":
+            for i in range(0, len(operands) - 1, 2):
+                src, dst = operands[i], operands[i + 1]
+                if isinstance(src, bytes):
+                    mapping[int.from_bytes(src, "big")] = _pdf_cmap_text(dst)
+            operands = []
+        elif value == b"endbfrange":
+            for i in range(0, len(operands) - 2, 3):
+                _pdf_cmap_range(mapping, ranges, operands[i], operands[i + 1], operands[i + 2])
+            operands = []
+        elif value == b"endcidrange" or value == b"endcidchar":
+            cids = {} if cids is None else cids
+            step = 3 if value == b"endcidrange" else 2
+            for i in range(0, len(operands) - step + 1, step):
+                lo, hi, cid = operands[i], operands[i + step - 2], operands[i + step - 1]
+                if isinstance(lo, bytes) and isinstance(hi, bytes) and isinstance(cid, bytes):
+                    first, last = int.from_bytes(lo, "big"), int.from_bytes(hi, "big")
+                    for code in range(first, min(last, first + 65535) + 1):
+                        cids[code] = int(cid) + code - first
+            operands = []
+        elif value == b"def" and len(operands) >= 2 and operands[-2] == "WMode":
+            vertical = operands[-1] == b"1"
+            operands = []
+        elif kind == 7:
+            operands = [] if value.startswith(b"begin") else operands
+    return mapping, ranges, space, cids, vertical
+
+
+def _pdf_cmap_text(dst):
+    """The text of a bfchar destination: UTF-16BE bytes, or a glyph name."""
+    if isinstance(dst, bytes):
+        if len(dst) % 2:
+            dst = b"\0" + dst
+        return dst.decode("utf-16-be", "ignore")
+    if isinstance(dst, str):
+        return _pdf_glyph_text(dst)
+    return ""
+
+
+def _pdf_cmap_range(mapping, ranges, lo, hi, dst):
+    if not isinstance(lo, bytes) or not isinstance(hi, bytes):
+        return
+    first, last = int.from_bytes(lo, "big"), int.from_bytes(hi, "big")
+    if last < first:
+        return
+    if isinstance(dst, list):
+        for k, item in enumerate(dst[:last - first + 1]):
+            mapping[first + k] = _pdf_cmap_text(item)
+        return
+    text = _pdf_cmap_text(dst)
+    if not text:
+        return
+    if last - first > 4096:
+        if len(ranges) < 64:
+            ranges.append((first, last, text))
+        return
+    head, tail = text[:-1], ord(text[-1])
+    for k in range(last - first + 1):
+        mapping[first + k] = head + _pdf_chr(tail + k)
+
+
+# ---- Content streams --------------------------------------------------------------------------
+
+# Operators the text reader acts on; every other operator just drops its operands.
+_PDF_OP_TJ, _PDF_OP_TJ_ARRAY, _PDF_OP_TD, _PDF_OP_TF, _PDF_OP_TM, _PDF_OP_TD_LEADING, \
+    _PDF_OP_TSTAR, _PDF_OP_QUOTE, _PDF_OP_DQUOTE, _PDF_OP_TL, _PDF_OP_TC, _PDF_OP_TW, _PDF_OP_TZ, \
+    _PDF_OP_BT, _PDF_OP_CM, _PDF_OP_SAVE, _PDF_OP_RESTORE, _PDF_OP_DO, _PDF_OP_ID = range(1, 20)
+_PDF_OPERATORS = {b"Tj": _PDF_OP_TJ, b"TJ": _PDF_OP_TJ_ARRAY, b"Td": _PDF_OP_TD, b"Tf": _PDF_OP_TF,
+                  b"Tm": _PDF_OP_TM, b"TD": _PDF_OP_TD_LEADING, b"T*": _PDF_OP_TSTAR,
+                  b"'": _PDF_OP_QUOTE, b'"': _PDF_OP_DQUOTE, b"TL": _PDF_OP_TL, b"Tc": _PDF_OP_TC,
+                  b"Tw": _PDF_OP_TW, b"Tz": _PDF_OP_TZ, b"BT": _PDF_OP_BT, b"cm": _PDF_OP_CM,
+                  b"q": _PDF_OP_SAVE, b"Q": _PDF_OP_RESTORE, b"Do": _PDF_OP_DO, b"ID": _PDF_OP_ID}
+_PDF_IDENTITY = (1.0, 0.0, 0.0, 1.0, 0.0, 0.0)
+
+
+def _pdf_box(value):
+    """A rectangle ``[x0 y0 x1 y1]`` as a normalised tuple, or None."""
+    if isinstance(value, list) and len(value) == 4 and all(isinstance(v, (int, float)) for v in value):
+        x0, y0, x1, y1 = value
+        if x0 != x1 and y0 != y1:
+            return (min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1))
+    return None
+
+
+def _pdf_page_box(doc, node, inherited):
+    """The visible area of a page (or of the pages below a node): its CropBox within its
+    MediaBox, either inherited."""
+    media = _pdf_box(doc.resolve(node.get("MediaBox")))
+    crop = _pdf_box(doc.resolve(node.get("CropBox")))
+    if crop is not None and media is not None:
+        crop = (max(crop[0], media[0]), max(crop[1], media[1]),
+                min(crop[2], media[2]), min(crop[3], media[3]))
+        if crop[0] >= crop[2] or crop[1] >= crop[3]:
+            crop = None
+    return crop or media or inherited
+
+
+def _pdf_multiply(m, n):
+    """The matrix product ``m × n`` of two PDF matrices (a b c d e f)."""
+    a, b, c, d, e, f = m
+    p, q, r, s, t, u = n
+    return (a * p + b * r, a * q + b * s, c * p + d * r, c * q + d * s,
+            e * p + f * r + t, e * q + f * s + u)
+
+
+def _pdf_matrix(values):
+    """Six numbers as a matrix tuple, or None."""
+    if len(values) >= 6:
+        m = values[-6:]
+        if all(isinstance(v, (int, float)) for v in m):
+            return tuple(float(v) for v in m)
+    return None
+
+
+def _pdf_compose_accents(text):
+    """Spacing accents that TeX sets before a letter, joined with it: "´e" becomes "é".
+
+    >>> _pdf_compose_accents("Sup\u00b4erieure \u00b4Ecole")
+    'Supérieure École'
+    """
+    import unicodedata
+
+    def compose(m):
+        letter = "i" if m.group(2) == "\u0131" else m.group(2)
+        joined = unicodedata.normalize("NFC", letter + _PDF_SPACING_ACCENTS[m.group(1)])
+        return joined if len(joined) == 1 else m.group(0)
+    return _PDF_ACCENT_RE.sub(compose, text)
+
+
+class _PdfTextReader:
+    """Runs the content streams of one page and lays their text out as lines.
+
+    Each shown string is placed by where it starts (the text matrix times
+    the CTM, in device space) relative to where the previous one ended: a
+    move across the baseline is a line break (a paragraph break when large),
+    a jump forward along it a space.
+    """
+
+    def __init__(self, doc):
+        self.doc = doc
+        self.out = []
+        self.images = 0
+        self.last = None                # (x, y, unit baseline dx, dy, font size) at the end of the last text
+        self.ctm = _PDF_IDENTITY
+        self.tm = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+        self.tlm = _PDF_IDENTITY
+        self.font = None
+        self.fs = 0.0
+        self.tc = 0.0
+        self.tw = 0.0
+        self.th = 1.0
+        self.tl = 0.0
+        self.stack = []
+        self.box = None                 # (x0, y0, x1, y1): text starting outside is not shown
+
+    def text(self):
+        return "".join(self.out).strip()
+
+    def run_page(self, page, resources, box=None):
+        doc = self.doc
+        self.box = box
+        contents = doc.resolve(page.get("Contents"))
+        if not isinstance(contents, list):
+            contents = [contents]
+        parts = []
+        for item in contents[:4096]:
+            stream = doc.resolve(item)
+            if isinstance(stream, _PdfStream):
+                body = doc.decode(stream)
+                if body is not None:
+                    parts.append(body)
+        if parts:
+            self.run(b"\n".join(parts), resources if isinstance(resources, dict) else {}, 0)
+
+    def run(self, data, resources, depth):
+        """Interpret one content stream with ``resources``; ``depth`` counts form nesting."""
+        doc = self.doc
+        if doc.operators < 0:
+            return
+        operators = _PDF_OPERATORS
+        ops, nest = [], []
+        count = 0
+        fonts = doc.resolve(resources.get("Font"))
+        fonts = fonts if isinstance(fonts, dict) else {}
+        for kind, value, _ in _pdf_tokens(data, 0, None, doc.tick):
+            if kind == 1:
+                ops.append(float(value))
+                continue
+            if kind == 7:
+                count += 1
+                if count >= 256:
+                    doc.operators -= count
+                    count = 0
+                    if doc.operators < 0:
+                        return
+                op = operators.get(value)
+                if op is None:
+                    ops = []
+                    continue
+                try:
+                    if op == _PDF_OP_TJ:
+                        if ops:
+                            self.show(ops[-1])
+                    elif op == _PDF_OP_TJ_ARRAY:
+                        if ops and isinstance(ops[-1], list):
+                            self.show_array(ops[-1])
+                    elif op == _PDF_OP_TD:
+                        self.move(ops[-2], ops[-1])
+                    elif op == _PDF_OP_TF:
+                        self.fs = ops[-1]
+                        self.font = _pdf_load_font(doc, fonts.get(ops[-2]))
+                    elif op == _PDF_OP_TM:
+                        m = _pdf_matrix(ops)
+                        if m is not None:
+                            self.tlm = m
+                            self.tm = list(m)
+                    elif op == _PDF_OP_TD_LEADING:
+                        self.tl = -ops[-1]
+                        self.move(ops[-2], ops[-1])
+                    elif op == _PDF_OP_TSTAR:
+                        self.move(0.0, -self.tl)
+                    elif op == _PDF_OP_QUOTE:
+                        self.move(0.0, -self.tl)
+                        self.show(ops[-1])
+                    elif op == _PDF_OP_DQUOTE:
+                        self.tw, self.tc = ops[-3], ops[-2]
+                        self.move(0.0, -self.tl)
+                        self.show(ops[-1])
+                    elif op == _PDF_OP_TL:
+                        self.tl = ops[-1]
+                    elif op == _PDF_OP_TC:
+                        self.tc = ops[-1]
+                    elif op == _PDF_OP_TW:
+                        self.tw = ops[-1]
+                    elif op == _PDF_OP_TZ:
+                        self.th = ops[-1] / 100.0
+                    elif op == _PDF_OP_BT:
+                        self.tlm = _PDF_IDENTITY
+                        self.tm = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+                    elif op == _PDF_OP_CM:
+                        m = _pdf_matrix(ops)
+                        if m is not None:
+                            self.ctm = _pdf_multiply(m, self.ctm)
+                    elif op == _PDF_OP_SAVE:
+                        if len(self.stack) < _PDF_MAX_GSTATE:
+                            self.stack.append((self.ctm, self.font, self.fs, self.tc, self.tw,
+                                               self.th, self.tl))
+                    elif op == _PDF_OP_RESTORE:
+                        if self.stack:
+                            (self.ctm, self.font, self.fs, self.tc, self.tw,
+                             self.th, self.tl) = self.stack.pop()
+                    elif op == _PDF_OP_DO:
+                        self.draw(ops[-1], resources, depth)
+                    elif op == _PDF_OP_ID:
+                        self.images += 1
+                except (IndexError, TypeError, ValueError, ZeroDivisionError, OverflowError):
+                    if doc.stopped is not None:
+                        raise
+                ops = []
+            elif kind == 3:
+                ops.append(value)
+            elif kind == 2:
+                ops.append(_pdf_name(value))
+            elif kind == 5:
+                ops.append(_pdf_hex(value))
+            elif kind == 6:
+                if value == b"[" or value == b"<<":
+                    if len(nest) < _PDF_MAX_NESTING:
+                        nest.append(ops)
+                        ops = []
+                elif (value == b"]" or value == b">>") and nest:
+                    inner = ops
+                    ops = nest.pop()
+                    ops.append(inner)
+        doc.operators -= count
+
+    def move(self, tx, ty):
+        """Td: start a new line offset from the start of the current one."""
+        a, b, c, d, e, f = self.tlm
+        self.tlm = (a, b, c, d, tx * a + ty * c + e, tx * b + ty * d + f)
+        self.tm = list(self.tlm)
+
+    def show_array(self, items):
+        """TJ: strings and position adjustments in thousandths of an em."""
+        tm = self.tm
+        for item in items:
+            if isinstance(item, bytes):
+                self.show(item)
+            elif isinstance(item, float):
+                font = self.font
+                if font is not None and font.vertical:
+                    shift = -item * 0.001 * self.fs
+                    tm[4] += shift * tm[2]
+                    tm[5] += shift * tm[3]
+                else:
+                    shift = -item * 0.001 * self.fs * self.th
+                    tm[4] += shift * tm[0]
+                    tm[5] += shift * tm[1]
+
+    def show(self, s):
+        """Tj: place the text of string ``s`` and advance the text matrix past it."""
+        if not isinstance(s, bytes):
+            return
+        font = self.font
+        if font is None:
+            font = self.font = _PdfFont()
+        if self.tc > _PDF_WORD_GAP * abs(self.fs) and len(s) > 1:
+            pieces = font.split(s)
+            if len(pieces) > 1:         # spacing wide enough to part words: place glyph by glyph
+                for piece in pieces:
+                    self.show(piece)
+                return
+        text, width, spaces, codes = font.decode(s)
+        tm, ctm = self.tm, self.ctm
+        c0, c1, c2, c3, c4, c5 = ctm
+        x0, y0 = tm[4], tm[5]
+        fs, tc = self.fs, self.tc
+        # The text ends before the character spacing that follows its last glyph.
+        if font.vertical:
+            advance = -(width * 0.001 * fs + tc * codes + self.tw * spaces)
+            visible = advance + tc
+            ax, ay = tm[2], tm[3]
+            bx = -(tm[2] * c0 + tm[3] * c2)
+            by = -(tm[2] * c1 + tm[3] * c3)
+        else:
+            advance = (width * 0.001 * fs + tc * codes + self.tw * spaces) * self.th
+            visible = advance - tc * self.th
+            ax, ay = tm[0], tm[1]
+            bx = tm[0] * c0 + tm[1] * c2
+            by = tm[0] * c1 + tm[1] * c3
+        tm[4] = x0 + advance * ax
+        tm[5] = y0 + advance * ay
+        if not text:
+            return
+        ux = tm[2] * c0 + tm[3] * c2
+        uy = tm[2] * c1 + tm[3] * c3
+        size = abs(fs) * (ux * ux + uy * uy) ** 0.5 * font.scale
+        norm = (bx * bx + by * by) ** 0.5
+        if norm > 0:
+            bx /= norm
+            by /= norm
+        else:
+            bx, by = 1.0, 0.0
+        x, y = x0 * c0 + y0 * c2 + c4, x0 * c1 + y0 * c3 + c5
+        box = self.box
+        if box is not None and not (box[0] - size <= x <= box[2] and box[1] - size <= y <= box[3] + size):
+            return
+        self.place(text, x, y, bx, by, size)
+        ex, ey = x0 + visible * ax, y0 + visible * ay
+        self.last = (ex * c0 + ey * c2 + c4, ex * c1 + ey * c3 + c5, bx, by, size)
+
+    def place(self, text, x, y, bx, by, size):
+        """Append ``text`` starting at (x, y) with the separator its position calls for."""
+        out = self.out
+        last = self.last
+        if last is not None:
+            px, py, pbx, pby, psize = last
+            h = max(size, psize) or 1.0
+            dx, dy = x - px, y - py
+            along = dx * bx + dy * by
+            across = dy * bx - dx * by
+            if bx * pbx + by * pby < 0.9 or abs(across) > _PDF_LINE_GAP * h:
+                if out and out[-1].endswith(" "):
+                    out[-1] = out[-1].rstrip(" ")
+                out.append("\n\n" if abs(across) > _PDF_PARA_GAP * h else "\n")
+            elif along > _PDF_WORD_GAP * h or along < -h:
+                if out and not out[-1][-1:].isspace() and not text[:1].isspace():
+                    out.append(" ")
+        out.append(text)
+
+    def draw(self, name, resources, depth):
+        """Do: run a form XObject's content (an image only counts as one)."""
+        doc = self.doc
+        xobjects = doc.resolve(resources.get("XObject"))
+        if not isinstance(xobjects, dict) or not isinstance(name, str):
+            return
+        ref = xobjects.get(name)
+        xobj = doc.resolve(ref)
+        if not isinstance(xobj, _PdfStream):
+            return
+        subtype = xobj.get("Subtype")
+        if subtype == "Image":
+            self.images += 1
+            return
+        if subtype != "Form" or depth >= _PDF_MAX_FORM_DEPTH:
+            return
+        key = ref.num if type(ref) is _PdfRef else id(xobj)
+        body = doc.forms.get(key)
+        if body is None:
+            body = doc.decode(xobj) or b""
+            doc.forms[key] = body
+        if not body:
+            return
+        inner = doc.resolve(xobj.get("Resources"))
+        saved = (self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl, self.tm, self.tlm)
+        matrix = _pdf_matrix(doc.resolve(xobj.get("Matrix")) or [])
+        if matrix is not None:
+            self.ctm = _pdf_multiply(matrix, self.ctm)
+        depth_saved = len(self.stack)
+        try:
+            self.run(body, inner if isinstance(inner, dict) else resources, depth + 1)
+        finally:
+            del self.stack[depth_saved:]
+            (self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl,
+             self.tm, self.tlm) = saved
+
+# ---------------------------------------------------------------------------
 # §9 Key pool and circuit breaker
 # ---------------------------------------------------------------------------
 
@@ -5033,7 +7132,8 @@ class Document:
 
 # Direct-fetch failures Jina Reader may get past: refusals that anti-bot walls answer with, and
 # bodies the built-in extractor cannot read.
-_JINA_AFTER_CODES = frozenset(("http_401", "http_403", "http_429", "http_503", "unsupported_content_type"))
+_JINA_AFTER_CODES = frozenset(("http_401", "http_403", "http_429", "http_503", "unsupported_content_type",
+                               "pdf_encrypted", "pdf_no_text", "pdf_damaged"))
 # A page whose extracted text is shorter than this and whose HTML names a script root is a shell.
 _SHELL_TEXT_CHARS = 200
 _SHELL_MARKERS = LazyPattern(r"""id=["']?(?:root|app|__next|__nuxt|svelte)["'\s>]|\bng-app\b|\bdata-reactroot\b"""
@@ -5237,6 +7337,19 @@ class Fetcher:
         ctype = resp.headers.get("content-type", "")
         media = _media_type(ctype)
         body = resp.body
+
+        def check():
+            token.check()
+            if deadline.expired():
+                raise UpstreamError("direct", "timeout", "extraction_timeout",
+                                    "extracting the text of %s took until the deadline" % url, retryable=False)
+        if media == "application/pdf" or body.lstrip()[:5] == b"%PDF-":
+            try:
+                text = pdf_to_text(body, check=check)
+            except PdfError as exc:
+                raise UpstreamError("direct", "no_results" if exc.code == "pdf_no_text" else "bad_response",
+                                    exc.code, "%s: %s" % (url, exc.message), status=200, retryable=False) from None
+            return Document(url, resp.url, "", text, "direct", "application/pdf")
         if not media:
             media = "text/html" if body.lstrip()[:1] == b"<" else ("text/plain" if b"\x00" not in body[:4096]
                                                                  else "application/octet-stream")
@@ -5244,21 +7357,13 @@ class Fetcher:
             html = decode_page(body, ctype)
             if fmt == "html":
                 return Document(url, resp.url, page_title(html), html, "direct", media)
-
-            def check():
-                token.check()
-                if deadline.expired():
-                    raise UpstreamError("direct", "timeout", "extraction_timeout",
-                                        "extracting the text of %s took until the deadline" % url,
-                                        retryable=False)
             title, content = html_to_markdown(html, resp.url, plain=fmt == "text", check=check)
             return Document(url, resp.url, title, content, "direct", media, script_shell(html, content))
         if media.startswith(_MEDIA_TEXT_PREFIXES) or media in _MEDIA_TEXTUAL or media.endswith(("+json", "+xml")):
             return Document(url, resp.url, "", decode_page(body, ctype).strip(), "direct", media)
         raise UpstreamError("direct", "bad_response", "unsupported_content_type",
-                            "%s is %s, which the built-in extractor does not read (HTML, text and JSON only)%s" % (
-                                url, media, "; with a Tavily key, web_fetch can extract PDFs"
-                                if media == "application/pdf" else ""), status=200, retryable=False)
+                            "%s is %s, which the built-in extractor does not read (HTML, PDF, text and JSON only)" % (
+                                url, media), status=200, retryable=False)
 
 
 
@@ -7290,6 +9395,7 @@ class PageTools:
             last = next((a for a in reversed(attempts) if a["outcome"] != "skipped"), None)
             code = last["code"] if last and last["code"] in (
                 "private_address", "bad_url", "unsupported_content_type", "body_too_large", "too_many_redirects",
+                "pdf_encrypted", "pdf_no_text", "pdf_damaged",
                 "not_found", "extraction_timeout") else "fetch_failed"
             message = "could not fetch %s: %s" % (url, "; ".join(
                 "%s: %s" % (a["vendor"], a["message"] or a["outcome"]) for a in attempts
