@@ -5338,6 +5338,29 @@ def test_web_fetch_through_tavily_extract(start_server, fake_upstream):
     assert fake_upstream.requests_to("POST", "/extract")[1].json()["format"] == "text"
 
 
+def test_web_fetch_urls_share_one_tavily_extract_request(start_server, fake_upstream):
+    html = {"Content-Type": "text/html; charset=utf-8"}
+    base = fake_upstream.url
+    urls = [base + "/a", base + "/b", base + "/c"]
+    fake_upstream.route("POST", "/extract", {"body": {
+        "results": [{"url": urls[1], "raw_content": "# Page B\n\nText of b."},
+                    {"url": urls[0], "raw_content": "# Page A\n\nText of a."}],
+        "failed_results": [{"url": urls[2], "error": "Failed to fetch url"}], "response_time": 0.2}})
+    fake_upstream.route("GET", "/c", {"headers": html, "body": "<title>C</title><p>Text of c, read directly.</p>"})
+    server = start_server(dict(direct_env(), **ring_env({"tavily": fake_upstream}, TAVILY_API_KEYS=TAVILY_KEY_POOL,
+                                                        WEBSEARCH_FETCH_PROVIDERS="tavily,direct")))
+    server.initialize()
+    content = structured(server.call_tool("web_fetch", {"urls": urls}))
+    assert content["status"] == "success", content
+    [sent] = fake_upstream.requests_to("POST", "/extract")
+    assert sent.json()["urls"] == urls
+    a, b, c = content["results"]
+    assert [(r["provider"], r["cached"]) for r in (a, b, c)] == [("tavily", False), ("tavily", False), ("direct", False)]
+    assert (a["content"], b["title"]) == ("# Page A\n\nText of a.", "Page B")
+    assert [(x["vendor"], x["outcome"]) for x in c["attempts"]] == [("tavily", "no_results"), ("direct", "success")]
+    assert "Failed to fetch url" in c["attempts"][0]["message"]
+
+
 def test_web_fetch_falls_over_to_direct_when_tavily_extract_fails(start_server, fake_upstream):
     page = fake_upstream.url + "/article"
     failed = fixture_json("tavily/extract_partial_failure.json")["failed_results"][0]

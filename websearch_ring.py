@@ -7182,8 +7182,10 @@ class Fetcher:
                 usable.append(name)
         return usable, skipped
 
-    def fetch(self, url, fmt, token, deadline):
-        """``(document, attempts)``; document is None when every provider failed.
+    def fetch(self, url, fmt, token, deadline, prior=()):
+        """``(document, attempts)``; document is None when every provider failed. ``prior``:
+        attempts already made for this page elsewhere (a shared Tavily request); those providers
+        are not asked again.
 
         Jina Reader, when it comes after direct, is asked only when direct
         could not do the job (a script-rendered shell, an anti-bot refusal, a
@@ -7193,6 +7195,8 @@ class Fetcher:
         """
         usable, skipped = self.providers(fmt)
         attempts = [attempt_record(name, "skipped", 0.0, code="not_usable", message=why) for name, why in skipped]
+        attempts += prior
+        usable = [name for name in usable if name not in {a["vendor"] for a in prior}]
         shell, why = None, None
         for name in usable:
             token.check()
@@ -7300,20 +7304,43 @@ class Fetcher:
         final = page.get("url") if isinstance(page.get("url"), str) and page["url"].startswith("http") else url
         return Document(url, final, title, content.strip(), "jina", "text/html" if fmt == "html" else "text/markdown")
 
-    def _tavily(self, url, fmt, token, deadline):
-        data, _ = self.tavily.post("/extract", {"urls": [url], "format": "text" if fmt == "text" else "markdown",
+    def batchable(self, fmt):
+        """True when Tavily Extract comes first for ``fmt``, so several pages can share one request."""
+        return self.providers(fmt)[0][:1] == ["tavily"]
+
+    def tavily_extract(self, urls, fmt, token, deadline):
+        """One Tavily Extract request for ``urls``: ``({url: Document}, {url: why it failed})``."""
+        data, _ = self.tavily.post("/extract", {"urls": list(urls), "format": "text" if fmt == "text" else "markdown",
                                                 "extract_depth": "basic"},
                                    token, deadline, self.config.timeout_s, keyless=False)
+        docs = {}
         for item in data.get("results") or []:
-            if isinstance(item, dict) and isinstance(item.get("raw_content"), str) and item["raw_content"].strip():
-                content = item["raw_content"].strip()
-                heading = re.search(r"^#\s+(.+)$", content, re.M)
-                return Document(url, item.get("url") or url, heading.group(1).strip() if heading else "",
-                                content, "tavily", "text/markdown")
-        failed = [f for f in data.get("failed_results") or [] if isinstance(f, dict)]
-        reason = failed[0].get("error") if failed else "no content"
+            if not (isinstance(item, dict) and isinstance(item.get("raw_content"), str) and item["raw_content"].strip()):
+                continue
+            url = item.get("url") if item.get("url") in urls else (urls[0] if len(urls) == 1 else None)
+            if url is None or url in docs:
+                continue
+            content = item["raw_content"].strip()
+            heading = re.search(r"^#\s+(.+)$", content, re.M)
+            docs[url] = Document(url, item.get("url") or url, heading.group(1).strip() if heading else "",
+                                 content, "tavily", "text/markdown")
+        reasons = {}
+        for failed in data.get("failed_results") or []:
+            if isinstance(failed, dict) and failed.get("url") in urls and failed["url"] not in docs:
+                reasons[failed["url"]] = str(failed.get("error") or "no content")[:300]
+        first = next((str(f.get("error"))[:300] for f in data.get("failed_results") or []
+                      if isinstance(f, dict) and f.get("error")), "no content")
+        for url in urls:
+            if url not in docs:
+                reasons.setdefault(url, first if len(urls) == 1 else "no content")
+        return docs, reasons
+
+    def _tavily(self, url, fmt, token, deadline):
+        docs, reasons = self.tavily_extract([url], fmt, token, deadline)
+        if url in docs:
+            return docs[url]
         raise UpstreamError("tavily", "no_results", "extract_failed", "Tavily could not extract %s: %s" % (
-            url, reason), status=200)
+            url, reasons[url]), status=200)
 
     def _direct(self, url, fmt, token, deadline):
         try:
@@ -9309,11 +9336,13 @@ class PageTools:
         A fetch that ends without a result (its shared fetch was cancelled) is a ``fetch_failed``."""
         results = [None] * len(urls)
         done, lock = [0], threading.Lock()
+        served, prior = self._extract_together(urls, fmt, call, deadline)
 
         def one(i):
             try:
                 results[i] = self._fetch_page(urls[i], fmt, start, length, Call(call.token), self._clock(),
-                                              deadline=deadline)
+                                              deadline=deadline, served=served.get(urls[i]),
+                                              prior=prior.get(urls[i], ()))
             except Cancelled:
                 return
             except Exception as exc:         # one page's bug must not lose the others
@@ -9334,6 +9363,29 @@ class PageTools:
         call.token.check()
         return [r or self._fetch_error(call, url, fmt, "fetch_failed", "the fetch was cancelled", [],
                                        self._clock(), True) for r, url in zip(results, urls)]
+
+    def _extract_together(self, urls, fmt, call, deadline):
+        """With Tavily Extract first, the pages not in the cache go to it in one request (then into
+        the cache): ``({url: attempts of the page it served}, {url: attempts of its failure})``.
+        A failed shared request leaves every page to its own provider chain."""
+        missing = [u for u in dict.fromkeys(urls) if self.documents.get(("web_fetch", u, fmt)) is None]
+        if len(missing) < 2 or not self.fetcher.batchable(fmt):
+            return {}, {}
+        began = self._clock()
+        try:
+            docs, reasons = self.fetcher.tavily_extract(missing, fmt, call.token, deadline or Deadline(
+                self.config.deadline_s, self._clock))
+        except UpstreamError as exc:
+            call.token.check()
+            self.log.info("Tavily Extract of %d pages failed: %s (%s)", len(missing), exc.outcome, exc.code)
+            return {}, {}
+        elapsed = self._clock() - began
+        for url, doc in docs.items():
+            self.documents.put(("web_fetch", url, fmt), doc)
+        return ({url: [attempt_record("tavily", "success", elapsed, http_status=200)] for url in docs},
+                {url: [attempt_record("tavily", "no_results", elapsed, code="extract_failed", http_status=200,
+                                      message="Tavily could not extract %s: %s" % (url, why))]
+                 for url, why in reasons.items()})
 
     def _fetch_pages(self, urls, fmt, start, length, call, started):
         """web_fetch with ``urls``: one result each, ``partial_success`` when some fail, a progress
@@ -9364,14 +9416,17 @@ class PageTools:
             blocks.append("=== %d. %s (%s) ===\n%s" % (i, page["url"], page["status"], text))
         return s, "\n\n".join(blocks), failed == len(pages)
 
-    def _fetch_page(self, url, fmt, start, length, call, started, inline=False, deadline=None):
+    def _fetch_page(self, url, fmt, start, length, call, started, inline=False, deadline=None, served=None,
+                    prior=()):
         """One page of one document: from the cache, or fetched once however many ask at the same time.
-        ``deadline`` bounds this caller's wait (the fetch itself goes on for others and the cache)."""
+        ``deadline`` bounds this caller's wait (the fetch itself goes on for others and the cache);
+        ``served``: the attempts of a shared request that just put the page in the cache; ``prior``:
+        attempts already made for it (see :meth:`Fetcher.fetch`)."""
         key = ("web_fetch", url, fmt)
 
         def work(flight_token, emit):
             deadline = Deadline(self.config.deadline_s, self._clock)
-            doc, attempts = self.fetcher.fetch(url, fmt, flight_token, deadline)
+            doc, attempts = self.fetcher.fetch(url, fmt, flight_token, deadline, prior)
             if doc is not None and doc.content.strip() and not flight_token.cancelled:
                 self.documents.put(key, doc)
             return doc, attempts
@@ -9389,6 +9444,8 @@ class PageTools:
                     self.config.deadline_s + 5.0, self._clock), call.progress, lookup)
             except DeadlineExceeded as exc:
                 return self._fetch_error(call, url, fmt, "deadline_exceeded", str(exc), [], started, True)
+        if how == "cached" and served is not None:
+            how, attempts = "own", served
         if how == "cached":
             self.log.info("fetch cache hit for %s (start_index %d)", url[:120], start)
         if doc is None:
