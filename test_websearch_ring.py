@@ -4711,6 +4711,63 @@ def test_parse_bing_html_keeps_organic_results_decoded_and_drops_the_ad(ring):
     assert results[2]["snippet"].startswith("You can wait for an asyncio task")
 
 
+def test_parse_ddg_html_resolves_relative_result_links(ring):
+    page = FIXTURES["duckduckgo_html/html_success.html"]["body"].replace('href="//duckduckgo.com/l/?', 'href="/l/?kh=-1&amp;')
+    assert 'href="/l/?kh=-1&amp;uddg=' in page
+    results = ring.parse_ddg_html(page)
+    assert [r["url"] for r in results][:2] == ["https://docs.python.org/3/library/asyncio-task.html",
+                                               "https://stackoverflow.com/questions/28609534/python-asyncio-force-"
+                                               "timeout?tab=votes&page=1"]
+    assert ring.decode_bing_url("/ck/a?!&&p=x&u=a1aHR0cHM6Ly9leGFtcGxlLmNvbS8&ntb=1") == "https://example.com/"
+
+
+@pytest.mark.parametrize("vendor, status, outcome, code", [
+    ("duckduckgo", 403, "blocked", "forbidden"), ("bing", 403, "blocked", "forbidden"),
+    ("tavily", 401, "blocked", "forbidden"), ("exa", 403, "blocked", "forbidden"),
+    ("searxng", 401, "blocked", "forbidden"), ("serper", 403, "auth_error", "invalid_key"),
+])
+def test_a_refusal_is_a_rejected_key_only_where_a_key_was_sent(ring, fake_upstream, vendor, status, outcome, code):
+    route_vendor(fake_upstream, vendor, {"status": status, "headers": {"Content-Type": "text/html"},
+                                         "body": "If this error persists, please let us know"})
+    result, board, _ = inprocess_search(ring, ring_env({vendor: fake_upstream}), vendor)
+    [attempt] = result["attempts"]
+    assert (attempt["outcome"], attempt["code"]) == (outcome, code), attempt
+    health = board.health.snapshot([vendor])[vendor]
+    assert health["state"] == "cooldown"
+    assert health["cooldown_remaining_s"] > board.config.cooldown_s + 1 if outcome == "auth_error" else \
+        health["cooldown_remaining_s"] <= board.config.cooldown_s
+
+
+def test_searxng_with_a_password_that_is_refused_says_to_check_it(ring, fake_upstream):
+    route_vendor(fake_upstream, "searxng", {"status": 401, "body": "Unauthorized"})
+    url = "http://svc:wrong-pass@127.0.0.1:%d" % fake_upstream.port
+    result, _, _ = inprocess_search(ring, ring_env({"searxng": url}), "searxng")
+    [attempt] = result["attempts"]
+    assert (attempt["outcome"], attempt["code"]) == ("auth_error", "invalid_credentials")
+    assert "SEARXNG_URL" in attempt["message"] and "wrong-pass" not in attempt["message"]
+
+
+@pytest.mark.parametrize("vendor, page", [
+    ("duckduckgo", '<html><body><div id="links" class="results"><div class="result--new-markup">'
+                   '<a href="https://example.com/">Example</a></div></div></body></html>'),
+    ("bing", '<html><body><ol id="b_results"><li class="b_algo_v2"><a href="https://example.com/">Example</a>'
+             '</li></ol></body></html>'),
+])
+def test_a_result_page_that_no_longer_parses_is_a_bad_response_not_an_empty_web(ring, fake_upstream, vendor, page):
+    route_vendor(fake_upstream, vendor, {"headers": {"Content-Type": "text/html"}, "body": page})
+    result, _, _ = inprocess_search(ring, ring_env({vendor: fake_upstream}), vendor)
+    [attempt] = result["attempts"]
+    assert (attempt["outcome"], attempt["code"]) == ("bad_response", "parser_mismatch"), attempt
+    assert "Example" in attempt["message"]
+
+
+def test_a_result_without_a_title_gets_one_from_its_url(ring):
+    assert ring.make_result("N/A", "https://blog.example.org/posts/wal-in_practice/")["title"] == \
+        "blog.example.org: wal in practice"
+    assert ring.make_result("", "https://example.org")["title"] == "example.org"
+    assert ring.make_result(" Real title ", "https://example.org/x")["title"] == "Real title"
+
+
 def test_parse_ddg_html_keeps_web_results_decoded_and_drops_ad_and_abstract(ring):
     results = ring.parse_ddg_html(FIXTURES["duckduckgo_html/html_success.html"]["body"])
     assert [r["url"] for r in results] == [
@@ -4738,7 +4795,8 @@ def test_parse_exa_text_reads_the_current_format(ring):
     assert [r["url"] for r in results] == [
         "https://www.sqlite.org/wal.html", "https://fly.io/blog/sqlite-internals-wal/",
         "https://news.ycombinator.com/item?id=41832547"]
-    assert [r["title"] for r in results] == ["Write-Ahead Logging", "SQLite Internals: WAL", ""]
+    assert [r["title"] for r in results] == ["Write-Ahead Logging", "SQLite Internals: WAL",
+                                                 "news.ycombinator.com: item"]  # no title: one from the URL
     assert [r["published"] for r in results] == [
         "2025-06-02T00:00:00.000Z", "2022-09-21T00:00:00.000Z", None]
     assert results[0]["snippet"].startswith("The default method by which SQLite")
@@ -4788,7 +4846,8 @@ def test_exa_rest_search_sends_the_key_as_x_api_key_and_parses_the_results(
     expected = fixture_json("exa/search_success.json")["results"]
     results = content["results"]
     assert [r["url"] for r in results] == [item["url"] for item in expected]
-    assert [r["title"] for r in results] == ["Write-Ahead Logging", "SQLite Internals: WAL", ""]
+    assert [r["title"] for r in results] == ["Write-Ahead Logging", "SQLite Internals: WAL",
+                                                 "news.ycombinator.com: item"]
     assert [r["published"] for r in results] == [
         "2025-06-02T00:00:00.000Z", "2022-09-21T00:00:00.000Z", None]
     assert results[0]["snippet"] == " ".join(expected[0]["highlights"])      # every highlight

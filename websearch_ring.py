@@ -6099,9 +6099,34 @@ def attempt_record(vendor, outcome, elapsed_s, *, code=None, http_status=None, m
 
 
 def make_result(title, url, snippet="", published=None, score=None):
-    """A normalised search result (before ranking)."""
-    return {"title": collapse_ws(title or ""), "url": url, "snippet": collapse_ws(snippet or ""),
+    """A normalised search result (before ranking); a missing title (none, empty, Exa's "N/A")
+    becomes one made from the URL."""
+    title = collapse_ws(title or "")
+    if title.lower() in ("", "n/a", "none", "null", "untitled"):
+        title = title_from_url(url)
+    return {"title": title, "url": url, "snippet": collapse_ws(snippet or ""),
             "published": published or None, "score": score}
+
+
+def title_from_url(url):
+    """A readable title for a page that has none: its host and the last segment of its path.
+
+    >>> title_from_url("https://www.example.com/blog/2024/async-io-timeouts.html?x=1")
+    'example.com: async io timeouts'
+    >>> title_from_url("https://docs.python.org/")
+    'docs.python.org'
+    """
+    from urllib.parse import unquote, urlsplit
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    host = (parts.hostname or url)
+    host = host[4:] if host.startswith("www.") else host
+    last = unquote(parts.path.rstrip("/").rpartition("/")[2])
+    last = last.rpartition(".")[0] if "." in last and len(last.rpartition(".")[2]) <= 5 else last
+    words = collapse_ws(re.sub(r"[-_+]+", " ", last))
+    return "%s: %s" % (host, words) if words else host
 
 
 def _reset_seconds(value, now=None):
@@ -6197,6 +6222,13 @@ class Vendor:
         ctx.headers = response.headers
         return response
 
+    KEYED = False
+
+    def keyed(self):
+        """True when requests carry a key or password of the user's: only then does a 401 or 403
+        mean a rejected credential (a keyless engine that refuses has blocked this client)."""
+        return self.KEYED
+
     def fail_http(self, response, message=None):
         """Raise the attempt error for a non-success HTTP status."""
         status = response.status
@@ -6204,6 +6236,9 @@ class Vendor:
         if status == 429:
             raise UpstreamError(self.name, "rate_limited", "rate_limited", message, status=status,
                                 retry_after_s=retry_after_of(response.headers))
+        if status in (401, 403) and not self.keyed():
+            raise UpstreamError(self.name, "blocked", "forbidden", "%s refused this client (HTTP %d, no key involved; "
+                                "it cools down): %s" % (self.name, status, message), status=status)
         if status == 401:
             raise UpstreamError(self.name, "auth_error", "invalid_key", message, status=status, retryable=False)
         if status == 403:
@@ -6215,6 +6250,17 @@ class Vendor:
             raise UpstreamError(self.name, "http_error", "server_error", message, status=status)
         raise UpstreamError(self.name, "http_error", "bad_request" if status < 500 else "http_error",
                             message, status=status, retryable=False)
+
+    def parser_mismatch(self, html):
+        """A result page, not a "no results" one, from which nothing could be read: the markup
+        changed (or a rate limit hides in prose). Users must learn that the parser broke, not that
+        the web is empty."""
+        text = collapse_ws(re.sub(r"<[^>]{0,2000}>", " ", html[:200000]))
+        if _RATE_LIMIT_PROSE.search(text[:5000]):
+            raise UpstreamError(self.name, "rate_limited", "rate_limit_prose", text[:300], status=200)
+        raise UpstreamError(self.name, "bad_response", "parser_mismatch",
+                            "%s answered a result page from which no result could be read (its markup may have "
+                            "changed); page text starts: %s" % (self.name, text[:160]), status=200)
 
     def no_results(self, text=""):
         """Zero usable results: an apology in disguise, or a genuinely empty answer."""
@@ -6237,6 +6283,9 @@ class ExaVendor(Vendor):
 
     name = "exa"
     REST_NATIVE = frozenset({"include_domains", "exclude_domains", "time_range"})
+
+    def keyed(self):
+        return bool(self.config.exa_api_key)      # REST with a key; the hosted MCP endpoint has none
 
     def native_filters(self):
         # The hosted MCP tool takes only a query and a count.
@@ -6525,6 +6574,9 @@ class TavilyClient:
         if status == 429:
             raise UpstreamError(self.service, "rate_limited", "rate_limited", message, status=429,
                                 retry_after_s=retry_after_of(resp.headers))
+        if status in (401, 403) and keyless:       # no key was sent: Tavily refused this client
+            raise UpstreamError(self.service, "blocked", "forbidden", "Tavily refused a keyless request (HTTP %d): "
+                                "%s" % (status, message), status=status)
         if status in (401, 403):
             raise UpstreamError(self.service, "auth_error", "invalid_key" if status == 401 else "forbidden",
                                 message, status=status, retryable=False)
@@ -6559,14 +6611,17 @@ class TavilyVendor(Vendor):
         return results
 
 
-def _split_href(href):
-    """``(absolute href, urlsplit parts, lower-cased host)`` of an http(s) result link, or None."""
-    from urllib.parse import urlsplit
+def _split_href(href, engine):
+    """``(absolute href, urlsplit parts, lower-cased host)`` of an http(s) result link, or None.
+
+    A relative or protocol-relative link on a result page is the engine's own
+    (``/l/?uddg=...``): it is resolved against ``engine``, the engine's address.
+    """
+    from urllib.parse import urljoin, urlsplit
     if not href:
         return None
-    if href.startswith("//"):
-        href = "https:" + href
     try:
+        href = urljoin(engine, href.strip())
         parts = urlsplit(href)
     except ValueError:
         return None
@@ -6587,7 +6642,7 @@ def decode_bing_url(href):
     """
     import base64
     from urllib.parse import parse_qs
-    split = _split_href(href)
+    split = _split_href(href, "https://www.bing.com/search")
     if split is None:
         return None
     href, parts, host = split
@@ -6610,15 +6665,18 @@ def decode_bing_url(href):
 
 
 def decode_ddg_url(href):
-    """The target of a DuckDuckGo result link (``//duckduckgo.com/l/?uddg=...``), or None for ads.
+    """The target of a DuckDuckGo result link (``//duckduckgo.com/l/?uddg=...``, also relative:
+    ``/l/?kh=-1&uddg=...``), or None for ads.
 
     >>> decode_ddg_url("//duckduckgo.com/l/?uddg=https%3A%2F%2Fexample.com%2Fdocs&rut=ab")
     'https://example.com/docs'
+    >>> decode_ddg_url("/l/?kh=-1&uddg=https%3A%2F%2Fexample.com%2Fa")
+    'https://example.com/a'
     >>> decode_ddg_url("https://duckduckgo.com/y.js?ad_domain=x") is None
     True
     """
     from urllib.parse import parse_qs
-    split = _split_href(href)
+    split = _split_href(href, "https://html.duckduckgo.com/html/")
     if split is None:
         return None
     href, parts, host = split
@@ -6825,10 +6883,12 @@ class BingVendor(Vendor):
             self.fail_http(resp)
         results = parse_bing_html(html)
         if not results:
-            if 'id="b_results"' not in html and "b_no" not in html:
+            if "b_no" in html:
+                self.no_results()
+            if 'id="b_results"' not in html:
                 raise UpstreamError(self.name, "blocked", "unexpected_page",
                                     "Bing answered with a page that is not a result page", status=resp.status)
-            self.no_results(re.sub(r"<[^>]+>", " ", html)[:5000] if "b_no" not in html else "")
+            self.parser_mismatch(html)
         return results[:num]
 
 
@@ -6860,11 +6920,13 @@ class DuckDuckGoVendor(Vendor):
             self.fail_http(resp)
         results = parse_ddg_html(html)
         if not results:
-            if 'id="links"' not in html and "no-results" not in html:
+            if "no-results" in html:
+                self.no_results()
+            if 'id="links"' not in html:
                 raise UpstreamError(self.name, "blocked", "unexpected_page",
                                     "DuckDuckGo answered with a page that is not a result page",
                                     status=resp.status)
-            self.no_results()
+            self.parser_mismatch(html)
         return results[:num]
 
 
@@ -6885,6 +6947,8 @@ class BraveVendor(Vendor):
     NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains"})
     # Brave's own codes for a few languages (https://api.search.brave.com docs).
     _LANG = {"ja": "jp", "zh": "zh-hans", "pt": "pt-pt"}
+
+    KEYED = True
 
     def search(self, ctx, query, num):
         from urllib.parse import urlencode
@@ -6955,6 +7019,8 @@ class SerperVendor(Vendor):
     name = "serper"
     NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains"})
 
+    KEYED = True
+
     def search(self, ctx, query, num):
         f = ctx.filters
         request = {"q": f.site_query(query), "num": 10 if num <= 10 else 20}
@@ -6993,6 +7059,8 @@ class YepVendor(Vendor):
 
     name = "yep"
     NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains"})
+
+    KEYED = True
 
     def search(self, ctx, query, num):
         f = ctx.filters
@@ -7044,6 +7112,9 @@ class SearxngVendor(Vendor):
                "Accept": "application/json, text/html;q=0.9, */*;q=0.8",
                "Accept-Language": "en-US,en;q=0.7"}
 
+    def keyed(self):
+        return split_credentials(self.config.searxng_url)[1] is not None     # a user and password in SEARXNG_URL
+
     def search(self, ctx, query, num):
         from urllib.parse import urlencode
         f = ctx.filters
@@ -7067,6 +7138,10 @@ class SearxngVendor(Vendor):
                                 retry_after_s=retry_after_of(resp.headers))
         if resp.status == 400:
             raise UpstreamError(self.name, "http_error", "bad_parameters", body_message(resp), status=400,
+                                retryable=False)
+        if resp.status == 401 and self.keyed():
+            raise UpstreamError(self.name, "auth_error", "invalid_credentials",
+                                "SearXNG refused the user and password in SEARXNG_URL: check them", status=401,
                                 retryable=False)
         if resp.status != 200:
             self.fail_http(resp)
