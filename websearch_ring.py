@@ -907,6 +907,10 @@ VARIABLES = (
     Var("WEBSEARCH_ALLOW_PRIVATE_URLS", "allow_private", "bool", "0",
         "1 lets the direct fetch and map reach loopback, private and link-local addresses "
         "(intranets, air-gapped sites, tests)."),
+    Var("WEBSEARCH_DEFAULT_RESULTS", "default_results", "int", str(DEFAULT_RESULTS),
+        "numResults of a web_search that does not say (for clients that cannot pass arguments).", lo=1, hi=20),
+    Var("WEBSEARCH_DEFAULT_LANG", "default_lang", "str", "",
+        "lang of a web_search that does not say, e.g. de or pt-BR. Unset: any language."),
     Var("WEBSEARCH_FETCH_MAX_MB", "fetch_max_mb", "int", "10",
         "Largest page or document (PDF) the direct fetch reads, in megabytes (1-50).", lo=1, hi=50),
     Var("WEBSEARCH_FETCH_CACHE_MB", "fetch_cache_mb", "int", "64",
@@ -8690,8 +8694,9 @@ WEB_SEARCH_INPUT = {
                   "description": "What to search for: a precise query, 1 to 1000 characters."},
         "numResults": {"type": "integer", "default": DEFAULT_RESULTS,
                        "description": "How many results to return: 1-20, default 8 (other values are clamped)."},
-        "lang": {"type": "string", "pattern": "^[a-z]{2}$",
-                 "description": "Language of the results as an ISO 639-1 code, e.g. en, de, ja."},
+        "lang": {"type": "string", "pattern": "^[A-Za-z]{2}([-_][A-Za-z0-9]{1,8}){0,3}$",
+                 "description": "Language of the results: an ISO 639-1 code or a BCP 47 tag, e.g. en, de, ja, "
+                                "pt-BR (the engines take its language part)."},
         "time_range": {"type": "string", "enum": list(TIME_RANGES),
                        "description": "Only results published within the last day, week, month or year."},
         "include_domains": dict(_DOMAIN_LIST, description="Only results from these domains (and their subdomains)."),
@@ -8822,11 +8827,16 @@ def validate_search_args(args, config=None):
                 len(query), MAX_QUERY_CHARS), "shorten the query to at most %d characters" % MAX_QUERY_CHARS))
         values["query"] = query
     num = args.get("numResults")
+    default_results = config.default_results if config is not None else DEFAULT_RESULTS
+    if isinstance(num, str) and re.fullmatch(r"\s*\d{1,6}\s*", num):
+        adjustments.append({"path": "/numResults", "received": num, "used": int(num),
+                            "reason": "a number given as a string"})
+        num = int(num)
     if num is None:
         if "numResults" in args:
-            adjustments.append({"path": "/numResults", "received": None, "used": DEFAULT_RESULTS,
+            adjustments.append({"path": "/numResults", "received": None, "used": default_results,
                                 "reason": "null means the default"})
-        values["numResults"] = DEFAULT_RESULTS
+        values["numResults"] = default_results
     elif not _is_number(num):
         hint = "pass an integer from 1 to 20"
         if isinstance(num, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", num):
@@ -8842,16 +8852,18 @@ def validate_search_args(args, config=None):
             adjustments.append({"path": "/numResults", "received": num, "used": clamped, "reason": reason})
         values["numResults"] = clamped
     lang = args.get("lang")
+    if lang is None and config is not None and config.default_lang:
+        lang = config.default_lang
     if lang is not None:
-        if not isinstance(lang, str) or not re.fullmatch(r"[a-z]{2}", lang):
-            hint = "a two-letter ISO 639-1 code such as 'en', 'de' or 'ja'"
-            if isinstance(lang, str) and re.fullmatch(r"[A-Za-z]{2}", lang.strip()):
-                hint = "use lower case: %r" % lang.strip().lower()
-            elif isinstance(lang, str) and re.fullmatch(r"[A-Za-z]{2}[-_][A-Za-z]{2}", lang.strip()):
-                hint = "use the language part only: %r" % lang.strip()[:2].lower()
-            issues.append(issue("/lang", "pattern", "lang must match ^[a-z]{2}$, got %s" % json.dumps(lang), hint))
+        tag = re.fullmatch(r"\s*([A-Za-z]{2})(?:[-_][A-Za-z0-9]{1,8}){0,3}\s*", lang) if isinstance(lang, str) else None
+        if tag is None:
+            issues.append(issue("/lang", "pattern", "lang must be a language code such as en, de or pt-BR, got %s"
+                                % json.dumps(lang), "a two-letter ISO 639-1 code such as 'en', 'de' or 'ja'"))
         else:
-            values["lang"] = lang
+            values["lang"] = tag.group(1).lower()
+            if values["lang"] != lang and "lang" in args:
+                adjustments.append({"path": "/lang", "received": lang, "used": values["lang"],
+                                    "reason": "the engines take the language of a BCP 47 tag"})
     time_range = args.get("time_range")
     if time_range is not None:
         if not isinstance(time_range, str) or time_range not in TIME_RANGES:
@@ -8861,10 +8873,17 @@ def validate_search_args(args, config=None):
                                 "one of: day, week, month, year"))
         else:
             values["time_range"] = time_range
+    given = {}
     for name in ("include_domains", "exclude_domains"):
-        values[name] = _validate_domains(name, args.get(name), issues)
+        given[name] = args.get(name)
+        if isinstance(given[name], str):
+            listed = [d for d in re.split(r"[,\s]+", given[name]) if d]
+            adjustments.append({"path": "/" + name, "received": given[name], "used": listed,
+                                "reason": "one string where a list is expected"})
+            given[name] = listed
+        values[name] = _validate_domains(name, given[name], issues)
     clash = set(values["include_domains"]) & set(values["exclude_domains"])
-    excluded = args.get("exclude_domains")
+    excluded = given["exclude_domains"]
     for index, item in enumerate(excluded if isinstance(excluded, list) else []):
         domain = _bare_domain(item)
         if domain in clash:
