@@ -1454,7 +1454,7 @@ class OfflineChecks:
             ("repeat is cached", self.check_cached),
             ("identical concurrent calls coalesce", self.check_coalescing),
             ("empty query -> /query issue", self.check_empty_query),
-            ('numResults "8" -> /numResults issue', self.check_numresults_string),
+            ('numResults "8" is read as 8; "eight" -> /numResults issue', self.check_numresults_string),
             ("unknown tool -> -32602", self.check_unknown_tool),
             ("unknown method -> -32601", self.check_unknown_method),
             ("non-JSON line -> -32700", self.check_parse_error),
@@ -1545,7 +1545,12 @@ class OfflineChecks:
         expect_validation_issue(self.client.call("tools/call", search_params("")), "/query")
 
     def check_numresults_string(self):
-        resp = self.client.call("tools/call", search_params("smoke numresults", numResults="8"))
+        sc = _sc(self.client.call("tools/call", search_params("smoke numresults", numResults="8")))
+        expect(sc.get("status") == "success" and len(sc.get("results") or ()) == 8,
+               "numResults \"8\" was not read as 8: %s" % _short(json.dumps(sc), 200))
+        expect([a.get("used") for a in sc.get("adjustments") or ()] == [8],
+               "the string was not listed in adjustments: %r" % sc.get("adjustments"))
+        resp = self.client.call("tools/call", search_params("smoke numresults", numResults="eight"))
         expect_validation_issue(resp, "/numResults")
 
     def check_unknown_tool(self):
