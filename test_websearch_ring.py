@@ -5992,6 +5992,89 @@ def test_all_four_vendors_failing_differently_is_an_error_and_is_not_cached(
 
 # ---- filters survive failover --------------------------------------------------------------
 
+# web_search country, safesearch, topic, start_date, end_date and page: native where the engine has them.
+
+SEARCH_PARAMETER_CASES = [
+    ("brave", dict(country="DE", safesearch="strict", start_date="2026-01-01", end_date="2026-02-01", page=2),
+     "query", {"country": "DE", "safesearch": "strict", "freshness": "2026-01-01to2026-02-01", "offset": "1"}),
+    ("serper", dict(country="DE", page=2), "json", {"gl": "de", "page": 2}),
+    ("searxng", dict(safesearch="strict", page=2), "query", {"safesearch": "2", "pageno": "2"}),
+    ("bing", dict(country="DE", safesearch="strict", page=2), "query",
+     {"mkt": "en-DE", "adlt": "strict", "first": "11", "FORM": "PERE"}),
+    ("duckduckgo", dict(country="DE", safesearch="strict"), "form", {"kl": "de-en", "kp": "1"}),
+    ("yep", dict(country="DE", safesearch="strict", start_date="2020-01-01"), "json",
+     {"location": "DE", "safe_search": True, "start_published_date": "2020-01-01"}),
+    ("tavily", dict(start_date="2020-01-01", end_date="2026-02-01", topic="news"), "json",
+     {"start_date": "2020-01-01", "end_date": "2026-02-01", "topic": "news"}),
+    ("exa", dict(country="DE", start_date="2020-01-01", end_date="2026-02-01", topic="news"), "json",
+     {"userLocation": "DE", "startPublishedDate": "2020-01-01T00:00:00.000Z",
+      "endPublishedDate": "2026-02-01T23:59:59.999Z", "category": "news"}),
+]
+
+
+@pytest.mark.parametrize("vendor, filters, where, expected", SEARCH_PARAMETER_CASES,
+                         ids=[c[0] for c in SEARCH_PARAMETER_CASES])
+def test_search_parameters_go_to_each_engine_natively(ring, fake_upstream, vendor, filters, where, expected):
+    spec = {"exa": "exa/search_success.json", "brave": "brave/success.json", "serper": "serper/success.json",
+            "yep": "yep/success.json", "searxng": "searxng/success.json"}.get(vendor) or KEYLESS_SUCCESS[vendor]
+    method, path = ("POST", "/search") if vendor == "exa" else VENDOR_ROUTES[vendor]
+    fake_upstream.route(method, path, spec)
+    env = ring_env({vendor: fake_upstream}, **({"EXA_API_KEY": EXA_KEY} if vendor == "exa" else {}))
+    outcome, _, _ = inprocess_search(ring, env, vendor, filters=ring.Filters(**filters))
+    assert outcome["ok"] is True, outcome["attempts"]
+    [sent] = fake_upstream.requests_to(method, path)
+    got = {"json": sent.json, "form": sent.form, "query": lambda: sent.query}[where]()
+    got = {k: (v[0] if isinstance(v, list) and where != "json" else v) for k, v in got.items()}
+    assert {k: got.get(k) for k in expected} == expected
+    assert all(outcome["filters_applied"][name] == "native" for name in filters if name != "page")
+
+
+def test_news_searches_skip_engines_without_a_news_search_and_read_serper_news(ring, fake_upstream):
+    fake_upstream.route("POST", "/news", "serper/news_success.json")
+    route_vendor(fake_upstream, "bing", "bing_html/success.html")
+    outcome, _, _ = inprocess_search(ring, ring_env({"bing": fake_upstream, "serper": fake_upstream}),
+                                     filters=ring.Filters(topic="news"))
+    assert [(a["vendor"], a["outcome"], a["code"]) for a in outcome["attempts"]] == [
+        ("bing", "skipped", "no_news_mode"), ("serper", "success", None)]
+    assert [r["url"] for r in outcome["results"]] == ["https://www.example-news.com/2025/11/openai-model"]
+    assert fake_upstream.requests_to("GET", "/search") == []
+
+
+def test_a_further_page_skips_engines_that_cannot_page(ring, fake_upstream):
+    route_vendor(fake_upstream, "brave", "brave/success.json")
+    outcome, _, _ = inprocess_search(ring, ring_env({"tavily": fake_upstream, "brave": fake_upstream}),
+                                     filters=ring.Filters(page=3))
+    assert [(a["vendor"], a["outcome"], a["code"]) for a in outcome["attempts"]] == [
+        ("tavily", "skipped", "no_paging"), ("brave", "success", None)]
+    assert fake_upstream.requests_to("GET", "/res/v1/web/search")[0].query["offset"] == ["2"]
+
+
+def test_dates_are_post_filtered_and_country_is_reported_where_an_engine_cannot_take_them(ring, fake_upstream):
+    route_vendor(fake_upstream, "duckduckgo", "duckduckgo_html/html_success.html")
+    outcome, _, _ = inprocess_search(ring, ring_env({"duckduckgo": fake_upstream}), "duckduckgo",
+                                     filters=ring.Filters(start_date="2024-01-01", end_date="2024-01-31"))
+    assert [r["published"] for r in outcome["results"]] == ["Jan 14, 2024"]
+    assert outcome["filters_applied"] == {"start_date": "post_filter", "end_date": "post_filter"}
+    route_vendor(fake_upstream, "tavily", "tavily/search_success.json")
+    outcome, _, _ = inprocess_search(ring, ring_env({"tavily": fake_upstream}), "tavily",
+                                     filters=ring.Filters(country="DE", safesearch="off"))
+    assert outcome["filters_applied"] == {"country": "unsupported: tavily has no country parameter",
+                                          "safesearch": "unsupported: tavily has no safesearch parameter"}
+    assert ring.Filters(country="DE").key() != ring.Filters().key()
+
+
+@pytest.mark.parametrize("args, path, code", [
+    ({"country": "DEU"}, "/country", "pattern"), ({"safesearch": "none"}, "/safesearch", "enum"),
+    ({"topic": "sports"}, "/topic", "enum"), ({"start_date": "2026-02-30"}, "/start_date", "format"),
+    ({"start_date": "2026-02-02", "end_date": "2026-02-01"}, "/end_date", "conflict"),
+    ({"time_range": "week", "start_date": "2026-02-01"}, "/time_range", "conflict"),
+    ({"page": 6}, "/page", "range"),
+])
+def test_search_parameters_are_checked(ring, args, path, code):
+    _, issues, _ = ring.validate_search_args(dict(args, query="q"))
+    assert [(i["path"], i["code"]) for i in issues] == [(path, code)]
+
+
 def test_filters_survive_failover_natively_and_results_outside_are_post_filtered(
         start_server, fake_upstream):
     fake_upstream.route("POST", "/search", "tavily/server_error.json")
@@ -11058,6 +11141,34 @@ data: {"result":{"content":[{"type":"text","text":"Title: Write-Ahead Logging\nU
     },
     {
       "query": "Apple Inc headquarters"
+    }
+  ],
+  "credits": 1
+}
+""",
+    },
+    "serper/news_success.json": {
+        "status": 200,
+        "headers": {"Content-Type": "application/json; charset=utf-8"},
+        "note": "POST /news: results under 'news' not 'organic'",
+        "body": r"""{
+  "searchParameters": {
+    "q": "openai",
+    "gl": "us",
+    "hl": "en",
+    "type": "news",
+    "tbs": "qdr:d",
+    "engine": "google"
+  },
+  "news": [
+    {
+      "title": "OpenAI ships a new model",
+      "link": "https://www.example-news.com/2025/11/openai-model",
+      "snippet": "The company said the model improves ...",
+      "date": "3 hours ago",
+      "source": "Example News",
+      "imageUrl": "https://encrypted-tbn0.gstatic.com/images?q=tbn:ANd9GcR...",
+      "position": 1
     }
   ],
   "credits": 1

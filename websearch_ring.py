@@ -78,6 +78,7 @@ DEFAULT_FETCH_LENGTH, MAX_FETCH_LENGTH = 20000, 1000000
 MAX_FETCH_URLS = 10                   # web_fetch urls: pages per call
 # web_search include_content: how many top results come with their page, and how much of it.
 MAX_INCLUDE_CONTENT, DEFAULT_CONTENT_CHARS, MAX_CONTENT_CHARS = 5, 3000, 20000
+MAX_PAGE = 5                          # web_search page: how far past the first results an agent may go
 MAX_ANSWER_QUERY_CHARS = 4000
 MIN_ATTEMPT_S = 1.0          # an answer attempt with less time than this left is not started
 DEFAULT_MODEL = "grok-4-fast"
@@ -6036,29 +6037,50 @@ _LEADING_DATE = LazyPattern(r"^\s*([A-Z][a-z]{2} \d{1,2}, \d{4})\s*(?:\u00b7|-)\
 class Filters:
     """The filters of one web_search call (all optional)."""
 
-    __slots__ = ("lang", "time_range", "include", "exclude", "per_domain")
-    NAMES = ("lang", "time_range", "include_domains", "exclude_domains", "max_results_per_domain")
+    __slots__ = ("lang", "time_range", "include", "exclude", "per_domain", "country", "safesearch", "topic",
+                 "start_date", "end_date", "page")
+    NAMES = ("lang", "time_range", "include_domains", "exclude_domains", "max_results_per_domain", "country",
+             "safesearch", "topic", "start_date", "end_date", "page")
 
-    def __init__(self, lang=None, time_range=None, include=(), exclude=(), per_domain=None):
+    def __init__(self, lang=None, time_range=None, include=(), exclude=(), per_domain=None, country=None,
+                 safesearch=None, topic=None, start_date=None, end_date=None, page=None):
         self.lang = lang
         self.time_range = time_range
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.per_domain = per_domain
+        self.country = country            # ISO 3166-1 alpha-2, upper case
+        self.safesearch = safesearch      # off, moderate, strict
+        self.topic = topic if topic != "general" else None     # news, or None for the general web
+        self.start_date = start_date      # YYYY-MM-DD
+        self.end_date = end_date
+        self.page = page if page and page > 1 else None
+
+    def values(self):
+        return (self.lang, self.time_range, self.include, self.exclude, self.per_domain, self.country,
+                self.safesearch, self.topic, self.start_date, self.end_date, self.page)
 
     def active(self):
         """The names of the filters that are set, in NAMES order."""
-        values = (self.lang, self.time_range, self.include, self.exclude, self.per_domain)
-        return [n for n, v in zip(self.NAMES, values) if v]
+        return [n for n, v in zip(self.NAMES, self.values()) if v]
 
     def key(self):
-        return (self.lang, self.time_range, self.include, self.exclude, self.per_domain)
+        return self.values()
 
     def since(self, now=None):
         """Epoch seconds where the time window starts, or None."""
+        if self.start_date:
+            return _date_epoch(self.start_date)
         if not self.time_range:
             return None
         return (time.time() if now is None else now) - TIME_RANGES[self.time_range] * 86400.0
+
+    def until(self):
+        """Epoch seconds where the time window ends (the end of ``end_date``), or None."""
+        return _date_epoch(self.end_date) + 86400.0 if self.end_date else None
+
+    def dated(self):
+        return bool(self.time_range or self.start_date or self.end_date)
 
     def site_query(self, query):
         """``query`` with ``site:`` operators for the domain filters (engines with Google syntax).
@@ -6076,6 +6098,16 @@ class Filters:
 
 
 NO_FILTERS = Filters()
+# What a ring engine lacks for these filters it cannot make up afterwards: it is left out of the
+# search, with this reason (the others are applied to its results, or reported as unsupported).
+_SKIPPED_WITHOUT = {"topic": ("no_news_mode", "%s has no news search here"),
+                    "page": ("no_paging", "%s cannot return further pages here")}
+
+
+def _date_epoch(day):
+    """Epoch seconds of 00:00 UTC on ``day`` (YYYY-MM-DD)."""
+    import calendar
+    return float(calendar.timegm(time.strptime(day, "%Y-%m-%d")))
 
 
 class SearchContext:
@@ -6286,7 +6318,8 @@ class ExaVendor(Vendor):
     """Exa: keyless through the hosted MCP endpoint, or REST ``/search`` with ``EXA_API_KEY``."""
 
     name = "exa"
-    REST_NATIVE = frozenset({"include_domains", "exclude_domains", "time_range"})
+    REST_NATIVE = frozenset({"include_domains", "exclude_domains", "time_range", "start_date", "end_date", "country",
+                             "topic"})
 
     def keyed(self):
         return bool(self.config.exa_api_key)      # REST with a key; the hosted MCP endpoint has none
@@ -6307,8 +6340,14 @@ class ExaVendor(Vendor):
             request["includeDomains"] = list(f.include)
         if f.exclude:
             request["excludeDomains"] = list(f.exclude)
-        if f.time_range:
+        if f.time_range or f.start_date:
             request["startPublishedDate"] = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(f.since()))
+        if f.end_date:
+            request["endPublishedDate"] = f.end_date + "T23:59:59.999Z"
+        if f.country:
+            request["userLocation"] = f.country
+        if f.topic:
+            request["category"] = "news"
         body = json.dumps(request)
         resp = self.http(ctx, "POST", self.config.exa_url + "/search", body=body, headers={
             "Content-Type": "application/json", "Accept": "application/json",
@@ -6592,7 +6631,7 @@ class TavilyVendor(Vendor):
     """Tavily ``/search`` through :class:`TavilyClient` (key pool or keyless mode)."""
 
     name = "tavily"
-    NATIVE = frozenset({"include_domains", "exclude_domains", "time_range"})
+    NATIVE = frozenset({"include_domains", "exclude_domains", "time_range", "start_date", "end_date", "topic"})
 
     def search(self, ctx, query, num):
         request = {"query": query, "max_results": num, "search_depth": "basic"}
@@ -6603,6 +6642,12 @@ class TavilyVendor(Vendor):
             request["exclude_domains"] = list(f.exclude)
         if f.time_range:
             request["time_range"] = f.time_range
+        if f.start_date:
+            request["start_date"] = f.start_date
+        if f.end_date:
+            request["end_date"] = f.end_date
+        if f.topic:
+            request["topic"] = "news"
         data, ctx.headers = self.tavily.post("/search", request, ctx.token, ctx.deadline, self.config.timeout_s)
         results = []
         for item in data.get("results") or []:
@@ -6861,7 +6906,7 @@ class BingVendor(Vendor):
     """Bing's HTML result page, scraped; a captcha or challenge page is a failure."""
 
     name = "bing"
-    NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains"})
+    NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains", "country", "safesearch", "page"})
     # Bing's freshness filter: ez1 day, ez2 week, ez3 month; a year is an explicit day range.
     _FRESHNESS = {"day": 'ex1:"ez1"', "week": 'ex1:"ez2"', "month": 'ex1:"ez3"'}
 
@@ -6874,6 +6919,13 @@ class BingVendor(Vendor):
         if f.time_range:
             today = int(time.time() // 86400)
             params["filters"] = self._FRESHNESS.get(f.time_range, 'ex1:"ez5_%d_%d"' % (today - 365, today))
+        if f.country:
+            params["mkt"] = "%s-%s" % (f.lang or "en", f.country)        # market: language-COUNTRY
+        if f.safesearch:
+            params["adlt"] = f.safesearch
+        if f.page:      # Bing's own paging: first result, a FORM per page, and pq (without it page 4 may repeat 1)
+            params.update(first=(f.page - 1) * 10 + 1, FORM="PERE" if f.page == 2 else "PERE%d" % (f.page - 2),
+                          pq=params["q"])
         url = self.config.bing_url + "/search?" + urlencode(params)
         resp = self.http(ctx, "GET", url, max_redirects=3, headers={
             "User-Agent": self.config.user_agent,
@@ -6900,7 +6952,7 @@ class DuckDuckGoVendor(Vendor):
     """DuckDuckGo's no-JavaScript HTML endpoint; its anomaly dialog (202 or 200) is a failure."""
 
     name = "duckduckgo"
-    NATIVE = frozenset({"time_range", "include_domains", "exclude_domains"})
+    NATIVE = frozenset({"time_range", "include_domains", "exclude_domains", "country", "safesearch"})
 
     def search(self, ctx, query, num):
         from urllib.parse import urlencode
@@ -6909,6 +6961,11 @@ class DuckDuckGoVendor(Vendor):
         form = {"q": f.site_query(query), "b": "", "kl": "wt-wt"}
         if f.time_range:
             form["df"] = f.time_range[0]     # d, w, m, y
+        if f.country:
+            form["kl"] = "%s-%s" % (f.country.lower(), f.lang or "en")     # region-language, as us-en, de-de
+        if f.safesearch:
+            # kp: the values its own settings page uses (UNCONFIRMED in the contract): 1 strict, -1 moderate, -2 off
+            form["kp"] = {"strict": "1", "moderate": "-1", "off": "-2"}[f.safesearch]
         resp = self.http(ctx, "POST", base + "/html/", body=urlencode(form),
                          max_redirects=2, headers={
                              "User-Agent": self.config.user_agent,
@@ -6948,7 +7005,8 @@ class BraveVendor(Vendor):
     """Brave Search API: a bad key is 422, and an exhausted monthly quota is a 429 too."""
 
     name = "brave"
-    NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains"})
+    NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains", "country", "safesearch",
+                        "start_date", "end_date", "page"})
     # Brave's own codes for a few languages (https://api.search.brave.com docs).
     _LANG = {"ja": "jp", "zh": "zh-hans", "pt": "pt-pt"}
 
@@ -6962,6 +7020,15 @@ class BraveVendor(Vendor):
             params["search_lang"] = self._LANG.get(f.lang, f.lang)
         if f.time_range:
             params["freshness"] = "p" + f.time_range[0]     # pd, pw, pm, py
+        if f.start_date or f.end_date:
+            params["freshness"] = "%sto%s" % (f.start_date or "1970-01-01",
+                                              f.end_date or time.strftime("%Y-%m-%d", time.gmtime()))
+        if f.country:
+            params["country"] = f.country
+        if f.safesearch:
+            params["safesearch"] = f.safesearch
+        if f.page:
+            params["offset"] = f.page - 1       # a page index (at most 9), not a result offset
         resp = self.http(ctx, "GET", self.config.brave_url + "/res/v1/web/search?" + urlencode(params), headers={
             "Accept": "application/json", "X-Subscription-Token": self.config.brave_api_key})
         if resp.status != 200:
@@ -7021,7 +7088,7 @@ class SerperVendor(Vendor):
     """Serper (Google results): a bad key is 403 and no credits is a 400 with that message."""
 
     name = "serper"
-    NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains"})
+    NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains", "country", "page", "topic"})
 
     KEYED = True
 
@@ -7032,7 +7099,12 @@ class SerperVendor(Vendor):
             request["hl"] = f.lang
         if f.time_range:
             request["tbs"] = "qdr:" + f.time_range[0]
-        resp = self.http(ctx, "POST", self.config.serper_url + "/search", body=json.dumps(request), headers={
+        if f.country:
+            request["gl"] = f.country.lower()
+        if f.page:
+            request["page"] = f.page
+        vertical = "news" if f.topic else "search"      # /news answers with news[] instead of organic[]
+        resp = self.http(ctx, "POST", self.config.serper_url + "/" + vertical, body=json.dumps(request), headers={
             "Content-Type": "application/json", "Accept": "application/json",
             "X-API-KEY": self.config.serper_api_key})
         if resp.status != 200:
@@ -7049,7 +7121,7 @@ class SerperVendor(Vendor):
             self.fail_http(resp, message)
         data = self.parse_json(resp)
         results = []
-        for item in (data.get("organic") or []) if isinstance(data, dict) else []:
+        for item in (data.get("news" if f.topic else "organic") or []) if isinstance(data, dict) else []:
             if isinstance(item, dict) and item.get("link"):
                 results.append(make_result(item.get("title") or "", item["link"], item.get("snippet") or "",
                                            item.get("date")))
@@ -7062,7 +7134,8 @@ class YepVendor(Vendor):
     """Yep's search API: Bearer key, ``{"error", "request_id"}`` bodies, X-RateLimit-* on every answer."""
 
     name = "yep"
-    NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains"})
+    NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains", "country", "safesearch",
+                        "start_date"})
 
     KEYED = True
 
@@ -7075,8 +7148,12 @@ class YepVendor(Vendor):
             request["include_domains"] = ",".join("https://" + d for d in f.include)
         if f.exclude:
             request["exclude_domains"] = ",".join("https://" + d for d in f.exclude)
-        if f.time_range:
+        if f.time_range or f.start_date:
             request["start_published_date"] = time.strftime("%Y-%m-%d", time.gmtime(f.since()))
+        if f.country:
+            request["location"] = f.country            # UNCONFIRMED field semantics (clients send it)
+        if f.safesearch:
+            request["safe_search"] = f.safesearch != "off"
         resp = self.http(ctx, "POST", self.config.yep_url + "/api/search", body=json.dumps(request), headers={
             "Content-Type": "application/json", "Accept": "application/json",
             "Authorization": "Bearer " + self.config.yep_api_key})
@@ -7109,7 +7186,7 @@ class SearxngVendor(Vendor):
     """A self-hosted SearXNG instance's JSON API; a 403 means JSON output is disabled there."""
 
     name = "searxng"
-    NATIVE = frozenset({"lang", "time_range"})
+    NATIVE = frozenset({"lang", "time_range", "safesearch", "page", "topic"})
     # SearXNG's bot limiter rejects Python's default User-Agent, JSON-only Accept,
     # a missing Accept-Language and clients that cannot take gzip.
     HEADERS = {"User-Agent": "websearch-ring/%s (+MCP server)" % __version__,
@@ -7122,11 +7199,15 @@ class SearxngVendor(Vendor):
     def search(self, ctx, query, num):
         from urllib.parse import urlencode
         f = ctx.filters
-        params = {"q": query, "format": "json", "pageno": 1}
+        params = {"q": query, "format": "json", "pageno": f.page or 1}
         if f.lang:
             params["language"] = f.lang
         if f.time_range:
             params["time_range"] = f.time_range
+        if f.safesearch:
+            params["safesearch"] = {"off": 0, "moderate": 1, "strict": 2}[f.safesearch]
+        if f.topic:
+            params["categories"] = "news"
         headers = dict(self.HEADERS)
         if f.lang:
             headers["Accept-Language"] = "%s,en;q=0.5" % f.lang
@@ -8405,10 +8486,13 @@ def apply_post_filters(results, filters, native, now=None):
     """Drop results outside the domain and time filters the vendor did not apply itself.
 
     Domain filters are always checked (a vendor that takes them natively can
-    still return a stray result); the time window only when the vendor has
-    no native parameter, and then undated results go too.
+    still return a stray result); each end of the time window (time_range or
+    start_date, end_date) only when the vendor has no native parameter for
+    it, and then undated results go too.
     """
-    since = filters.since(now) if "time_range" not in native else None
+    since = filters.since(now) if ((filters.time_range and "time_range" not in native)
+                                   or (filters.start_date and "start_date" not in native)) else None
+    until = filters.until() if filters.end_date and "end_date" not in native else None
     kept = []
     for item in results:
         host = url_host(item["url"])
@@ -8416,9 +8500,9 @@ def apply_post_filters(results, filters, native, now=None):
             continue
         if any(host_in_domain(host, d) for d in filters.exclude):
             continue
-        if since is not None:
+        if since is not None or until is not None:
             when = parse_published(item.get("published"), now)
-            if when is None or when < since:
+            if when is None or (since is not None and when < since) or (until is not None and when >= until):
                 continue
         kept.append(item)
     return kept
@@ -8447,6 +8531,8 @@ def filters_how(filters, native, reason_vendor):
             out[name] = "native"
         elif name == "lang":
             out[name] = "unsupported: %s has no language parameter and results carry no language" % reason_vendor
+        elif name in ("country", "safesearch"):
+            out[name] = "unsupported: %s has no %s parameter" % (reason_vendor, name)
         else:
             out[name] = "post_filter"
     return out
@@ -8517,6 +8603,9 @@ class Ring:
         """
         vendor = self.vendors[name]
         native = vendor.native_filters()
+        for wanted, (code, why) in _SKIPPED_WITHOUT.items():
+            if getattr(filters, wanted) and wanted not in native:
+                return None, attempt_record(name, "skipped", 0.0, code=code, message=why % name), {}
         if deadline.expired():      # before admit(): a probe slot must never be taken and left
             return None, attempt_record(name, "timeout", 0.0, code="deadline_exhausted",
                                         message="the call's deadline passed before this vendor was tried"), {}
@@ -8526,8 +8615,7 @@ class Ring:
                                     message="in cooldown for %.1f s more (%s)" % gate)
             record["cooldown_remaining_s"] = round(gate[0], 1)
             return None, record, {}
-        post = bool(filters.include or filters.exclude or filters.per_domain
-                    or (filters.time_range and "time_range" not in native))
+        post = bool(filters.include or filters.exclude or filters.per_domain or filters.dated())
         ask = min(MAX_RESULTS, num * 2) if post else num
         started = self._clock()
         ctx = SearchContext(self.transport, deadline.child(self.config.timeout_s), token, self.config, filters)
@@ -8703,6 +8791,18 @@ WEB_SEARCH_INPUT = {
         "exclude_domains": dict(_DOMAIN_LIST, description="No results from these domains (or their subdomains)."),
         "max_results_per_domain": {"type": "integer", "minimum": 1, "maximum": 10,
                                    "description": "At most this many results from one site (1-10)."},
+        "country": {"type": "string", "pattern": "^[A-Za-z]{2}$",
+                    "description": "Results for this country: ISO 3166-1 alpha-2, e.g. US, DE, JP."},
+        "safesearch": {"type": "string", "enum": ["off", "moderate", "strict"],
+                       "description": "Adult-content filtering where the engine has it."},
+        "topic": {"type": "string", "enum": ["general", "news"], "default": "general",
+                  "description": "news: news articles only (engines without a news search are skipped)."},
+        "start_date": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}$",
+                       "description": "Only results published on or after this day (YYYY-MM-DD)."},
+        "end_date": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}$",
+                     "description": "Only results published on or before this day (YYYY-MM-DD)."},
+        "page": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 1,
+                 "description": "Further results: page 2 to %d (engines that cannot page are skipped)." % MAX_PAGE},
         "vendor": {"type": "string", "enum": list(KNOWN_VENDORS),
                    "description": "Ask only this engine instead of the ring (it must be configured)."},
         "include_content": {"type": "integer", "minimum": 0, "maximum": MAX_INCLUDE_CONTENT, "default": 0,
@@ -8919,6 +9019,7 @@ def validate_search_args(args, config=None):
             if mode == "fanout":
                 issues.append(issue("/mode", "conflict", "vendor asks one engine; fanout asks all of them",
                                     "leave out vendor for a fan-out, or mode for a single engine"))
+    _validate_search_extras(args, values, issues, adjustments)
     values["include_content"] = _int_arg(args, "include_content", 0, MAX_INCLUDE_CONTENT, 0, issues)
     values["content_chars"] = _int_arg(args, "content_chars", 100, MAX_CONTENT_CHARS, DEFAULT_CONTENT_CHARS, issues)
     return values, issues, adjustments
@@ -8938,6 +9039,48 @@ def _bare_domain(item):
     if not is_domain(text):
         return None
     return text[4:] if text.startswith("www.") else text
+
+
+def _validate_search_extras(args, values, issues, adjustments):
+    """country, safesearch, topic, start_date, end_date and page of a web_search."""
+    import datetime
+    country = args.get("country")
+    if country is not None:
+        if isinstance(country, str) and re.fullmatch(r"\s*[A-Za-z]{2}\s*", country):
+            values["country"] = country.strip().upper()
+        else:
+            issues.append(issue("/country", "pattern", "country must be a two-letter ISO 3166-1 code, got %s"
+                                % json.dumps(country), "e.g. US, DE or JP"))
+    for name, choices in (("safesearch", ("off", "moderate", "strict")), ("topic", ("general", "news"))):
+        value = args.get(name)
+        if value is not None:
+            if value in choices:
+                values[name] = value
+            else:
+                issues.append(issue("/" + name, "enum", "%s must be %s, got %s" % (
+                    name, " or ".join(choices), json.dumps(value)), "one of: " + ", ".join(choices)))
+    for name in ("start_date", "end_date"):
+        value = args.get(name)
+        if value is None:
+            continue
+        try:
+            if not isinstance(value, str) or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", value.strip()):
+                raise ValueError(value)
+            values[name] = datetime.date(*map(int, value.strip().split("-"))).isoformat()
+        except (ValueError, TypeError):
+            issues.append(issue("/" + name, "format", "%s must be a day as YYYY-MM-DD, got %s" % (
+                name, json.dumps(value)), "e.g. 2026-01-31"))
+    if values.get("start_date") and values.get("end_date") and values["start_date"] > values["end_date"]:
+        issues.append(issue("/end_date", "conflict", "end_date is before start_date", "swap the two days"))
+    if values.get("time_range") and (values.get("start_date") or values.get("end_date")):
+        issues.append(issue("/time_range", "conflict", "time_range and start_date/end_date both set a window",
+                            "use one of them"))
+    page = args.get("page")
+    if isinstance(page, str) and re.fullmatch(r"\s*\d{1,2}\s*", page):
+        adjustments.append({"path": "/page", "received": page, "used": int(page),
+                            "reason": "a number given as a string"})
+        page = int(page)
+    values["page"] = _int_arg({"page": page}, "page", 1, MAX_PAGE, 1, issues)
 
 
 def _validate_domains(name, value, issues):
@@ -9090,7 +9233,9 @@ class SearchTools:
                                                             "duration_ms": 0.0})
         query, num, vendor, mode = values["query"], values["numResults"], values.get("vendor"), values["mode"]
         filters = Filters(values.get("lang"), values.get("time_range"), values["include_domains"],
-                          values["exclude_domains"], values.get("max_results_per_domain"))
+                          values["exclude_domains"], values.get("max_results_per_domain"), values.get("country"),
+                          values.get("safesearch"), values.get("topic"), values.get("start_date"),
+                          values.get("end_date"), values.get("page"))
         key = ("web_search", query, num, vendor or "", mode, filters.key(), self.config.vendors)
 
         def work(flight_token, emit):
