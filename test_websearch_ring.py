@@ -6817,11 +6817,32 @@ def test_web_search_is_lenient_where_the_intent_is_plain_and_lists_what_it_read(
 
 
 def test_web_search_defaults_come_from_the_environment(ring):
-    config = ring.Config.from_env({"WEBSEARCH_DEFAULT_RESULTS": "3", "WEBSEARCH_DEFAULT_LANG": "de"})
+    config = ring.Config.from_env({"WEBSEARCH_DEFAULT_RESULTS": "3", "WEBSEARCH_DEFAULT_LANG": "de",
+                                   "WEBSEARCH_DEFAULT_COUNTRY": "at", "WEBSEARCH_DEFAULT_SAFESEARCH": "strict"})
+    assert config.problems == ()
     values, issues, adjustments = ring.validate_search_args({"query": "python"}, config)
-    assert (values["numResults"], values["lang"], issues, adjustments) == (3, "de", [], [])
-    values, _, _ = ring.validate_search_args({"query": "python", "numResults": 9, "lang": "fr"}, config)
-    assert (values["numResults"], values["lang"]) == (9, "fr")
+    assert (values["numResults"], values["lang"], values["country"], values["safesearch"], issues, adjustments) == (
+        3, "de", "AT", "strict", [], [])
+    values, _, _ = ring.validate_search_args({"query": "python", "numResults": 9, "lang": "fr", "country": "BE",
+                                              "safesearch": "off"}, config)
+    assert (values["numResults"], values["lang"], values["country"], values["safesearch"]) == (9, "fr", "BE", "off")
+    bad = ring.Config.from_env({"WEBSEARCH_DEFAULT_COUNTRY": "Austria", "WEBSEARCH_DEFAULT_SAFESEARCH": "on"})
+    assert {p.variable for p in bad.problems} == {"WEBSEARCH_DEFAULT_COUNTRY", "WEBSEARCH_DEFAULT_SAFESEARCH"}
+
+
+@pytest.mark.parametrize("vendor, lang, where, expected", [
+    ("brave", "zh-TW", "search_lang", "zh-hant"), ("brave", "zh-Hans", "search_lang", "zh-hans"),
+    ("brave", "pt-BR", "search_lang", "pt-br"), ("bing", "pt-BR", "mkt", "pt-BR"), ("bing", "de", "mkt", None),
+])
+def test_bcp47_language_tags_are_mapped_per_engine(ring, fake_upstream, vendor, lang, where, expected):
+    spec = "brave/success.json" if vendor == "brave" else KEYLESS_SUCCESS[vendor]
+    route_vendor(fake_upstream, vendor, spec)
+    values, _, _ = ring.validate_search_args({"query": "q", "lang": lang})
+    filters = ring.Filters(values["lang"], lang_tag=values.get("lang_tag"))
+    outcome, _, _ = inprocess_search(ring, ring_env({vendor: fake_upstream}), vendor, filters=filters)
+    assert outcome["ok"] is True
+    [sent] = sent_to(fake_upstream, vendor)
+    assert (sent.query.get(where) or [None])[0] == expected
 
 
 @pytest.mark.parametrize("received, used, reason_word", [

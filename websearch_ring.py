@@ -858,6 +858,8 @@ class Var:
             return "a comma-separated list of: " + ", ".join(self.choices)
         if self.kind == "tools":
             return "all, plan, or a comma-separated list of tool names (%s, plan_*)" % ", ".join(CORE_TOOLS)
+        if self.kind == "country":
+            return "a two-letter ISO 3166-1 country code such as US or DE"
         if self.kind == "level":
             return "one of: " + ", ".join(Logger.LEVELS)
         if self.kind == "bool":
@@ -912,6 +914,11 @@ VARIABLES = (
         "numResults of a web_search that does not say (for clients that cannot pass arguments).", lo=1, hi=20),
     Var("WEBSEARCH_DEFAULT_LANG", "default_lang", "str", "",
         "lang of a web_search that does not say, e.g. de or pt-BR. Unset: any language."),
+    Var("WEBSEARCH_DEFAULT_COUNTRY", "default_country", "country", "",
+        "country of a web_search that does not say, e.g. US or DE. Unset: no country."),
+    Var("WEBSEARCH_DEFAULT_SAFESEARCH", "default_safesearch", "choice", "",
+        "safesearch of a web_search that does not say: off, moderate or strict. Unset: each engine's default.",
+        choices=("off", "moderate", "strict")),
     Var("WEBSEARCH_FETCH_MAX_MB", "fetch_max_mb", "int", "10",
         "Largest page or document (PDF) the direct fetch reads, in megabytes (1-50).", lo=1, hi=50),
     Var("WEBSEARCH_FETCH_CACHE_MB", "fetch_cache_mb", "int", "64",
@@ -1138,6 +1145,10 @@ def _parse_value(var, raw):
         if unknown or not names:
             raise ValueError("unknown provider " + ", ".join(repr(n) for n in unknown) if unknown else "empty list")
         return tuple(dict.fromkeys(names))
+    if var.kind == "country":
+        if not re.fullmatch(r"[A-Za-z]{2}", text):
+            raise ValueError("not a two-letter country code")
+        return text.upper()
     if var.kind == "level":
         if text.lower() not in Logger.LEVELS:
             raise ValueError("unknown level")
@@ -6038,12 +6049,12 @@ class Filters:
     """The filters of one web_search call (all optional)."""
 
     __slots__ = ("lang", "time_range", "include", "exclude", "per_domain", "country", "safesearch", "topic",
-                 "start_date", "end_date", "page")
+                 "start_date", "end_date", "page", "lang_tag")
     NAMES = ("lang", "time_range", "include_domains", "exclude_domains", "max_results_per_domain", "country",
              "safesearch", "topic", "start_date", "end_date", "page")
 
     def __init__(self, lang=None, time_range=None, include=(), exclude=(), per_domain=None, country=None,
-                 safesearch=None, topic=None, start_date=None, end_date=None, page=None):
+                 safesearch=None, topic=None, start_date=None, end_date=None, page=None, lang_tag=None):
         self.lang = lang
         self.time_range = time_range
         self.include = tuple(include)
@@ -6055,6 +6066,7 @@ class Filters:
         self.start_date = start_date      # YYYY-MM-DD
         self.end_date = end_date
         self.page = page if page and page > 1 else None
+        self.lang_tag = lang_tag          # the whole BCP 47 tag when it says more than lang: zh-Hant, pt-BR
 
     def values(self):
         return (self.lang, self.time_range, self.include, self.exclude, self.per_domain, self.country,
@@ -6065,7 +6077,7 @@ class Filters:
         return [n for n, v in zip(self.NAMES, self.values()) if v]
 
     def key(self):
-        return self.values()
+        return self.values() + (self.lang_tag,)
 
     def since(self, now=None):
         """Epoch seconds where the time window starts, or None."""
@@ -6919,8 +6931,10 @@ class BingVendor(Vendor):
         if f.time_range:
             today = int(time.time() // 86400)
             params["filters"] = self._FRESHNESS.get(f.time_range, 'ex1:"ez5_%d_%d"' % (today - 365, today))
-        if f.country:
-            params["mkt"] = "%s-%s" % (f.lang or "en", f.country)        # market: language-COUNTRY
+        region = (f.lang_tag or "").rpartition("-")[2]
+        region = region if len(region) == 2 else None        # pt-BR: BR; zh-Hant: no region
+        if f.country or region:
+            params["mkt"] = "%s-%s" % (f.lang or "en", f.country or region)     # market: language-COUNTRY
         if f.safesearch:
             params["adlt"] = f.safesearch
         if f.page:      # Bing's own paging: first result, a FORM per page, and pq (without it page 4 may repeat 1)
@@ -7009,6 +7023,11 @@ class BraveVendor(Vendor):
                         "start_date", "end_date", "page"})
     # Brave's own codes for a few languages (https://api.search.brave.com docs).
     _LANG = {"ja": "jp", "zh": "zh-hans", "pt": "pt-pt"}
+    _LANG_TAGS = {"zh-Hant": "zh-hant", "zh-TW": "zh-hant", "zh-HK": "zh-hant", "zh-MO": "zh-hant", "pt-BR": "pt-br"}
+
+    def _search_lang(self, f):
+        """Brave's search_lang for the language (and its BCP 47 tag: Traditional Chinese, Brazilian Portuguese)."""
+        return self._LANG_TAGS.get(f.lang_tag) or self._LANG.get(f.lang, f.lang)
 
     KEYED = True
 
@@ -7017,7 +7036,7 @@ class BraveVendor(Vendor):
         f = ctx.filters
         params = {"q": f.site_query(query), "count": min(num, 20)}
         if f.lang:
-            params["search_lang"] = self._LANG.get(f.lang, f.lang)
+            params["search_lang"] = self._search_lang(f)
         if f.time_range:
             params["freshness"] = "p" + f.time_range[0]     # pd, pw, pm, py
         if f.start_date or f.end_date:
@@ -8961,6 +8980,10 @@ def validate_search_args(args, config=None):
                                 % json.dumps(lang), "a two-letter ISO 639-1 code such as 'en', 'de' or 'ja'"))
         else:
             values["lang"] = tag.group(1).lower()
+            subtags = re.split(r"[-_]", lang.strip())[1:]
+            if subtags:       # script Title-cased, region upper-cased: zh-Hant, pt-BR
+                values["lang_tag"] = "-".join([values["lang"]] + [
+                    s.title() if len(s) == 4 else s.upper() if len(s) == 2 else s.lower() for s in subtags])
             if values["lang"] != lang and "lang" in args:
                 adjustments.append({"path": "/lang", "received": lang, "used": values["lang"],
                                     "reason": "the engines take the language of a BCP 47 tag"})
@@ -9019,7 +9042,7 @@ def validate_search_args(args, config=None):
             if mode == "fanout":
                 issues.append(issue("/mode", "conflict", "vendor asks one engine; fanout asks all of them",
                                     "leave out vendor for a fan-out, or mode for a single engine"))
-    _validate_search_extras(args, values, issues, adjustments)
+    _validate_search_extras(args, values, issues, adjustments, config)
     values["include_content"] = _int_arg(args, "include_content", 0, MAX_INCLUDE_CONTENT, 0, issues)
     values["content_chars"] = _int_arg(args, "content_chars", 100, MAX_CONTENT_CHARS, DEFAULT_CONTENT_CHARS, issues)
     return values, issues, adjustments
@@ -9041,9 +9064,14 @@ def _bare_domain(item):
     return text[4:] if text.startswith("www.") else text
 
 
-def _validate_search_extras(args, values, issues, adjustments):
-    """country, safesearch, topic, start_date, end_date and page of a web_search."""
+def _validate_search_extras(args, values, issues, adjustments, config=None):
+    """country, safesearch, topic, start_date, end_date and page of a web_search (country and
+    safesearch default to WEBSEARCH_DEFAULT_COUNTRY and WEBSEARCH_DEFAULT_SAFESEARCH)."""
     import datetime
+    if config is not None:
+        for name, default in (("country", config.default_country), ("safesearch", config.default_safesearch)):
+            if default and args.get(name) is None:
+                values[name] = default
     country = args.get("country")
     if country is not None:
         if isinstance(country, str) and re.fullmatch(r"\s*[A-Za-z]{2}\s*", country):
@@ -9235,7 +9263,7 @@ class SearchTools:
         filters = Filters(values.get("lang"), values.get("time_range"), values["include_domains"],
                           values["exclude_domains"], values.get("max_results_per_domain"), values.get("country"),
                           values.get("safesearch"), values.get("topic"), values.get("start_date"),
-                          values.get("end_date"), values.get("page"))
+                          values.get("end_date"), values.get("page"), values.get("lang_tag"))
         key = ("web_search", query, num, vendor or "", mode, filters.key(), self.config.vendors)
 
         def work(flight_token, emit):
