@@ -4673,6 +4673,11 @@ def test_mask_url_credentials_finds_every_url_in_text_and_runs_in_linear_time(ri
         "a http://u:****@h/x, https://x:****@z and ftp://anon@h"
     assert_linear(lambda n: ring.mask_url_credentials("http://" + "a:" * n + "@" + "x://" * n), 20000,
                   "mask_url_credentials")
+    redact = ring.Redactor(["my-own-secret-value-42"])
+    assert_linear(lambda n: redact("Bearer " + "a" * n + " bearer " * n + "my-own-secr" * n), 20000, "Redactor")
+    assert_linear(lambda n: redact.needed("://" + "a" * n + "://x" * n + "@"), 20000, "Redactor.needed")
+    assert_linear(lambda n: ring.script_shell('<noscript x="' + "y" * n + '">' + "<noscript>" * n, ""), 20000,
+                  "script_shell")
 
 
 def test_decode_bing_url_matches_every_case_of_the_ck_links_table(ring):
