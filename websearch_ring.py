@@ -374,12 +374,11 @@ def split_credentials(url):
     >>> split_credentials("http://me:pw@proxy:3128/x"), split_credentials("http://h/")
     (('http://proxy:3128/x', 'Basic bWU6cHc='), ('http://h/', None))
     """
-    scheme, sep, rest = url.partition("://")
-    end = min([i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0] or [len(rest)])
-    userinfo, at, hostport = rest[:end].rpartition("@")
-    if not sep or not at:
+    from urllib.parse import urlsplit, urlunsplit
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
         return url, None
-    return "%s://%s%s" % (scheme, hostport, rest[end:]), basic_credentials(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])), basic_credentials(url)
 
 
 def basic_credentials(url):
