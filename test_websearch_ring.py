@@ -6814,7 +6814,7 @@ def test_web_search_is_lenient_where_the_intent_is_plain_and_lists_what_it_read(
     assert (values["numResults"], values["include_domains"], values["lang"]) == (
         5, ["github.com", "docs.python.org"], "pt")
     assert [(a["path"], a["used"]) for a in adjustments] == [
-        ("/numResults", 5), ("/lang", "pt"), ("/include_domains", ["github.com", "docs.python.org"])]
+        ("/numResults", 5), ("/include_domains", ["github.com", "docs.python.org"]), ("/lang", "pt")]
     for nonsense, path in (({"numResults": "five"}, "/numResults"), ({"lang": "english"}, "/lang"),
                            ({"include_domains": "https://x.example/a"}, "/include_domains/0")):
         _, issues, _ = ring.validate_search_args(dict(nonsense, query="python"))
@@ -7002,9 +7002,9 @@ def test_web_fetch_urls_reads_several_pages_at_once_each_with_its_own_result(sta
 @pytest.mark.parametrize("args, path, code", [
     ({"url": "https://a.example/", "urls": ["https://b.example/"]}, "/url", "required"),
     ({}, "/url", "required"),
-    ({"urls": []}, "/urls", "type"),
-    ({"urls": ["https://a.example/%d" % i for i in range(11)]}, "/urls", "type"),
-    ({"urls": "https://a.example/"}, "/urls", "type"),
+    ({"urls": []}, "/urls", "too_few"),
+    ({"urls": ["https://a.example/%d" % i for i in range(11)]}, "/urls", "too_many"),
+    ({"urls": {"a": "https://a.example/"}}, "/urls", "type"),
     ({"urls": ["https://a.example/", "ftp://b.example/"]}, "/urls/1", "scheme"),
 ])
 def test_web_fetch_urls_arguments_are_checked(ring, args, path, code):
@@ -7012,6 +7012,95 @@ def test_web_fetch_urls_arguments_are_checked(ring, args, path, code):
     tools = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring)).page_tools
     content, _, is_error = tools.web_fetch(args, new_call(ring))
     assert is_error is True and issue_codes(content) == {path: code}
+
+
+def test_check_args_reads_every_rule_from_the_schema(ring):
+    schema = {"type": "object", "required": ["q"], "additionalProperties": False, "properties": {
+        "q": {"type": "string", "minLength": 1, "maxLength": 5},
+        "n": {"type": "integer", "minimum": 1, "maximum": 3, "default": 2},
+        "flag": {"type": "boolean"},
+        "kind": {"type": "string", "enum": ["news", "general"]},
+        "day": {"type": "string", "format": "date"},
+        "code": {"type": "string", "pattern": "^[a-z]{2}$"},
+        "hosts": {"type": "array", "maxItems": 3, "uniqueItems": True,
+                  "items": {"type": "string", "minLength": 1, "format": "hostname"}},
+        "groups": {"type": "array", "minItems": 1, "items": {"type": "array", "items": {"type": "string"}}}}}
+    values, issues, adjustments = ring.check_args(schema, {
+        "q": " abc ", "flag": "TRUE", "kind": "News", "hosts": "a.com, WWW.A.com b.org", "n": "3",
+        "groups": [["x"]]})
+    assert issues == []
+    assert values == {"q": "abc", "n": 3, "flag": True, "kind": "news", "hosts": ["a.com", "b.org"],
+                      "groups": [["x"]]}
+    assert [(a["path"], a["reason"]) for a in adjustments] == [
+        ("/n", "a number given as a string"), ("/flag", "a boolean given as a string"),
+        ("/kind", "matched case-insensitively"), ("/hosts", "one string where a list is expected")]
+    assert ring.check_args(schema, {"q": "a"})[0] == {"q": "a", "n": 2}
+    _, issues, _ = ring.check_args(schema, {
+        "Q": 1, "n": 4, "flag": "yes", "kind": "newz", "day": "2026-02-30", "code": "abc",
+        "hosts": ["a.com", "https://b.org/x", 7], "groups": [["x", 3]]})
+    found = {i["path"]: (i["code"], i["suggestion"]) for i in issues}
+    assert {path: code for path, (code, _) in found.items()} == {
+        "/Q": "unknown_argument", "/q": "required", "/n": "range", "/flag": "type", "/kind": "enum",
+        "/day": "format", "/code": "pattern", "/hosts/1": "not_a_domain", "/hosts/2": "type",
+        "/groups/0/1": "type"}
+    assert "'q'" in found["/Q"][1] and "'news'" in found["/kind"][1] and "'b.org'" in found["/hosts/1"][1]
+    assert all(suggestion for _, suggestion in found.values())
+    codes = {i["path"]: i["code"] for i in ring.check_args(schema, {"q": "toolong", "hosts": ["a.com"] * 4,
+                                                                    "groups": []})[1]}
+    assert codes == {"/q": "too_long", "/hosts": "too_many", "/groups": "too_few"}
+
+
+def _beyond_limits(spec):
+    """``(value, code)`` pairs just outside each limit a property schema states."""
+    out = []
+    if "minimum" in spec:
+        out.append((spec["minimum"] - 1, "range"))
+    if "maximum" in spec:
+        out.append((spec["maximum"] + 1, "range"))
+    if "maxLength" in spec:
+        out.append(("x" * (spec["maxLength"] + 1), "too_long"))
+    if "enum" in spec:
+        out.append(("no-such-choice", "enum"))
+    if "maxItems" in spec:
+        item = "https://a.example/" if spec["items"].get("format") == "uri" else \
+            "a.example" if spec["items"].get("format") == "hostname" else "x"
+        out.append(([item + str(i) if item == "x" else item.replace("a.", "a%d." % i)
+                     for i in range(spec["maxItems"] + 1)], "too_many"))
+    return out
+
+
+def test_every_limit_in_the_listed_schemas_is_what_the_tools_enforce(ring):
+    """The listed input schemas are the one source of the limits: a value just outside any of them
+    is refused by the tool with that argument's pointer, and the limit itself is accepted."""
+    config = ring.Config.from_env({"WEBSEARCH_TOOLS": "all"})
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    minimal = {"web_search": {"query": "q"}, "web_fetch": {"url": "https://example.org/"},
+               "web_map": {"url": "https://example.org/"}, "web_answer": {"query": "q"},
+               "switch_model": {"model": "m"}}
+    checked = 0
+    for tool in ring.ALL_TOOLS:
+        name, schema = tool["name"], tool["inputSchema"]
+        base = dict(minimal.get(name, {}))
+        for k in schema.get("required", ()):
+            spec = schema["properties"][k]
+            base.setdefault(k, spec["enum"][0] if "enum" in spec else
+                            {"string": "x", "integer": 1, "array": [["x"]]}[spec["type"]])
+        for prop, spec in schema["properties"].items():
+            for value, code in _beyond_limits(spec):
+                if name == "web_search" and prop == "numResults":
+                    continue
+                args = dict(base, **{prop: value})
+                if prop == "urls":
+                    del args["url"]
+                content = server.handlers[name](args, new_call(ring))[0]
+                assert content.get("error") == "invalid_arguments", (name, prop, value)
+                assert issue_codes(content) == {"/" + prop: code}, (name, prop, value)
+                checked += 1
+    assert checked >= 40
+    values, issues, _ = ring.check_args(ring.WEB_MAP_INPUT, {"url": "https://example.org/", "max_depth": 5,
+                                                             "max_breadth": 500, "timeout": 150,
+                                                             "instructions": "x" * 400})
+    assert issues == [] and (values["max_depth"], values["timeout"]) == (5, 150)
 
 
 def route_search_with_local_pages(fake, n=3):
@@ -7394,8 +7483,8 @@ def test_twenty_identical_concurrent_fetches_make_one_upstream_request(
     ({"url": "javascript:alert(1)"}, "/url", "scheme"),
     ({"url": "https://user:pw@example.org/"}, "/url", "credentials"),
     ({"url": "https://token@example.org/"}, "/url", "credentials"),
-    ({"url": ""}, "/url", "type"),
-    ({"url": "   "}, "/url", "type"),
+    ({"url": ""}, "/url", "empty"),
+    ({"url": "   "}, "/url", "empty"),
     ({"url": 42}, "/url", "type"),
     ({}, "/url", "required"),
     ({"url": "http://"}, "/url", "no_host"),

@@ -8791,7 +8791,8 @@ _RESULT_SCHEMA = {"type": "object", "properties": {
     "score": {"type": ["number", "null"]}, "vendors": {"type": "array", "items": {"type": "string"}}}}
 
 _DOMAIN_LIST = {"type": "array", "maxItems": MAX_DOMAINS, "uniqueItems": True,
-                "items": {"type": "string", "minLength": 1, "description": "A bare domain such as example.com."}}
+                "items": {"type": "string", "minLength": 1, "format": "hostname",
+                          "description": "A bare domain such as example.com."}}
 
 WEB_SEARCH_INPUT = {
     "type": "object",
@@ -8815,9 +8816,9 @@ WEB_SEARCH_INPUT = {
                        "description": "Adult-content filtering where the engine has it."},
         "topic": {"type": "string", "enum": ["general", "news"], "default": "general",
                   "description": "news: news articles only (engines without a news search are skipped)."},
-        "start_date": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}$",
+        "start_date": {"type": "string", "format": "date",
                        "description": "Only results published on or after this day (YYYY-MM-DD)."},
-        "end_date": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}$",
+        "end_date": {"type": "string", "format": "date",
                      "description": "Only results published on or before this day (YYYY-MM-DD)."},
         "page": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 1,
                  "description": "Further results: page 2 to %d (engines that cannot page are skipped)." % MAX_PAGE},
@@ -8916,134 +8917,308 @@ def error_detail(code, message, service, *, retryable=False, http_status=None, u
             "http_status": http_status, "upstream_code": upstream_code, "diagnostics": diagnostics or {}}
 
 
-def validate_search_args(args, config=None):
-    """Check web_search arguments; returns ``(values, issues, adjustments)``.
+_INVALID = object()     # a value the checker refused (its issue is recorded)
+_TYPE_WORDS = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "true or false",
+               "array": "an array", "object": "an object"}
 
-    Every problem is reported at once, each with an RFC 6901 path and a
-    suggestion, so that one retry can fix them all.
+
+def check_args(schema, args, *, defaults=None, clamp=None):
+    """Tool arguments checked against the tool's listed input schema: ``(values, issues, adjustments)``.
+
+    The schema is the one source of the rules: ``required``, unknown arguments
+    (with the closest accepted name), ``type``, ``enum``, ``minimum``/``maximum``,
+    ``minLength``/``maxLength`` (of the value without surrounding whitespace),
+    ``pattern``, ``format`` (``date``, ``hostname``, ``uri``), ``minItems``/``maxItems``,
+    ``uniqueItems`` and ``items``.  Each problem is an issue with an RFC 6901
+    path, all reported at once so that one retry fixes them all.  Where the
+    intent is plain the value is read leniently and the reading listed in
+    ``adjustments``: a number or boolean given as a string, one string where a
+    list is expected, an enum value in another case.  A missing (or null)
+    argument takes ``defaults[name]``, else the schema's ``default``.  ``clamp``
+    maps an integer argument to the ``(low, high)`` it is clamped to (with an
+    adjustment) instead of being refused.
+
+    >>> check_args(WEB_MAP_INPUT, {"url": "https://example.com", "max_depth": "2"})[0]["max_depth"]
+    2
+    >>> [(i["path"], i["code"]) for i in check_args(WEB_MAP_INPUT, {"url": "x", "limits": 3})[1]]
+    [('/limits', 'unknown_argument'), ('/url', 'relative')]
     """
     issues, adjustments, values = [], [], {}
-    accepted = ", ".join(WEB_SEARCH_INPUT["properties"])
+    props = schema["properties"]
     for name in args:
-        if name not in WEB_SEARCH_INPUT["properties"]:
-            guess = closest(name, list(WEB_SEARCH_INPUT["properties"]))
+        if name not in props:
+            guess = closest(name, list(props))
             issues.append(issue("/" + _escape_pointer(name), "unknown_argument", "unknown argument %r" % name,
-                                ("did you mean %r?" % guess) if guess else "remove it; accepted arguments: " + accepted))
-    query = args.get("query")
-    if query is None:
-        issues.append(issue("/query", "required", "query is required", "pass a search query string"))
-    elif not isinstance(query, str):
-        issues.append(issue("/query", "type", "query must be a string, got %s" % _json_type(query),
-                            "pass the query as a JSON string"))
+                                ("did you mean %r?" % guess) if guess else
+                                "remove it; accepted arguments: " + (", ".join(props) or "none")))
+    for name, spec in props.items():
+        value = args.get(name)
+        if value is None:
+            if name in schema.get("required", ()):
+                issues.append(issue("/" + _escape_pointer(name), "required", "%s is required" % name,
+                                    _about(spec)))
+            elif defaults and defaults.get(name) is not None:
+                values[name] = defaults[name]
+            elif "default" in spec:
+                values[name] = spec["default"]
+            continue
+        value = _check_value("/" + _escape_pointer(name), value, spec, issues, adjustments,
+                             (clamp or {}).get(name))
+        if value is not _INVALID:
+            values[name] = value
+    return values, issues, adjustments
+
+
+def _check_value(path, value, spec, issues, adjustments, clamp=None):
+    """``value`` read against ``spec`` (see :func:`check_args`), or _INVALID with its issue recorded."""
+    kind, label = spec.get("type"), _label(path)
+    read = _lenient(value, spec)
+    if read is not value:
+        adjustments.append({"path": path, "received": value, "used": read, "reason": {
+            "array": "one string where a list is expected", "boolean": "a boolean given as a string",
+            "string": "matched case-insensitively"}.get(kind, "a number given as a string")})
+        value = read
+    if not _has_type(value, kind) and not (clamp and _is_number(value)):
+        issues.append(issue(path, "type", "%s must be %s, got %s" % (label, _TYPE_WORDS.get(kind, kind),
+                                                                    _json_type(value)),
+                            _about(spec)))
+        return _INVALID
+    if kind == "string":
+        return _check_string(path, label, value.strip(), spec, issues)
+    if kind in ("integer", "number"):
+        if clamp:
+            used = min(clamp[1], max(clamp[0], int(value)))
+            if used != value:
+                adjustments.append({"path": path, "received": value, "used": used, "reason": (
+                    "clamped to %d-%d" % clamp) if used != int(value) else "non-integer truncated"})
+            return used
+        low, high = spec.get("minimum"), spec.get("maximum")
+        if low is not None and value < low or high is not None and value > high:
+            span = "from %s to %s" % (low, high) if low is not None and high is not None else (
+                "at least %s" % low if low is not None else "at most %s" % high)
+            issues.append(issue(path, "range", "%s must be %s %s, got %s" % (
+                label, _TYPE_WORDS[kind], span, json.dumps(value)), "pass %s %s, or leave it out" % (
+                _TYPE_WORDS[kind], span)))
+            return _INVALID
+        return int(value) if kind == "integer" else value
+    if kind == "array":
+        return _check_array(path, label, value, spec, issues, adjustments)
+    return value
+
+
+def _check_string(path, label, text, spec, issues):
+    if "enum" in spec:
+        if text not in spec["enum"]:
+            guess = closest(text, spec["enum"]) if len(text) <= 100 else None
+            issues.append(issue(path, "enum", "%s must be one of %s, got %s" % (
+                label, ", ".join(spec["enum"]), json.dumps(text[:100])),
+                ("did you mean %r?" % guess) if guess else "one of: " + ", ".join(spec["enum"])))
+            return _INVALID
+        return text
+    if not text and spec.get("minLength"):
+        issues.append(issue(path, "empty", "%s is empty or only whitespace" % label, _about(spec)))
+        return _INVALID
+    if len(text) > spec.get("maxLength", len(text)):
+        issues.append(issue(path, "too_long", "%s has %d characters; the limit is %d" % (
+            label, len(text), spec["maxLength"]), "shorten it to at most %d characters" % spec["maxLength"]))
+        return _INVALID
+    if len(text) < spec.get("minLength", 0):
+        issues.append(issue(path, "too_short", "%s has %d characters; at least %d are needed" % (
+            label, len(text), spec["minLength"]), _about(spec)))
+        return _INVALID
+    if "pattern" in spec and not re.search(spec["pattern"], text):
+        issues.append(issue(path, "pattern", "%s does not have the expected form, got %s" % (
+            label, json.dumps(text[:100])), _about(spec)))
+        return _INVALID
+    if "format" in spec:
+        return _FORMATS[spec["format"]](path, label, text, issues)
+    return text
+
+
+def _check_array(path, label, value, spec, issues, adjustments):
+    if len(value) > spec.get("maxItems", len(value)):
+        issues.append(issue(path, "too_many", "%s has %d entries; the limit is %d" % (
+            label, len(value), spec["maxItems"]), "keep the %d most important" % spec["maxItems"]))
+        return _INVALID
+    if len(value) < spec.get("minItems", 0):
+        issues.append(issue(path, "too_few", "%s needs at least %d entr%s" % (
+            label, spec["minItems"], "y" if spec["minItems"] == 1 else "ies"), _about(spec)))
+        return _INVALID
+    items, item_spec = [], spec.get("items", {})
+    for index, item in enumerate(value):
+        item = _check_value("%s/%d" % (path, index), item, item_spec, issues, adjustments)
+        if item is not _INVALID and not (spec.get("uniqueItems") and item in items):
+            items.append(item)
+    return items
+
+
+def _about(spec):
+    """The suggestion for a value that does not fit ``spec``: what the argument wants."""
+    return "pass %s: %s" % (_TYPE_WORDS.get(spec.get("type"), "a value"), spec.get("description") or
+                            "see the tool's input schema")
+
+
+def _label(path):
+    """``urls[1]`` for the pointer ``/urls/1``: how messages name an argument."""
+    name, *rest = path[1:].split("/")
+    return name + "".join("[%s]" % part for part in rest)
+
+
+def _lenient(value, spec):
+    """``value`` read as ``spec`` wants it where the intent is plain, else ``value`` itself."""
+    kind = spec.get("type")
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if kind in ("integer", "number") and re.fullmatch(r"-?\d{1,15}(\.\d{1,15})?", text):
+        return float(text) if "." in text else int(text)
+    if kind == "boolean" and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if kind == "array" and text:
+        return listed_values(text, spec)
+    if kind == "string" and "enum" in spec and text not in spec["enum"]:
+        folded = [choice for choice in spec["enum"] if choice.lower() == text.lower()]
+        return folded[0] if folded else value
+    return value
+
+
+def listed_values(text, spec):
+    """One string given where ``spec`` wants a list: its comma-separated parts for host names, else itself."""
+    if spec.get("items", {}).get("format") == "hostname":
+        return [part for part in re.split(r"[,\s]+", text) if part]
+    return [text]
+
+
+def _has_type(value, kind):
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "integer":
+        return _is_number(value) and value == int(value)
+    if kind == "number":
+        return _is_number(value)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "array":
+        return isinstance(value, list)
+    if kind == "object":
+        return isinstance(value, dict)
+    return True
+
+
+def _format_date(path, label, text, issues):
+    import datetime
+    try:
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+            raise ValueError(text)
+        return datetime.date(*map(int, text.split("-"))).isoformat()
+    except ValueError:
+        issues.append(issue(path, "format", "%s must be a day as YYYY-MM-DD, got %s" % (label, json.dumps(text[:100])),
+                            "e.g. 2026-01-31"))
+        return _INVALID
+
+
+def _format_hostname(path, label, text, issues):
+    domain = _bare_domain(text)
+    if domain is not None:
+        return domain
+    raw = text.lower()
+    host = url_host(raw if "//" in raw else "//" + raw)
+    issues.append(issue(path, "not_a_domain", "%s is not a bare domain (no scheme, path or port)" % json.dumps(
+        text[:200]), "use the bare domain %r" % host if host and is_domain(host) else
+        "give a domain such as example.com"))
+    return _INVALID
+
+
+def _format_url(path, label, url, issues):
+    """An absolute http(s) URL without credentials, in URI form."""
+    from urllib.parse import urlsplit
+    if len(url) > 4096:
+        issues.append(issue(path, "too_long", "%s is longer than 4096 characters" % label, "shorten the URL"))
+        return _INVALID
+    try:
+        parts = urlsplit(url)
+        parts.port
+    except ValueError as exc:
+        issues.append(issue(path, "invalid", "%s is not a valid URL (%s)" % (label, exc), "check the URL"))
+        return _INVALID
+    if not parts.scheme and not parts.netloc:
+        issues.append(issue(path, "relative", "%r is a relative URL" % url[:200],
+                            "pass an absolute URL such as https://%s" % url[:200].lstrip("/")))
+    elif parts.scheme not in ("http", "https"):
+        issues.append(issue(path, "scheme", "only http and https URLs can be fetched, not %s:" % parts.scheme[:20],
+                            "use an http:// or https:// URL"))
+    elif not parts.hostname:
+        issues.append(issue(path, "no_host", "%r has no host" % url[:200], "pass a URL such as https://example.com/"))
+    elif parts.username is not None or parts.password is not None:
+        issues.append(issue(path, "credentials", "URLs with a user name or password are refused",
+                            "remove the user:password@ part"))
     else:
-        query = collapse_ws(query)
-        if not query:
-            issues.append(issue("/query", "empty", "query is empty or only whitespace",
-                                "pass a non-empty search query"))
-        elif len(query) > MAX_QUERY_CHARS:
-            issues.append(issue("/query", "too_long", "query has %d characters; the limit is %d" % (
-                len(query), MAX_QUERY_CHARS), "shorten the query to at most %d characters" % MAX_QUERY_CHARS))
-        values["query"] = query
-    num = args.get("numResults")
-    default_results = config.default_results if config is not None else DEFAULT_RESULTS
-    if isinstance(num, str) and re.fullmatch(r"\s*\d{1,6}\s*", num):
-        adjustments.append({"path": "/numResults", "received": num, "used": int(num),
-                            "reason": "a number given as a string"})
-        num = int(num)
-    if num is None:
-        if "numResults" in args:
-            adjustments.append({"path": "/numResults", "received": None, "used": default_results,
-                                "reason": "null means the default"})
-        values["numResults"] = default_results
-    elif not _is_number(num):
-        hint = "pass an integer from 1 to 20"
-        if isinstance(num, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", num):
-            hint = "pass the number %s, not the string %r" % (num.strip(), num)
-        issues.append(issue("/numResults", "type", "numResults must be an integer, got %s" % _json_type(num), hint))
-    else:
-        used = int(num)
-        reason = "non-integer truncated" if used != num else None
-        clamped = min(MAX_RESULTS, max(MIN_RESULTS, used))
-        if clamped != used:
-            reason = "clamped to %d-%d" % (MIN_RESULTS, MAX_RESULTS)
-        if reason:
-            adjustments.append({"path": "/numResults", "received": num, "used": clamped, "reason": reason})
-        values["numResults"] = clamped
-    lang = args.get("lang")
-    if lang is None and config is not None and config.default_lang:
-        lang = config.default_lang
-    if lang is not None:
-        tag = re.fullmatch(r"\s*([A-Za-z]{2})(?:[-_][A-Za-z0-9]{1,8}){0,3}\s*", lang) if isinstance(lang, str) else None
-        if tag is None:
-            issues.append(issue("/lang", "pattern", "lang must be a language code such as en, de or pt-BR, got %s"
-                                % json.dumps(lang), "a two-letter ISO 639-1 code such as 'en', 'de' or 'ja'"))
-        else:
-            values["lang"] = tag.group(1).lower()
-            subtags = re.split(r"[-_]", lang.strip())[1:]
-            if subtags:       # script Title-cased, region upper-cased: zh-Hant, pt-BR
-                values["lang_tag"] = "-".join([values["lang"]] + [
-                    s.title() if len(s) == 4 else s.upper() if len(s) == 2 else s.lower() for s in subtags])
-            if values["lang"] != lang and "lang" in args:
-                adjustments.append({"path": "/lang", "received": lang, "used": values["lang"],
-                                    "reason": "the engines take the language of a BCP 47 tag"})
-    time_range = args.get("time_range")
-    if time_range is not None:
-        if not isinstance(time_range, str) or time_range not in TIME_RANGES:
-            guess = closest(str(time_range), list(TIME_RANGES)) if isinstance(time_range, str) else None
-            issues.append(issue("/time_range", "enum", "time_range must be day, week, month or year, got %s" %
-                                json.dumps(time_range), ("did you mean %r?" % guess) if guess else
-                                "one of: day, week, month, year"))
-        else:
-            values["time_range"] = time_range
-    given = {}
+        try:
+            return iri_to_uri(url)
+        except ValueError as exc:
+            issues.append(issue(path, "invalid", "%s is not a valid URL (%s)" % (label, exc), "check the host name"))
+    return _INVALID
+
+
+_FORMATS = {"date": _format_date, "hostname": _format_hostname, "uri": _format_url}
+
+
+def validate_search_args(args, config=None):
+    """web_search arguments: ``(values, issues, adjustments)``.
+
+    The schema rules come from :func:`check_args`; what a schema cannot say is
+    here: the defaults from the environment, numResults clamped, BCP 47 tags,
+    domains both included and excluded, windows that contradict each other,
+    and a vendor that is not configured.
+    """
+    defaults = {}
+    if config is not None:
+        defaults = {"numResults": config.default_results, "lang": config.default_lang or None,
+                    "country": config.default_country or None, "safesearch": config.default_safesearch or None}
+    values, issues, adjustments = check_args(WEB_SEARCH_INPUT, args, defaults=defaults,
+                                             clamp={"numResults": (MIN_RESULTS, MAX_RESULTS)})
+    if "query" in values:
+        values["query"] = collapse_ws(values["query"])
+    if "numResults" in args and args["numResults"] is None:
+        adjustments.append({"path": "/numResults", "received": None, "used": values["numResults"],
+                            "reason": "null means the default"})
+    lang = values.get("lang")
+    if lang:
+        subtags = re.split(r"[-_]", lang)
+        values["lang"] = subtags[0].lower()
+        if subtags[1:]:       # script Title-cased, region upper-cased: zh-Hant, pt-BR
+            values["lang_tag"] = "-".join([values["lang"]] + [
+                s.title() if len(s) == 4 else s.upper() if len(s) == 2 else s.lower() for s in subtags[1:]])
+        if values["lang"] != lang and args.get("lang") is not None:
+            adjustments.append({"path": "/lang", "received": args["lang"], "used": values["lang"],
+                                "reason": "the engines take the language of a BCP 47 tag"})
+    if values.get("country"):
+        values["country"] = values["country"].upper()
     for name in ("include_domains", "exclude_domains"):
-        given[name] = args.get(name)
-        if isinstance(given[name], str):
-            listed = [d for d in re.split(r"[,\s]+", given[name]) if d]
-            adjustments.append({"path": "/" + name, "received": given[name], "used": listed,
-                                "reason": "one string where a list is expected"})
-            given[name] = listed
-        values[name] = _validate_domains(name, given[name], issues)
-    clash = set(values["include_domains"]) & set(values["exclude_domains"])
-    excluded = given["exclude_domains"]
+        values.setdefault(name, [])
+    excluded = args.get("exclude_domains")
+    if isinstance(excluded, str):
+        excluded = listed_values(excluded, WEB_SEARCH_INPUT["properties"]["exclude_domains"])
     for index, item in enumerate(excluded if isinstance(excluded, list) else []):
         domain = _bare_domain(item)
-        if domain in clash:
-            issues.append(issue("/exclude_domains/%d" % index, "conflict", "%s is both included and excluded" % domain,
-                                "remove it from one of the two lists"))
-    per_domain = args.get("max_results_per_domain")
-    if per_domain is not None:
-        if not _is_number(per_domain) or per_domain != int(per_domain) or not 1 <= per_domain <= 10:
-            issues.append(issue("/max_results_per_domain", "range",
-                                "max_results_per_domain must be an integer from 1 to 10, got %s" %
-                                json.dumps(per_domain), "pass an integer from 1 to 10, or leave it out"))
-        else:
-            values["max_results_per_domain"] = int(per_domain)
-    mode = args.get("mode")
-    if mode is not None and mode not in ("failover", "fanout"):
-        issues.append(issue("/mode", "enum", "mode must be failover or fanout, got %s" % json.dumps(mode),
-                            "use 'failover' (default) or 'fanout'"))
-    values["mode"] = mode if mode in ("failover", "fanout") else "failover"
-    vendor = args.get("vendor")
-    if vendor is not None:
-        name = vendor.strip().lower() if isinstance(vendor, str) else None
-        if name not in KNOWN_VENDORS:
-            guess = closest(vendor.strip(), KNOWN_VENDORS) if isinstance(vendor, str) else None
-            issues.append(issue("/vendor", "unknown_vendor", "unknown vendor %s" % json.dumps(vendor),
-                                ("did you mean %r?" % guess) if guess else "one of: " + ", ".join(KNOWN_VENDORS)))
-        elif config is not None and not config.is_configured(name):
-            ready = [v for v in KNOWN_VENDORS if config.is_configured(v)]
-            issues.append(issue("/vendor", "vendor_not_configured", "%s is not configured (%s is unset)" % (
-                name, config.requirement(name)), "set %s, or use one of: %s" % (
-                config.requirement(name), ", ".join(ready))))
-        else:
-            values["vendor"] = name
-            if mode == "fanout":
-                issues.append(issue("/mode", "conflict", "vendor asks one engine; fanout asks all of them",
-                                    "leave out vendor for a fan-out, or mode for a single engine"))
-    _validate_search_extras(args, values, issues, adjustments, config)
-    values["include_content"] = _int_arg(args, "include_content", 0, MAX_INCLUDE_CONTENT, 0, issues)
-    values["content_chars"] = _int_arg(args, "content_chars", 100, MAX_CONTENT_CHARS, DEFAULT_CONTENT_CHARS, issues)
+        if domain is not None and domain in values["include_domains"]:
+            issues.append(issue("/exclude_domains/%d" % index, "conflict", "%s is both included and excluded" %
+                                domain, "remove it from one of the two lists"))
+    if values.get("start_date") and values.get("end_date") and values["start_date"] > values["end_date"]:
+        issues.append(issue("/end_date", "conflict", "end_date is before start_date", "swap the two days"))
+    if values.get("time_range") and (values.get("start_date") or values.get("end_date")):
+        issues.append(issue("/time_range", "conflict", "time_range and start_date/end_date both set a window",
+                            "use one of them"))
+    vendor = values.get("vendor")
+    if vendor is not None and config is not None and not config.is_configured(vendor):
+        ready = [v for v in KNOWN_VENDORS if config.is_configured(v)]
+        issues.append(issue("/vendor", "vendor_not_configured", "%s is not configured (%s is unset)" % (
+            vendor, config.requirement(vendor)), "set %s, or use one of: %s" % (
+            config.requirement(vendor), ", ".join(ready))))
+        del values["vendor"]
+    elif vendor is not None and values.get("mode") == "fanout":
+        issues.append(issue("/mode", "conflict", "vendor asks one engine; fanout asks all of them",
+                            "leave out vendor for a fan-out, or mode for a single engine"))
     return values, issues, adjustments
 
 
@@ -9061,84 +9236,6 @@ def _bare_domain(item):
     if not is_domain(text):
         return None
     return text[4:] if text.startswith("www.") else text
-
-
-def _validate_search_extras(args, values, issues, adjustments, config=None):
-    """country, safesearch, topic, start_date, end_date and page of a web_search (country and
-    safesearch default to WEBSEARCH_DEFAULT_COUNTRY and WEBSEARCH_DEFAULT_SAFESEARCH)."""
-    import datetime
-    if config is not None:
-        for name, default in (("country", config.default_country), ("safesearch", config.default_safesearch)):
-            if default and args.get(name) is None:
-                values[name] = default
-    country = args.get("country")
-    if country is not None:
-        if isinstance(country, str) and re.fullmatch(r"\s*[A-Za-z]{2}\s*", country):
-            values["country"] = country.strip().upper()
-        else:
-            issues.append(issue("/country", "pattern", "country must be a two-letter ISO 3166-1 code, got %s"
-                                % json.dumps(country), "e.g. US, DE or JP"))
-    for name, choices in (("safesearch", ("off", "moderate", "strict")), ("topic", ("general", "news"))):
-        value = args.get(name)
-        if value is not None:
-            if value in choices:
-                values[name] = value
-            else:
-                issues.append(issue("/" + name, "enum", "%s must be %s, got %s" % (
-                    name, " or ".join(choices), json.dumps(value)), "one of: " + ", ".join(choices)))
-    for name in ("start_date", "end_date"):
-        value = args.get(name)
-        if value is None:
-            continue
-        try:
-            if not isinstance(value, str) or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", value.strip()):
-                raise ValueError(value)
-            values[name] = datetime.date(*map(int, value.strip().split("-"))).isoformat()
-        except (ValueError, TypeError):
-            issues.append(issue("/" + name, "format", "%s must be a day as YYYY-MM-DD, got %s" % (
-                name, json.dumps(value)), "e.g. 2026-01-31"))
-    if values.get("start_date") and values.get("end_date") and values["start_date"] > values["end_date"]:
-        issues.append(issue("/end_date", "conflict", "end_date is before start_date", "swap the two days"))
-    if values.get("time_range") and (values.get("start_date") or values.get("end_date")):
-        issues.append(issue("/time_range", "conflict", "time_range and start_date/end_date both set a window",
-                            "use one of them"))
-    page = args.get("page")
-    if isinstance(page, str) and re.fullmatch(r"\s*\d{1,2}\s*", page):
-        adjustments.append({"path": "/page", "received": page, "used": int(page),
-                            "reason": "a number given as a string"})
-        page = int(page)
-    values["page"] = _int_arg({"page": page}, "page", 1, MAX_PAGE, 1, issues)
-
-
-def _validate_domains(name, value, issues):
-    """A list of bare, lower-cased domains, or issues explaining each bad entry."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        issues.append(issue("/" + name, "type", "%s must be an array of domains" % name,
-                            'pass a list such as ["example.com"]'))
-        return []
-    if len(value) > MAX_DOMAINS:
-        issues.append(issue("/" + name, "too_many", "%s has %d entries; the limit is %d" % (
-            name, len(value), MAX_DOMAINS), "keep the %d most important domains" % MAX_DOMAINS))
-    domains = []
-    for index, item in enumerate(value):
-        path = "/%s/%d" % (name, index)
-        if not isinstance(item, str) or not item.strip():
-            issues.append(issue(path, "empty", "domain entries must be non-empty strings",
-                                "remove the entry or give a domain such as example.com"))
-            continue
-        text = _bare_domain(item)
-        if text is not None:
-            if text not in domains:
-                domains.append(text)
-            continue
-        raw = item.strip().lower()
-        host = url_host(raw if "//" in raw else "//" + raw)
-        hint = "use the bare domain %r" % host if host and is_domain(host) else "give a domain such as example.com"
-        issues.append(issue(path, "not_a_domain", "%s is not a bare domain (no scheme, path or port)" %
-                            json.dumps(item), hint))
-    return domains
 
 
 def _escape_pointer(name):
@@ -9162,6 +9259,13 @@ def _json_type(value):
     if isinstance(value, list):
         return "array"
     return "object"
+
+
+def with_adjustments(result, adjustments):
+    """A tool's ``(structured, text, is_error)`` with the arguments it read leniently listed."""
+    if adjustments and result is not None:
+        result[0]["adjustments"] = adjustments
+    return result
 
 
 def validation_result(tool, issues, extra=None):
@@ -9393,8 +9497,10 @@ class SearchTools:
 WEB_FETCH_INPUT = {
     "type": "object",
     "properties": {
-        "url": {"type": "string", "description": "Absolute http:// or https:// URL of the page."},
-        "urls": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_FETCH_URLS,
+        "url": {"type": "string", "minLength": 1, "format": "uri",
+                "description": "Absolute http:// or https:// URL of the page."},
+        "urls": {"type": "array", "items": {"type": "string", "minLength": 1, "format": "uri"}, "minItems": 1,
+                 "maxItems": MAX_FETCH_URLS,
                  "description": "Instead of url: up to %d pages fetched at once, each with its own result "
                                 "(start_index and max_length apply to each)." % MAX_FETCH_URLS},
         "start_index": {"type": "integer", "minimum": 0, "default": 0,
@@ -9438,7 +9544,8 @@ WEB_FETCH_OUTPUT = {
 WEB_MAP_INPUT = {
     "type": "object",
     "properties": {
-        "url": {"type": "string", "description": "Absolute http:// or https:// URL of the site (or a section)."},
+        "url": {"type": "string", "minLength": 1, "format": "uri",
+                "description": "Absolute http:// or https:// URL of the site (or a section)."},
         "max_depth": {"type": "integer", "minimum": 1, "maximum": 5, "default": 1,
                       "description": "How many links deep to crawl from the URL (1-5)."},
         "max_breadth": {"type": "integer", "minimum": 1, "maximum": 500, "default": 20,
@@ -9476,94 +9583,6 @@ WEB_MAP_OUTPUT = {
 
 
 
-def validate_url_arg(args, issues, name="url"):
-    """An absolute http(s) URL without credentials from ``args[name]``, or None with issues added."""
-    return validate_url(args.get(name), "/" + name, name, issues)
-
-
-def validate_urls_arg(args, issues):
-    """``web_fetch``'s page list: ``url`` or ``urls`` (1 to MAX_FETCH_URLS), exactly one of them.
-
-    Returns the URLs (None when the arguments are invalid, with issues added)
-    and whether they came as a list.
-    """
-    if ("url" in args) == ("urls" in args):
-        issues.append(issue("/url", "required", "pass either url (one page) or urls (a list of pages)",
-                            "e.g. {\"url\": \"https://example.com/\"} or {\"urls\": [\"https://a/\", \"https://b/\"]}"))
-        return None, "urls" in args
-    if "url" in args:
-        url = validate_url_arg(args, issues)
-        return (None if url is None else [url]), False
-    value = args["urls"]
-    if not isinstance(value, list) or not 1 <= len(value) <= MAX_FETCH_URLS:
-        issues.append(issue("/urls", "type", "urls must be a list of 1 to %d URLs" % MAX_FETCH_URLS,
-                            "pass at most %d URLs per call" % MAX_FETCH_URLS))
-        return None, True
-    urls = [validate_url(item, "/urls/%d" % i, "urls[%d]" % i, issues) for i, item in enumerate(value)]
-    return (None if None in urls else urls), True
-
-
-def validate_url(value, path, name, issues):
-    """``value`` as an absolute http(s) URL without credentials, or None with an issue at ``path``."""
-    from urllib.parse import urlsplit
-    if value is None:
-        issues.append(issue(path, "required", "%s is required" % name, "pass an absolute https:// URL"))
-        return None
-    if not isinstance(value, str) or not value.strip():
-        issues.append(issue(path, "type", "%s must be a non-empty string" % name, "pass an absolute https:// URL"))
-        return None
-    url = value.strip()
-    if len(url) > 4096:
-        issues.append(issue(path, "too_long", "%s is longer than 4096 characters" % name, "shorten the URL"))
-        return None
-    try:
-        parts = urlsplit(url)
-        parts.port
-    except ValueError as exc:
-        issues.append(issue(path, "invalid", "%s is not a valid URL (%s)" % (name, exc), "check the URL"))
-        return None
-    if not parts.scheme and not parts.netloc:
-        issues.append(issue(path, "relative", "%r is a relative URL" % url,
-                            "pass an absolute URL such as https://%s" % url.lstrip("/")))
-        return None
-    if parts.scheme not in ("http", "https"):
-        issues.append(issue(path, "scheme", "only http and https URLs can be fetched, not %s:" % parts.scheme,
-                            "use an http:// or https:// URL"))
-        return None
-    if not parts.hostname:
-        issues.append(issue(path, "no_host", "%r has no host" % url, "pass a URL such as https://example.com/"))
-        return None
-    if parts.username is not None or parts.password is not None:
-        issues.append(issue(path, "credentials", "URLs with a user name or password are refused",
-                            "remove the user:password@ part"))
-        return None
-    try:
-        return iri_to_uri(url)
-    except ValueError as exc:
-        issues.append(issue(path, "invalid", "%s is not a valid URL (%s)" % (name, exc), "check the host name"))
-        return None
-
-
-def _int_arg(args, name, lo, hi, default, issues):
-    value = args.get(name)
-    if value is None:
-        return default
-    if not _is_number(value) or value != int(value) or not lo <= value <= hi:
-        issues.append(issue("/" + name, "range", "%s must be an integer from %d to %d, got %s" % (
-            name, lo, hi, json.dumps(value)), "pass an integer from %d to %d, or leave it out" % (lo, hi)))
-        return default
-    return int(value)
-
-
-def _unknown_args(args, schema, issues):
-    for name in args:
-        if name not in schema["properties"]:
-            guess = closest(name, list(schema["properties"]))
-            issues.append(issue("/" + _escape_pointer(name), "unknown_argument", "unknown argument %r" % name,
-                                ("did you mean %r?" % guess) if guess else
-                                "remove it; accepted arguments: " + ", ".join(schema["properties"])))
-
-
 class PageTools:
     """web_fetch and web_map: providers, the extracted-document cache, coalescing."""
 
@@ -9579,22 +9598,21 @@ class PageTools:
     def web_fetch(self, args, call, inline=False):
         """The web_fetch tool.  With ``inline`` only what needs no network is answered."""
         started = self._clock()
-        issues = []
-        _unknown_args(args, WEB_FETCH_INPUT, issues)
-        urls, many = validate_urls_arg(args, issues)
-        start = _int_arg(args, "start_index", 0, 10 ** 12, 0, issues)
-        length = _int_arg(args, "max_length", 1, MAX_FETCH_LENGTH, DEFAULT_FETCH_LENGTH, issues)
-        fmt = args.get("format", "markdown")
-        if fmt not in ("markdown", "text", "html"):
-            issues.append(issue("/format", "enum", "format must be markdown, text or html, got %s" % json.dumps(fmt),
-                                "use 'markdown' (default), 'text' or 'html'"))
+        values, issues, adjustments = check_args(WEB_FETCH_INPUT, args)
+        many = args.get("urls") is not None
+        if (args.get("url") is None) != many:
+            issues.append(issue("/url", "required", "pass either url (one page) or urls (a list of pages)",
+                                "e.g. {\"url\": \"https://example.com/\"} or {\"urls\": [\"https://a/\", \"https://b/\"]}"))
         if issues:
             return validation_result("web_fetch", issues, {"request_id": call.request_id})
+        fmt, start, length = values["format"], values["start_index"], values["max_length"]
         if not many:
-            return self._fetch_page(urls[0], fmt, start, length, call, started, inline)
-        if inline:
+            result = self._fetch_page(values["url"], fmt, start, length, call, started, inline)
+        elif inline:
             return None
-        return self._fetch_pages(urls, fmt, start, length, call, started)
+        else:
+            result = self._fetch_pages(values["urls"], fmt, start, length, call, started)
+        return with_adjustments(result, adjustments)
 
     def fetch_many(self, urls, fmt, start, length, call, deadline=None, on_done=None):
         """``[(structured, text, is_error)]`` of one page of each URL, fetched at once (the upstream
@@ -9764,25 +9782,15 @@ class PageTools:
 
     def web_map(self, args, call):
         started = self._clock()
-        issues = []
-        _unknown_args(args, WEB_MAP_INPUT, issues)
-        url = validate_url_arg(args, issues)
-        values = {"max_depth": _int_arg(args, "max_depth", 1, 5, 1, issues),
-                  "max_breadth": _int_arg(args, "max_breadth", 1, 500, 20, issues),
-                  "limit": _int_arg(args, "limit", 1, MAX_MAP_LIMIT, 50, issues)}
-        timeout = args.get("timeout", 60)
-        if not _is_number(timeout) or not 5 <= timeout <= 150:
-            issues.append(issue("/timeout", "range", "timeout must be a number of seconds from 5 to 150",
-                                "pass e.g. 60, or leave it out"))
-            timeout = 60
-        instructions = args.get("instructions")
-        if instructions is not None and (not isinstance(instructions, str) or len(instructions) > 400):
-            issues.append(issue("/instructions", "type", "instructions must be a string of at most 400 characters",
-                                "shorten it or leave it out"))
+        values, issues, adjustments = check_args(WEB_MAP_INPUT, args)
         if issues:
             return validation_result("web_map", issues, {"request_id": call.request_id})
-        values.update(timeout=float(timeout), instructions=instructions)
-        deadline = Deadline(float(timeout), self._clock)
+        values["timeout"] = float(values["timeout"])
+        values.setdefault("instructions", None)
+        return with_adjustments(self._map(values.pop("url"), values, call, started), adjustments)
+
+    def _map(self, url, values, call, started):
+        deadline = Deadline(values["timeout"], self._clock)
         attempts, urls, provider, stats = [], None, None, {}
         for name in self.config.map_providers:
             call.token.check()
@@ -9849,7 +9857,7 @@ WEB_ANSWER_INPUT = {
                   "description": "The question to research and answer (1-%d characters)." % MAX_ANSWER_QUERY_CHARS},
         "platform": {"type": "string", "maxLength": 100,
                      "description": "Where to focus the search, e.g. GitHub, Reddit, X, Stack Overflow."},
-        "model": {"type": "string", "maxLength": 200,
+        "model": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^\\S+$",
                   "description": "Model for this call only (default: the configured model)."},
         "extra_sources": {"type": "integer", "minimum": 0, "maximum": 20, "default": 0,
                           "description": "Run web_search first and give the model this many results as "
@@ -9878,7 +9886,7 @@ WEB_ANSWER_OUTPUT = {
 
 SWITCH_MODEL_INPUT = {
     "type": "object",
-    "properties": {"model": {"type": "string", "minLength": 1, "maxLength": 200,
+    "properties": {"model": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^\\S+$",
                              "description": "Model name for web_answer from now on, e.g. grok-4-fast."}},
     "required": ["model"],
     "additionalProperties": False,
@@ -10099,23 +10107,7 @@ class AnswerTools:
 
     def web_answer(self, args, call):
         started = self._clock()
-        issues = []
-        _unknown_args(args, WEB_ANSWER_INPUT, issues)
-        query = args.get("query")
-        if not isinstance(query, str) or not query.strip():
-            issues.append(issue("/query", "required" if query is None else "empty",
-                                "query must be a non-empty string", "pass the question to research"))
-        elif len(query.strip()) > MAX_ANSWER_QUERY_CHARS:
-            issues.append(issue("/query", "too_long", "query is longer than %d characters" % MAX_ANSWER_QUERY_CHARS,
-                                "shorten the question"))
-        platform = args.get("platform")
-        if platform is not None and (not isinstance(platform, str) or len(platform) > 100):
-            issues.append(issue("/platform", "type", "platform must be a string of at most 100 characters",
-                                "e.g. 'GitHub' or 'Reddit', or leave it out"))
-        model = args.get("model")
-        if model is not None and (not isinstance(model, str) or not model.strip() or len(model) > 200):
-            issues.append(issue("/model", "type", "model must be a non-empty string", "leave it out for the default"))
-        extra = _int_arg(args, "extra_sources", 0, 20, 0, issues)
+        values, issues, adjustments = check_args(WEB_ANSWER_INPUT, args)
         if issues:
             return validation_result("web_answer", issues, {"request_id": call.request_id})
         if not self.config.grok_key:
@@ -10124,8 +10116,9 @@ class AnswerTools:
                 "OpenRouter); web_search, web_fetch and web_map work without it", "web_answer"))
             s.update({"request_id": call.request_id, "content": "", "sources": [], "sources_count": 0})
             return s, "web_answer is not configured: set GROK_API_KEY (see get_config_info).", True
-        query, platform = collapse_ws(query), collapse_ws(platform or "") or None
-        model, protocol = self._effective(model.strip() if model else self.current_model()[0])
+        query, platform = collapse_ws(values["query"]), collapse_ws(values.get("platform", "")) or None
+        model, protocol = self._effective(values.get("model") or self.current_model()[0])
+        extra = values["extra_sources"]
         key = ("web_answer", query, platform, model, extra)
         try:
             outcome, how = self.coalescer.run(
@@ -10134,7 +10127,8 @@ class AnswerTools:
         except DeadlineExceeded as exc:
             outcome, how = {"result": None, "error": answer_error("timeout", "deadline", str(exc)),
                             "evidence_error": None, "diagnostics": {"termination": "total_budget_exhausted"}}, "own"
-        return self._answer_result(call, query, model, protocol, outcome, how == "shared", started)
+        return with_adjustments(self._answer_result(call, query, model, protocol, outcome, how == "shared",
+                                                    started), adjustments)
 
     def _answer(self, query, platform, model, protocol, extra, token, emit):
         """The shared work of one question: evidence, queue, attempts with backoff, all in one budget."""
@@ -10269,16 +10263,10 @@ class AnswerTools:
     # -- switch_model and get_config_info ----------------------------------------------------------
 
     def switch_model(self, args, call):
-        issues = []
-        _unknown_args(args, SWITCH_MODEL_INPUT, issues)
-        model = args.get("model")
-        if not isinstance(model, str) or not model.strip() or len(model) > 200 or re.search(r"\s", model.strip()):
-            issues.append(issue("/model", "required" if model is None else "invalid",
-                                "model must be a non-empty model name without spaces",
-                                "pass a name such as grok-4-fast (get_config_info lists the catalogue)"))
+        values, issues, _ = check_args(SWITCH_MODEL_INPUT, args)
         if issues:
             return validation_result("switch_model", issues)
-        model = model.strip()
+        model = values["model"]
         s = status_fields("success")
         try:
             with self._switching:     # the file ends with the model this process uses, whatever the races
@@ -10303,8 +10291,7 @@ class AnswerTools:
         return s, text, False
 
     def get_config_info(self, args, call):
-        issues = []
-        _unknown_args(args, GET_CONFIG_INFO_INPUT, issues)
+        _, issues, _ = check_args(GET_CONFIG_INFO_INPUT, args)
         if issues:
             return validation_result("get_config_info", issues)
         model, source = self.current_model()
@@ -10452,7 +10439,7 @@ PLAN_INPUTS = {
                                   "description": "How many sub-questions the research needs."},
         "estimated_tool_calls": {"type": "integer", "minimum": 1, "maximum": 100,
                                  "description": "Rough number of tool calls in all."},
-        "justification": {"type": "string", "maxLength": 1000, "description": "Why this level."},
+        "justification": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "Why this level."},
     }, ["session_id", "level", "justification"]),
     "sub_query": _plan_schema({
         "id": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,32}$",
@@ -10478,7 +10465,7 @@ PLAN_INPUTS = {
         "arguments": {"type": "object", "description": "Arguments planned for the call."},
     }, ["session_id", "sub_query_id", "tool"]),
     "execution": _plan_schema({
-        "parallel_groups": {"type": "array", "items": {"type": "array", "items": {"type": "string"}},
+        "parallel_groups": {"type": "array", "minItems": 1, "items": {"type": "array", "items": {"type": "string"}},
                             "description": "Groups of sub-query ids to run together, in order."},
         "estimated_rounds": {"type": "integer", "minimum": 1, "maximum": 20,
                              "description": "Rounds of tool calls expected."},
@@ -10532,19 +10519,8 @@ class PlanTools:
         return lambda args, call: self.record(phase, args, call)
 
     def record(self, phase, args, call):
-        issues = []
-        schema = PLAN_INPUTS[phase]
-        _unknown_args(args, schema, issues)
-        for name in schema["required"]:
-            if args.get(name) in (None, "", []):
-                issues.append(issue("/" + name, "required", "%s is required" % name,
-                                    schema["properties"][name]["description"]))
-        for name, spec in schema["properties"].items():
-            value = args.get(name)
-            if value is None:
-                continue
-            issues.extend(_check_value("/" + name, value, spec))
-        revision = args.get("is_revision") is True
+        args, issues, _ = check_args(PLAN_INPUTS[phase], args)
+        revision = args["is_revision"]
         if issues:
             return validation_result("plan_" + phase, issues)
         with self._lock:
@@ -10671,37 +10647,6 @@ def _dependency_groups(sub_queries):
         for i in ready:
             del left[i]
     return groups
-
-
-def _check_value(path, value, spec):
-    """Issues for one value against the small JSON Schema subset the plan tools use."""
-    kind = spec.get("type")
-    ok = {"string": isinstance(value, str), "integer": _is_number(value) and value == int(value),
-          "number": _is_number(value), "boolean": isinstance(value, bool), "array": isinstance(value, list),
-          "object": isinstance(value, dict)}.get(kind, True)
-    if not ok:
-        return [issue(path, "type", "%s must be %s, got %s" % (path[1:], kind, _json_type(value)),
-                      "pass a %s" % kind)]
-    out = []
-    if "enum" in spec and value not in spec["enum"]:
-        out.append(issue(path, "enum", "%s must be one of %s" % (path[1:], ", ".join(spec["enum"])),
-                         "use one of: " + ", ".join(spec["enum"])))
-    if "minimum" in spec and value < spec["minimum"] or "maximum" in spec and value > spec["maximum"]:
-        out.append(issue(path, "range", "%s must be from %s to %s, got %s" % (
-            path[1:], spec.get("minimum"), spec.get("maximum"), json.dumps(value)),
-            "pass a value from %s to %s" % (spec.get("minimum"), spec.get("maximum"))))
-    if kind == "string" and ("maxLength" in spec and len(value) > spec["maxLength"]
-                             or "pattern" in spec and not re.match(spec["pattern"], value)):
-        out.append(issue(path, "pattern", "%s does not fit %s" % (path[1:], spec.get("pattern") or
-                                                                  "at most %d characters" % spec["maxLength"]),
-                         spec["description"]))
-    if kind == "array" and "items" in spec:
-        if "maxItems" in spec and len(value) > spec["maxItems"]:
-            out.append(issue(path, "too_many", "%s has more than %d items" % (path[1:], spec["maxItems"]),
-                             "keep at most %d" % spec["maxItems"]))
-        for i, item in enumerate(value):
-            out.extend(_check_value("%s/%d" % (path, i), item, spec["items"]))
-    return out
 
 
 PLAN_TOOLS = tuple(
