@@ -9458,19 +9458,11 @@ class SearchTools:
             diagnostics={"attempts": len(attempts), "retry_after_s": min(wait) if wait else None}))
 
     def get_sources(self, args, call):
-        issues = []
-        for name in args:
-            if name != "session_id":
-                issues.append(issue("/" + _escape_pointer(name), "unknown_argument", "unknown argument %r" % name,
-                                    "remove it; the only argument is session_id"))
-        sid = args.get("session_id")
-        if not isinstance(sid, str) or not sid.strip():
-            issues.append(issue("/session_id", "required" if sid is None else "type",
-                                "session_id must be a non-empty string",
-                                "pass the session_id returned by web_search"))
+        values, issues, _ = check_args(GET_SOURCES_INPUT, args)
         if issues:
             return validation_result("get_sources", issues)
-        entry = self.sessions.get(sid.strip())
+        sid = values["session_id"]
+        entry = self.sessions.get(sid)
         if entry is None:
             s = status_fields("error", "session_id_not_found_or_expired", error_detail(
                 "session_id_not_found_or_expired",
