@@ -1417,6 +1417,7 @@ PLAN_TOOLS = ("plan_intent", "plan_complexity", "plan_sub_query", "plan_search_t
               "plan_tool_mapping", "plan_execution")
 CORE_TOOLS = ("web_search", "web_answer", "get_sources", "web_fetch", "web_map",
               "get_config_info", "switch_model")
+KEYLESS_TOOLS = tuple(t for t in CORE_TOOLS if t not in ("web_answer", "switch_model"))
 
 SITE_PAGE = ("<html><head><title>Fake Page</title></head><body><main><h1>Hello</h1><p>"
              + "alpha beta gamma " * 30 + "</p><p>Second <b>bold</b> paragraph.</p></main></body></html>")
@@ -2199,7 +2200,7 @@ def test_config_masked_shows_fingerprints_never_secrets(ring):
 
 
 @pytest.mark.parametrize("value, expected", [
-    (None, CORE_TOOLS),
+    (None, KEYLESS_TOOLS),
     ("all", CORE_TOOLS + PLAN_TOOLS),
     ("plan", PLAN_TOOLS),
     ("web_search,plan", ("web_search",) + PLAN_TOOLS),
@@ -2210,7 +2211,7 @@ def test_websearch_tools_selects_the_listed_tools_in_order(start_server, value, 
     server.initialize()
     names = tool_names(server)
     assert names == list(expected)
-    assert len(names) == {None: 7, "all": 13, "plan": 6}.get(value, len(expected))
+    assert len(names) == {None: 5, "all": 13, "plan": 6}.get(value, len(expected))
 
 
 def test_websearch_tools_unknown_name_is_a_configuration_error_with_the_default_tools(
@@ -2219,7 +2220,7 @@ def test_websearch_tools_unknown_name_is_a_configuration_error_with_the_default_
     server.initialize()
     stderr = server.wait_stderr("WEBSEARCH_TOOLS")
     assert "nope" in stderr
-    assert tool_names(server) == list(CORE_TOOLS)
+    assert tool_names(server) == list(KEYLESS_TOOLS)
     for name, arguments in (("web_search", {"query": "   "}),
                             ("get_sources", {"session_id": "no-such-session"}),
                             ("web_fetch", {"url": "not a url"})):
@@ -9041,15 +9042,95 @@ def test_without_a_grok_key_web_answer_is_not_configured_but_web_search_works(
     fake_upstream.route("POST", "/search", "tavily/search_success.json")
     server = answer_server(start_server, fake_upstream, tmp_path, "xai_chat/stream_ok.sse",
                            GROK_API_KEY=None, **ring_env({"tavily": fake_upstream}))
-    content, result = ask(server)
-    assert result["isError"] is True
-    assert (content["status"], content["error"]) == ("error", "answer_not_configured")
-    assert "GROK_API_KEY" in result["content"][0]["text"]
+    assert tool_names(server) == list(KEYLESS_TOOLS)
+    unkeyed = start_server(answer_env(fake_upstream, tmp_path, GROK_API_KEY=None)).initialize()["instructions"]
+    keyed = start_server(answer_env(fake_upstream, tmp_path)).initialize()["instructions"]
+    assert "web_answer" not in unkeyed and "web_answer" in keyed and "web_search" in unkeyed
+    error = server.call_tool("web_answer", {"query": QUESTION})["error"]
+    assert error["code"] == INVALID_PARAMS and "GROK_API_KEY" in error["message"]
     search = structured(server.call_tool("web_search", {"query": "python asyncio timeout"}))
     assert (search["status"], search["vendor"]) == ("success", "tavily")
     info = structured(server.call_tool("get_config_info", {}))
     assert info["connection_test"]["status"] == "skipped" and info["answer"]["key"] is None
+    assert [(t["tool"], "GROK_API_KEY" in t["enable"]) for t in info["unlisted_tools"]] == [
+        ("web_answer", True), ("switch_model", True)]
+    keyed = answer_server(start_server, fake_upstream, tmp_path, "xai_chat/stream_ok.sse")
+    assert tool_names(keyed) == list(CORE_TOOLS)
+    named = start_server({"WEBSEARCH_TOOLS": "web_search,web_answer"})
+    named.initialize()
+    assert tool_names(named) == ["web_search", "web_answer"]
+    content, result = ask(named)
+    assert (result["isError"], content["error"]) == (True, "answer_not_configured")
     assert fake_upstream.hits("POST", CHAT_PATH) == 0 and fake_upstream.hits("GET", MODELS_PATH) == 0
+
+
+# -- results that tell the truth: warnings, placeholder keys, unreachable engines
+
+def test_a_configuration_problem_that_does_not_stop_the_tool_is_a_warning(start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = start_server(ring_env({"tavily": fake_upstream}, WEBSEARCH_TIMEOUT_MS="12s"))
+    server.initialize()
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    content, result = structured(response), tool_result(response)
+    assert (content["status"], result["isError"]) == ("success", False)
+    assert [p["variable"] for p in content["config_problems"]] == ["WEBSEARCH_TIMEOUT_MS"]
+    assert result_text(response).startswith("Configuration problem: WEBSEARCH_TIMEOUT_MS")
+    failed = server.call_tool("web_search", {"query": " "})
+    assert tool_result(failed)["isError"] is True and structured(failed)["config_problems"]
+
+
+@pytest.mark.parametrize("value", ["<your BRAVE_API_KEY>", "BSA-...", "YOUR_API_KEY", "changeme", "xxxxxxxx",
+                                   '"BSA-brave-0123456789"', "BSA-brave-0123456789 ", "${BRAVE_API_KEY}"])
+def test_a_placeholder_key_is_a_problem_and_its_vendor_is_left_out(start_server, fake_upstream, value):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    config_problem = start_server(ring_env({"tavily": fake_upstream}, WEBSEARCH_VENDORS=None,
+                                           BRAVE_API_KEY=value, WEBSEARCH_BRAVE_URL=fake_upstream.url))
+    config_problem.initialize()
+    content = structured(config_problem.call_tool("web_search", {"query": "python asyncio timeout"}))
+    assert [p["variable"] for p in content["config_problems"]] == ["BRAVE_API_KEY"]
+    assert "brave" not in content["vendors"] and all(a["vendor"] != "brave" for a in content["attempts"])
+    assert fake_upstream.hits("GET", "/res/v1/web/search") == 0
+    assert "BSA-brave-0123456789" not in json.dumps(content)
+
+
+def test_tavily_placeholder_key_falls_back_to_keyless_and_says_so(ring):
+    config = ring.Config.from_env({"TAVILY_API_KEY": "<your TAVILY_API_KEY>", "GROK_API_KEY": "xai-..."})
+    assert [p.variable for p in config.problems] == ["TAVILY_API_KEY", "GROK_API_KEY"]
+    assert config.tavily_keys == () and config.grok_key == ""
+    assert "placeholder" in config.problems[0].message and "web_answer" not in config.tools
+
+
+def test_when_no_engine_can_be_reached_the_message_says_check_the_network(start_server):
+    closed = "http://127.0.0.1:%d" % closed_port()
+    server = start_server(ring_env({"bing": closed, "duckduckgo": closed}))
+    server.initialize()
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    content = structured(response)
+    assert [a["outcome"] for a in content["attempts"]] == ["network_error", "network_error"]
+    assert content["error_detail"]["message"].startswith("no engine reachable: check the network or the proxy")
+    assert "no engine reachable" in result_text(response)
+
+
+def test_a_site_that_does_not_resolve_is_unreachable_not_a_robots_problem(ring):
+    config = ring.Config.from_env(direct_env(WEBSEARCH_ALLOW_PRIVATE_URLS=None, NO_PROXY="*"))
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+
+    def resolve(host, port):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    server.transport._resolve = resolve
+    content, text, is_error = server.page_tools.web_map({"url": "https://docs.nowhere.example/"}, new_call(ring))
+    assert is_error is True and content["error"] == "site_unreachable", content
+    assert "robots" not in content["error_detail"]["message"] and "DNS" in content["error_detail"]["message"]
+    assert content["error_detail"]["retryable"] is True
+
+
+def test_an_empty_error_body_does_not_repeat_the_status(start_server, fake_upstream):
+    fake_upstream.route("GET", "/gone", {"status": 404, "body": ""})
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_fetch(server, fake_upstream.url + "/gone")
+    message = content["attempts"][0]["message"]
+    assert is_error is True and message.endswith("answered HTTP 404") and "HTTP 404: HTTP 404" not in message
 
 
 # -- answer_prompt and answer_sources (units)

@@ -104,15 +104,27 @@ MAX_DOMAINS = 20
 DEFAULT_UA = ("Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 "
               "(KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36")
 
+# The initialize instructions, a sentence per tool: only the sentences of the listed tools are sent.
 INSTRUCTIONS = (
-    "websearch-ring: web access that fails over across several engines and says what happened. "
-    "Start with web_search (precise query; filters lang, time_range, include_domains survive failover; "
-    "mode=fanout for breadth). Read a promising result in full with web_fetch (paged Markdown: continue "
-    "with start_index=next_start_index). Use web_map to list a site's pages when you know the site but "
-    "not the page. Use web_answer for questions that need a researched, cited synthesis; get_sources "
-    "returns the sources of any search or answer by session_id. Errors are structured: fix the arguments "
-    "named in validation.issues and retry; get_config_info explains configuration and vendor health."
+    (None, "websearch-ring: web access that fails over across several engines and says what happened."),
+    ("web_search", "Start with web_search (precise query; filters lang, time_range, include_domains survive "
+                   "failover; mode=fanout for breadth)."),
+    ("web_fetch", "Read a promising result in full with web_fetch (paged Markdown: continue with "
+                  "start_index=next_start_index)."),
+    ("web_map", "Use web_map to list a site's pages when you know the site but not the page."),
+    ("web_answer", "Use web_answer for questions that need a researched, cited synthesis."),
+    ("get_sources", "get_sources returns the sources of a search or answer by session_id."),
+    (None, "Errors are structured: fix the arguments named in validation.issues and retry."),
+    ("get_config_info", "get_config_info explains configuration and vendor health."),
 )
+# Listed by default only with GROK_API_KEY (WEBSEARCH_TOOLS can name them anyway).
+ANSWER_TOOLS = ("web_answer", "switch_model")
+
+
+def instructions_for(tools):
+    """The initialize instructions for the listed ``tools``."""
+    return " ".join(text for tool, text in INSTRUCTIONS if tool is None or tool in tools)
+
 
 # ---------------------------------------------------------------------------
 # §2 Errors
@@ -837,6 +849,8 @@ class Var:
 
     def expected(self):
         """The form a valid value takes, in words."""
+        if self.secret:
+            return "the key itself as the vendor issued it (no quotes, spaces or placeholder)"
         if self.kind == "int":
             return "an integer from %d to %d" % (self.lo, self.hi)
         if self.kind == "float":
@@ -1078,8 +1092,35 @@ def _parse_proxy(text):
     return scheme + text[len(parts.scheme):].rstrip("/")
 
 
+# Values people paste instead of a key: what config and the README print, and the usual stand-ins.
+_PLACEHOLDER_KEY = LazyPattern(r"(x{3,}|\*{3,}|(your|insert|enter|paste|put)[\W_].*|change[\W_]?me|replace[\W_]?me"
+                               r"|placeholder|none|null|todo|tbd|undefined|(api[\W_]?)?key|secret|token)$", re.I)
+
+
+def key_problem(raw):
+    """Why the value of a key variable is not a key, or None.
+
+    >>> key_problem("<your TAVILY_API_KEY>"), key_problem("tvly-..."), key_problem("YOUR_API_KEY")
+    ('it is a placeholder, not a key', 'it is a placeholder, not a key', 'it is a placeholder, not a key')
+    >>> key_problem('"tvly-dev-abc123"'), key_problem("tvly-dev-abc123 "), key_problem("tvly-dev-abc123")
+    ('it is in quotes', 'it has spaces or a line break around it', None)
+    """
+    parts = [p.strip() for p in re.split(r"[,;\n]+", raw) if p.strip()]
+    if len(parts) == 1 and raw != raw.strip():       # a list of keys may have spaces around its separators
+        return "it has spaces or a line break around it"
+    for part in parts:
+        if part[:1] in ("'", '"') or part[-1:] in ("'", '"'):
+            return "it is in quotes"
+        if part.startswith(("<", "$", "{{")) or part.endswith(("...", "\u2026", ">")) or \
+                _PLACEHOLDER_KEY.match(part):
+            return "it is a placeholder, not a key"
+    return None
+
+
 def _parse_value(var, raw):
     """Parse one raw string; returns the value or raises ValueError with a reason."""
+    if var.secret and key_problem(raw):
+        raise ValueError(key_problem(raw))
     text = raw.strip()
     if var.kind == "int":
         if not re.fullmatch(r"[+-]?\d+", text):
@@ -1222,6 +1263,8 @@ class Config:
                 shown = "<hidden>" if var.secret else (
                     mask_url_credentials(raw.strip()) if var.kind in ("url", "proxy") else raw)
                 fallback = "using the default (%s)" % var.label
+                if var.secret:
+                    fallback = "the key is not used"
                 if var.kind == "proxy":   # going direct instead would bypass the proxy the user asked for
                     fallback = "requests that would use it fail instead of going direct"
                     broken[var.field] = "%s=%r is invalid (%s)" % (used, shown, exc)
@@ -1240,7 +1283,7 @@ class Config:
         if not values["config_file"]:
             values["config_file"] = default_config_file(env)
         if not values["tools"]:
-            values["tools"] = CORE_TOOLS
+            values["tools"] = tuple(t for t in CORE_TOOLS if values["grok_key"] or t not in ANSWER_TOOLS)
         keys = [k.strip() for k in re.split(r"[,;\n]+", values["tavily_api_keys"]) if k.strip()]
         values["tavily_keys"] = tuple(dict.fromkeys(keys or ([values["tavily_api_key"]]
                                                              if values["tavily_api_key"] else [])))
@@ -1659,6 +1702,13 @@ POOL_IDLE_S = 30.0      # older idle connections are closed rather than reused
 def body_message(response, limit=300):
     """The human message inside an error body: JSON fields if any, else the text."""
     return body_text_message(response.body, response.status, limit)
+
+
+def status_message(who, response, limit=300):
+    """``who answered HTTP 404: <the body's message>``, without repeating the status when the body says nothing."""
+    text = body_message(response, limit)
+    head = "%s answered HTTP %d" % (who, response.status)
+    return head if text == "HTTP %d" % response.status else head + ": " + text
 
 
 def body_text_message(body, status, limit=300):
@@ -2661,8 +2711,9 @@ def stream_answer(transport, config, protocol, model, system, user, token, deadl
                 except ValueError:
                     fields = None
                 code, message = fields or (None, body_text_message(body, stream.status, 300))
-                raise classify_answer_error(stream.status, code, "HTTP %d: %s" % (stream.status, message), codes,
-                                            retry_after_of(stream.headers))
+                shown = "HTTP %d" % stream.status
+                raise classify_answer_error(stream.status, code, shown if message == shown else shown + ": " + message,
+                                            codes, retry_after_of(stream.headers))
             if "event-stream" in stream.headers.get("content-type", ""):
                 for line in stream.lines():
                     if parser.feed_line(line):
@@ -7536,8 +7587,8 @@ class Fetcher:
             raise
         if resp.status != 200:
             raise UpstreamError("direct", "http_error", "not_found" if resp.status in (404, 410) else
-                                "http_%d" % resp.status, "%s answered HTTP %d: %s" % (
-                                    url_host(resp.url), resp.status, body_message(resp, 160)), status=resp.status,
+                                "http_%d" % resp.status, status_message(url_host(resp.url), resp, 160),
+                                status=resp.status,
                                 retryable=resp.status >= 500 or resp.status == 429)
         ctype = resp.headers.get("content-type", "")
         media = _media_type(ctype)
@@ -7576,9 +7627,9 @@ def _jina_error(resp, data):
     """The UpstreamError of a Jina Reader answer that is not a page (its civkit error envelope)."""
     status = resp.status
     name = data.get("name") if isinstance(data, dict) and isinstance(data.get("name"), str) else ""
-    message = data.get("message") if isinstance(data, dict) and isinstance(data.get("message"), str) else \
-        body_message(resp, 300)
-    message = "Jina Reader answered HTTP %d%s: %s" % (status, " (%s)" % name if name else "", message[:300])
+    message = data.get("message") if isinstance(data, dict) and isinstance(data.get("message"), str) else None
+    message = "Jina Reader answered HTTP %d%s: %s" % (status, " (%s)" % name if name else "", message[:300]) \
+        if message else status_message("Jina Reader", resp)
     if status == 429:
         wait = data.get("retryAfter") if isinstance(data, dict) else None
         return UpstreamError("jina", "rate_limited", "rate_limited", message, status=status, retry_after_s=float(
@@ -8370,8 +8421,8 @@ class SiteMapper:
         try:
             resp = self._get(origin + "/robots.txt", token, deadline)
         except UpstreamError as exc:
-            if exc.outcome == "blocked" or exc.code == "bad_url":
-                raise
+            if exc.outcome in ("blocked", "network_error") or exc.code == "bad_url":
+                raise         # the site itself cannot be reached (or may not be): not a robots.txt question
             raise UpstreamError("direct", "blocked", "robots_unavailable",
                                 "robots.txt of %s could not be read (%s): a crawler must then assume everything "
                                 "is disallowed" % (origin, exc.message), retryable=True) from None
@@ -9449,6 +9500,9 @@ class SearchTools:
         else:
             code = "all_vendors_failed"
             message = "every vendor failed (%s)" % ", ".join("%s: %s" % (a["vendor"], a["outcome"]) for a in attempts)
+            if attempts and all(a["outcome"] in ("network_error", "skipped_cooldown") for a in attempts):
+                message = "no engine reachable: check the network or the proxy variables (WEBSEARCH_PROXY, " \
+                          "HTTPS_PROXY, NO_PROXY); " + message
         retryable = any(a.get("retryable", a["outcome"] in ("timeout", "skipped_cooldown", "bad_response"))
                         for a in attempts)
         wait = [a.get("cooldown_remaining_s") or a.get("retry_after_s") for a in attempts]
@@ -9821,12 +9875,14 @@ class PageTools:
         s = status_fields("success" if good and not ignored else "partial_success" if good else "error")
         if not good:
             last = next((a for a in reversed(attempts) if a["outcome"] not in ("skipped", "success")), None)
-            code = last["code"] if last and last["code"] in ("robots_unavailable", "private_address") else "no_urls"
-            message = last["message"] if last and code != "no_urls" else \
+            code = last["code"] if last and last["code"] in ("robots_unavailable", "private_address") else \
+                "site_unreachable" if last and last["outcome"] == "network_error" else "no_urls"
+            message = "could not reach %s: %s" % (url, last["message"]) if code == "site_unreachable" else \
+                last["message"] if last and code != "no_urls" else \
                 "no URLs found for %s (%s)" % (url, "; ".join("%s: %s" % (a["vendor"], a["message"] or a["outcome"])
                                                             for a in attempts))
-            s.update(status_fields("error", code, error_detail(code, message, "web_map",
-                                                               retryable=code == "robots_unavailable")))
+            s.update(status_fields("error", code, error_detail(code, message, "web_map", retryable=code in (
+                "robots_unavailable", "site_unreachable"))))
         elif ignored:
             s["error"] = "ignored_results"
         s.update({"request_id": call.request_id, "duration_ms": round((self._clock() - started) * 1000.0, 2),
@@ -9904,6 +9960,9 @@ GET_CONFIG_INFO_OUTPUT = {
         "vendors": {"type": "array", "items": {"type": "object"}},
         "keys": {"type": "object", "description": "Tavily key pool: masked keys, states, breaker."},
         "connection_test": {"type": "object", "description": "GET /models on the answer endpoint."},
+        "tools": {"type": "array", "items": {"type": "string"}, "description": "The tools listed."},
+        "unlisted_tools": {"type": "array", "items": {"type": "object"},
+                           "description": "Core tools not listed, each with how to enable it."},
     }),
     "required": ["status", "partial", "error"],
 }
@@ -10305,7 +10364,11 @@ class AnswerTools:
                   "answer": {"model": model, "model_source": source, "protocol": self._effective(model)[1],
                              "url": self.config.grok_url, "key": fingerprint(self.config.grok_key)
                              if self.config.grok_key else None, "config_file": self.config.config_file},
-                  "vendors": vendors, "keys": keys, "connection_test": test})
+                  "vendors": vendors, "keys": keys, "connection_test": test,
+                  "tools": list(self.config.tools), "unlisted_tools": [
+                      {"tool": t, "enable": "set GROK_API_KEY (and GROK_API_URL for a relay or OpenRouter)"
+                       if t in ANSWER_TOOLS and not self.config.grok_key else
+                       "add it to WEBSEARCH_TOOLS"} for t in CORE_TOOLS if t not in self.config.tools]})
         lines = ["websearch-ring %s" % __version__,
                  "answer model: %s (from %s), protocol %s, endpoint %s" % (model, source, s["answer"]["protocol"],
                                                                          self.config.grok_url),
@@ -10314,6 +10377,7 @@ class AnswerTools:
                                              for v in vendors if v["in_ring"])]
         if keys.get("keys"):
             lines.append("tavily keys: " + ", ".join("%s %s" % (k["key"], k["state"]) for k in keys["keys"]))
+        lines += ["not listed: %s (%s)" % (t["tool"], t["enable"]) for t in s["unlisted_tools"]]
         lines += ["problem: " + p["message"] for p in problems] or ["no configuration problems"]
         return s, "\n".join(lines), False
 
@@ -10337,7 +10401,7 @@ class AnswerTools:
             latency = round((self._clock() - started) * 1000.0, 1)
             if resp.status != 200:
                 return {"status": "error", "http_status": resp.status, "latency_ms": latency,
-                        "message": "error: HTTP %d: %s" % (resp.status, body_message(resp))}
+                        "message": "error: " + status_message(self.config.grok_url, resp)}
             try:
                 data = resp.json()
             except ValueError:
@@ -10741,7 +10805,8 @@ class Server:
                          "switch_model": self.answer_tools.switch_model}
         self.plan_tools = PlanTools(TTLCache(SESSION_MAX, SESSION_TTL_S, clock), clock)
         self.handlers.update({"plan_" + phase: self.plan_tools.handler(phase) for phase in PLAN_PHASES})
-        # Tools hidden by WEBSEARCH_TOOLS are not listed and answer as unknown tools.
+        # Tools not listed (WEBSEARCH_TOOLS, or no GROK_API_KEY) answer as unknown tools; the CLI has them all.
+        self.tool_handlers = self.handlers
         self.handlers = {name: fn for name, fn in self.handlers.items() if name in config.tools}
         self.tools = [dict(t) for t in ALL_TOOLS if t["name"] in config.tools]
         # Handlers that can answer on the reader thread, or return None to defer.
@@ -11016,7 +11081,7 @@ class Server:
             return self._initialize(params)
         if method == "server/discover":
             return {"supportedVersions": list(reversed(ALL_VERSIONS)), "capabilities": self._capabilities(),
-                    "instructions": INSTRUCTIONS, "ttlMs": TOOLS_LIST_TTL_MS, "cacheScope": "public"}
+                    "instructions": instructions_for(self.config.tools), "ttlMs": TOOLS_LIST_TTL_MS, "cacheScope": "public"}
         if method == "ping":
             return {}
         if method == "tools/list":
@@ -11044,7 +11109,7 @@ class Server:
         self.log.info("initialize from %s %s: protocol %s", client.get("name", "?"), client.get("version", ""),
                       version)
         return {"protocolVersion": version, "capabilities": self._capabilities(),
-                "serverInfo": self._server_info(), "instructions": INSTRUCTIONS}
+                "serverInfo": self._server_info(), "instructions": instructions_for(self.config.tools)}
 
     def _notification(self, method, params):
         if method == "notifications/cancelled" and isinstance(params, dict):
@@ -11086,7 +11151,9 @@ class Server:
         if args is None:
             args = {}
         if not isinstance(name, str) or name not in self.handlers:
-            return rpc_error(msg_id, INVALID_PARAMS, "Unknown tool: %s" % (name,), {"available": list(self.handlers)})
+            hint = " (listed when GROK_API_KEY is set)" if name in ANSWER_TOOLS and not self.config.grok_key else ""
+            return rpc_error(msg_id, INVALID_PARAMS, "Unknown tool: %s%s" % (name, hint),
+                             {"available": list(self.handlers)})
         if not isinstance(args, dict):
             return rpc_error(msg_id, INVALID_PARAMS, "tools/call arguments must be an object, got %s" % _json_type(args))
         handler = self.handlers[name]
@@ -11116,7 +11183,6 @@ class Server:
         if self.config.problems:
             structured = dict(structured, config_problems=[p.as_dict() for p in self.config.problems])
             text = "\n".join("Configuration problem: " + p.message for p in self.config.problems) + "\n\n" + text
-            is_error = True
         result = {"content": [{"type": "text", "text": text}],
                   "structuredContent": structured, "isError": bool(is_error)}
         if modern:
@@ -11264,7 +11330,7 @@ def run_cli(argv, env):
     progress = None if opts.json or not sys.stderr.isatty() else (
         lambda done, total=None, message=None: message and _emit("  ... " + message, sys.stderr))
     try:
-        structured, text, is_error = server.handlers[_CLI_TOOLS[opts.command]](args, Call(token, progress))
+        structured, text, is_error = server.tool_handlers[_CLI_TOOLS[opts.command]](args, Call(token, progress))
     except KeyboardInterrupt:
         token.cancel("interrupted")
         return 130
