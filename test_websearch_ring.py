@@ -40,6 +40,7 @@ import py_compile
 import queue
 import re
 import select
+import shutil
 import signal
 import socket
 import ssl
@@ -1410,7 +1411,8 @@ def parse_answer_stream(ring, text, protocol="chat", codes=None):
 
 CLI_QUERY = "python asyncio timeout"
 CONFIG_CLIENTS = ("claude-code", "claude-desktop", "codex", "cursor", "vscode", "cherry-studio",
-                  "opencode", "mimocode", "hermes")
+                  "opencode", "mimocode", "hermes", "windsurf", "gemini-cli", "zed", "cline", "roo-code",
+                  "lm-studio", "continue", "jetbrains", "goose")
 SNIPPET_TAVILY_SECRET = "tvly-secret-value-123456"
 SNIPPET_BRAVE_SECRET = "BSA-brave-secret-value-987654"
 PLAN_TOOLS = ("plan_intent", "plan_complexity", "plan_sub_query", "plan_search_term",
@@ -8817,7 +8819,7 @@ def test_web_answer_reports_progress_while_the_stream_arrives(
     values = [n["progress"] for n in notes]
     assert values == sorted(values) and len(set(values)) == len(values)
     streaming = [n["message"] for n in notes if "characters received" in n.get("message", "")]
-    assert streaming and all(m.startswith("attempt 1:") for m in streaming), notes
+    assert streaming and all(m.startswith("attempt 1 of 5:") for m in streaming), notes
     final_index = server.messages.index(response)
     assert all(server.messages.index(n_msg) < final_index for n_msg in server.notifications
                if n_msg["method"] == "notifications/progress")
@@ -8825,19 +8827,21 @@ def test_web_answer_reports_progress_while_the_stream_arrives(
 
 def test_progress_ticker_messages_name_the_phase_attempt_and_characters(ring):
     sent = []
-    state = {"phase": "starting", "chars": 0, "attempt": 0}
+    state = {"phase": "starting", "chars": 0, "attempt": 0, "attempts": 3}
     ticker = ring._ProgressTicker(lambda *event: sent.append(event), state, time.monotonic)
-    ticker._tick()
-    state.update(phase="streaming", attempt=2, chars=345)
-    ticker._tick()
-    state.update(phase="backoff")
-    ticker._tick()
+    ticker.tick()
+    state.update(phase="streaming", attempt=2)
+    ticker.tick()
+    state.update(chars=345)
+    ticker.tick()
+    state.update(phase="backoff", error="HTTP 503", wait=1.5)
+    ticker.tick()
     state.update(phase="queued")
-    ticker._tick()
-    assert [event[0] for event in sent] == [1, 2, 3, 4]
+    ticker.tick()
+    assert [event[0] for event in sent] == [1, 2, 3, 4, 5]
     assert [event[2] for event in sent] == [
-        "starting", "attempt 2: 345 characters received", "waiting before attempt 3",
-        "waiting for a slot"]
+        "starting", "attempt 2 of 3 started", "attempt 2 of 3: 345 characters received",
+        "attempt 2 of 3 failed (HTTP 503); waiting 1.5 s before attempt 3", "waiting for a slot"]
 
 
 # -- web_answer: extra_sources
@@ -9652,6 +9656,79 @@ def test_cli_search_filters_reach_the_tool_and_the_vendor(fake_upstream):
     assert hosts == ["docs.python.org", "stackoverflow.com"]
 
 
+def test_cli_search_words_without_quotes_and_comma_separated_domains(fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    run = run_cli("search", "python", "asyncio", "timeout", "--include", "docs.python.org,stackoverflow.com",
+                  "--include", "python.org", "--exclude", "a.example, b.example", "--json",
+                  env=ring_env({"tavily": fake_upstream}))
+    assert run.code == 0, run
+    sent = fake_upstream.requests_to("POST", "/search")[0].json()
+    assert sent["query"] == CLI_QUERY
+    assert sent["include_domains"] == ["docs.python.org", "stackoverflow.com", "python.org"]
+    assert sent["exclude_domains"] == ["a.example", "b.example"]
+
+
+@pytest.mark.parametrize("command, option", [("search", "--include"), ("answer", "--extra-sources"),
+                                             ("fetch", "--start"), ("map", "--depth"), ("check", "--json"),
+                                             ("config", "--scope")])
+def test_cli_every_command_has_its_own_help(command, option):
+    run = run_cli(command, "--help")
+    assert run.code == 0 and run.err == "", run
+    assert run.out.startswith("usage: python websearch_ring.py " + command) and option in run.out, run
+
+
+def test_cli_mistyped_command_names_the_closest_and_lists_the_commands():
+    run = run_cli("serach", "x", as_script=True)
+    assert run.code == 2 and run.out == "", run
+    assert "did you mean 'search'?" in run.err
+    for command in ("search QUERY", "fetch URL", "map URL", "check", "config [CLIENT]"):
+        assert command in run.err
+
+
+def test_cli_validation_speaks_the_command_line():
+    run = run_cli("fetch", "https://example.org/", "--start", "-3")
+    assert run.code == 2 and run.out == "", run
+    assert run.err.startswith("Invalid arguments for fetch:\n- --start must be an integer at least 0"), run
+    assert "start_index" not in run.err and "web_fetch" not in run.err
+
+
+def test_cli_log_level_variables_are_honoured(fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    quiet = run_cli("search", CLI_QUERY, env=ring_env({"tavily": fake_upstream}))
+    assert quiet.code == 0 and quiet.err == "", quiet
+    for env in ({"WEBSEARCH_LOG_LEVEL": "debug"}, {"GROK_LOG_LEVEL": "debug"}, {"GROK_DEBUG": "1"}):
+        loud = run_cli("search", CLI_QUERY, env=ring_env({"tavily": fake_upstream}, **env))
+        assert loud.code == 0, loud
+        assert re.search(r"debug: POST http://127\.0\.0\.1:\d+/search: HTTP 200, \d+ bytes", loud.err), loud
+        assert loud.out.startswith("3 results for")
+
+
+def test_an_unexpected_exception_leaves_its_traceback_in_the_debug_log(ring):
+    for level, expected in (("debug", True), ("info", False)):
+        stream = io.StringIO()
+        log = ring.Logger(level, stream=stream)
+        try:
+            {}["missing"]
+        except KeyError as exc:
+            log.unexpected("tool web_search failed internally", exc)
+        text = stream.getvalue()
+        assert "error: tool web_search failed internally: KeyError: 'missing'" in text
+        assert ("Traceback (most recent call last)" in text) is expected, text
+
+
+def test_new_variable_names_and_their_old_names_both_work(ring):
+    new = ring.Config.from_env({"WEBSEARCH_LOG_LEVEL": "error", "WEBSEARCH_LOG_DIR": "/tmp/x",
+                                "WEBSEARCH_ANSWER_TIMEOUT_S": "90"})
+    old = ring.Config.from_env({"GROK_LOG_LEVEL": "error", "GROK_LOG_DIR": "/tmp/x", "WEB_SEARCH_TOTAL_TIMEOUT": "90"})
+    for config in (new, old):
+        assert (config.log_level, config.log_dir, config.answer_budget_s, config.problems) == ("error", "/tmp/x", 90, ())
+    both = ring.Config.from_env({"WEBSEARCH_LOG_LEVEL": "error", "GROK_LOG_LEVEL": "debug"})
+    assert both.log_level == "error"
+    help_env = ring.help_env_text()
+    for pair in ("WEBSEARCH_LOG_LEVEL / GROK_LOG_LEVEL", "WEBSEARCH_LOG_DIR / GROK_LOG_DIR",
+                 "WEBSEARCH_ANSWER_TIMEOUT_S / WEB_SEARCH_TOTAL_TIMEOUT"):
+        assert pair in help_env
+
 def test_cli_search_vendor_asks_only_that_engine(fake_upstream):
     fake_upstream.route("POST", "/search", "tavily/search_success.json")
     fake_upstream.route("GET", "/search", "bing_html/success.html")
@@ -9701,7 +9778,7 @@ def test_cli_search_json_with_every_vendor_failing_is_an_error_and_exit_one():
         ("tavily", "network_error")]
     text = run_cli("search", CLI_QUERY,
                    env=ring_env({"tavily": closed_url()}))
-    assert text.code == 1 and text.out.startswith("Search failed for"), text
+    assert text.code == 1 and text.err.startswith("Search failed for") and text.out == "", text
 
 
 @pytest.mark.parametrize("args", [("search", " "), ("search", " ", "--json"),
@@ -9715,10 +9792,9 @@ def test_cli_invalid_arguments_exit_two(args):
         assert result["error"] == "invalid_arguments"
         assert [i["path"] for i in result["validation"]["issues"]] == ["/query"]
     elif args[0] in ("fetch", "map"):
-        assert run.out.startswith("Invalid arguments for web_"), run
-        assert "/url" in run.out
+        assert run.err.startswith("Invalid arguments for %s:\n- url: " % args[0]) and run.out == "", run
     elif args[1] == " ":
-        assert run.out.startswith("Invalid arguments for web_search:") and "/query" in run.out
+        assert run.err.startswith("Invalid arguments for search:\n- query is empty") and run.out == "", run
     else:
         assert "error:" in run.err and run.out == "", run
 
@@ -9742,7 +9818,7 @@ def test_cli_fetch_pages_a_document_in_the_chosen_format(fake_upstream):
     assert head[0] == "Fake Page"
     assert "(text via direct, characters 5-45 of %d)" % plain["total_length"] in head[1]
     assert plain["content"][5:45].strip() in page.out
-    assert "[more: call web_fetch with start_index=45]" in page.out
+    assert "[more: call fetch with --start 45]" in page.out
 
 
 def test_cli_fetch_refuses_a_loopback_page_without_the_private_url_switch(fake_upstream):
@@ -9772,9 +9848,9 @@ def test_cli_map_lists_the_sitemap_and_the_crawled_links(fake_upstream):
 
 
 def test_cli_answer_without_a_key_says_so_and_exits_one():
-    run = run_cli("answer", "what is new in python?")
-    assert run.code == 1, run
-    assert "GROK_API_KEY" in run.out
+    run = run_cli("answer", "what", "is", "new", "in", "python?")
+    assert run.code == 1 and run.out == "", run
+    assert "GROK_API_KEY" in run.err and "(see check)" in run.err
     result = run_cli("answer", "what is new in python?", "--json").json()
     assert result["error"] == "answer_not_configured"
 
@@ -9806,7 +9882,7 @@ def test_cli_unknown_command_prints_the_usage_and_exits_two():
     assert run.out == ""
 
 
-@pytest.mark.parametrize("command", ["search", "fetch", "map", "answer", "config"])
+@pytest.mark.parametrize("command", ["search", "fetch", "map", "answer"])
 def test_cli_missing_argument_exits_two(command):
     run = run_cli(command)
     assert run.code == 2, run
@@ -9818,10 +9894,9 @@ def test_cli_missing_argument_exits_two(command):
 def test_cli_help_lists_the_commands_and_exits_zero(flag):
     run = run_cli(flag)
     assert run.code == 0, run
-    for command in ("search QUERY", "answer QUERY", "fetch URL", "map URL", "check",
-                    "config CLIENT", "--json", "--help-env", "--version"):
+    for command in ("search QUERY", "answer QUESTION", "fetch URL", "map URL", "check",
+                    "config [CLIENT]", "--json", "--help-env", "--version", "COMMAND --help"):
         assert command in run.out, command
-    assert ", ".join(CONFIG_CLIENTS) in run.out
 
 
 def test_cli_help_env_lists_every_variable(ring):
@@ -9931,69 +10006,129 @@ def split_command(line):
     return words
 
 
-def check_snippet(client, out, args, env):
-    """Parse the snippet of `client`; assert command, args and env; return the parsed form."""
+def parse_simple_toml(text):
+    """The tables of a TOML document written with ``[a.b]`` headers and ``key = value`` lines whose
+    values are JSON-compatible (strings, numbers, arrays of strings): a structural check where
+    tomllib is missing (Python before 3.11)."""
+    data, table = {}, None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        header = re.fullmatch(r"\[([A-Za-z0-9_.-]+)\]", line)
+        if header:
+            table = data
+            for part in header.group(1).split("."):
+                table = table.setdefault(part, {})
+            continue
+        key, value = re.fullmatch(r"([A-Za-z0-9_-]+) = (.+)", line).groups()
+        assert key not in table, line
+        table[key] = json.loads(value)
+    return data
+
+
+def parse_simple_yaml(text):
+    """A YAML document of block mappings, sequences of mappings (``- key: value``) and scalars that
+    are double-quoted, flow arrays, booleans, integers or plain words, read by indentation: a
+    structural check (no YAML library here). Keys must be unique and indentation consistent."""
+    lines = []
+    for raw in text.splitlines():
+        if raw.strip():
+            indent, body = len(raw) - len(raw.lstrip(" ")), raw.strip()
+            lines += [(indent, "-"), (indent + 2, body[2:])] if body.startswith("- ") else [(indent, body)]
+    value, end = _yaml_block(lines, 0)
+    assert end == len(lines), lines[end]
+    return value
+
+
+def _yaml_block(lines, i):
+    """The mapping or sequence starting at line ``i``: ``(value, index after it)``."""
+    indent = lines[i][0]
+    if lines[i][1] == "-":
+        items = []
+        while i < len(lines) and lines[i] == (indent, "-"):
+            item, i = _yaml_block(lines, i + 1)
+            items.append(item)
+        return items, i
+    mapping = {}
+    while i < len(lines) and lines[i][0] == indent and lines[i][1] != "-":
+        key, value = re.fullmatch(r"([A-Za-z0-9_.-]+):(?: (.+))?", lines[i][1]).groups()
+        assert key not in mapping, lines[i]
+        i += 1
+        if value is None:
+            assert i < len(lines) and lines[i][0] > indent, "an empty value for %r" % key
+            mapping[key], i = _yaml_block(lines, i)
+        elif value[:1] in ('"', "[") or value in ("true", "false") or re.fullmatch(r"-?\d+", value):
+            mapping[key] = json.loads(value)
+        else:
+            assert re.fullmatch(r"[A-Za-z0-9_.-]+", value), value
+            mapping[key] = value
+        assert i == len(lines) or lines[i][0] <= indent, lines[i]
+    return mapping, i
+
+
+def check_snippet(client, out, args, env, secrets=()):
+    """Parse the snippet of `client` as its client would; assert command, args and env (`secrets`:
+    the variables a VS Code input supplies); return the parsed entry."""
     exe = sys.executable
     if client == "claude-code":
         words = split_command(out)
-        assert words[:4] == ["claude", "mcp", "add", "websearch-ring"]
+        assert words[:3] == ["claude", "mcp", "add"]
         split = words.index("--")
+        assert words[split - 3:split] == ["--scope", "local", "websearch-ring"]
         assert words[split + 1:] == [exe] + args
-        pairs = words[4:split]
+        pairs = words[3:split - 3]
         assert pairs[::2] == ["-e"] * (len(pairs) // 2)
         assert dict(p.split("=", 1) for p in pairs[1::2]) == env
         return words
-    if client in ("codex", "hermes"):
-        if client == "codex" and sys.version_info >= (3, 11):
+    if client == "codex":
+        data = parse_simple_toml(out)
+        if sys.version_info >= (3, 11):
             import tomllib
-            data = tomllib.loads(out)["mcp_servers"]["websearch-ring"]
-            assert (data["command"], data["args"]) == (exe, args)
-            assert data["tool_timeout_sec"] == 300
-            assert data.get("env", {}) == env
-            return data
-        lines = out.splitlines()
-        if client == "codex":
-            assert lines[:4] == ["[mcp_servers.websearch-ring]", "command = " + json.dumps(exe),
-                                 "args = [%s]" % ", ".join(json.dumps(a) for a in args),
-                                 "tool_timeout_sec = 300"]
-            rest = lines[4:]
-            if env:
-                assert rest[:2] == ["", "[mcp_servers.websearch-ring.env]"]
-                assert rest[2:] == ["%s = %s" % (k, json.dumps(v)) for k, v in env.items()]
-            else:
-                assert rest == []
-            return lines
-        assert lines[:4] == ["mcp_servers:", "  websearch-ring:",
-                             "    command: " + json.dumps(exe),
-                             "    args: [%s]" % ", ".join(json.dumps(a) for a in args)]
-        if env:
-            assert lines[4] == "    env:"
-            assert lines[5:] == ["      %s: %s" % (k, json.dumps(v)) for k, v in env.items()]
+            assert tomllib.loads(out) == data
+        entry = data["mcp_servers"]["websearch-ring"]
+        assert (entry["command"], entry["args"], entry["tool_timeout_sec"]) == (exe, args, 300)
+        assert entry.get("env", {}) == env
+        return entry
+    if client in ("hermes", "goose", "continue"):
+        data = parse_simple_yaml(out)
+        if client == "hermes":
+            entry = data["mcp_servers"]["websearch-ring"]
+        elif client == "goose":
+            entry = data["extensions"]["websearch-ring"]
+            assert (entry["name"], entry["type"], entry["enabled"]) == ("websearch-ring", "stdio", True)
+            entry = {"command": entry["cmd"], "args": entry["args"], "env": entry.get("envs", {})}
         else:
-            assert lines[4:] == []
-        return lines
+            assert (data["name"], data["schema"]) == ("websearch-ring", "v1") and data["version"]
+            [entry] = data["mcpServers"]
+            assert (entry["name"], entry["type"]) == ("websearch-ring", "stdio")
+        assert (entry["command"], entry["args"], entry.get("env", {})) == (exe, args, env)
+        return entry
     data = json.loads(out)
     if client in ("opencode", "mimocode"):
         entry = data["mcp"]["websearch-ring"]
         assert entry["type"] == "local" and entry["enabled"] is True
         assert entry["command"] == [exe] + args
         assert entry.get("environment", {}) == env
-        return data
-    key = "servers" if client == "vscode" else "mcpServers"
-    assert list(data) == [key]
+        return entry
+    key = {"vscode": "servers", "zed": "context_servers"}.get(client, "mcpServers")
+    assert list(data) == ([key] if client != "vscode" or not secrets else ["inputs", key])
     entry = data[key]["websearch-ring"]
     assert (entry["command"], entry["args"]) == (exe, args)
-    if client in ("vscode", "cherry-studio"):
-        assert entry["type"] == "stdio"
+    assert (entry.get("type") == "stdio") == (client in ("vscode", "cherry-studio"))
+    if client == "vscode":
+        inputs = {i["id"]: i for i in data.get("inputs", [])}
+        assert all(i["type"] == "promptString" and i["password"] is True for i in inputs.values())
+        env = dict(env, **{name: "${input:%s}" % name.lower().replace("_", "-") for name in secrets})
+        assert {v[len("${input:"):-1] for v in entry.get("env", {}).values() if v.startswith("${input:")} == set(inputs)
     assert entry.get("env", {}) == env
-    return data
+    return entry
 
 
 @pytest.mark.parametrize("client", CONFIG_CLIENTS)
 def test_config_prints_a_snippet_with_this_file_and_this_python(client):
     run = run_cli("config", client, env=snippet_env(), as_script=True)
     assert run.code == 0, run
-    assert run.err == ""
+    assert run.err.startswith("# %s: " % client) and run.err.count("\n") == 1, run
     check_snippet(client, run.out, [server_abspath()], {})
 
 
@@ -10003,11 +10138,51 @@ def test_config_shows_placeholders_never_the_secret_values(client):
         TAVILY_API_KEY=SNIPPET_TAVILY_SECRET, BRAVE_API_KEY=SNIPPET_BRAVE_SECRET,
         WEBSEARCH_VENDORS="brave,tavily"), as_script=True)
     assert run.code == 0, run
-    assert SNIPPET_TAVILY_SECRET not in run.out and SNIPPET_BRAVE_SECRET not in run.out
+    assert SNIPPET_TAVILY_SECRET not in run.out + run.err and SNIPPET_BRAVE_SECRET not in run.out + run.err
+    if client == "vscode":
+        check_snippet(client, run.out, [server_abspath()], {"WEBSEARCH_VENDORS": "brave,tavily"},
+                      secrets=("BRAVE_API_KEY", "TAVILY_API_KEY"))
+        return
     assert "<your TAVILY_API_KEY>" in run.out and "<your BRAVE_API_KEY>" in run.out
     check_snippet(client, run.out, [server_abspath()], {
         "WEBSEARCH_VENDORS": "brave,tavily", "TAVILY_API_KEY": "<your TAVILY_API_KEY>",
         "BRAVE_API_KEY": "<your BRAVE_API_KEY>"})
+
+
+def test_config_snippets_stay_valid_for_any_path(tmp_path):
+    """Spaces, quotes, backslashes and characters outside the BMP in the folder of the file."""
+    folder = tmp_path / ("my tools 'ü' \U0001d11e" + ("" if os.name == "nt" else " back\\slash \"q\""))
+    folder.mkdir()
+    script = folder / "websearch_ring.py"
+    shutil.copyfile(str(SERVER_PATH), str(script))
+    env = server_env(snippet_env(PYTHONIOENCODING="utf-8", TAVILY_API_KEY=SNIPPET_TAVILY_SECRET,
+                                 WEBSEARCH_UA="agent \"x\" \\ \U0001d11e"))
+    for client in CONFIG_CLIENTS:
+        done = subprocess.run([sys.executable, str(script), "config", client], env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=DEFAULT_TIMEOUT_S)
+        out = done.stdout.decode("utf-8")
+        assert done.returncode == 0, (client, done.stderr)
+        if client == "vscode":
+            check_snippet(client, out, [str(script)], {"WEBSEARCH_UA": "agent \"x\" \\ \U0001d11e"},
+                          secrets=("TAVILY_API_KEY",))
+        else:
+            check_snippet(client, out, [str(script)], {"WEBSEARCH_UA": "agent \"x\" \\ \U0001d11e",
+                                                       "TAVILY_API_KEY": "<your TAVILY_API_KEY>"})
+
+
+def test_config_without_a_client_lists_every_client_and_where_its_snippet_goes():
+    run = run_cli("config", as_script=True)
+    assert run.code == 0, run
+    listed = {line.split()[0]: line for line in run.out.splitlines()[1:]}
+    assert tuple(listed) == CONFIG_CLIENTS
+    assert "~/.codeium/windsurf/mcp_config.json" in listed["windsurf"]
+    assert "%APPDATA%\\Zed\\settings.json" in listed["zed"]
+
+
+def test_config_claude_code_scope_is_passed_on():
+    run = run_cli("config", "claude-code", "--scope", "user", env=snippet_env(), as_script=True)
+    words = split_command(run.out)
+    assert words[words.index("--") - 3:words.index("--")] == ["--scope", "user", "websearch-ring"]
 
 
 @pytest.mark.parametrize("client", ["cursor", "codex", "hermes", "claude-code", "opencode"])

@@ -769,6 +769,7 @@ class Logger:
                 self._path = None
                 self._write("warning", "cannot open log directory %r: %s" % (log_dir, exc))
         self.listeners = []   # callables (level, text) -> None, e.g. MCP notifications/message
+        self.debug_listeners = False    # a listener wants debug lines (an MCP client asked for them)
 
     def log(self, level, message, *args):
         """Log ``message % args`` at ``level`` (a name from LEVELS)."""
@@ -810,7 +811,16 @@ class Logger:
             self._file = open(self._path, "a", encoding="utf-8")
 
     def debug(self, msg, *a):
-        self.log("debug", msg, *a)
+        if self.threshold <= 10 or self.debug_listeners:     # formatting is skipped when nobody reads it
+            self.log("debug", msg, *a)
+
+    def unexpected(self, what, exc):
+        """An exception that should not happen: an error line, and its traceback at debug level."""
+        self.error("%s: %s: %s", what, type(exc).__name__, exc)
+        if self.threshold <= 10 or self.debug_listeners:
+            import traceback
+            self.debug("traceback of %s:\n%s", what, "".join(
+                traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip())
 
     def info(self, msg, *a):
         self.log("info", msg, *a)
@@ -1014,8 +1024,9 @@ VARIABLES = (
         "Attempts per answer (retries of 408, 429, 5xx, broken streams and retryable codes).", lo=1, hi=20),
     Var("GROK_MAX_CONCURRENCY", "grok_concurrency", "int", "2",
         "Answers generated at once; more wait in a queue within their budget.", lo=1, hi=64),
-    Var("WEB_SEARCH_TOTAL_TIMEOUT", "answer_budget_s", "int", "270",
-        "Seconds one web_answer may take in all: queueing, attempts, backoff and Retry-After.", lo=5, hi=3600),
+    Var("WEBSEARCH_ANSWER_TIMEOUT_S", "answer_budget_s", "int", "270",
+        "Seconds one web_answer may take in all: queueing, attempts, backoff and Retry-After.", lo=5, hi=3600,
+        aliases=("WEB_SEARCH_TOTAL_TIMEOUT",)),
     Var("GROK_SINGLE_ATTEMPT_TIMEOUT", "grok_attempt_timeout_s", "int", "120",
         "Seconds one attempt may take (capped by what is left of the total budget).", lo=1, hi=3600),
     Var("GROK_RETRY_MULTIPLIER", "grok_retry_multiplier", "float", "1",
@@ -1036,12 +1047,14 @@ VARIABLES = (
         "JSON file where switch_model keeps the model. Unset: websearch-ring/config.json under the user's "
         "config folder (%APPDATA% on Windows, $XDG_CONFIG_HOME or ~/.config elsewhere).",
         label="<config folder>/websearch-ring/config.json"),
-    Var("GROK_LOG_LEVEL", "log_level", "level", "info",
-        "Least severe stderr log level: debug, info, notice, warning, error, critical."),
-    Var("GROK_DEBUG", "debug", "bool", "0", "1 turns on debug logging (same as GROK_LOG_LEVEL=debug)."),
-    Var("GROK_LOG_DIR", "log_dir", "str", "",
+    Var("WEBSEARCH_LOG_LEVEL", "log_level", "level", "info",
+        "Least severe stderr log level: debug, info, notice, warning, error, critical (the command line "
+        "shows warnings and worse unless this is set).", aliases=("GROK_LOG_LEVEL",)),
+    Var("GROK_DEBUG", "debug", "bool", "0", "1 turns on debug logging (same as WEBSEARCH_LOG_LEVEL=debug): each "
+        "upstream request and attempt, and the traceback of any unexpected error."),
+    Var("WEBSEARCH_LOG_DIR", "log_dir", "str", "",
         "Folder for a websearch-ring.log copy of the stderr log (at 5 MB it becomes websearch-ring.log.1). "
-        "Unset: stderr only."),
+        "Unset: stderr only.", aliases=("GROK_LOG_DIR",)),
 )
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -1905,7 +1918,13 @@ class Transport:
             else:
                 raise TransportError("bad_response", "too_many_redirects", "more than %d redirects" % max_redirects)
             response.elapsed_s = self._clock() - started
+            self._log.debug("%s %s: HTTP %d, %d bytes in %.0f ms", method, url[:300], response.status,
+                            len(response.body), response.elapsed_s * 1000.0)
             return response
+        except TransportError as exc:
+            self._log.debug("%s %s: %s/%s after %.0f ms: %s", method, url[:300], exc.outcome, exc.code,
+                            (self._clock() - started) * 1000.0, exc.message)
+            raise
         finally:
             self.slots.release()
 
@@ -8710,7 +8729,7 @@ class Ring:
             if token.cancelled:
                 self.health.record(name, "cancelled")
                 raise Cancelled(token.reason or "cancelled") from None
-            self.log.error("%s raised %s: %s", name, type(exc).__name__, exc)
+            self.log.unexpected("%s raised" % name, exc)
             self.health.record(name, "bad_response", ctx.headers, None, "internal_error", str(exc))
             return None, attempt_record(name, "bad_response", self._clock() - started, code="internal_error",
                                         message="%s: %s" % (type(exc).__name__, exc)), {}
@@ -8769,6 +8788,7 @@ class Ring:
             except Cancelled:
                 outcome = None
             except Exception as exc:   # never leave a slot in the fan-out unfilled
+                self.log.unexpected("the fan-out attempt of %s" % name, exc)
                 outcome = (None, attempt_record(name, "bad_response", 0.0, code="internal_error",
                                                 message="%s: %s" % (type(exc).__name__, exc)), {})
             if emit is not None and outcome is not None:
@@ -8942,15 +8962,22 @@ GET_SOURCES_OUTPUT = {
 
 
 
+def mcp_words(name, value=None):
+    """A tool or argument ``name`` as an MCP caller writes it, with ``value``: ``start_index=100``."""
+    return name if value is None else "%s=%s" % (name, value)
+
+
 class Call:
-    """One tools/call in progress: its cancel token and progress sink."""
+    """One tools/call in progress: its cancel token, progress sink, and how its caller names tools and
+    arguments in the hints of the text (``say``: :func:`mcp_words`, or the command line's words)."""
 
-    __slots__ = ("token", "progress", "request_id")
+    __slots__ = ("token", "progress", "request_id", "say")
 
-    def __init__(self, token, progress=None):
+    def __init__(self, token, progress=None, say=mcp_words):
         self.token = token
         self.progress = progress
         self.request_id = new_id("req_")
+        self.say = say
 
 
 def issue(path, code, message, suggestion):
@@ -9346,7 +9373,7 @@ def _attempt_note(a, fanout):
                                    ", HTTP %s" % a["http_status"] if a.get("http_status") else "")
 
 
-def render_search_text(s, max_chars):
+def render_search_text(s, max_chars, say=mcp_words):
     """The readable text of a web_search result; returns ``(text, truncated)``."""
     fanout = s.get("mode") == "fanout"
     if s["status"] == "error":
@@ -9367,8 +9394,8 @@ def render_search_text(s, max_chars):
         lines = ["%d result%s for %s (%s)" % (n, "" if n == 1 else "s",
                                              json.dumps(s["query"], ensure_ascii=False), ", ".join(how))]
         notes = [_attempt_note(a, fanout) for a in s["attempts"] if a["outcome"] != "success"]
-        notes += ["numResults %s -> %s (%s)" % (json.dumps(a["received"]), a["used"], a["reason"])
-                  for a in s.get("adjustments") or []]
+        notes += ["%s %s -> %s (%s)" % (say(a["path"][1:].split("/")[0]), json.dumps(a["received"]),
+                                        json.dumps(a["used"]), a["reason"]) for a in s.get("adjustments") or []]
         notes += ["%s: %s" % (k, v) for k, v in (s.get("filters_applied") or {}).items()]
         if notes:
             lines.append("Note: " + "; ".join(notes) + ".")
@@ -9383,8 +9410,8 @@ def render_search_text(s, max_chars):
                 lines.append("   " + r["snippet"])
             if "content_status" in r:
                 more = r.get("next_start_index")
-                lines.append("   Page content%s:" % (" (first %d characters; web_fetch start_index=%d for more)" % (
-                    more, more) if more else "") if r["content"] is not None else
+                lines.append("   Page content%s:" % (" (first %d characters; %s %s for more)" % (
+                    more, say("web_fetch"), say("start_index", more)) if more else "") if r["content"] is not None else
                              "   Page content: not available (%s)" % r["content_status"])
                 if r["content"]:
                     lines += ["   | " + line for line in r["content"].split("\n")]
@@ -9470,7 +9497,7 @@ class SearchTools:
             self._attach_content(s, values["include_content"], values["content_chars"], call,
                                  Deadline(max(1.0, self.config.deadline_s - (self._clock() - started)), self._clock))
         s["duration_ms"] = round((self._clock() - started) * 1000.0, 2)
-        text, s["truncated"] = render_search_text(s, self.config.max_chars)
+        text, s["truncated"] = render_search_text(s, self.config.max_chars, call.say)
         return s, text, s["status"] == "error"
 
     def _attach_content(self, s, count, chars, call, deadline):
@@ -9676,7 +9703,7 @@ class PageTools:
             except Cancelled:
                 return
             except Exception as exc:         # one page's bug must not lose the others
-                self.log.error("web_fetch of %s failed internally: %s: %s", urls[i], type(exc).__name__, exc)
+                self.log.unexpected("web_fetch of %s" % urls[i], exc)
                 results[i] = self._fetch_error(call, urls[i], fmt, "internal_error", "%s: %s" % (
                     type(exc).__name__, exc), [], self._clock(), False)
             with lock:
@@ -9816,7 +9843,8 @@ class PageTools:
             start, end, total)
         if doc.fallback:
             head += "\nRead through %s because %s" % (doc.provider, doc.fallback)
-        tail = "\n\n[more: call web_fetch with start_index=%d]" % end if end < total else ""
+        tail = "\n\n[more: call %s with %s]" % (call.say("web_fetch"), call.say("start_index", end)) \
+            if end < total else ""
         return s, head + "\n\n" + page + tail, False
 
     def _fetch_error(self, call, url, fmt, code, message, attempts, started, retryable):
@@ -10166,7 +10194,7 @@ class AnswerTools:
                 "answer_not_configured", "web_answer needs GROK_API_KEY (and GROK_API_URL for a relay or "
                 "OpenRouter); web_search, web_fetch and web_map work without it", "web_answer"))
             s.update({"request_id": call.request_id, "content": "", "sources": [], "sources_count": 0})
-            return s, "web_answer is not configured: set GROK_API_KEY (see get_config_info).", True
+            return s, "web_answer is not configured: set GROK_API_KEY (see %s)." % call.say("get_config_info"), True
         query, platform = collapse_ws(values["query"]), collapse_ws(values.get("platform", "")) or None
         model, protocol = self._effective(values.get("model") or self.current_model()[0])
         extra = values["extra_sources"]
@@ -10185,8 +10213,9 @@ class AnswerTools:
         """The shared work of one question: evidence, queue, attempts with backoff, all in one budget."""
         budget = Deadline(self.config.answer_budget_s, self._clock)
         began = self._clock()
-        state = {"phase": "starting", "chars": 0, "attempt": 0}
+        state = {"phase": "starting", "chars": 0, "attempt": 0, "attempts": self.config.grok_max_attempts}
         ticker = _ProgressTicker(emit, state, self._clock)
+        state["tick"] = ticker.tick
         ticker.start()
         diagnostics = {"termination": None, "configured_attempts": self.config.grok_max_attempts, "attempts": 0,
                        "budget_s": self.config.answer_budget_s, "queue_wait_s": 0.0, "errors": []}
@@ -10238,6 +10267,7 @@ class AnswerTools:
                 diagnostics["termination"] = "total_budget_exhausted"
                 break
             state.update(phase="streaming", attempt=attempt, chars=0)
+            state["tick"]()
             diagnostics["attempts"] = attempt
 
             def on_text(n):
@@ -10266,7 +10296,8 @@ class AnswerTools:
                 if wait + MIN_ATTEMPT_S > budget.remaining():
                     diagnostics["termination"] = "total_budget_exhausted"
                     break
-                state.update(phase="backoff")
+                state.update(phase="backoff", error=exc.message[:120], wait=wait)
+                state["tick"]()
                 self._sleep(token, wait)
         if diagnostics["termination"] is None:
             diagnostics["termination"] = "total_budget_exhausted"
@@ -10423,7 +10454,8 @@ class AnswerTools:
 
 
 class _ProgressTicker:
-    """Sends a progress notification every few seconds while an answer is being prepared."""
+    """Sends a progress notification every few seconds while an answer is being prepared, and at once
+    when an attempt starts or fails (:meth:`tick`)."""
 
     INTERVAL_S = 2.0
 
@@ -10432,10 +10464,11 @@ class _ProgressTicker:
         self._state = state
         self._clock = clock
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._count = 0
 
     def start(self):
-        self._tick()
+        self.tick()
         threading.Thread(target=self._run, name="answer-progress", daemon=True).start()
 
     def stop(self):
@@ -10443,15 +10476,18 @@ class _ProgressTicker:
 
     def _run(self):
         while not self._stop.wait(self.INTERVAL_S):
-            self._tick()
+            self.tick()
 
-    def _tick(self):
-        self._count += 1
+    def tick(self):
         st = self._state
+        of = "attempt %d of %d" % (st["attempt"], st["attempts"])
         message = {"starting": "starting", "searching": "searching for evidence", "queued": "waiting for a slot",
-                   "backoff": "waiting before attempt %d" % (st["attempt"] + 1)}.get(
-            st["phase"], "attempt %d: %d characters received" % (st["attempt"], st["chars"]))
-        self._emit(self._count, None, message)
+                   "backoff": "%s failed (%s); waiting %.1f s before attempt %d" % (
+                       of, st.get("error"), st.get("wait", 0.0), st["attempt"] + 1)}.get(
+            st["phase"], "%s: %d characters received" % (of, st["chars"]) if st["chars"] else of + " started")
+        with self._lock:        # the timer and the attempts both tick: progress values must increase
+            self._count += 1
+            self._emit(self._count, None, message)
 
 
 # -- Planning tools -------------------------------------------------------------------------------
@@ -10869,7 +10905,7 @@ class Server:
                 try:
                     self.handle_line(line)
                 except Exception as exc:   # nothing escapes the stdin loop
-                    self.log.error("internal error handling a message: %s: %s", type(exc).__name__, exc)
+                    self.log.unexpected("internal error handling a message", exc)
         except Stop as stop:
             reason = stop.reason
         self.shutdown(reason)
@@ -10979,7 +11015,7 @@ class Server:
             try:
                 target(*args)
             except Exception as exc:
-                self.log.error("internal error in a worker: %s: %s", type(exc).__name__, exc)
+                self.log.unexpected("internal error in a worker", exc)
             finally:
                 with self._state_lock:
                     self._workers.discard(threading.current_thread())
@@ -11094,6 +11130,7 @@ class Server:
             if level not in _MCP_LEVELS:
                 raise RpcError(INVALID_PARAMS, "level must be one of: " + ", ".join(_MCP_LEVELS))
             self.client_log_level = level
+            self.log.debug_listeners = level == "debug"
             return {}
         if method == "tools/call":
             raise RpcError(INTERNAL_ERROR, "tools/call must be answered by a worker")
@@ -11174,7 +11211,7 @@ class Server:
         except Exception as exc:
             if token.cancelled:
                 return None
-            self.log.error("tool %s failed internally: %s: %s", name, type(exc).__name__, exc)
+            self.log.unexpected("tool %s failed internally" % name, exc)
             structured = status_fields("error", "internal_error", error_detail(
                 "internal_error", "%s: %s" % (type(exc).__name__, exc), name))
             text, is_error = "Internal error in %s: %s" % (name, exc), True
@@ -11221,77 +11258,125 @@ def _valid_id(value):
 # §15 CLI
 # ---------------------------------------------------------------------------
 
+# The commands, as the usage text and each command's --help describe them.
+_COMMANDS = (
+    ("search", "QUERY", "ranked results from the ring of search engines"),
+    ("answer", "QUESTION", "a researched answer with its sources (needs GROK_API_KEY)"),
+    ("fetch", "URL", "a page as Markdown, text or HTML, in pieces"),
+    ("map", "URL", "the URLs of a site"),
+    ("check", "", "configuration problems, then one timed probe of every configured backend"),
+    ("config", "[CLIENT]", "a ready-to-paste snippet for an MCP client (without CLIENT: the clients and "
+                           "where each snippet goes)"),
+)
+
 USAGE = """usage: python websearch_ring.py [COMMAND ...] [--json]
 
 With no command it serves MCP (JSON-RPC 2.0, one message per line) on
-stdin/stdout for a client such as Claude Code, Codex, Cursor, Claude Desktop,
-VS Code or Cherry Studio.
+stdin/stdout for a client such as Claude Code, Codex, Cursor, VS Code,
+Windsurf, Gemini CLI or Zed; `config CLIENT` prints what to paste.
 
-commands:
-  search QUERY    ranked results (-n N, --vendor NAME, --mode failover|fanout, --lang xx,
-                  --time-range day|week|month|year, --include DOMAIN, --exclude DOMAIN,
-                  --per-domain N)
-  answer QUERY    a researched answer with sources (--platform P, --model M, --extra-sources N)
-  fetch URL       a page as Markdown (--start N, --max N, --format markdown|text|html)
-  map URL         the URLs of a site (--depth N, --breadth N, --limit N, --timeout S)
-  check           configuration problems, then one timed probe of every configured backend
-  config CLIENT   a ready-to-paste snippet for: %s
+commands (COMMAND --help for each one's options):
+%s
 
 options:
   --json          print the structured result instead of the text
   --help          this text;  --help-env: every environment variable;  --version
 
+Results go to stdout; errors, progress and configuration problems to stderr.
 exit status: 0 success, 1 tool error, 2 bad usage or configuration.
-"""
+""" % "\n".join("  %-18s%s" % (("%s %s" % (name, arg)).strip(), text) for name, arg, text in _COMMANDS)
 
-CLIENTS = ("claude-code", "claude-desktop", "codex", "cursor", "vscode", "cherry-studio", "opencode", "mimocode",
-           "hermes")
+_CLI_TOOLS = {"search": "web_search", "answer": "web_answer", "fetch": "web_fetch", "map": "web_map",
+              "check": "get_config_info"}
 
 
 def _cli_parser():
+    """``(parser, words)``: the command-line parser, and each tool argument's option (``start_index``:
+    ``--start``) so that hints in the text speak the command line."""
     import argparse
-    parser = argparse.ArgumentParser(prog="websearch_ring.py", add_help=False,
-                                     usage="python websearch_ring.py COMMAND ... (see --help)")
+    parser = argparse.ArgumentParser(prog="python websearch_ring.py", add_help=False)
     sub = parser.add_subparsers(dest="command")
+    words = {tool: command for command, tool in _CLI_TOOLS.items()}
 
-    def command(name, arg=None, **kwargs):
-        p = sub.add_parser(name, add_help=False, **kwargs)
-        if arg:
-            p.add_argument(arg)
-        p.add_argument("--json", action="store_true")
+    def command(name):
+        arg, text = next((a, t) for n, a, t in _COMMANDS if n == name)
+        p = sub.add_parser(name, prog="python websearch_ring.py " + name, description=text, help=text)
+        if name != "config":
+            p.add_argument("--json", action="store_true", help="print the structured result instead of the text")
         return p
 
-    p = command("search", "query")
-    p.add_argument("-n", "--num", type=int, dest="numResults")
-    p.add_argument("--vendor")
-    p.add_argument("--mode", choices=("failover", "fanout"))
-    p.add_argument("--lang")
-    p.add_argument("--time-range", dest="time_range")
-    p.add_argument("--include", action="append", dest="include_domains")
-    p.add_argument("--exclude", action="append", dest="exclude_domains")
-    p.add_argument("--per-domain", type=int, dest="max_results_per_domain")
-    p = command("answer", "query")
-    p.add_argument("--platform")
-    p.add_argument("--model")
-    p.add_argument("--extra-sources", type=int, dest="extra_sources")
-    p = command("fetch", "url")
-    p.add_argument("--start", type=int, dest="start_index")
-    p.add_argument("--max", type=int, dest="max_length")
-    p.add_argument("--format", choices=("markdown", "text", "html"))
-    p = command("map", "url")
-    p.add_argument("--depth", type=int, dest="max_depth")
-    p.add_argument("--breadth", type=int, dest="max_breadth")
-    p.add_argument("--limit", type=int)
-    p.add_argument("--timeout", type=float)
-    p.add_argument("--instructions")
+    def option(p, *flags, **kwargs):
+        action = p.add_argument(*flags, **kwargs)
+        words.setdefault(action.dest, max(flags, key=len))
+
+    p = command("search")
+    p.add_argument("query", nargs="+", help="what to search for (quotes are optional)")
+    option(p, "-n", "--num", type=int, dest="numResults", metavar="N", help="how many results, 1-20 (default 8)")
+    option(p, "--vendor", help="ask only this engine")
+    option(p, "--mode", choices=("failover", "fanout"), help="failover (default) or fanout (every engine)")
+    option(p, "--lang", help="language of the results, e.g. en, de, pt-BR")
+    option(p, "--country", help="country of the results, e.g. US, DE")
+    option(p, "--safesearch", choices=("off", "moderate", "strict"))
+    option(p, "--topic", choices=("general", "news"))
+    option(p, "--time-range", dest="time_range", choices=tuple(TIME_RANGES))
+    option(p, "--from", dest="start_date", metavar="YYYY-MM-DD", help="published on or after this day")
+    option(p, "--to", dest="end_date", metavar="YYYY-MM-DD", help="published on or before this day")
+    option(p, "--include", action="append", dest="include_domains", metavar="DOMAIN",
+           help="only these domains: repeat it, or separate them with commas")
+    option(p, "--exclude", action="append", dest="exclude_domains", metavar="DOMAIN",
+           help="no results from these domains: repeat it, or separate them with commas")
+    option(p, "--per-domain", type=int, dest="max_results_per_domain", metavar="N", help="at most N results per site")
+    option(p, "--page", type=int, help="further results: page 2 to %d" % MAX_PAGE)
+    option(p, "--content", type=int, dest="include_content", metavar="N",
+           help="also read the top N pages (0-%d)" % MAX_INCLUDE_CONTENT)
+    p = command("answer")
+    p.add_argument("query", nargs="+", help="the question (quotes are optional)")
+    option(p, "--platform", help="where to focus, e.g. GitHub, Reddit")
+    option(p, "--model", help="model for this question only")
+    option(p, "--extra-sources", type=int, dest="extra_sources", metavar="N",
+           help="search first and give the model N results (0-20)")
+    p = command("fetch")
+    p.add_argument("url", help="an http:// or https:// URL")
+    option(p, "--start", type=int, dest="start_index", metavar="N", help="character to start from (default 0)")
+    option(p, "--max", type=int, dest="max_length", metavar="N", help="characters to show (default %d)"
+           % DEFAULT_FETCH_LENGTH)
+    option(p, "--format", choices=("markdown", "text", "html"))
+    p = command("map")
+    p.add_argument("url", help="an http:// or https:// URL")
+    option(p, "--depth", type=int, dest="max_depth", metavar="N", help="links deep, 1-5 (default 1)")
+    option(p, "--breadth", type=int, dest="max_breadth", metavar="N", help="links followed per page (default 20)")
+    option(p, "--limit", type=int, metavar="N", help="most URLs returned (default 50)")
+    option(p, "--timeout", type=float, metavar="S", help="seconds in all (default 60)")
+    option(p, "--instructions", help="focus for the Tavily mapper")
     command("check")
-    p = command("config", "client")
+    p = command("config")
+    p.add_argument("client", nargs="?", help="one of: " + ", ".join(CLIENTS))
     p.add_argument("--module", action="store_true",
                    help="run as python -m websearch_ring with PYTHONPATH (reuses cached bytecode)")
-    return parser
+    p.add_argument("--scope", choices=("local", "user", "project"),
+                   help="claude-code: this project only for you (default), every project, or the shared .mcp.json")
+    return parser, words
 
 
-_CLI_TOOLS = {"search": "web_search", "answer": "web_answer", "fetch": "web_fetch", "map": "web_map"}
+def cli_words(words):
+    """The ``say`` of a command-line call (see :class:`Call`): ``start_index`` is ``--start 100``."""
+    def say(name, value=None):
+        word = words.get(name, name)
+        if value is None:
+            return word
+        return "%s %s" % (word, value) if word.startswith("-") else "%s=%s" % (word, value)
+    return say
+
+
+def cli_validation_text(tool, issues, say):
+    """Invalid arguments, told with the command line's options."""
+    lines = ["Invalid arguments for %s:" % say(tool)]
+    for item in issues:
+        name = item["path"][1:].split("/")[0]
+        message = say(name) + item["message"][len(name):] if item["message"].startswith(name) else \
+            "%s: %s" % (say(name), item["message"])
+        lines.append("- %s (%s)" % (message, item["suggestion"]))
+    return "\n".join(lines)
 
 
 def _emit(text, stream=None):
@@ -11311,33 +11396,52 @@ def _emit(text, stream=None):
 
 def run_cli(argv, env):
     """The person-facing commands; returns the exit status."""
-    parser = _cli_parser()
+    parser, words = _cli_parser()
     try:
         opts = parser.parse_args(argv)
     except SystemExit as exc:
         return 2 if exc.code else 0
     config = Config.from_env(env)
     if opts.command == "config":
-        return cli_config(opts.client, env, opts.module)
+        return cli_config(opts.client, env, opts.module, opts.scope)
     redact = Redactor.for_config(config)
     for problem in config.problems:
         _emit(redact("configuration problem: " + problem.message), sys.stderr)
-    server = Server(config, logger=Logger("warning", redact=redact))
+    # A person at a terminal sees warnings and worse, unless a log level was asked for.
+    level = config.log_level if "log_level" in config.sources or config.debug else "warning"
+    server = Server(config, logger=Logger(level, redact=redact, log_dir=config.log_dir or None))
     if opts.command == "check":
         return cli_check(server, opts.json)
     args = {k: v for k, v in vars(opts).items() if k not in ("command", "json") and v is not None}
+    if "query" in args:
+        args["query"] = " ".join(args["query"])
+    for name in ("include_domains", "exclude_domains"):
+        if name in args:
+            args[name] = [d for given in args[name] for d in re.split(r"[,\s]+", given) if d]
     token = CancelToken()
-    progress = None if opts.json or not sys.stderr.isatty() else (
-        lambda done, total=None, message=None: message and _emit("  ... " + message, sys.stderr))
+    shown_last = []
+
+    def progress(done, total=None, message=None):
+        if message and shown_last[-1:] != [message]:
+            shown_last[:] = [message]
+            _emit("  ... " + message, sys.stderr)
+    say = cli_words(words)
+    tool = _CLI_TOOLS[opts.command]
+    call = Call(token, None if opts.json or not sys.stderr.isatty() else progress, say)
     try:
-        structured, text, is_error = server.tool_handlers[_CLI_TOOLS[opts.command]](args, Call(token, progress))
+        structured, text, is_error = server.tool_handlers[tool](args, call)
     except KeyboardInterrupt:
         token.cancel("interrupted")
         return 130
     except Cancelled:
         return 130
+    if structured.get("validation"):
+        text = cli_validation_text(tool, structured["validation"]["issues"], say)
     shown = server.redact.outgoing({"structuredContent": structured, "content": [{"type": "text", "text": text}]})
-    _emit(_json_text(shown["structuredContent"]) if opts.json else shown["content"][0]["text"])
+    if opts.json:
+        _emit(_json_text(shown["structuredContent"]))
+    else:
+        _emit(shown["content"][0]["text"], sys.stderr if is_error else sys.stdout)
     if structured.get("validation"):
         return 2
     return 1 if is_error else (2 if config.problems else 0)
@@ -11400,54 +11504,159 @@ def _json_text(value):
     return json.dumps(finite_json(value), indent=2, allow_nan=False)
 
 
-def cli_config(client, env, module=False):
-    """Print a configuration snippet for ``client``; secrets the user has set become placeholders."""
+_CODE_STORAGE = ("~/.config/Code/User/globalStorage/%s/settings/%s",
+                 "~/Library/Application Support/Code/User/globalStorage/%s/settings/%s",
+                 "%%APPDATA%%\\Code\\User\\globalStorage\\%s\\settings\\%s")
+
+
+def _home_file(path, windows=None):
+    """The same file under the home folder on Linux and macOS, and under %USERPROFILE% (or ``windows``)."""
+    return (path, path, windows or "%USERPROFILE%\\" + path[2:].replace("/", "\\"))
+
+
+# The MCP clients `config` writes for: name -> (snippet style, where it goes on Linux, macOS and Windows,
+# what to do when that file already holds other servers or settings).
+CLIENTS = {
+    "claude-code": ("claude", ("a terminal",) * 3,
+                    "claude merges it into its own settings: --scope local (this project, you; the default), "
+                    "user (every project) or project (.mcp.json, to commit)"),
+    "claude-desktop": ("mcpServers", ("~/.config/Claude/claude_desktop_config.json",
+                                      "~/Library/Application Support/Claude/claude_desktop_config.json",
+                                      "%APPDATA%\\Claude\\claude_desktop_config.json"),
+                       "add the entry inside mcpServers (Settings > Developer > Edit Config), then restart Claude"),
+    "codex": ("codex", _home_file("~/.codex/config.toml"), "append it: TOML tables merge"),
+    "cursor": ("mcpServers", _home_file("~/.cursor/mcp.json"),
+               "add the entry inside mcpServers (or use .cursor/mcp.json in a project)"),
+    "vscode": ("vscode", (".vscode/mcp.json in the workspace",) * 3,
+               "add the entry inside servers and each input to inputs (or use the user mcp.json: "
+               "MCP: Open User Configuration); VS Code asks for the keys once and keeps them"),
+    "cherry-studio": ("cherry", ("Settings > MCP Servers > Add > Import from JSON",) * 3, "paste it there"),
+    "opencode": ("opencode", _home_file("~/.config/opencode/opencode.json"),
+                 "add the entry inside mcp (or use opencode.json in a project)"),
+    "mimocode": ("opencode", ("its opencode.json (opencode's format)",) * 3, "add the entry inside mcp"),
+    "hermes": ("hermes", _home_file("~/.hermes/config.yaml"), "add the entry under mcp_servers"),
+    "windsurf": ("mcpServers", _home_file("~/.codeium/windsurf/mcp_config.json"),
+                 "add the entry inside mcpServers, then Refresh in the MCP panel"),
+    "gemini-cli": ("mcpServers", _home_file("~/.gemini/settings.json"),
+                   "add the entry inside mcpServers (or use .gemini/settings.json in a project)"),
+    "zed": ("zed", ("~/.config/zed/settings.json", "~/.config/zed/settings.json", "%APPDATA%\\Zed\\settings.json"),
+            "add the entry inside context_servers (or use .zed/settings.json in a project)"),
+    "cline": ("mcpServers", tuple(p % ("saoudrizwan.claude-dev", "cline_mcp_settings.json") for p in _CODE_STORAGE),
+              "add the entry inside mcpServers (Cline: MCP Servers > Configure)"),
+    "roo-code": ("mcpServers", tuple(p % ("rooveterinaryinc.roo-cline", "mcp_settings.json") for p in _CODE_STORAGE),
+                 "add the entry inside mcpServers (or use .roo/mcp.json in a project)"),
+    "lm-studio": ("mcpServers", _home_file("~/.lmstudio/mcp.json"),
+                  "add the entry inside mcpServers (Program tab > Install > Edit mcp.json)"),
+    "continue": ("continue", (".continue/mcpServers/websearch-ring.yaml in the workspace",) * 3,
+                 "a file of its own: nothing to merge"),
+    "jetbrains": ("mcpServers", ("Settings > Tools > AI Assistant > Model Context Protocol (MCP) > Add > As JSON",)
+                  * 3, "paste it there"),
+    "goose": ("goose", _home_file("~/.config/goose/config.yaml", "%APPDATA%\\Block\\goose\\config\\config.yaml"),
+              "add the entry under extensions (or run goose configure)"),
+}
+
+
+def _quoted(text):
+    """A double-quoted string that JSON, TOML and YAML all read back as ``text``."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _yaml_map(items, indent):
+    """``key: "value"`` lines at ``indent`` spaces (names are plain words; values quoted)."""
+    return ["%s%s: %s" % (" " * indent, key, _quoted(value)) for key, value in items.items()]
+
+
+def cli_config(client, env, module=False, scope=None):
+    """Print a configuration snippet for ``client`` on stdout and where it goes on stderr (or, without
+    a client, the clients and where each snippet goes); secrets the user has set become placeholders."""
+    if client is None:
+        _emit("python websearch_ring.py config CLIENT prints the snippet; where it goes (Linux; macOS; Windows):")
+        for name, (_, where, _) in CLIENTS.items():
+            _emit("  %-15s %s" % (name, "; ".join(dict.fromkeys(where))))
+        return 0
     client = client.lower()
     if client not in CLIENTS:
-        _emit("unknown client %r; choose one of: %s" % (client, ", ".join(CLIENTS)), sys.stderr)
+        guess = closest(client, list(CLIENTS))
+        _emit("unknown client %r%s; choose one of: %s" % (client, "; did you mean %r?" % guess if guess else "",
+                                                          ", ".join(CLIENTS)), sys.stderr)
         return 2
+    style, where, merge = CLIENTS[client]
     path = os.path.abspath(__file__)
     exe = sys.executable or "python3"
+    if module and style == "goose":
+        _emit("goose does not pass PYTHONPATH to a server: printing the script form", sys.stderr)
+        module = False
     args = ["-m", "websearch_ring"] if module else [path]
-    variables = {}
+    variables, secrets = {}, []
     for var in VARIABLES:
         for name in (var.name,) + var.aliases:
             value = env.get(name)
             if value is not None and value.strip() and name.upper() == name:
                 variables[name] = "<your %s>" % name if var.secret else (
                     mask_url_credentials(value, "<password>") if var.kind in ("url", "proxy") else value)
+                if var.secret:
+                    secrets.append(name)
                 break
     if module:
         variables["PYTHONPATH"] = os.path.dirname(path)
     name = "websearch-ring"
-    if client == "claude-code":
-        parts = ["claude", "mcp", "add", name] + ["-e %s=%s" % (k, _shell_quote(v)) for k, v in variables.items()]
-        _emit(" ".join(parts + ["--", _shell_quote(exe)] + [_shell_quote(a) for a in args]))
-    elif client == "codex":
-        lines = ["[mcp_servers.%s]" % name, "command = %s" % json.dumps(exe),
-                 "args = [%s]" % ", ".join(json.dumps(a) for a in args), "tool_timeout_sec = 300"]
+    entry = {"command": exe, "args": args}
+    if variables:
+        entry["env"] = variables
+    if style == "claude":
+        parts = ["claude", "mcp", "add"] + ["-e %s=%s" % (k, _shell_quote(v)) for k, v in variables.items()]
+        text = " ".join(parts + ["--scope", scope or "local", name, "--", _shell_quote(exe)]
+                        + [_shell_quote(a) for a in args])
+    elif style == "codex":
+        lines = ["[mcp_servers.%s]" % name, "command = %s" % _quoted(exe),
+                 "args = [%s]" % ", ".join(_quoted(a) for a in args), "tool_timeout_sec = 300"]
         if variables:
-            lines += ["", "[mcp_servers.%s.env]" % name] + ["%s = %s" % (k, json.dumps(v)) for k, v in variables.items()]
-        _emit("\n".join(lines))
-    elif client == "hermes":
-        lines = ["mcp_servers:", "  %s:" % name, "    command: %s" % json.dumps(exe),
-                 "    args: [%s]" % ", ".join(json.dumps(a) for a in args)]
+            lines += ["", "[mcp_servers.%s.env]" % name] + ["%s = %s" % (k, _quoted(v)) for k, v in variables.items()]
+        text = "\n".join(lines)
+    elif style == "hermes":
+        lines = ["mcp_servers:", "  %s:" % name, "    command: %s" % _quoted(exe),
+                 "    args: [%s]" % ", ".join(_quoted(a) for a in args)]
         if variables:
-            lines += ["    env:"] + ["      %s: %s" % (k, json.dumps(v)) for k, v in variables.items()]
-        _emit("\n".join(lines))
-    elif client in ("opencode", "mimocode"):
-        entry = {"type": "local", "command": [exe] + args, "enabled": True}
+            lines += ["    env:"] + _yaml_map(variables, 6)
+        text = "\n".join(lines)
+    elif style == "goose":
+        lines = ["extensions:", "  %s:" % name, "    name: %s" % name, "    type: stdio", "    enabled: true",
+                 "    cmd: %s" % _quoted(exe), "    args: [%s]" % ", ".join(_quoted(a) for a in args),
+                 "    timeout: 300"]
         if variables:
-            entry["environment"] = variables
-        _emit(json.dumps({"$schema": "https://opencode.ai/config.json", "mcp": {name: entry}}, indent=2))
-    else:
-        entry = {"command": exe, "args": args}
-        if client in ("vscode", "cherry-studio"):
-            entry = dict({"type": "stdio"}, **entry)
+            lines += ["    envs:"] + _yaml_map(variables, 6)
+        text = "\n".join(lines)
+    elif style == "continue":
+        lines = ["name: %s" % name, "version: 0.0.1", "schema: v1", "mcpServers:", "  - name: %s" % name,
+                 "    type: stdio", "    command: %s" % _quoted(exe),
+                 "    args: [%s]" % ", ".join(_quoted(a) for a in args)]
         if variables:
-            entry["env"] = variables
-        key = "servers" if client == "vscode" else "mcpServers"
-        _emit(json.dumps({key: {name: entry}}, indent=2))
+            lines += ["    env:"] + _yaml_map(variables, 6)
+        text = "\n".join(lines)
+    elif style == "opencode":
+        item = {"type": "local", "command": [exe] + args, "enabled": True}
+        if variables:
+            item["environment"] = variables
+        text = json.dumps({"$schema": "https://opencode.ai/config.json", "mcp": {name: item}}, indent=2)
+    elif style == "vscode":
+        inputs = [{"type": "promptString", "id": k.lower().replace("_", "-"), "description": k, "password": True}
+                  for k in secrets]
+        if variables:
+            entry["env"] = dict(variables, **{k: "${input:%s}" % k.lower().replace("_", "-") for k in secrets})
+        document = {"servers": {name: dict({"type": "stdio"}, **entry)}}
+        if inputs:
+            document = dict({"inputs": inputs}, **document)
+        text = json.dumps(document, indent=2)
+    elif style == "zed":
+        text = json.dumps({"context_servers": {name: entry}}, indent=2)
+    else:          # mcpServers, and Cherry Studio's import, which wants the transport named
+        text = json.dumps({"mcpServers": {name: dict({"type": "stdio"}, **entry) if style == "cherry" else entry}},
+                          indent=2)
+    _emit(text)
+    places = dict.fromkeys(where)
+    _emit("# %s: %s; %s" % (client, "; ".join("%s (%s)" % (p, ", ".join(
+        os_name for os_name, q in zip(("Linux", "macOS", "Windows"), where) if q == p)) for p in places)
+        if len(places) > 1 else where[0], merge), sys.stderr)
     return 0
 
 
@@ -11464,7 +11673,7 @@ def main(argv=None, env=None):
     argv = sys.argv[1:] if argv is None else argv
     env = os.environ if env is None else env
     if argv and argv[0] in ("-h", "--help", "help"):
-        sys.stdout.write(USAGE % ", ".join(CLIENTS))
+        sys.stdout.write(USAGE)
         return 0
     if argv and argv[0] == "--help-env":
         sys.stdout.write(help_env_text())
@@ -11472,10 +11681,13 @@ def main(argv=None, env=None):
     if argv and argv[0] in ("-V", "--version"):
         sys.stdout.write("websearch-ring %s\n" % __version__)
         return 0
-    if argv and argv[0] in ("search", "answer", "fetch", "map", "check", "config"):
+    commands = [name for name, _, _ in _COMMANDS]
+    if argv and argv[0] in commands:
         return run_cli(argv, env)
     if argv:
-        sys.stderr.write("unknown command %r\n\n%s" % (argv[0], USAGE % ", ".join(CLIENTS)))
+        guess = closest(argv[0], commands + ["--help", "--help-env", "--version"])
+        sys.stderr.write("unknown command %r%s\n\n%s" % (
+            argv[0], "; did you mean %r?" % guess if guess else "", USAGE))
         return 2
     config = Config.from_env(env)
     server = Server(config)
