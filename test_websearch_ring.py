@@ -10268,8 +10268,8 @@ def test_readme_opens_with_a_cli_search_and_the_ci_test_command(readme_text):
     commands = [line.split("  #", 1)[0].strip() for line in match.group(1).splitlines()
                 if line.strip()]
     assert len(commands) == 2, commands
-    assert re.fullmatch(r'python websearch_ring\.py search "[^"]+"', commands[0]), commands[0]
-    readme_pytest = re.search(r"python -m pytest( .*)$", commands[1])
+    assert re.fullmatch(r'python3 websearch_ring\.py search "[^"]+"', commands[0]), commands[0]
+    readme_pytest = re.search(r"python3? -m pytest( .*)$", commands[1])
     assert readme_pytest, commands[1]
     assert readme_pytest.group(1).split() == ["-q", "test_websearch_ring.py"]
     ci = repo_file(".ci/run")
