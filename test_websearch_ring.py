@@ -7145,6 +7145,68 @@ def test_web_search_include_content_reads_the_top_pages_and_web_fetch_goes_on_fr
     assert fake_upstream.hits("GET", "/doc/1") == 1 and fake_upstream.hits("POST", "/search") == 1
 
 
+# -- web_search select: the projection of the typed search contract
+
+def test_select_is_normalized_and_checked(ring):
+    values, issues, adjustments = ring.validate_search_args(
+        {"query": "q", "select": ["url", "description", "url", "title"]})
+    assert (issues, adjustments, values["select"]) == ([], [], ["title", "url", "snippet"])
+    assert ring.validate_search_args({"query": "q"})[0]["select"] == [
+        "rank", "title", "url", "snippet", "published", "score", "vendors"]
+    _, issues, _ = ring.validate_search_args({"query": "q", "select": ["url", "title", "snipet"]})
+    [found] = issues
+    assert (found["path"], found["code"]) == ("/select/2", "enum") and "'snippet'" in found["suggestion"]
+    _, issues, _ = ring.validate_search_args({"query": "q", "select": []})
+    assert [(i["path"], i["code"]) for i in issues] == [("/select", "too_few")]
+    values, _, adjustments = ring.validate_search_args({"query": "q", "select": ["url"], "include_content": 1})
+    assert values["select"] == ["url", "content"] and adjustments[0]["path"] == "/select"
+    values, _, adjustments = ring.validate_search_args({"query": "q", "select": ["url", "content"]})
+    assert values["select"] == ["url"] and "include_content" in adjustments[0]["reason"]
+
+
+def test_limit_is_another_name_for_num_results(ring):
+    values, issues, adjustments = ring.validate_search_args({"query": "q", "limit": 5})
+    assert (values["numResults"], issues, adjustments) == (5, [], [])
+    values, _, adjustments = ring.validate_search_args({"query": "q", "limit": 50})
+    assert values["numResults"] == 20 and adjustments[0]["reason"].startswith("clamped")
+    values, _, adjustments = ring.validate_search_args({"query": "q", "limit": 4, "numResults": 6})
+    assert values["numResults"] == 6 and [a["path"] for a in adjustments] == ["/limit"]
+    assert ring.validate_search_args({"query": "q", "limit": 6, "numResults": 6})[2] == []
+
+
+def test_select_shapes_results_and_text_while_one_upstream_call_serves_every_projection(
+        start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = start_server(ring_env({"tavily": fake_upstream}))
+    server.initialize()
+    full = structured(server.call_tool("web_search", {"query": CLI_QUERY}))
+    assert full["select"] == ["rank", "title", "url", "snippet", "published", "score", "vendors"]
+    assert all(set(r) == {"rank", "title", "url", "snippet", "published", "score", "vendors"}
+               for r in full["results"])
+    response = server.call_tool("web_search", {"query": CLI_QUERY, "select": ["url"]})
+    urls = structured(response)
+    assert urls["select"] == ["url"] and urls["cached"] is True
+    assert urls["results"] == [{"url": r["url"]} for r in full["results"]]
+    assert urls["vendor"] == "tavily" and "attempts" in urls and "filters_applied" in urls
+    lines = result_text(response).split("\n")
+    assert lines[0].startswith("3 results for")
+    assert [line for line in lines[1:] if line] == ["%d. %s" % (r["rank"], r["url"]) for r in full["results"]]
+    titled = structured(server.call_tool("web_search", {"query": CLI_QUERY, "select": ["description", "title"]}))
+    assert titled["results"][0] == {"title": full["results"][0]["title"], "snippet": full["results"][0]["snippet"]}
+    assert fake_upstream.hits("POST", "/search") == 1
+    sources = structured(server.call_tool("get_sources", {"session_id": urls["session_id"]}))
+    assert sources["sources"][0]["snippet"] == full["results"][0]["snippet"]
+
+
+def test_select_language_comes_from_the_engine_that_reports_it(ring, fake_upstream):
+    route_vendor(fake_upstream, "brave", "brave/success.json")
+    outcome, _, _ = inprocess_search(ring, ring_env({"brave": fake_upstream}), "brave")
+    assert outcome["results"][0]["language"] == "en"
+    assert ring.project_results(outcome["results"][:1], ["url", "language"]) == [
+        {"url": outcome["results"][0]["url"], "language": "en"}]
+    assert ring.project_results([{"url": "https://a.example/"}], ["url", "language"]) == [
+        {"url": "https://a.example/", "language": None}]
+
 @pytest.mark.parametrize("args, path", [({"include_content": 6}, "/include_content"),
                                         ({"include_content": 1, "content_chars": 50}, "/content_chars"),
                                         ({"content_chars": 20001}, "/content_chars")])

@@ -6215,14 +6215,17 @@ def attempt_record(vendor, outcome, elapsed_s, *, code=None, http_status=None, m
             "elapsed_ms": round(elapsed_s * 1000.0, 1), "message": message}
 
 
-def make_result(title, url, snippet="", published=None, score=None):
+def make_result(title, url, snippet="", published=None, score=None, language=None):
     """A normalised search result (before ranking); a missing title (none, empty, Exa's "N/A")
-    becomes one made from the URL."""
+    becomes one made from the URL.  ``language`` is kept when the engine reports one."""
     title = collapse_ws(title or "")
     if title.lower() in ("", "n/a", "none", "null", "untitled"):
         title = title_from_url(url)
-    return {"title": title, "url": url, "snippet": collapse_ws(snippet or ""),
-            "published": published or None, "score": score}
+    result = {"title": title, "url": url, "snippet": collapse_ws(snippet or ""),
+              "published": published or None, "score": score}
+    if isinstance(language, str) and re.fullmatch(r"[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8})*", language):
+        result["language"] = language
+    return result
 
 
 def title_from_url(url):
@@ -7130,7 +7133,7 @@ class BraveVendor(Vendor):
                 if extra:
                     snippet = " ".join([snippet] + extra[:2])
                 results.append(make_result(strip_tags(item.get("title")), item["url"], snippet,
-                                           item.get("page_age") or item.get("age")))
+                                           item.get("page_age") or item.get("age"), language=item.get("language")))
         if not results:
             self.no_results()
         return results
@@ -8856,10 +8859,19 @@ _ATTEMPT_SCHEMA = {"type": "object", "properties": {
     "http_status": {"type": ["integer", "null"]}, "elapsed_ms": {"type": "number"},
     "message": {"type": ["string", "null"]}}}
 
+# Every field is optional: select may leave any of them out.
 _RESULT_SCHEMA = {"type": "object", "properties": {
     "rank": {"type": "integer"}, "title": {"type": "string"}, "url": {"type": "string"},
     "snippet": {"type": "string"}, "published": {"type": ["string", "null"]},
-    "score": {"type": ["number", "null"]}, "vendors": {"type": "array", "items": {"type": "string"}}}}
+    "score": {"type": ["number", "null"]}, "vendors": {"type": "array", "items": {"type": "string"}},
+    "language": {"type": ["string", "null"]}, "content": {"type": ["string", "null"]}}}
+
+# The result fields select can name, in the order results carry them; description is the typed search
+# contract's name for snippet. Omitted, select is the fields web_search has always returned.
+RESULT_FIELDS = ("rank", "title", "url", "snippet", "published", "score", "vendors", "language", "content")
+DEFAULT_SELECT = ("rank", "title", "url", "snippet", "published", "score", "vendors", "content")
+_FIELD_ALIASES = {"description": "snippet"}
+_FIELD_PARTS = {"content": ("content", "content_status", "next_start_index")}
 
 _DOMAIN_LIST = {"type": "array", "maxItems": MAX_DOMAINS, "uniqueItems": True,
                 "items": {"type": "string", "minLength": 1, "format": "hostname",
@@ -8872,6 +8884,13 @@ WEB_SEARCH_INPUT = {
                   "description": "What to search for: a precise query, 1 to 1000 characters."},
         "numResults": {"type": "integer", "default": DEFAULT_RESULTS,
                        "description": "How many results to return: 1-20, default 8 (other values are clamped)."},
+        "limit": {"type": "integer", "description": "Another name for numResults."},
+        "select": {"type": "array", "minItems": 1,
+                   "items": {"type": "string", "enum": list(RESULT_FIELDS[:3]) + ["snippet", "description"]
+                             + list(RESULT_FIELDS[4:])},
+                   "description": "Result fields to return, e.g. [\"url\", \"title\"] (description = snippet; "
+                                  "language when the engine reports it; content with include_content). "
+                                  "Default: all but language."},
         "lang": {"type": "string", "pattern": "^[A-Za-z]{2}([-_][A-Za-z0-9]{1,8}){0,3}$",
                  "description": "Language of the results: an ISO 639-1 code or a BCP 47 tag, e.g. en, de, ja, "
                                 "pt-BR (the engines take its language part)."},
@@ -8934,6 +8953,7 @@ WEB_SEARCH_OUTPUT = {
         "truncated": {"type": "boolean", "description": "The text block was cut at WEBSEARCH_MAX_CHARS."},
         "adjustments": {"type": "array", "items": {"type": "object"},
                         "description": "Arguments the server changed (e.g. numResults clamped)."},
+        "select": {"type": "array", "items": {"type": "string"}, "description": "The result fields returned."},
         "validation": {"type": "object", "description": "On invalid arguments: issues[] with path, code, suggestion."},
     }),
     "required": ["status", "partial", "error"],
@@ -9254,7 +9274,15 @@ def validate_search_args(args, config=None):
         defaults = {"numResults": config.default_results, "lang": config.default_lang or None,
                     "country": config.default_country or None, "safesearch": config.default_safesearch or None}
     values, issues, adjustments = check_args(WEB_SEARCH_INPUT, args, defaults=defaults,
-                                             clamp={"numResults": (MIN_RESULTS, MAX_RESULTS)})
+                                             clamp={"numResults": (MIN_RESULTS, MAX_RESULTS),
+                                                    "limit": (MIN_RESULTS, MAX_RESULTS)})
+    if "limit" in values:
+        if args.get("numResults") is None:
+            values["numResults"] = values["limit"]
+        elif values["limit"] != values["numResults"]:
+            adjustments.append({"path": "/limit", "received": args["limit"], "used": values["numResults"],
+                                "reason": "numResults and limit name the same count: numResults wins"})
+    _normalize_select(args, values, adjustments)
     if "query" in values:
         values["query"] = collapse_ws(values["query"])
     if "numResults" in args and args["numResults"] is None:
@@ -9298,6 +9326,31 @@ def validate_search_args(args, config=None):
         issues.append(issue("/mode", "conflict", "vendor asks one engine; fanout asks all of them",
                             "leave out vendor for a fan-out, or mode for a single engine"))
     return values, issues, adjustments
+
+
+def _normalize_select(args, values, adjustments):
+    """``values["select"]``: the fields asked for, aliases resolved, in RESULT_FIELDS order; content only
+    with include_content (and always with it); omitted, DEFAULT_SELECT."""
+    asked = values.get("select")
+    fields = set(_FIELD_ALIASES.get(f, f) for f in asked) if asked else set(DEFAULT_SELECT)
+    if values.get("include_content"):
+        if asked and "content" not in fields:
+            adjustments.append({"path": "/select", "received": args["select"], "used": "content added",
+                                "reason": "include_content returns each page's content"})
+        fields.add("content")
+    elif asked and "content" in fields:
+        adjustments.append({"path": "/select", "received": args["select"], "used": "content left out",
+                            "reason": "content needs include_content (1-%d)" % MAX_INCLUDE_CONTENT})
+        fields.discard("content")
+    else:
+        fields.discard("content")
+    values["select"] = [f for f in RESULT_FIELDS if f in fields]
+
+
+def project_results(results, select):
+    """Each result with only the ``select`` fields (a language nobody reported is null)."""
+    keep = [part for field in select for part in _FIELD_PARTS.get(field, (field,))]
+    return [{name: r.get(name) for name in keep if name in r or name == "language"} for r in results]
 
 
 def _is_number(value):
@@ -9399,11 +9452,14 @@ def render_search_text(s, max_chars, say=mcp_words):
         notes += ["%s: %s" % (k, v) for k, v in (s.get("filters_applied") or {}).items()]
         if notes:
             lines.append("Note: " + "; ".join(notes) + ".")
-        for r in s["results"]:
+        for number, r in enumerate(s["results"], 1):      # only the selected fields are shown
+            head = (r["title"] or url_host(r.get("url") or "")) if "title" in r else ""
             lines.append("")
-            lines.append("%d. %s%s" % (r["rank"], r["title"] or url_host(r["url"]) or r["url"],
-                                       " [%s]" % ", ".join(r["vendors"]) if fanout else ""))
-            lines.append("   " + r["url"])
+            lines.append(("%d. %s%s%s" % (r.get("rank", number), head or r.get("url") or "",
+                                          " [%s]" % ", ".join(r["vendors"]) if fanout and "vendors" in r else "",
+                                          " (%s)" % r["language"] if r.get("language") else "")).rstrip())
+            if head and r.get("url"):
+                lines.append("   " + r["url"])
             if r.get("published"):
                 lines.append("   Published: " + r["published"])
             if r.get("snippet"):
@@ -9496,6 +9552,8 @@ class SearchTools:
         if outcome["ok"] and values["include_content"] and self.pages is not None:
             self._attach_content(s, values["include_content"], values["content_chars"], call,
                                  Deadline(max(1.0, self.config.deadline_s - (self._clock() - started)), self._clock))
+        s["select"] = values["select"]
+        s["results"] = project_results(s["results"], values["select"])
         s["duration_ms"] = round((self._clock() - started) * 1000.0, 2)
         text, s["truncated"] = render_search_text(s, self.config.max_chars, call.say)
         return s, text, s["status"] == "error"
