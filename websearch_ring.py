@@ -8885,7 +8885,7 @@ WEB_SEARCH_INPUT = {
         "numResults": {"type": "integer", "default": DEFAULT_RESULTS,
                        "description": "How many results to return: 1-20, default 8 (other values are clamped)."},
         "limit": {"type": "integer", "description": "Another name for numResults."},
-        "select": {"type": "array", "minItems": 1,
+        "select": {"type": "array", "minItems": 1, "maxItems": 20,
                    "items": {"type": "string", "enum": list(RESULT_FIELDS[:3]) + ["snippet", "description"]
                              + list(RESULT_FIELDS[4:])},
                    "description": "Result fields to return, e.g. [\"url\", \"title\"] (description = snippet; "
