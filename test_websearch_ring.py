@@ -7053,6 +7053,54 @@ def test_check_args_reads_every_rule_from_the_schema(ring):
     assert codes == {"/q": "too_long", "/hosts": "too_many", "/groups": "too_few"}
 
 
+def test_argument_edge_cases_are_issues_not_crashes(ring):
+    config = ring.Config.from_env({"WEBSEARCH_TOOLS": "all"})
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    content = server.handlers["plan_intent"]({"core_question": "q", "query_type": "factual",
+                                              "time_sensitivity": "none", "is_revision": 5}, new_call(ring))[0]
+    assert issue_codes(content) == {"/is_revision": "type"}
+    _, issues, _ = ring.validate_search_args({"query": "abc \ud800"})
+    assert [(i["path"], i["code"]) for i in issues] == [("/query", "invalid")]
+    _, issues, _ = ring.validate_search_args({"query": "q", "select": ["content"]})
+    assert [(i["path"], i["code"]) for i in issues] == [("/select", "conflict")]
+    values, issues, _ = ring.validate_search_args({"query": "a  " * 400})
+    assert issues == [] and values["query"] == ("a " * 400).strip()
+    _, issues, _ = ring.check_args(ring.WEB_MAP_INPUT, {"url": "https://example.org/", "timeout": float("nan")})
+    assert "got nan" in issues[0]["message"]
+    _, issues, _ = ring.check_args(ring.WEB_FETCH_INPUT, {"url": "C:\\docs\\page.html"})
+    assert issues[0]["code"] == "scheme" and "local files" in issues[0]["message"]
+
+
+def test_the_key_hint_is_given_only_when_the_key_is_what_hides_a_tool(ring):
+    config = ring.Config.from_env({"WEBSEARCH_TOOLS": "web_search,get_config_info"})
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    info = server.handlers["get_config_info"]({}, new_call(ring))[0]
+    assert {t["tool"]: t["enable"] for t in info["unlisted_tools"]}["web_answer"] == "add it to WEBSEARCH_TOOLS"
+
+
+def test_debug_lines_never_carry_a_query_string(ring):
+    assert ring._log_url("https://api.example/v1/search?q=secret+words&api_key=AIzaXYZ") == \
+        "https://api.example/v1/search?(2 parameters)"
+    assert ring._log_url("https://api.example/v1/search") == "https://api.example/v1/search"
+
+
+def test_config_never_prints_a_url_whose_query_may_hold_a_key():
+    run = run_cli("config", "cursor", env=snippet_env(
+        WEBSEARCH_EXA_MCP_URL="https://mcp.exa.ai/mcp?exaApiKey=exa-secret-123456789"), as_script=True)
+    assert run.code == 0 and "exa-secret" not in run.out + run.err, run
+    assert json.loads(run.out)["mcpServers"]["websearch-ring"]["env"] == {
+        "WEBSEARCH_EXA_MCP_URL": "<your WEBSEARCH_EXA_MCP_URL>"}
+
+
+def test_snippet_strings_escape_what_yaml_and_toml_refuse(ring):
+    for text in ("a\x85b\x9fc\x7fd\u2028e", "C:\\Program Files\\Py \"3\"", "\U0001d11e tab\tnl\n"):
+        quoted = ring._quoted(text)
+        assert json.loads(quoted) == text
+        assert not re.search("[\x00-\x1f\x7f-\x9f\u2028\u2029]", quoted), quoted
+        if sys.version_info >= (3, 11):
+            import tomllib
+            assert tomllib.loads("k = " + quoted)["k"] == text
+
 def _beyond_limits(spec):
     """``(value, code)`` pairs just outside each limit a property schema states."""
     out = []
@@ -9156,6 +9204,7 @@ def test_a_placeholder_key_is_a_problem_and_its_vendor_is_left_out(start_server,
     assert [p["variable"] for p in content["config_problems"]] == ["BRAVE_API_KEY"]
     assert "brave" not in content["vendors"] and all(a["vendor"] != "brave" for a in content["attempts"])
     assert fake_upstream.hits("GET", "/res/v1/web/search") == 0
+    assert content["config_problems"][0]["value"] == "<hidden>"
     assert "BSA-brave-0123456789" not in json.dumps(content)
 
 

@@ -1110,6 +1110,11 @@ _PLACEHOLDER_KEY = LazyPattern(r"(x{3,}|\*{3,}|(your|insert|enter|paste|put)[\W_
                                r"|placeholder|none|null|todo|tbd|undefined|(api[\W_]?)?key|secret|token)$", re.I)
 
 
+def split_keys(text):
+    """The keys of a list separated by commas, semicolons or newlines."""
+    return [k.strip() for k in re.split(r"[,;\n]+", text) if k.strip()]
+
+
 def key_problem(raw):
     """Why the value of a key variable is not a key, or None.
 
@@ -1118,7 +1123,7 @@ def key_problem(raw):
     >>> key_problem('"tvly-dev-abc123"'), key_problem("tvly-dev-abc123 "), key_problem("tvly-dev-abc123")
     ('it is in quotes', 'it has spaces or a line break around it', None)
     """
-    parts = [p.strip() for p in re.split(r"[,;\n]+", raw) if p.strip()]
+    parts = split_keys(raw)
     if len(parts) == 1 and raw != raw.strip():       # a list of keys may have spaces around its separators
         return "it has spaces or a line break around it"
     for part in parts:
@@ -1297,7 +1302,7 @@ class Config:
             values["config_file"] = default_config_file(env)
         if not values["tools"]:
             values["tools"] = tuple(t for t in CORE_TOOLS if values["grok_key"] or t not in ANSWER_TOOLS)
-        keys = [k.strip() for k in re.split(r"[,;\n]+", values["tavily_api_keys"]) if k.strip()]
+        keys = split_keys(values["tavily_api_keys"])
         values["tavily_keys"] = tuple(dict.fromkeys(keys or ([values["tavily_api_key"]]
                                                              if values["tavily_api_key"] else [])))
         configured = {name: bool(values[field]) for name, field in _VENDOR_CREDENTIALS.items()}
@@ -1718,10 +1723,14 @@ def body_message(response, limit=300):
 
 
 def status_message(who, response, limit=300):
-    """``who answered HTTP 404: <the body's message>``, without repeating the status when the body says nothing."""
-    text = body_message(response, limit)
-    head = "%s answered HTTP %d" % (who, response.status)
-    return head if text == "HTTP %d" % response.status else head + ": " + text
+    """``who answered HTTP 404: <the body's message>``."""
+    return "%s answered %s" % (who, status_text(response.status, body_message(response, limit)))
+
+
+def status_text(status, message):
+    """``HTTP 404: <message>``, without repeating the status when the message is only the status."""
+    head = "HTTP %d" % status
+    return head if message == head else head + ": " + message
 
 
 def body_text_message(body, status, limit=300):
@@ -1918,11 +1927,11 @@ class Transport:
             else:
                 raise TransportError("bad_response", "too_many_redirects", "more than %d redirects" % max_redirects)
             response.elapsed_s = self._clock() - started
-            self._log.debug("%s %s: HTTP %d, %d bytes in %.0f ms", method, url[:300], response.status,
+            self._log.debug("%s %s: HTTP %d, %d bytes in %.0f ms", method, _log_url(url), response.status,
                             len(response.body), response.elapsed_s * 1000.0)
             return response
         except TransportError as exc:
-            self._log.debug("%s %s: %s/%s after %.0f ms: %s", method, url[:300], exc.outcome, exc.code,
+            self._log.debug("%s %s: %s/%s after %.0f ms: %s", method, _log_url(url), exc.outcome, exc.code,
                             (self._clock() - started) * 1000.0, exc.message)
             raise
         finally:
@@ -2264,6 +2273,12 @@ def _credentials_to_header(url, parts, headers):
     if not any(name.lower() == "authorization" for name in headers):
         headers = dict(headers, Authorization=auth)
     return url, urlsplit(url), headers
+
+
+def _log_url(url):
+    """``url`` for a log line: without its query, which may hold a key, a signature or the user's search."""
+    base, _, query = url.partition("?")
+    return base[:300] + ("?(%d parameters)" % (query.count("&") + 1) if query else "")
 
 
 def _origin(url):
@@ -2730,9 +2745,8 @@ def stream_answer(transport, config, protocol, model, system, user, token, deadl
                 except ValueError:
                     fields = None
                 code, message = fields or (None, body_text_message(body, stream.status, 300))
-                shown = "HTTP %d" % stream.status
-                raise classify_answer_error(stream.status, code, shown if message == shown else shown + ": " + message,
-                                            codes, retry_after_of(stream.headers))
+                raise classify_answer_error(stream.status, code, status_text(stream.status, message), codes,
+                                            retry_after_of(stream.headers))
             if "event-stream" in stream.headers.get("content-type", ""):
                 for line in stream.lines():
                     if parser.feed_line(line):
@@ -9077,8 +9091,8 @@ def _check_value(path, value, spec, issues, adjustments, clamp=None):
             "string": "matched case-insensitively"}.get(kind, "a number given as a string")})
         value = read
     if not _has_type(value, kind) and not (clamp and _is_number(value)):
-        issues.append(issue(path, "type", "%s must be %s, got %s" % (label, _TYPE_WORDS.get(kind, kind),
-                                                                    _json_type(value)),
+        got = "%r" % value if isinstance(value, float) and not _is_number(value) else _json_type(value)
+        issues.append(issue(path, "type", "%s must be %s, got %s" % (label, _TYPE_WORDS.get(kind, kind), got),
                             _about(spec)))
         return _INVALID
     if kind == "string":
@@ -9123,6 +9137,12 @@ def _check_string(path, label, text, spec, issues):
     if len(text) < spec.get("minLength", 0):
         issues.append(issue(path, "too_short", "%s has %d characters; at least %d are needed" % (
             label, len(text), spec["minLength"]), _about(spec)))
+        return _INVALID
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        issues.append(issue(path, "invalid", "%s contains an unpaired surrogate (not Unicode text)" % label,
+                            "send the text as valid UTF-8"))
         return _INVALID
     if "pattern" in spec and not re.search(spec["pattern"], text):
         issues.append(issue(path, "pattern", "%s does not have the expected form, got %s" % (
@@ -9243,8 +9263,9 @@ def _format_url(path, label, url, issues):
         issues.append(issue(path, "relative", "%r is a relative URL" % url[:200],
                             "pass an absolute URL such as https://%s" % url[:200].lstrip("/")))
     elif parts.scheme not in ("http", "https"):
-        issues.append(issue(path, "scheme", "only http and https URLs can be fetched, not %s:" % parts.scheme[:20],
-                            "use an http:// or https:// URL"))
+        local = len(parts.scheme) == 1 or parts.scheme == "file"      # C:\\docs\\a.html, file:///etc/passwd
+        issues.append(issue(path, "scheme", "only http and https URLs can be fetched, not %s:%s" % (
+            parts.scheme[:20], " (local files cannot be read)" if local else ""), "use an http:// or https:// URL"))
     elif not parts.hostname:
         issues.append(issue(path, "no_host", "%r has no host" % url[:200], "pass a URL such as https://example.com/"))
     elif parts.username is not None or parts.password is not None:
@@ -9273,6 +9294,8 @@ def validate_search_args(args, config=None):
     if config is not None:
         defaults = {"numResults": config.default_results, "lang": config.default_lang or None,
                     "country": config.default_country or None, "safesearch": config.default_safesearch or None}
+    if isinstance(args.get("query"), str):          # the engines get the query with its whitespace collapsed
+        args = dict(args, query=collapse_ws(args["query"]))
     values, issues, adjustments = check_args(WEB_SEARCH_INPUT, args, defaults=defaults,
                                              clamp={"numResults": (MIN_RESULTS, MAX_RESULTS),
                                                     "limit": (MIN_RESULTS, MAX_RESULTS)})
@@ -9282,9 +9305,7 @@ def validate_search_args(args, config=None):
         elif values["limit"] != values["numResults"]:
             adjustments.append({"path": "/limit", "received": args["limit"], "used": values["numResults"],
                                 "reason": "numResults and limit name the same count: numResults wins"})
-    _normalize_select(args, values, adjustments)
-    if "query" in values:
-        values["query"] = collapse_ws(values["query"])
+    _normalize_select(args, values, issues, adjustments)
     if "numResults" in args and args["numResults"] is None:
         adjustments.append({"path": "/numResults", "received": None, "used": values["numResults"],
                             "reason": "null means the default"})
@@ -9328,7 +9349,7 @@ def validate_search_args(args, config=None):
     return values, issues, adjustments
 
 
-def _normalize_select(args, values, adjustments):
+def _normalize_select(args, values, issues, adjustments):
     """``values["select"]``: the fields asked for, aliases resolved, in RESULT_FIELDS order; content only
     with include_content (and always with it); omitted, DEFAULT_SELECT."""
     asked = values.get("select")
@@ -9339,9 +9360,13 @@ def _normalize_select(args, values, adjustments):
                                 "reason": "include_content returns each page's content"})
         fields.add("content")
     elif asked and "content" in fields:
-        adjustments.append({"path": "/select", "received": args["select"], "used": "content left out",
-                            "reason": "content needs include_content (1-%d)" % MAX_INCLUDE_CONTENT})
         fields.discard("content")
+        if not fields:
+            issues.append(issue("/select", "conflict", "content is only returned with include_content",
+                                "pass include_content (1-%d), or select other fields" % MAX_INCLUDE_CONTENT))
+        else:
+            adjustments.append({"path": "/select", "received": args["select"], "used": "content left out",
+                                "reason": "content needs include_content (1-%d)" % MAX_INCLUDE_CONTENT})
     else:
         fields.discard("content")
     values["select"] = [f for f in RESULT_FIELDS if f in fields]
@@ -9962,7 +9987,8 @@ class PageTools:
         if not good:
             last = next((a for a in reversed(attempts) if a["outcome"] not in ("skipped", "success")), None)
             code = last["code"] if last and last["code"] in ("robots_unavailable", "private_address") else \
-                "site_unreachable" if last and last["outcome"] == "network_error" else "no_urls"
+                "site_unreachable" if last and last["outcome"] == "network_error" and last["code"] != "bad_url" \
+                else "no_urls"
             message = "could not reach %s: %s" % (url, last["message"]) if code == "site_unreachable" else \
                 last["message"] if last and code != "no_urls" else \
                 "no URLs found for %s (%s)" % (url, "; ".join("%s: %s" % (a["vendor"], a["message"] or a["outcome"])
@@ -10456,7 +10482,7 @@ class AnswerTools:
                   "vendors": vendors, "keys": keys, "connection_test": test,
                   "tools": list(self.config.tools), "unlisted_tools": [
                       {"tool": t, "enable": "set GROK_API_KEY (and GROK_API_URL for a relay or OpenRouter)"
-                       if t in ANSWER_TOOLS and not self.config.grok_key else
+                       if t in ANSWER_TOOLS and not self.config.grok_key and "tools" not in self.config.sources else
                        "add it to WEBSEARCH_TOOLS"} for t in CORE_TOOLS if t not in self.config.tools]})
         lines = ["websearch-ring %s" % __version__,
                  "answer model: %s (from %s), protocol %s, endpoint %s" % (model, source, s["answer"]["protocol"],
@@ -10670,9 +10696,9 @@ class PlanTools:
 
     def record(self, phase, args, call):
         args, issues, _ = check_args(PLAN_INPUTS[phase], args)
-        revision = args["is_revision"]
         if issues:
             return validation_result("plan_" + phase, issues)
+        revision = args["is_revision"]
         with self._lock:
             if phase == "intent" and not args.get("session_id"):
                 sid = new_id("plan_")
@@ -11175,7 +11201,8 @@ class Server:
             return self._initialize(params)
         if method == "server/discover":
             return {"supportedVersions": list(reversed(ALL_VERSIONS)), "capabilities": self._capabilities(),
-                    "instructions": instructions_for(self.config.tools), "ttlMs": TOOLS_LIST_TTL_MS, "cacheScope": "public"}
+                    "instructions": instructions_for(self.config.tools), "ttlMs": TOOLS_LIST_TTL_MS,
+                    "cacheScope": "public"}
         if method == "ping":
             return {}
         if method == "tools/list":
@@ -11246,7 +11273,8 @@ class Server:
         if args is None:
             args = {}
         if not isinstance(name, str) or name not in self.handlers:
-            hint = " (listed when GROK_API_KEY is set)" if name in ANSWER_TOOLS and not self.config.grok_key else ""
+            hint = " (listed when GROK_API_KEY is set)" if name in ANSWER_TOOLS and not self.config.grok_key \
+                and "tools" not in self.config.sources else ""
             return rpc_error(msg_id, INVALID_PARAMS, "Unknown tool: %s%s" % (name, hint),
                              {"available": list(self.handlers)})
         if not isinstance(args, dict):
@@ -11475,7 +11503,8 @@ def run_cli(argv, env):
         args["query"] = " ".join(args["query"])
     for name in ("include_domains", "exclude_domains"):
         if name in args:
-            args[name] = [d for given in args[name] for d in re.split(r"[,\s]+", given) if d]
+            spec = WEB_SEARCH_INPUT["properties"][name]
+            args[name] = [d for given in args[name] for d in listed_values(given, spec)]
     token = CancelToken()
     shown_last = []
 
@@ -11616,7 +11645,8 @@ CLIENTS = {
 
 def _quoted(text):
     """A double-quoted string that JSON, TOML and YAML all read back as ``text``."""
-    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+    return re.sub("[\x7f-\x9f\u2028\u2029]", lambda m: "\\u%04x" % ord(m.group()),     # C1 controls: YAML
+                  json.dumps(text, ensure_ascii=False))
 
 
 def _yaml_map(items, indent):
@@ -11650,9 +11680,10 @@ def cli_config(client, env, module=False, scope=None):
         for name in (var.name,) + var.aliases:
             value = env.get(name)
             if value is not None and value.strip() and name.upper() == name:
-                variables[name] = "<your %s>" % name if var.secret else (
+                hidden = var.secret or (var.kind in ("url", "proxy") and "?" in value)   # ?key=... may be a key
+                variables[name] = "<your %s>" % name if hidden else (
                     mask_url_credentials(value, "<password>") if var.kind in ("url", "proxy") else value)
-                if var.secret:
+                if hidden:
                     secrets.append(name)
                 break
     if module:
