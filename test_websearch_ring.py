@@ -27,6 +27,7 @@ user's clone of the repository has no ``../shared``. Nothing here reads that fol
 
 import ast
 import base64
+import bisect
 import contextlib
 import gzip
 import hashlib
@@ -1915,9 +1916,50 @@ def test_docstring_contents_match_the_section_banners():
     docstring = ast.get_docstring(ast.parse(source)) or ""
     listed = re.findall(r"§(\d+) (.+?)(?=  +§|\s*$)", docstring, re.M)
     banners = re.findall(r"^# §(\d+) (.+?)\s*$", source, re.M)
-    assert banners, "no '# §N Title' banners"
-    # The contents may name sections not written yet; every banner must be listed, in order.
-    assert [b for b in listed if b in banners] == banners
+    assert len(banners) >= 20, "no '# §N Title' banners"
+    assert listed == banners
+    assert [int(n) for n, _ in banners] == list(range(1, len(banners) + 1))
+
+
+def _sections_of(source):
+    """(number, first line, last line) of every '# §N' section of ``source``."""
+    starts = [(int(m.group(1)), source.count("\n", 0, m.start()) + 1)
+              for m in re.finditer(r"^# §(\d+) ", source, re.M)]
+    total = source.count("\n") + 1
+    return [(n, line, (starts[k + 1][1] - 1) if k + 1 < len(starts) else total)
+            for k, (n, line) in enumerate(starts)]
+
+
+@needs_server
+def test_every_section_is_at_most_1200_lines():
+    source = SERVER_PATH.read_text(encoding="utf-8")
+    sizes = {n: last - first + 1 for n, first, last in _sections_of(source)}
+    assert sizes and max(sizes.values()) <= 1200, sizes
+
+
+@needs_server
+def test_no_definition_refers_to_a_later_section():
+    source = SERVER_PATH.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    sections = _sections_of(source)
+    firsts = [first for _, first, _ in sections]
+
+    def section_at(line):
+        return bisect.bisect_right(firsts, line) - 1
+
+    defined = {}
+    for node in tree.body:
+        targets = [node] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
+            [n for t in getattr(node, "targets", []) for n in ast.walk(t) if isinstance(n, ast.Name)]
+        for target in targets:
+            defined.setdefault(getattr(target, "name", None) or target.id, section_at(node.lineno))
+    later = set()
+    for node in tree.body:
+        here = section_at(node.lineno)
+        for used in ast.walk(node):
+            if isinstance(used, ast.Name) and defined.get(used.id, -1) > here:
+                later.add((sections[here][0], used.id, sections[defined[used.id]][0]))
+    assert not later, sorted(later)
 
 
 @needs_server

@@ -23,15 +23,23 @@
 """websearch_ring: stdio MCP server for resilient web search. Standard library only.
 
 One file, no dependencies beyond the Python standard library (3.9 or newer).
-An MCP client starts it with ``python websearch_ring.py`` and gets a
-``web_search`` tool that rotates across search backends with failover
-(keyless by default, keys optional), caches and coalesces identical
-requests, and reports every failure as a structured result.
+An MCP client starts it with ``python websearch_ring.py`` and gets web search
+that rotates across engines with failover (keyless by default, keys
+optional), researched answers, pages and PDFs as paged Markdown, site maps
+and crawls; identical requests are cached and coalesced, and every failure
+is a structured result.
 
-Contents (grep -n '^# §'):
- §1 Constants  §2 Errors  §3 Utilities  §4 Configuration  §5 Deadlines and cancellation
- §6 HTTP transport  §7 Streaming LLM client  §8 HTML to Markdown  §9 Key pool and circuit breaker
- §10 Cache and coalescing  §11 Vendors  §12 Ring  §13 Tools  §14 JSON-RPC server  §15 CLI
+Contents (grep -n '^# §'), in two parts:
+ §1 Constants  §2 Errors  §3 Utilities
+ Documents, pure readers that know nothing of the server:
+ §4 HTML to Markdown  §5 PDF: filters and encryption  §6 PDF: objects and cross-references
+ §7 PDF: fonts and encodings  §8 PDF: text layout  §9 robots.txt and sitemaps
+ Server:
+ §10 Configuration  §11 Deadlines and cancellation  §12 HTTP transport  §13 Streaming LLM client
+ §14 Key pool, circuit breaker and engine health  §15 Cache and coalescing  §16 Vendors
+ §17 Fetch providers and the site mapper  §18 Ring  §19 Tool schemas and argument checking
+ §20 Search and page tools  §21 Answer and configuration tools  §22 Planning tools
+ §23 JSON-RPC server  §24 Command line
 """
 
 __version__ = "0.1.0"
@@ -45,6 +53,7 @@ import re
 import sys
 import threading
 import time
+
 
 # ---------------------------------------------------------------------------
 # §1 Constants
@@ -129,7 +138,6 @@ def instructions_for(tools):
 # ---------------------------------------------------------------------------
 # §2 Errors
 # ---------------------------------------------------------------------------
-
 
 class RingError(Exception):
     """Root of every error this module raises on purpose."""
@@ -831,811 +839,16 @@ class Logger:
     def error(self, msg, *a):
         self.log("error", msg, *a)
 
-# ---------------------------------------------------------------------------
-# §4 Configuration
-# ---------------------------------------------------------------------------
 
-
-class Var:
-    """One configuration variable: the single source for parsing, --help-env and the README."""
-
-    __slots__ = ("name", "field", "kind", "default", "lo", "hi", "help", "aliases", "secret", "scale", "choices",
-                 "label")
-
-    def __init__(self, name, field, kind, default, help, *, lo=None, hi=None,
-                 aliases=(), secret=False, scale=1.0, choices=(), label=None):
-        self.label = label or default or "unset"   # the default as people read it
-        self.choices = choices    # allowed words for kind "choice" (one) and "choices" (a list)
-        self.name = name
-        self.field = field
-        self.kind = kind          # int, str, url, vendors, level, bool
-        self.default = default    # as the user would write it ("" for none)
-        self.lo = lo
-        self.hi = hi
-        self.help = help
-        self.aliases = aliases    # other names read when ``name`` is unset
-        self.secret = secret
-        self.scale = scale        # multiplier applied to ints (ms -> s)
-
-    def expected(self):
-        """The form a valid value takes, in words."""
-        if self.secret:
-            return "the key itself as the vendor issued it (no quotes, spaces or placeholder)"
-        if self.kind == "int":
-            return "an integer from %d to %d" % (self.lo, self.hi)
-        if self.kind == "float":
-            return "a number from %g to %g" % (self.lo, self.hi)
-        if self.kind == "choice":
-            return "one of: " + ", ".join(self.choices)
-        if self.kind == "choices":
-            return "a comma-separated list of: " + ", ".join(self.choices)
-        if self.kind == "list":
-            return "a comma-separated list"
-        if self.kind == "url":
-            return "an http:// or https:// URL"
-        if self.kind == "proxy":
-            return "an HTTP proxy: host:port or http://[user:pass@]host:port"
-        if self.kind == "vendors":
-            return "a comma-separated list of: " + ", ".join(KNOWN_VENDORS)
-        if self.kind == "providers":
-            return "a comma-separated list of: " + ", ".join(self.choices)
-        if self.kind == "tools":
-            return "all, plan, or a comma-separated list of tool names (%s, plan_*)" % ", ".join(CORE_TOOLS)
-        if self.kind == "country":
-            return "a two-letter ISO 3166-1 country code such as US or DE"
-        if self.kind == "level":
-            return "one of: " + ", ".join(Logger.LEVELS)
-        if self.kind == "bool":
-            return "1/true/yes/on or 0/false/no/off"
-        return "any text"
-
-
-# Order is the order of --help-env and the README table.
-VARIABLES = (
-    Var("WEBSEARCH_VENDORS", "vendors", "vendors", "",
-        "Ring order for web_search, comma-separated. Unset: the keyed vendors that have a key "
-        "(brave, serper, yep), then searxng when SEARXNG_URL is set, then exa,tavily,bing,duckduckgo.",
-        label="the default ring"),
-    Var("WEBSEARCH_TOOLS", "tools", "tools", "",
-        "Tools to list: all, the group plan (the six plan_* tools), or names, comma-separated "
-        "(e.g. web_search,web_fetch,plan). Unset: the seven core tools.", label="the seven core tools"),
-    Var("WEBSEARCH_TIMEOUT_MS", "timeout_s", "int", "12000",
-        "Timeout of one vendor attempt, in milliseconds.", lo=100, hi=600000, scale=0.001),
-    Var("WEBSEARCH_DEADLINE_MS", "deadline_s", "int", "30000",
-        "Overall deadline of one web_search call across all vendors, in milliseconds.",
-        lo=100, hi=3600000, scale=0.001),
-    Var("WEBSEARCH_MAX_CHARS", "max_chars", "int", "12000",
-        "Cap on the text block of a result; longer text ends with [TRUNCATED at N chars].",
-        lo=200, hi=10000000),
-    Var("WEBSEARCH_TTL_MS", "ttl_s", "int", "1200000",
-        "How long a successful search stays cached, in milliseconds; 0 disables the cache.",
-        lo=0, hi=604800000, scale=0.001),
-    Var("WEBSEARCH_CACHE_MAX", "cache_max", "int", "512",
-        "Most cached searches kept (least recently used evicted first).", lo=1, hi=1000000),
-    Var("WEBSEARCH_MAX_INFLIGHT", "max_inflight", "int", "16",
-        "Most upstream HTTP requests at once; further requests queue, never fail.", lo=1, hi=1024),
-    Var("WEBSEARCH_COOLDOWN_MS", "cooldown_s", "int", "60000",
-        "How long a vendor that is rate limited (without Retry-After) or keeps failing is skipped.",
-        lo=1000, hi=86400000, scale=0.001),
-    Var("WEBSEARCH_FAILURE_THRESHOLD", "failure_threshold", "int", "3",
-        "Consecutive failures (errors, timeouts, blocks) that put a vendor in cooldown.", lo=1, hi=100),
-    Var("WEBSEARCH_AUTH_COOLDOWN_MS", "auth_cooldown_s", "int", "3600000",
-        "How long a vendor with a rejected key or an exhausted quota is skipped.",
-        lo=1000, hi=604800000, scale=0.001),
-    Var("WEBSEARCH_FETCH_PROVIDERS", "fetch_providers", "providers", "tavily,direct,jina",
-        "web_fetch providers in order: tavily (Tavily Extract, only with a key), direct (the built-in "
-        "extractor) and jina (Jina Reader: after direct only for script-rendered pages, anti-bot refusals and "
-        "types direct cannot read; it sends the URL to Jina, so leave it out to keep pages to yourself).",
-        choices=("tavily", "direct", "jina")),
-    Var("WEBSEARCH_MAP_PROVIDERS", "map_providers", "providers", "tavily,direct",
-        "web_map providers in order: tavily (Tavily Map, only with a key) and direct (robots.txt, "
-        "sitemaps and a same-origin crawl).", choices=("tavily", "direct")),
-    Var("WEBSEARCH_ALLOW_PRIVATE_URLS", "allow_private", "bool", "0",
-        "1 lets the direct fetch and map reach loopback, private and link-local addresses "
-        "(intranets, air-gapped sites, tests)."),
-    Var("WEBSEARCH_DEFAULT_RESULTS", "default_results", "int", str(DEFAULT_RESULTS),
-        "numResults of a web_search that does not say (for clients that cannot pass arguments).", lo=1, hi=20),
-    Var("WEBSEARCH_DEFAULT_LANG", "default_lang", "str", "",
-        "lang of a web_search that does not say, e.g. de or pt-BR. Unset: any language."),
-    Var("WEBSEARCH_DEFAULT_COUNTRY", "default_country", "country", "",
-        "country of a web_search that does not say, e.g. US or DE. Unset: no country."),
-    Var("WEBSEARCH_DEFAULT_SAFESEARCH", "default_safesearch", "choice", "",
-        "safesearch of a web_search that does not say: off, moderate or strict. Unset: each engine's default.",
-        choices=("off", "moderate", "strict")),
-    Var("WEBSEARCH_FETCH_MAX_MB", "fetch_max_mb", "int", "10",
-        "Largest page or document (PDF) the direct fetch reads, in megabytes (1-50).", lo=1, hi=50),
-    Var("WEBSEARCH_FETCH_CACHE_MB", "fetch_cache_mb", "int", "64",
-        "Megabytes of extracted pages kept for paging with start_index (least recently used go first).",
-        lo=1, hi=4096),
-    Var("WEBSEARCH_UA", "user_agent", "str", "",
-        "User-Agent sent to the HTML engines (bing, duckduckgo) and the direct fetch. Unset: a current desktop "
-        "browser.", label="a desktop browser"),
-    Var("EXA_API_KEY", "exa_api_key", "str", "",
-        "Exa key: switches exa from the keyless hosted MCP endpoint to the REST /search API.",
-        secret=True),
-    Var("TAVILY_API_KEY", "tavily_api_key", "str", "",
-        "Tavily key (Bearer). Unset (and no TAVILY_API_KEYS): Tavily's keyless mode for search.", secret=True),
-    Var("TAVILY_API_KEYS", "tavily_api_keys", "str", "",
-        "Several Tavily keys separated by commas, semicolons or newlines; takes precedence over "
-        "TAVILY_API_KEY. Search, fetch and map rotate over them fairly.", secret=True),
-    Var("TAVILY_ENABLED", "tavily_enabled", "bool", "1",
-        "0 leaves Tavily out of the default ring and of fetch and map."),
-    Var("TAVILY_KEY_COOLDOWN", "tavily_key_cooldown_s", "int", "30",
-        "Seconds a Tavily key rests after a 429 without Retry-After.", lo=1, hi=86400),
-    Var("TAVILY_QUOTA_COOLDOWN", "tavily_quota_cooldown_s", "int", "3600",
-        "Seconds a Tavily key rests after 432/433 (plan or pay-as-you-go limit).", lo=1, hi=2592000),
-    Var("TAVILY_SERVICE_FAILURE_THRESHOLD", "tavily_breaker_threshold", "int", "2",
-        "Distinct Tavily keys failing the same way (5xx or network) that open the circuit breaker.",
-        lo=2, hi=100),
-    Var("TAVILY_SERVICE_COOLDOWN", "tavily_breaker_cooldown_s", "int", "30",
-        "Seconds the Tavily circuit breaker stays open before one probe request.", lo=1, hi=86400),
-    Var("TAVILY_PER_KEY_MAX_CONCURRENCY", "tavily_per_key", "int", "1",
-        "Requests one Tavily key may have in flight at once.", lo=1, hi=64),
-    Var("BRAVE_API_KEY", "brave_api_key", "str", "",
-        "Brave Search key (X-Subscription-Token); adds brave to the default ring.",
-        aliases=("BRAVE_SEARCH_API_KEY",), secret=True),
-    Var("SERPER_API_KEY", "serper_api_key", "str", "",
-        "Serper (Google results) key (X-API-KEY); adds serper to the default ring.", secret=True),
-    Var("YEP_API_KEY", "yep_api_key", "str", "",
-        "Yep key (Bearer); adds yep to the default ring.", secret=True),
-    Var("SEARXNG_URL", "searxng_url", "url", "",
-        "Base URL of your SearXNG instance (JSON output enabled); adds searxng to the default ring."),
-    Var("WEBSEARCH_EXA_URL", "exa_url", "url", "https://api.exa.ai",
-        "Base URL of the Exa REST API (used with EXA_API_KEY)."),
-    Var("WEBSEARCH_EXA_MCP_URL", "exa_mcp_url", "url", "https://mcp.exa.ai/mcp",
-        "Exa's hosted MCP endpoint (used without EXA_API_KEY)."),
-    Var("WEBSEARCH_TAVILY_URL", "tavily_url", "url", "https://api.tavily.com",
-        "Base URL of the Tavily API.", aliases=("TAVILY_API_URL",)),
-    Var("WEBSEARCH_BING_URL", "bing_url", "url", "https://www.bing.com",
-        "Base URL of Bing (GET /search)."),
-    Var("WEBSEARCH_DUCKDUCKGO_URL", "duckduckgo_url", "url", "https://html.duckduckgo.com",
-        "Base URL of DuckDuckGo's HTML endpoint (POST /html/)."),
-    Var("WEBSEARCH_BRAVE_URL", "brave_url", "url", "https://api.search.brave.com",
-        "Base URL of the Brave Search API (GET /res/v1/web/search)."),
-    Var("WEBSEARCH_SERPER_URL", "serper_url", "url", "https://google.serper.dev",
-        "Base URL of the Serper API (POST /search)."),
-    Var("WEBSEARCH_YEP_URL", "yep_url", "url", "https://platform.yep.com",
-        "Base URL of the Yep API (POST /api/search)."),
-    Var("JINA_API_KEY", "jina_api_key", "str", "",
-        "Jina Reader key (Bearer), optional: without it about 20 pages a minute per IP.", secret=True),
-    Var("WEBSEARCH_JINA_URL", "jina_url", "url", "https://r.jina.ai",
-        "Base URL of Jina Reader; a reader on a private or loopback address may also read private pages."),
-    Var("WEBSEARCH_PROXY", "proxy", "proxy", "",
-        "HTTP proxy for every upstream request (host:port means http://; SOCKS is not supported); "
-        "overrides HTTPS_PROXY and HTTP_PROXY. An invalid value fails requests rather than going direct."),
-    Var("HTTPS_PROXY", "https_proxy", "proxy", "",
-        "Proxy for https:// upstreams (also read as https_proxy).", aliases=("https_proxy",)),
-    Var("HTTP_PROXY", "http_proxy", "proxy", "",
-        "Proxy for http:// upstreams (also read as http_proxy).", aliases=("http_proxy",)),
-    Var("NO_PROXY", "no_proxy", "str", "",
-        "Hosts that bypass the proxy: comma-separated names or suffixes, * for all "
-        "(also read as no_proxy). Loopback addresses never use a proxy.", aliases=("no_proxy",)),
-    Var("GROK_API_URL", "grok_url", "url", "https://api.x.ai/v1",
-        "OpenAI-compatible API root for web_answer, ending in /v1 (xAI, OpenRouter, a relay)."),
-    Var("GROK_API_KEY", "grok_key", "str", "", "Key for GROK_API_URL (Bearer). Unset: web_answer is unavailable.",
-        secret=True),
-    Var("GROK_API_PROTOCOL", "grok_protocol", "choice", "chat",
-        "chat: streaming /chat/completions; response: streaming /responses with server-side search tools.",
-        choices=("chat", "response")),
-    Var("GROK_PRIMARY_MODEL", "grok_primary_model", "str", "",
-        "Answer model; wins over GROK_MODEL and the config file (switch_model wins over all in its process)."),
-    Var("GROK_MODEL", "grok_model", "str", "", "Answer model when GROK_PRIMARY_MODEL is unset."),
-    Var("GROK_MODEL_MAX_ATTEMPTS", "grok_max_attempts", "int", "5",
-        "Attempts per answer (retries of 408, 429, 5xx, broken streams and retryable codes).", lo=1, hi=20),
-    Var("GROK_MAX_CONCURRENCY", "grok_concurrency", "int", "2",
-        "Answers generated at once; more wait in a queue within their budget.", lo=1, hi=64),
-    Var("WEBSEARCH_ANSWER_TIMEOUT_S", "answer_budget_s", "int", "270",
-        "Seconds one web_answer may take in all: queueing, attempts, backoff and Retry-After.", lo=5, hi=3600,
-        aliases=("WEB_SEARCH_TOTAL_TIMEOUT",)),
-    Var("GROK_SINGLE_ATTEMPT_TIMEOUT", "grok_attempt_timeout_s", "int", "120",
-        "Seconds one attempt may take (capped by what is left of the total budget).", lo=1, hi=3600),
-    Var("GROK_RETRY_MULTIPLIER", "grok_retry_multiplier", "float", "1",
-        "Backoff base in seconds: waits grow as multiplier x 2^attempt, with jitter.", lo=0, hi=60),
-    Var("GROK_RETRY_MAX_WAIT", "grok_retry_max_wait_s", "float", "10",
-        "Longest backoff between attempts, in seconds (a longer Retry-After is honoured within the budget).",
-        lo=0, hi=600),
-    Var("GROK_RETRYABLE_UPSTREAM_CODES", "grok_retryable_codes", "list", ",".join(DEFAULT_RETRYABLE_CODES),
-        "Error codes that are retried even inside an HTTP 200 body or a stream (relays wrap errors)."),
-    Var("GROK_SERVER_TOOLS", "grok_server_tools", "choices", "web_search,x_search",
-        "Server-side tools for the response protocol.", choices=("web_search", "x_search")),
-    Var("GROK_REASONING_EFFORT", "grok_reasoning_effort", "choice", "",
-        "Reasoning effort for the response protocol: low, medium or high. Unset: the model's default.",
-        choices=("low", "medium", "high")),
-    Var("GROK_RESPONSES_STORE", "grok_store", "bool", "0",
-        "1 asks /responses to store the response (default: store false)."),
-    Var("WEBSEARCH_CONFIG_FILE", "config_file", "str", "",
-        "JSON file where switch_model keeps the model. Unset: websearch-ring/config.json under the user's "
-        "config folder (%APPDATA% on Windows, $XDG_CONFIG_HOME or ~/.config elsewhere).",
-        label="<config folder>/websearch-ring/config.json"),
-    Var("WEBSEARCH_LOG_LEVEL", "log_level", "level", "info",
-        "Least severe stderr log level: debug, info, notice, warning, error, critical (the command line "
-        "shows warnings and worse unless this is set).", aliases=("GROK_LOG_LEVEL",)),
-    Var("GROK_DEBUG", "debug", "bool", "0", "1 turns on debug logging (same as WEBSEARCH_LOG_LEVEL=debug): each "
-        "upstream request and attempt, and the traceback of any unexpected error."),
-    Var("WEBSEARCH_LOG_DIR", "log_dir", "str", "",
-        "Folder for a websearch-ring.log copy of the stderr log (at 5 MB it becomes websearch-ring.log.1). "
-        "Unset: stderr only.", aliases=("GROK_LOG_DIR",)),
-)
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
-class Problem:
-    """One invalid configuration value: which variable, what it held, what was expected."""
-
-    __slots__ = ("variable", "value", "expected", "message")
-
-    def __init__(self, variable, value, expected, message):
-        self.variable = variable
-        self.value = value
-        self.expected = expected
-        self.message = message
-
-    def as_dict(self):
-        return {"variable": self.variable, "value": self.value,
-                "expected": self.expected, "message": self.message}
-
-
-def _parse_proxy(text):
-    """A proxy URL from how people write one; raises ValueError with a reason.
-
-    A value without a scheme is an HTTP proxy; SOCKS needs more than the standard library has.
-
-    >>> _parse_proxy("127.0.0.1:3128"), _parse_proxy("HTTP://proxy.corp:8080/")
-    ('http://127.0.0.1:3128', 'http://proxy.corp:8080')
-    >>> _parse_proxy("socks5://127.0.0.1:1080")
-    Traceback (most recent call last):
-    ValueError: SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); use an http:// proxy
-    """
-    from urllib.parse import urlsplit
-    if "://" not in text:
-        text = "http://" + text
-    try:
-        parts = urlsplit(text)
-        parts.port
-    except ValueError:
-        raise ValueError("not a host:port or URL") from None
-    scheme = parts.scheme.lower()
-    if scheme.startswith("socks"):
-        raise ValueError("SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); "
-                         "use an http:// proxy")
-    if scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("not an http(s) proxy")
-    return scheme + text[len(parts.scheme):].rstrip("/")
-
-
-# Values people paste instead of a key: what config and the README print, and the usual stand-ins.
-_PLACEHOLDER_KEY = LazyPattern(r"(x{3,}|\*{3,}|(your|insert|enter|paste|put)[\W_].*|change[\W_]?me|replace[\W_]?me"
-                               r"|placeholder|none|null|todo|tbd|undefined|(api[\W_]?)?key|secret|token)$", re.I)
-
-
-def split_keys(text):
-    """The keys of a list separated by commas, semicolons or newlines."""
-    return [k.strip() for k in re.split(r"[,;\n]+", text) if k.strip()]
-
-
-def key_problem(raw):
-    """Why the value of a key variable is not a key, or None.
-
-    >>> key_problem("<your TAVILY_API_KEY>"), key_problem("tvly-..."), key_problem("YOUR_API_KEY")
-    ('it is a placeholder, not a key', 'it is a placeholder, not a key', 'it is a placeholder, not a key')
-    >>> key_problem('"tvly-dev-abc123"'), key_problem("tvly-dev-abc123 "), key_problem("tvly-dev-abc123")
-    ('it is in quotes', 'it has spaces or a line break around it', None)
-    """
-    parts = split_keys(raw)
-    if len(parts) == 1 and raw != raw.strip():       # a list of keys may have spaces around its separators
-        return "it has spaces or a line break around it"
-    for part in parts:
-        if part[:1] in ("'", '"') or part[-1:] in ("'", '"'):
-            return "it is in quotes"
-        if part.startswith(("<", "$", "{{")) or part.endswith(("...", "\u2026", ">")) or \
-                _PLACEHOLDER_KEY.match(part):
-            return "it is a placeholder, not a key"
-    return None
-
-
-def _parse_value(var, raw):
-    """Parse one raw string; returns the value or raises ValueError with a reason."""
-    if var.secret and key_problem(raw):
-        raise ValueError(key_problem(raw))
-    text = raw.strip()
-    if var.kind == "int":
-        if not re.fullmatch(r"[+-]?\d+", text):
-            raise ValueError("not an integer")
-        value = int(text)
-        if not var.lo <= value <= var.hi:
-            raise ValueError("out of range")
-        return value * var.scale if var.scale != 1.0 else value
-    if var.kind == "url":
-        from urllib.parse import urlsplit
-        try:
-            parts = urlsplit(text)
-        except ValueError:
-            raise ValueError("not a URL") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("not an http(s) URL")
-        return text.rstrip("/")
-    if var.kind == "proxy":
-        return _parse_proxy(text)
-    if var.kind == "vendors":
-        names = [n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()]
-        unknown = [n for n in names if n not in KNOWN_VENDORS]
-        if unknown:
-            raise ValueError("unknown vendor " + ", ".join(repr(n) for n in unknown))
-        if not names:
-            raise ValueError("empty list")
-        return tuple(dict.fromkeys(names))
-    if var.kind == "float":
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError("not a number") from None
-        if not (value == value and var.lo <= value <= var.hi):
-            raise ValueError("out of range")
-        return value
-    if var.kind == "choice":
-        if text.lower() not in var.choices:
-            raise ValueError("unknown value")
-        return text.lower()
-    if var.kind in ("choices", "list"):
-        names = [n.strip() for n in re.split(r"[,;\n]+", text) if n.strip()]
-        if var.kind == "choices":
-            names = [n.lower() for n in names]
-            unknown = [n for n in names if n not in var.choices]
-            if unknown:
-                raise ValueError("unknown " + ", ".join(repr(n) for n in unknown))
-        return tuple(dict.fromkeys(names))
-    if var.kind == "tools":
-        chosen = []
-        for name in (n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()):
-            group = {"all": CORE_TOOLS + PLAN_TOOL_NAMES, "plan": PLAN_TOOL_NAMES}.get(name, (name,))
-            unknown = [n for n in group if n not in CORE_TOOLS + PLAN_TOOL_NAMES]
-            if unknown:
-                raise ValueError("unknown tool %r" % unknown[0])
-            chosen.extend(group)
-        if not chosen:
-            raise ValueError("empty list")
-        return tuple(n for n in CORE_TOOLS + PLAN_TOOL_NAMES if n in chosen)
-    if var.kind == "providers":
-        names = [n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()]
-        unknown = [n for n in names if n not in var.choices]
-        if unknown or not names:
-            raise ValueError("unknown provider " + ", ".join(repr(n) for n in unknown) if unknown else "empty list")
-        return tuple(dict.fromkeys(names))
-    if var.kind == "country":
-        if not re.fullmatch(r"[A-Za-z]{2}", text):
-            raise ValueError("not a two-letter country code")
-        return text.upper()
-    if var.kind == "level":
-        if text.lower() not in Logger.LEVELS:
-            raise ValueError("unknown level")
-        return text.lower()
-    if var.kind == "bool":
-        if text.lower() in _TRUE:
-            return True
-        if text.lower() in _FALSE:
-            return False
-        raise ValueError("not a boolean")
-    return text
-
-
-def default_config_file(env):
-    """Where switch_model keeps the model when WEBSEARCH_CONFIG_FILE is unset."""
-    if sys.platform.startswith("win") and env.get("APPDATA"):
-        base = env["APPDATA"]
-    else:
-        base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(base, "websearch-ring", "config.json")
-
-
-# What a vendor needs before it can serve: the field of its key or URL.
-_VENDOR_CREDENTIALS = {"brave": "brave_api_key", "serper": "serper_api_key", "yep": "yep_api_key",
-                       "searxng": "searxng_url"}
-
-
-def _field_var(field):
-    return next(v for v in VARIABLES if v.field == field)
-
-
-class Config:
-    """Frozen configuration built by :meth:`from_env` from any mapping.
-
-    Every invalid value falls back to its default and is listed in ``problems``.
-    """
-
-    def __init__(self, values, problems, sources):
-        object.__setattr__(self, "_values", dict(values))
-        object.__setattr__(self, "problems", tuple(problems))
-        object.__setattr__(self, "sources", dict(sources))   # field -> variable that set it
-
-    def __getattr__(self, name):
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __setattr__(self, name, value):
-        raise AttributeError("Config is frozen")
-
-    @classmethod
-    def from_env(cls, env):
-        """Parse ``env`` (a mapping such as ``os.environ``); never raises."""
-        values, problems, sources, broken = {}, [], {}, {}
-        for var in VARIABLES:
-            raw, used = None, var.name
-            for name in (var.name,) + var.aliases:
-                candidate = env.get(name)
-                if candidate is not None and candidate.strip():
-                    raw, used = candidate, name
-                    break
-            default = _parse_value(var, var.default) if var.default else (
-                () if var.kind in ("vendors", "choices", "list", "tools") else "")
-            if raw is None:
-                values[var.field] = default
-                continue
-            try:
-                values[var.field] = _parse_value(var, raw)
-                sources[var.field] = used
-            except ValueError as exc:
-                shown = "<hidden>" if var.secret else (
-                    mask_url_credentials(raw.strip()) if var.kind in ("url", "proxy") else raw)
-                fallback = "using the default (%s)" % var.label
-                if var.secret:
-                    fallback = "the key is not used"
-                if var.kind == "proxy":   # going direct instead would bypass the proxy the user asked for
-                    fallback = "requests that would use it fail instead of going direct"
-                    broken[var.field] = "%s=%r is invalid (%s)" % (used, shown, exc)
-                problems.append(Problem(
-                    used, shown, var.expected(),
-                    "%s=%r is invalid (%s); expected %s; %s" % (used, shown, exc, var.expected(), fallback)))
-                values[var.field] = default
-        if values["debug"]:
-            values["log_level"] = "debug"
-        if not re.search(r"/v\d+[a-z]*$", values["grok_url"]):
-            fixed = values["grok_url"] + "/v1"
-            problems.append(Problem(sources.get("grok_url", "GROK_API_URL"), values["grok_url"],
-                                    "an API root ending in /v1, such as https://api.x.ai/v1",
-                                    "GROK_API_URL=%r has no /v1 root; using %r" % (values["grok_url"], fixed)))
-            values["grok_url"] = fixed
-        if not values["config_file"]:
-            values["config_file"] = default_config_file(env)
-        if not values["tools"]:
-            values["tools"] = tuple(t for t in CORE_TOOLS if values["grok_key"] or t not in ANSWER_TOOLS)
-        keys = split_keys(values["tavily_api_keys"])
-        values["tavily_keys"] = tuple(dict.fromkeys(keys or ([values["tavily_api_key"]]
-                                                             if values["tavily_api_key"] else [])))
-        configured = {name: bool(values[field]) for name, field in _VENDOR_CREDENTIALS.items()}
-        configured["tavily"] = values["tavily_enabled"]
-        if values["vendors"]:
-            missing = [n for n in values["vendors"] if not configured.get(n, True)]
-            for name in missing:
-                var = _field_var(_VENDOR_CREDENTIALS.get(name, "tavily_enabled"))
-                problems.append(Problem(
-                    "WEBSEARCH_VENDORS", ",".join(values["vendors"]), "vendors whose credentials are set",
-                    "WEBSEARCH_VENDORS names %s but %s is %s; %s is left out of the ring" % (
-                        name, var.name, "0" if var.kind == "bool" else "unset", name)))
-            values["vendors"] = tuple(n for n in values["vendors"] if n not in missing)
-        if not values["vendors"]:
-            values["vendors"] = tuple(n for n in KEYED_VENDORS + RING_VENDORS if configured.get(n, True))
-        if not values["user_agent"]:
-            values["user_agent"] = DEFAULT_UA
-        values["broken_proxies"] = broken
-        return cls(values, problems, sources)
-
-    def is_configured(self, vendor):
-        """True when ``vendor`` has what it needs (keyless vendors always do)."""
-        if vendor == "tavily":
-            return self._values["tavily_enabled"]
-        field = _VENDOR_CREDENTIALS.get(vendor)
-        return field is None or bool(self._values[field])
-
-    def requirement(self, vendor):
-        """The variable a vendor needs, or None for keyless vendors."""
-        if vendor == "tavily":
-            return "TAVILY_ENABLED"
-        field = _VENDOR_CREDENTIALS.get(vendor)
-        return _field_var(field).name if field else None
-
-    def secrets(self):
-        """Every secret value (each pooled key on its own), for the redactor."""
-        return [self._values[v.field] for v in VARIABLES if v.secret and self._values[v.field]] + list(
-            self._values["tavily_keys"])
-
-    def passwords(self):
-        """The passwords in every URL variable (proxies, endpoints), for the redactor."""
-        from urllib.parse import urlsplit, unquote
-        found = []
-        for var in VARIABLES:
-            value = self._values[var.field]
-            if var.kind in ("url", "proxy") and value and "@" in value:
-                try:
-                    password = urlsplit(value).password
-                except ValueError:
-                    continue
-                if password:
-                    found += [password, unquote(password), basic_credentials(value)[6:]]
-        return found
-
-    def masked(self):
-        """The configuration as a dict with secrets shown as fingerprints."""
-        out = {}
-        for var in VARIABLES:
-            value = self._values[var.field]
-            if var.secret:
-                value = fingerprint(value) if value else ""
-            elif var.kind in ("url", "proxy") and value:
-                value = mask_url_credentials(value)
-            elif isinstance(value, tuple):
-                value = list(value)
-            out[var.name] = value
-        out["TAVILY_API_KEYS"] = [fingerprint(k) for k in self._values["tavily_keys"]]
-        return out
-
-
-class ModelFile:
-    """The small JSON file where switch_model keeps the answer model, written atomically.
-
-    Writers in this process take turns (one lock per path); each write goes
-    to a temporary file of its own and is renamed over the old file, so a
-    reader never sees half a file, whatever the number of concurrent calls.
-    """
-
-    MAX_BYTES = 1024 * 1024
-    _locks = {}
-    _locks_guard = threading.Lock()
-
-    def __init__(self, path):
-        self.path = path
-        with ModelFile._locks_guard:
-            self._lock = ModelFile._locks.setdefault(os.path.abspath(path), threading.Lock())
-
-    def load(self):
-        """``(data, problem)``: the file's object (``{}`` when absent) and what is wrong with it, if anything."""
-        try:
-            if os.path.exists(self.path) and not os.path.isfile(self.path):
-                return {}, "%s is not a regular file" % self.path
-            with open(self.path, "r", encoding="utf-8") as handle:
-                text = handle.read(self.MAX_BYTES + 1)
-        except FileNotFoundError:
-            return {}, None
-        except (OSError, UnicodeDecodeError) as exc:
-            return {}, "cannot read %s: %s" % (self.path, exc)
-        if len(text) > self.MAX_BYTES:
-            return {}, "%s is larger than %d bytes" % (self.path, self.MAX_BYTES)
-        try:
-            data = json.loads(text)
-        except (ValueError, RecursionError) as exc:
-            return {}, "%s is not valid JSON (%s)" % (self.path, "nested too deeply" if isinstance(
-                exc, RecursionError) else exc)
-        if not isinstance(data, dict):
-            return {}, "%s does not hold a JSON object" % self.path
-        return data, None
-
-    def model(self):
-        data, _ = self.load()
-        value = data.get("model")
-        return value.strip() if isinstance(value, str) and value.strip() else None
-
-    def save(self, model):
-        """Write ``model`` (keeping the file's other keys); returns a note about a replaced bad file, or None.
-
-        Raises OSError when the file cannot be written (the path is a
-        folder, the folder is read-only ...).
-        """
-        import tempfile
-        with self._lock:
-            data, problem = self.load()
-            folder = os.path.dirname(os.path.abspath(self.path))
-            os.makedirs(folder, exist_ok=True)
-            if os.path.exists(self.path) and not os.path.isfile(self.path):
-                raise IsADirectoryError("%s exists and is not a regular file; nothing was moved" % self.path)
-            note = None
-            if problem and os.path.isfile(self.path):
-                backup = "%s.invalid-%d-%s" % (self.path, int(time.time()), os.urandom(3).hex())
-                os.replace(self.path, backup)
-                note = "the old file was unreadable (%s); it was kept as %s" % (problem, backup)
-            data["model"] = model
-            handle, temp = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".", suffix=".tmp",
-                                            dir=folder)
-            try:
-                with os.fdopen(handle, "w", encoding="utf-8") as out:
-                    json.dump(data, out, indent=2)
-                    out.write("\n")
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(temp, self.path)
-            finally:
-                if os.path.exists(temp):
-                    os.remove(temp)
-            return note
-
-
-def help_env_text():
-    """The text of ``--help-env``: every variable, its default and meaning."""
-    lines = ["Environment variables (unset or blank means the default):", ""]
-    for var in VARIABLES:
-        names = " / ".join((var.name,) + tuple(a for a in var.aliases if a.upper() != var.name))
-        lines.append("  %s  (default: %s)" % (names, var.label))
-        lines.append("      " + var.help)
-    return "\n".join(lines) + "\n"
-
-
-def env_table_markdown():
-    """The README's variable table, generated from the same table as --help-env."""
-    rows = ["| variable | default | meaning |", "|---|---|---|"]
-    for var in VARIABLES:
-        names = " / ".join("`%s`" % n for n in (var.name,) + tuple(
-            a for a in var.aliases if a.upper() != var.name))
-        default = "`%s`" % var.default if var.default else var.label
-        rows.append("| %s | %s | %s |" % (names, default, var.help.replace("|", "\\|")))
-    return "\n".join(rows) + "\n"
-
-# ---------------------------------------------------------------------------
-# §5 Deadlines and cancellation
-# ---------------------------------------------------------------------------
-
-
-class Deadline:
-    """A point in monotonic time after which work must stop.
-
-    >>> t = [0.0]
-    >>> d = Deadline(5.0, clock=lambda: t[0])
-    >>> d.clip(10.0), d.expired()
-    (5.0, False)
-    >>> t[0] = 6.0
-    >>> d.remaining(), d.expired()
-    (0.0, True)
-    """
-
-    __slots__ = ("_clock", "at")
-
-    def __init__(self, timeout_s, clock=time.monotonic):
-        self._clock = clock
-        self.at = clock() + timeout_s
-
-    def remaining(self):
-        return max(0.0, self.at - self._clock())
-
-    def expired(self):
-        return self._clock() >= self.at
-
-    def clip(self, timeout_s):
-        """``min(timeout_s, remaining)``: the timeout one step may use."""
-        return min(timeout_s, self.remaining())
-
-    def child(self, timeout_s):
-        """A deadline no later than this one and ``timeout_s`` from now."""
-        d = Deadline(self.clip(timeout_s), self._clock)
-        return d
-
-
-class CancelToken:
-    """Set once when a request is cancelled; runs its callbacks then.
-
-    Callbacks close sockets and wake waiters; they run outside the lock.
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._callbacks = {}
-        self._next = 0
-        self.cancelled = False
-        self.reason = None
-
-    def cancel(self, reason="cancelled"):
-        with self._lock:
-            if self.cancelled:
-                return
-            self.cancelled = True
-            self.reason = reason
-            callbacks = list(self._callbacks.values())
-            self._callbacks.clear()
-        for fn in callbacks:
-            try:
-                fn()
-            except Exception:
-                pass
-
-    def add_callback(self, fn):
-        """Register ``fn``; returns a handle for :meth:`remove`. Runs at once if already cancelled."""
-        with self._lock:
-            if not self.cancelled:
-                self._next += 1
-                self._callbacks[self._next] = fn
-                return self._next
-        fn()
-        return None
-
-    def remove(self, handle):
-        if handle is not None:
-            with self._lock:
-                self._callbacks.pop(handle, None)
-
-    def check(self):
-        """Raise :class:`Cancelled` if cancelled."""
-        if self.cancelled:
-            raise Cancelled(self.reason or "cancelled")
-
-
-def _notify(cond):
-    """Wake every waiter of ``cond`` (used as a cancel-token callback)."""
-    with cond:
-        cond.notify_all()
-
-
-class Slots:
-    """A counting semaphore whose waiters give up on cancellation or deadline.
-
-    Invariant (under ``_cond``): ``0 <= in_use <= limit``; ``waiting`` counts
-    threads blocked in :meth:`acquire`.
-    """
-
-    def __init__(self, limit, name="slots", on_queue=None):
-        self.limit = limit
-        self.name = name
-        self.in_use = 0
-        self.waiting = 0
-        self._cond = threading.Condition(threading.Lock())
-        self._on_queue = on_queue
-
-    def acquire(self, token=None, deadline=None):
-        """Take a slot; raises Cancelled or DeadlineExceeded instead of waiting past them."""
-        with self._cond:
-            if self.in_use < self.limit and not self.waiting:
-                self.in_use += 1
-                return
-        if self._on_queue is not None:
-            self._on_queue(self)
-        handle = token.add_callback(self._wake) if token is not None else None
-        try:
-            with self._cond:
-                self.waiting += 1
-                try:
-                    while self.in_use >= self.limit:
-                        if token is not None and token.cancelled:
-                            raise Cancelled(token.reason or "cancelled")
-                        if deadline is not None and deadline.expired():
-                            raise DeadlineExceeded("queued for an upstream slot until the deadline")
-                        self._cond.wait(deadline.remaining() if deadline is not None else None)
-                    self.in_use += 1
-                finally:
-                    self.waiting -= 1
-                    if self.in_use < self.limit:
-                        self._cond.notify()
-        finally:
-            if token is not None:
-                token.remove(handle)
-
-    def release(self):
-        with self._cond:
-            self.in_use -= 1
-            self._cond.notify()
-
-    def _wake(self):
-        with self._cond:
-            self._cond.notify_all()
-
-def _sleep(token, seconds):
-    """Sleep that a cancellation ends at once (then raises :class:`Cancelled`); ``token`` may be None."""
-    if seconds <= 0:
-        return
-    if token is None:
-        time.sleep(seconds)
-        return
-    event = threading.Event()
-    handle = token.add_callback(event.set)
-    try:
-        event.wait(seconds)
-    finally:
-        token.remove(handle)
-    token.check()
+def _is_number(value):
+    """A JSON number that is finite (bool is not a number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
+        and value not in (float("inf"), float("-inf"))
 
 
 # ---------------------------------------------------------------------------
-# §6 HTTP transport
+# §4 HTML to Markdown
 # ---------------------------------------------------------------------------
-
 
 # Where a page declares its charset when the Content-Type header does not, and byte-order marks.
 _META_CHARSET = LazyPattern(rb"""<meta[^>]+charset\s*=\s*["']?\s*([\w.:-]+)""", re.I)
@@ -1690,1097 +903,6 @@ def decode_page(body, content_type=""):
             return body.decode("cp1252", errors="replace")   # no UTF-8 sequence at all: a single-byte page
         return text
 
-
-class Response:
-    """A finished HTTP exchange: status, lower-cased headers, the whole body."""
-
-    __slots__ = ("status", "reason", "headers", "body", "url", "elapsed_s")
-
-    def __init__(self, status, reason, headers, body, url, elapsed_s):
-        self.status = status
-        self.reason = reason
-        self.headers = headers
-        self.body = body
-        self.url = url
-        self.elapsed_s = elapsed_s
-
-    def text(self):
-        """The body as text (see :func:`decode_page`), never raising."""
-        return decode_page(self.body, self.headers.get("content-type", ""))
-
-    def json(self):
-        """The body as JSON; raises ValueError when it is not."""
-        return json.loads(self.body.decode("utf-8", errors="replace"))
-
-
-POOL_PER_HOST = 8       # idle kept-alive connections per upstream host
-POOL_IDLE_S = 30.0      # older idle connections are closed rather than reused
-
-
-def body_message(response, limit=300):
-    """The human message inside an error body: JSON fields if any, else the text."""
-    return body_text_message(response.body, response.status, limit)
-
-
-def status_message(who, response, limit=300):
-    """``who answered HTTP 404: <the body's message>``."""
-    return "%s answered %s" % (who, status_text(response.status, body_message(response, limit)))
-
-
-def status_text(status, message):
-    """``HTTP 404: <message>``, without repeating the status when the message is only the status."""
-    head = "HTTP %d" % status
-    return head if message == head else head + ": " + message
-
-
-def body_text_message(body, status, limit=300):
-    """The human message of an error body given as bytes."""
-    text = body[:20000].decode("utf-8", errors="replace")
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    if isinstance(data, dict):
-        for path in (("error", "message"), ("detail", "error"), ("error",), ("message",),
-                     ("detail",), ("msg",)):
-            value = data
-            for key in path:
-                value = value.get(key) if isinstance(value, dict) else None
-            if isinstance(value, str) and value.strip():
-                return collapse_ws(value)[:limit]
-            if isinstance(value, list) and value:
-                return collapse_ws(json.dumps(value, ensure_ascii=False))[:limit]
-    if "<" in text:
-        title = re.search(r"<title[^>]*>(.*?)</title>", text, re.I | re.S)
-        text = title.group(1) if title else re.sub(r"<[^>]+>", " ", text)
-    return collapse_ws(text)[:limit] or ("HTTP %d" % status)
-
-
-_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
-# socket.timeout is TimeoutError itself from Python 3.10 on; on 3.9 an OS-level ETIMEDOUT is only the latter.
-_TIMEOUTS = (TimeoutError, __import__("socket").timeout) if sys.version_info < (3, 10) else (TimeoutError,)
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
-
-
-class Transport:
-    """All upstream HTTP goes through :meth:`request`, built on ``http.client``.
-
-    Why not ``urllib.request``: the transport must close a socket from another
-    thread when a request is cancelled, cap bodies while they stream, apply one
-    deadline across connect, headers and a slowly dripping body, and choose
-    proxies only from the configuration (urllib reads the environment on its
-    own).  Each request takes one of ``WEBSEARCH_MAX_INFLIGHT`` slots.
-    """
-
-    def __init__(self, config, logger, clock=time.monotonic):
-        self._config = config
-        self._log = logger
-        self._clock = clock
-        self._ssl_context = None
-        self._ssl_lock = threading.Lock()
-        self.slots = Slots(config.max_inflight, "upstream", on_queue=self._queued)
-        self.requests_sent = 0
-        self._pool = {}               # (scheme, host, port) -> [(idle connection, since)]
-        self._pool_lock = threading.Lock()
-
-    def _queued(self, slots):
-        self._log.info("all %d upstream slots busy (WEBSEARCH_MAX_INFLIGHT); request queued", slots.limit)
-
-    def _context(self):
-        with self._ssl_lock:
-            if self._ssl_context is None:
-                import ssl
-                context = ssl.create_default_context()
-                # Python 3.13 turned on strict X.509 checks, which refuse the CA certificates many
-                # TLS-inspecting proxies use (basic constraints not marked critical): verify as 3.9-3.12 do.
-                context.verify_flags &= ~getattr(ssl, "VERIFY_X509_STRICT", 0)
-                self._ssl_context = context
-            return self._ssl_context
-
-    def _proxy_for(self, scheme, host):
-        """The proxy URL for ``scheme://host``, or None (loopback never uses one).
-
-        A proxy variable with an invalid value fails the request: going direct
-        would bypass the proxy the user asked for.
-        """
-        cfg = self._config
-        if host in _LOOPBACK_HOSTS or host.startswith("127."):
-            return None
-        field = "proxy" if cfg.proxy or "proxy" in cfg.broken_proxies else (
-            "https_proxy" if scheme == "https" else "http_proxy")
-        proxy = getattr(cfg, field)
-        if not proxy and field not in cfg.broken_proxies:
-            return None
-        for entry in (e.strip().lower() for e in cfg.no_proxy.split(",")):
-            if entry == "*" or (entry and (host == entry.lstrip(".") or host.endswith("." + entry.lstrip(".")))):
-                return None
-        if not proxy:
-            raise TransportError("network_error", "proxy_error",
-                                 "%s; fix or unset it (nothing is sent around the proxy)"
-                                 % cfg.broken_proxies[field])
-        return proxy
-
-    def _resolve(self, host, port):
-        """``getaddrinfo`` for a stream socket; an override point for tests that must not ask DNS."""
-        import socket
-        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-
-    def _public_address(self, host, port, proxied=False):
-        """The first public address of ``host``; raises TransportError when it has none.
-
-        Behind a proxy, a name that does not resolve here goes to the proxy
-        unchecked (on such networks only the proxy resolves names, and it
-        decides); a literal address or a name that resolves is checked.
-        """
-        import socket
-        if self._config.allow_private:
-            return None
-        try:
-            infos = self._resolve(host, port)
-        except (socket.gaierror, UnicodeError) as exc:
-            if proxied and isinstance(exc, socket.gaierror):
-                return None
-            raise TransportError("network_error", "connection_error",
-                                 "DNS lookup of %s failed (%s)" % (host, exc)) from None
-        refused = []
-        for info in infos:
-            address = info[4][0]
-            reason = non_public_reason(address)
-            if reason is None:
-                return address
-            refused.append("%s (%s)" % (address, reason))
-        raise TransportError("blocked", "private_address",
-                             "%s resolves to %s: refused; set WEBSEARCH_ALLOW_PRIVATE_URLS=1 "
-                             "to allow private addresses" % (host, ", ".join(refused) or "nothing"))
-
-    def _connect(self, scheme, host, port, timeout_s, address=None):
-        import http.client
-        from urllib.parse import urlsplit
-        proxy = self._proxy_for(scheme, host)
-        if proxy is None:
-            if address is not None:
-                pinned = _pinned_connection_class(scheme == "https")
-                kwargs = {"context": self._context()} if scheme == "https" else {}
-                return pinned(host, port, address, timeout=timeout_s, **kwargs), False
-            if scheme == "https":
-                return http.client.HTTPSConnection(host, port, timeout=timeout_s, context=self._context()), False
-            return http.client.HTTPConnection(host, port, timeout=timeout_s), False
-        p = urlsplit(proxy)
-        headers = {}
-        if p.username:
-            headers["Proxy-Authorization"] = basic_credentials(proxy)
-        pport = p.port or (443 if p.scheme == "https" else 80)
-        if scheme == "https":
-            # CONNECT goes to the proxy in the clear; TLS then runs inside the tunnel.
-            conn = http.client.HTTPSConnection(p.hostname, pport, timeout=timeout_s, context=self._context())
-            conn.set_tunnel(host, port, headers=headers)
-        else:
-            conn = http.client.HTTPConnection(p.hostname, pport, timeout=timeout_s)
-            conn._proxy_headers = headers
-        conn.via_proxy = "%s:%d" % (p.hostname, pport)
-        return conn, scheme != "https"
-
-    def request(self, method, url, *, headers=None, body=None, timeout_s=10.0, deadline=None,
-                token=None, max_bytes=MAX_BODY_BYTES, max_redirects=0, public_only=False, truncate=False):
-        """Send one request (following up to ``max_redirects`` redirects) and read the body.
-
-        ``public_only`` refuses hosts that resolve to loopback, private,
-        link-local and other non-public addresses, checked on every hop, and
-        connects to the address that was checked.  Without it (a configured
-        endpoint, such as a SearXNG on the local network) the first host is
-        trusted, and so is a redirect to the same scheme, host and port; a
-        redirect anywhere else gets the same check.  ``truncate`` keeps the
-        first ``max_bytes`` of a longer body instead of failing.
-        Raises :class:`TransportError`, :class:`Cancelled` or :class:`DeadlineExceeded`.
-        An HTTP error status is not an exception: callers classify it.
-        """
-        from urllib.parse import urljoin
-        deadline = deadline or Deadline(timeout_s, self._clock)
-        deadline = deadline.child(timeout_s)
-        started = self._clock()
-        try:
-            url = iri_to_uri(url)
-        except ValueError as exc:
-            raise TransportError("network_error", "bad_url", "invalid URL %r (%s)" % (url[:200], exc)) from None
-        seen = set()
-        trusted = _origin(url)
-        self._take_slot(token, deadline)
-        try:
-            for _ in range(max_redirects + 1):
-                seen.add(url)
-                response = self._exchange(method, url, headers or {}, body, deadline, token, max_bytes,
-                                          public_only or _origin(url) != trusted, truncate)
-                location = response.headers.get("location")
-                if response.status not in _REDIRECTS or not location or max_redirects == 0:
-                    break
-                try:
-                    url = iri_to_uri(urljoin(url, location_url(location)))
-                except ValueError:
-                    raise TransportError("network_error", "bad_url",
-                                         "redirect to an invalid URL: %r" % location[:200]) from None
-                if url in seen:
-                    raise TransportError("bad_response", "too_many_redirects", "redirect loop at %s" % url)
-                if _origin(url) != trusted and headers:      # a key is for the host it was configured for
-                    headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
-                if response.status == 303 or (response.status in (301, 302) and method == "POST"):
-                    method, body = "GET", None
-            else:
-                raise TransportError("bad_response", "too_many_redirects", "more than %d redirects" % max_redirects)
-            response.elapsed_s = self._clock() - started
-            self._log.debug("%s %s: HTTP %d, %d bytes in %.0f ms", method, _log_url(url), response.status,
-                            len(response.body), response.elapsed_s * 1000.0)
-            return response
-        except TransportError as exc:
-            self._log.debug("%s %s: %s/%s after %.0f ms: %s", method, _log_url(url), exc.outcome, exc.code,
-                            (self._clock() - started) * 1000.0, exc.message)
-            raise
-        finally:
-            self.slots.release()
-
-    def _take_slot(self, token, deadline):
-        """One of the upstream slots; waiting for one until the deadline is our limit, not the upstream's."""
-        try:
-            self.slots.acquire(token, deadline)
-        except DeadlineExceeded:
-            raise TransportError("busy", "upstream_slots", "every one of the %d upstream slots was busy until the "
-                                 "deadline (WEBSEARCH_MAX_INFLIGHT)" % self.slots.limit) from None
-
-    def _take(self, key):
-        """An idle kept-alive connection for ``key``, or None."""
-        now = self._clock()
-        with self._pool_lock:
-            idle = self._pool.get(key)
-            while idle:
-                conn, since = idle.pop()
-                if now - since < POOL_IDLE_S:
-                    return conn
-                conn.close()
-        return None
-
-    def _give(self, key, conn):
-        with self._pool_lock:
-            idle = self._pool.setdefault(key, [])
-            if len(idle) < POOL_PER_HOST:
-                idle.append((conn, self._clock()))
-                return
-        conn.close()
-
-    def _exchange(self, method, url, headers, body, deadline, token, max_bytes, public_only, truncate):
-        from urllib.parse import urlsplit
-        try:
-            parts = urlsplit(url)
-            host = parts.hostname
-            port = parts.port
-        except ValueError:
-            raise TransportError("network_error", "bad_url", "invalid URL %r" % url) from None
-        if parts.scheme not in ("http", "https") or not host:
-            raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
-        port = port or (443 if parts.scheme == "https" else 80)
-        address = None
-        if public_only:
-            if parts.username is not None or parts.password is not None:
-                raise TransportError("network_error", "bad_url",
-                                     "URLs with credentials are refused: %s" % url.split("@")[-1])
-            address = self._public_address(host, port, self._proxy_for(parts.scheme, host) is not None)
-        url, parts, headers = _credentials_to_header(url, parts, headers)
-        if isinstance(body, str):
-            body = body.encode("utf-8")
-        key = (parts.scheme, host, port, address)
-        # A kept-alive connection may have been closed by the server meanwhile:
-        # such a failure before any answer is retried once on a new connection.
-        for attempt in (0, 1):
-            if token is not None:
-                token.check()
-            if deadline.expired():
-                raise TransportError("timeout", "timeout", "deadline passed before connecting")
-            conn = self._take(key) if attempt == 0 else None
-            reused = conn is not None
-            absolute = False
-            if conn is None:
-                conn, absolute = self._connect(parts.scheme, host, port, max(0.05, deadline.remaining()), address)
-            try:
-                return self._send(conn, reused, absolute, key, method, url, parts, headers, body,
-                                  deadline, token, max_bytes, truncate)
-            except _StaleConnection:
-                continue
-        raise TransportError("network_error", "connection_error", "the connection was closed before an answer")
-
-    def _send(self, conn, reused, absolute, key, method, url, parts, headers, body, deadline, token, max_bytes,
-              truncate):
-        import http.client
-        target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
-        hdrs = {"Accept-Encoding": "gzip, deflate"}
-        hdrs.update(headers)
-        if absolute:
-            hdrs.update(conn._proxy_headers)
-        handle = None
-        keep = False
-        answered = False
-        try:
-            if conn.sock is None:
-                _open_connection(conn)
-            sock = conn.sock
-            if token is not None:
-                handle = token.add_callback(lambda: _shutdown(sock))
-                token.check()
-            sock.settimeout(max(0.05, deadline.remaining()))
-            self.requests_sent += 1
-            conn.request(method, target, body=body, headers=hdrs)
-            resp = conn.getresponse()
-            answered = True
-            length = resp.getheader("content-length")
-            if length and length.isdigit() and int(length) > max_bytes and not truncate:
-                raise TransportError("bad_response", "body_too_large",
-                                     "body of %s bytes is over the %d byte cap" % (length, max_bytes))
-            chunks, total = [], 0
-            while True:
-                remaining = deadline.remaining()
-                if remaining <= 0:
-                    raise TransportError("timeout", "timeout", "timed out reading the body")
-                chunk = _read_piece(resp, sock, remaining)
-                if not chunk:
-                    if token is not None:
-                        token.check()    # a cancel shuts the socket: what looks like the end is not
-                    if resp.length:   # read1() ends quietly when the peer closes before Content-Length
-                        raise TransportError("bad_response", "truncated_body",
-                                             "connection closed with %d of the body's bytes "
-                                             "missing" % resp.length)
-                    break
-                total += len(chunk)
-                if total > max_bytes:
-                    if not truncate:
-                        raise TransportError("bad_response", "body_too_large", "body over the %d byte cap" % max_bytes)
-                    chunks.append(chunk[:max_bytes - (total - len(chunk))])
-                    break
-                chunks.append(chunk)
-            raw = b"".join(chunks)
-            headers_out = {}
-            for k, v in resp.getheaders():
-                k = k.lower()
-                headers_out[k] = headers_out[k] + ", " + v if k in headers_out else v
-            resp.close()    # a body read to its length leaves the response open; reuse needs it closed
-            keep = total <= max_bytes and not resp.will_close and not absolute \
-                and getattr(conn, "_tunnel_host", None) is None
-            encoding = headers_out.get("content-encoding", "").lower()
-            if encoding in ("gzip", "deflate", "x-gzip"):
-                raw = _decompress(raw, max_bytes, truncate)
-            return Response(resp.status, resp.reason, headers_out, raw, url, 0.0)
-        except (TransportError, Cancelled):
-            raise
-        except http.client.IncompleteRead as exc:
-            if token is not None and token.cancelled:
-                raise Cancelled(token.reason or "cancelled") from None
-            raise TransportError("bad_response", "truncated_body",
-                                 "connection closed after %d bytes of the body" % len(exc.partial)) from None
-        except _TIMEOUTS:
-            if token is not None and token.cancelled:
-                raise Cancelled(token.reason or "cancelled") from None
-            raise TransportError("timeout", "timeout", "timed out waiting for the upstream") from None
-        except (OSError, http.client.HTTPException) as exc:
-            if token is not None and token.cancelled:
-                raise Cancelled(token.reason or "cancelled") from None
-            if reused and not answered and isinstance(exc, (ConnectionError, http.client.RemoteDisconnected,
-                                                            http.client.BadStatusLine)):
-                raise _StaleConnection() from None
-            if deadline.expired():
-                raise TransportError("timeout", "timeout", "timed out") from None
-            raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
-        finally:
-            if token is not None:
-                token.remove(handle)
-            if keep:
-                self._give(key, conn)
-            else:
-                conn.close()
-
-    def open_stream(self, method, url, *, headers=None, body=None, timeout_s=10.0, deadline=None, token=None,
-                    max_bytes=MAX_BODY_BYTES):
-        """Start a request whose body is read as it arrives (server-sent events).
-
-        Returns an open :class:`HttpStream`; the caller must ``close()`` it (it
-        holds one of the upstream slots until then).  ``timeout_s`` bounds the
-        wait for each piece of the body, ``deadline`` the whole exchange.
-        """
-        import http.client
-        from urllib.parse import urlsplit
-        deadline = deadline or Deadline(timeout_s, self._clock)
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        url, parts, headers = _credentials_to_header(url, parts, headers or {})
-        self._take_slot(token, deadline)
-        conn = handle = None
-        try:
-            conn, absolute = self._connect(parts.scheme, parts.hostname, port, max(0.05, deadline.clip(timeout_s)))
-            target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
-            hdrs = dict(headers or {})
-            if absolute:
-                hdrs.update(conn._proxy_headers)
-            _open_connection(conn)
-            sock = conn.sock
-            if token is not None:
-                handle = token.add_callback(lambda: _shutdown(sock))
-                token.check()
-            sock.settimeout(max(0.05, deadline.clip(timeout_s)))
-            self.requests_sent += 1
-            conn.request(method, target, body=body.encode("utf-8") if isinstance(body, str) else body, headers=hdrs)
-            resp = conn.getresponse()
-            return HttpStream(self, conn, resp, sock, token, handle, deadline, timeout_s, max_bytes, url)
-        except BaseException as exc:
-            if token is not None:
-                token.remove(handle)
-            if conn is not None:
-                conn.close()
-            self.slots.release()
-            if isinstance(exc, (TransportError, Cancelled)):
-                raise
-            if token is not None and token.cancelled:
-                raise Cancelled(token.reason or "cancelled") from None
-            if isinstance(exc, _TIMEOUTS) or deadline.expired():
-                raise TransportError("timeout", "timeout", "timed out waiting for the upstream") from None
-            if isinstance(exc, (OSError, http.client.HTTPException)):
-                raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
-            raise
-
-
-class HttpStream:
-    """An HTTP response being read piece by piece; lines come out of :meth:`lines`."""
-
-    def __init__(self, transport, conn, resp, sock, token, handle, deadline, timeout_s, max_bytes, url):
-        self._transport = transport
-        self._conn = conn
-        self._resp = resp
-        self._sock = sock
-        self._token = token
-        self._handle = handle
-        self._deadline = deadline
-        self._timeout_s = timeout_s
-        self._max_bytes = max_bytes
-        self.url = url
-        self.status = resp.status
-        self.headers = {k.lower(): v for k, v in resp.getheaders()}
-        self.received = 0
-        self._closed = False
-
-    def chunks(self):
-        """Body pieces as they arrive; ends at the end of the body, raises on a cut or a timeout."""
-        import http.client
-        try:
-            while True:
-                wait = self._deadline.clip(self._timeout_s)
-                if wait <= 0:
-                    raise TransportError("timeout", "timeout", "the stream outlived its time budget")
-                chunk = _read_piece(self._resp, self._sock, wait)
-                if not chunk:
-                    self._raise_cancelled()     # a cancel shuts the socket: what looks like the end is not
-                    if self._resp.length:
-                        raise TransportError("bad_response", "truncated_body",
-                                             "the connection closed with %d bytes of the body "
-                                             "missing" % self._resp.length)
-                    return
-                self.received += len(chunk)
-                if self.received > self._max_bytes:
-                    raise TransportError("bad_response", "body_too_large",
-                                         "stream over the %d byte cap" % self._max_bytes)
-                yield chunk
-        except (TransportError, Cancelled):
-            raise
-        except http.client.IncompleteRead:
-            self._raise_cancelled()
-            raise TransportError("bad_response", "truncated_body",
-                                 "the connection closed in the middle of the stream") from None
-        except _TIMEOUTS:
-            self._raise_cancelled()
-            raise TransportError("timeout", "timeout",
-                                 "no data from the upstream for %.0f s" % self._timeout_s) from None
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            self._raise_cancelled()
-            raise TransportError("network_error", "connection_error",
-                                 _describe_os_error(exc) if isinstance(exc, OSError) else str(exc)) \
-                from None
-
-    def _raise_cancelled(self):
-        if self._token is not None and self._token.cancelled:
-            raise Cancelled(self._token.reason or "cancelled")
-
-    def lines(self):
-        """Decoded text lines (without line ends); the last partial line too."""
-        import codecs
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        pending = ""
-        for chunk in self.chunks():
-            pending += decoder.decode(chunk)
-            *complete, pending = re.split(r"\r\n|\r|\n", pending)
-            for line in complete:
-                yield line
-        pending += decoder.decode(b"", final=True)
-        if pending:
-            yield pending
-
-    def read(self):
-        """The rest of the body as bytes."""
-        return b"".join(self.chunks())
-
-    def close(self):
-        if self._closed:
-            return
-        self._closed = True
-        if self._token is not None:
-            self._token.remove(self._handle)
-        self._conn.close()
-        self._transport.slots.release()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-class _StaleConnection(Exception):
-    """A kept-alive connection turned out to be closed before it answered."""
-
-
-# Special-purpose ranges (IANA's IPv4 and IPv6 special-purpose registries), most specific first.
-# An explicit table because ipaddress's is_private/is_global changed between patch releases
-# (3.11.10, 3.12.4, 3.13): the same address must get the same verdict on every Python.
-_NON_PUBLIC = (
-    ("0.0.0.0/32", "unspecified"), ("0.0.0.0/8", "reserved"), ("10.0.0.0/8", "private"),
-    ("100.64.0.0/10", "shared (CGNAT)"), ("127.0.0.0/8", "loopback"), ("169.254.0.0/16", "link-local"),
-    ("172.16.0.0/12", "private"), ("192.0.0.0/24", "reserved"), ("192.0.2.0/24", "reserved"),
-    ("192.88.99.0/24", "reserved"), ("192.168.0.0/16", "private"), ("198.18.0.0/15", "reserved"),
-    ("198.51.100.0/24", "reserved"), ("203.0.113.0/24", "reserved"), ("224.0.0.0/4", "multicast"),
-    ("240.0.0.0/4", "reserved"),
-    ("::/128", "unspecified"), ("::1/128", "loopback"), ("64:ff9b:1::/48", "private"),
-    ("100::/64", "reserved"), ("2001::/23", "reserved"), ("2001:db8::/32", "reserved"),
-    ("3fff::/20", "reserved"), ("5f00::/16", "reserved"), ("fc00::/7", "private"),
-    ("fe80::/10", "link-local"), ("fec0::/10", "private"), ("ff00::/8", "multicast"),
-)
-
-
-# Request headers that carry a key or a session: never sent on to another origin by a redirect.
-_CREDENTIAL_HEADERS = frozenset(("authorization", "cookie", "x-api-key", "x-subscription-token"))
-
-
-def _credentials_to_header(url, parts, headers):
-    """A configured URL's ``user:password@`` goes out as Basic authorization (unless the request
-    has its own), never in the request line, ``Host`` or a proxy's log: ``(url, parts, headers)``."""
-    from urllib.parse import urlsplit
-    if parts.username is None and parts.password is None:
-        return url, parts, headers
-    url, auth = split_credentials(url)
-    if not any(name.lower() == "authorization" for name in headers):
-        headers = dict(headers, Authorization=auth)
-    return url, urlsplit(url), headers
-
-
-def _log_url(url):
-    """``url`` for a log line: without its query, which may hold a key, a signature or the user's search."""
-    base, _, query = url.partition("?")
-    return base[:300] + ("?(%d parameters)" % (query.count("&") + 1) if query else "")
-
-
-def _origin(url):
-    """``(scheme, host, port)`` of ``url``, or None when it cannot be parsed."""
-    from urllib.parse import urlsplit
-    try:
-        parts = urlsplit(url)
-        return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or (
-            443 if parts.scheme.lower() == "https" else 80)
-    except ValueError:
-        return None
-
-
-def non_public_reason(address, _table=[]):
-    """Why an IP address is not public (``"loopback"``, ``"private"`` ...), or None when it is.
-
-    IPv6 forms that carry an IPv4 address (mapped ``::ffff:0:0/96``, NAT64 ``64:ff9b::/96``,
-    6to4 ``2002::/16``) are judged by that IPv4 address; IPv6 outside ``2000::/3`` is not
-    global unicast.
-
-    >>> non_public_reason("127.0.0.1"), non_public_reason("::ffff:169.254.169.254"), non_public_reason("8.8.8.8")
-    ('loopback', 'link-local', None)
-    >>> non_public_reason("100.64.0.1"), non_public_reason("fd00::1"), non_public_reason("2002:7f00:1::")
-    ('shared (CGNAT)', 'private', 'loopback')
-    >>> non_public_reason("fec0::1"), non_public_reason("64:ff9b::808:808"), non_public_reason("192.0.0.8")
-    ('private', None, 'reserved')
-    """
-    import ipaddress
-    if not _table:
-        # Built whole, then published in one step: another thread never sees half a table.
-        _table[:] = [(ipaddress.ip_network(net), reason) for net, reason in _NON_PUBLIC]
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return "not an IP address"
-    if ip.version == 6:
-        value = int(ip)
-        if ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        elif value >> 32 == 0x64ff9b << 64:                     # 64:ff9b::/96, well-known NAT64
-            ip = ipaddress.IPv4Address(value & 0xFFFFFFFF)
-        elif value >> 112 == 0x2002:                           # 6to4: the IPv4 address is bits 16-48
-            ip = ipaddress.IPv4Address((value >> 80) & 0xFFFFFFFF)
-    for network, reason in _table:
-        if ip.version == network.version and ip in network:
-            return reason
-    if ip.version == 6 and int(ip) >> 125 != 1:                # not in 2000::/3
-        return "reserved"
-    return None
-
-
-def _pinned_connection_class(tls, _cache={}):
-    """HTTP(S) connections that connect to a checked address but speak to the host name (Host, SNI)."""
-    if tls in _cache:
-        return _cache[tls]
-    import http.client
-    import socket
-    base = http.client.HTTPSConnection if tls else http.client.HTTPConnection
-
-    class PinnedConnection(base):
-        def __init__(self, host, port, address, **kwargs):
-            super().__init__(host, port, **kwargs)
-            self.address = address
-
-        def connect(self):
-            sock = socket.create_connection((self.address, self.port), self.timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.sock = self._context.wrap_socket(sock, server_hostname=self.host) if tls else sock
-
-    _cache[tls] = PinnedConnection
-    return PinnedConnection
-
-
-def _open_connection(conn):
-    """``conn.connect()``; failing to reach a proxy, or to tunnel through it, is named as the proxy's."""
-    import http.client
-    import socket
-    proxy = getattr(conn, "via_proxy", None)
-    try:
-        conn.connect()
-    except (OSError, http.client.HTTPException) as exc:
-        ssl = sys.modules.get("ssl")
-        if proxy is None or (ssl is not None and isinstance(exc, ssl.SSLError)):
-            raise                 # no proxy, or TLS with the target inside the tunnel
-        if isinstance(exc, ConnectionRefusedError):
-            what = "refused the connection"
-        elif isinstance(exc, _TIMEOUTS):
-            what = "did not answer in time"
-        elif isinstance(exc, socket.gaierror):
-            what = "could not be found (%s)" % (exc.strerror or exc)
-        elif str(exc).startswith("Tunnel connection failed"):
-            what = "refused the tunnel (%s)" % str(exc).partition(": ")[2]
-        else:
-            what = "failed: " + _describe_os_error(exc)
-        raise TransportError("network_error", "proxy_error", "proxy %s %s" % (proxy, what)) from None
-
-
-def _read_piece(resp, sock, wait_s):
-    """The next piece of a response body, ``b""`` at its end, waiting at most ``wait_s`` for it.
-
-    Python 3.13 and newer close the response inside ``read1()`` as soon as a
-    body with a ``Content-Length`` is complete, and with ``Connection: close``
-    the socket goes with it: a closed response is the end of the body, not a
-    socket to arm with a timeout.
-    """
-    if resp.isclosed():
-        return b""
-    sock.settimeout(wait_s)
-    return resp.read1(65536)
-
-
-def _shutdown(sock):
-    """Abort a socket from another thread: a blocked recv() returns at once."""
-    import socket
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-
-
-TLS_HINT = ("with a python.org build on macOS, run 'Install Certificates.command' in the Python folder; "
-            "behind a TLS-inspecting proxy, set SSL_CERT_FILE (or SSL_CERT_DIR) to its CA certificates")
-
-
-def _describe_os_error(exc):
-    import socket
-    ssl = sys.modules.get("ssl")
-    if ssl is not None and isinstance(exc, ssl.SSLCertVerificationError):
-        return "TLS certificate verification failed (%s): %s" % (exc.verify_message or exc.reason, TLS_HINT)
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(exc, socket.gaierror):
-        return "DNS lookup failed (%s)" % (exc.strerror or exc)
-    name = type(exc).__name__
-    text = str(exc) or name
-    return text if name in text else "%s: %s" % (name, text)
-
-
-def _decompress(raw, max_bytes, truncate=False):
-    """A gzip (every member), zlib or raw deflate body, capped at ``max_bytes`` once inflated.
-
-    A compressed stream that stops before its end marker is a truncated body, unless
-    ``truncate`` asked for a cut (the compressed body was itself cut at the cap).
-
-    >>> import gzip; _decompress(gzip.compress(b"one ") + gzip.compress(b"two"), 100)
-    b'one two'
-    """
-    import zlib
-    for wbits in (47, -15):     # 47: gzip or zlib, told apart by the header; -15: raw deflate
-        out, size, rest = [], 0, raw
-        try:
-            while True:
-                inflater = zlib.decompressobj(wbits)
-                piece = inflater.decompress(rest, max_bytes + 1 - size)
-                out.append(piece)
-                size += len(piece)
-                if size > max_bytes:
-                    if truncate:
-                        return b"".join(out)[:max_bytes]
-                    raise TransportError("bad_response", "body_too_large",
-                                         "decompressed body over the %d byte cap" % max_bytes)
-                if not inflater.eof:
-                    if truncate:
-                        return b"".join(out)
-                    raise TransportError("bad_response", "truncated_body",
-                                         "the compressed body ends before its end marker")
-                rest = inflater.unused_data
-                if not (wbits == 47 and rest[:2] == b"\x1f\x8b"):
-                    return b"".join(out)          # no further gzip member; trailing bytes are ignored
-        except zlib.error:
-            if size:
-                return b"".join(out)              # a damaged member after good ones
-    raise TransportError("bad_response", "bad_encoding", "body is not valid gzip/deflate data")
-
-# ---------------------------------------------------------------------------
-# §7 Streaming LLM client
-# ---------------------------------------------------------------------------
-
-_INVALID_KEY = LazyPattern(r"incorrect api key|invalid api key|invalid_api_key|api key.{0,20}(invalid|not valid)"
-                          r"|unauthorized|authentication", re.I)
-_CREDITS = LazyPattern(r"used all available credits|spending limit|insufficient (credits|balance|quota)"
-                      r"|purchase more credits|no credits|quota exceeded|billing", re.I)
-# Relays (one-api and its kin) report a dead upstream account in prose; retrying cannot help.
-_DEAD_ACCOUNT = LazyPattern(r"account.{0,40}(deactivated|disabled|suspended|banned|expired|closed)"
-                           r"|no available (channel|account|key)|key.{0,20}(expired|revoked|disabled)"
-                           r"|该令牌|令牌已|账户|额度不足|余额不足", re.I)
-_UNKNOWN_MODEL = LazyPattern(r"model.{0,60}(not found|does not exist|not exist|unknown|not supported|invalid)"
-                            r"|unknown model|no such model|model_not_found", re.I)
-# Models that exist only on /responses (multi-agent runs) force that protocol.
-_RESPONSES_ONLY = LazyPattern(r"multi-?agent", re.I)
-
-
-def answer_error(outcome, code, message, **kwargs):
-    """A failed answer attempt: an :class:`UpstreamError` of the ``answer`` service."""
-    return UpstreamError("answer", outcome, code, message, **kwargs)
-
-
-def error_fields(data):
-    """``(code, message)`` of an error body or stream event in any of the shapes relays use, or None.
-
-    Flat ``{"code", "error"}`` (xAI), nested ``{"error": {"message", "code"}}``
-    (OpenAI, OpenRouter), ``{"object": "error", "message"}`` (vLLM) and
-    ``{"type": "error", "code", "message"}`` (Responses streams).
-
-    >>> error_fields({"code": "invalid-argument", "error": "Incorrect API key provided."})
-    ('invalid-argument', 'Incorrect API key provided.')
-    >>> error_fields({"error": {"message": "boom", "code": 502}})
-    ('502', 'boom')
-    >>> error_fields({"choices": []}) is None
-    True
-    """
-    if not isinstance(data, dict):
-        return None
-    err = data.get("error")
-    if isinstance(err, dict):
-        code = err.get("code") if err.get("code") is not None else err.get("type")
-        return (None if code is None else str(code)), str(err.get("message") or err.get("error") or err)
-    if isinstance(err, str) and err.strip():
-        code = data.get("code")
-        return (None if code is None else str(code)), err
-    if data.get("object") == "error" or data.get("type") == "error":
-        code = data.get("code") if data.get("code") is not None else data.get("type")
-        return (None if code is None else str(code)), str(data.get("message") or "error")
-    return None
-
-
-def _code_key(text):
-    """Error codes compared loosely: ``Internal error``, ``internal-error`` and ``internal_error`` match.
-
-    >>> _code_key("Some resource-has been exhausted")
-    'some_resource_has_been_exhausted'
-    """
-    return re.sub(r"[\s-]+", "_", str(text).strip().lower())
-
-
-def classify_answer_error(status, code, message, retryable_codes, retry_after_s=None):
-    """The :class:`UpstreamError` of an answer endpoint's HTTP status (None inside a 200) and error code and message."""
-    text = "%s %s" % (code or "", message or "")
-    kw = {"status": status, "upstream_code": code, "retryable": False}
-    if _INVALID_KEY.search(text) or status == 401:
-        return answer_error("auth_error", "invalid_key", "the answer endpoint rejected GROK_API_KEY: " + message, **kw)
-    if _CREDITS.search(text) or status == 402:
-        return answer_error("quota_exhausted", "no_credits", "the answer account has no credits left: " + message,
-                            **kw)
-    if _DEAD_ACCOUNT.search(text):
-        return answer_error("auth_error", "account_unusable", "the relay's upstream account is unusable: " + message,
-                            **kw)
-    if _UNKNOWN_MODEL.search(text) or status == 404:
-        return answer_error("http_error", "unknown_model", "unknown model: " + message, **kw)
-    if status == 403 or (status is None and code and "permission" in code.lower()):
-        return answer_error("auth_error", "forbidden", "no permission: " + message, **kw)
-    if status in (400, 405, 410, 413, 415, 422):
-        return answer_error("http_error", "bad_parameters", "the endpoint refused the request: " + message, **kw)
-    kw.update(retryable=True, retry_after_s=retry_after_s)
-    if status == 429:
-        return answer_error("rate_limited", "rate_limited", message, **kw)
-    if status == 408 or (status is not None and status >= 500):
-        return answer_error("http_error", "server_error", message, **kw)
-    wanted = {_code_key(c) for c in retryable_codes}
-    said = _code_key(message)
-    if not (_code_key(code or "") in wanted or any(c in said for c in wanted if len(c) > 6)):
-        kw.update(retryable=False, retry_after_s=None)
-    return answer_error("http_error", "upstream_error", message, **kw)
-
-
-class AnswerResult:
-    """A complete answer: text, the sources cited, and how the stream ended."""
-
-    __slots__ = ("content", "citations", "finish", "model")
-
-    def __init__(self, content, citations, finish, model):
-        self.content = content
-        self.citations = citations      # [(url, title or None)] in order of appearance
-        self.finish = finish
-        self.model = model
-
-
-def _add_citation(citations, url, title=None):
-    if isinstance(url, str) and url.startswith(("http://", "https://")):
-        citations.append((url, title if isinstance(title, str) and title and not title.isdigit() else None))
-
-
-class AnswerStreamParser:
-    """Consumes SSE lines of ``/chat/completions`` or ``/responses`` and knows when the answer is complete.
-
-    A stream counts only with its end marker: ``[DONE]`` or a ``finish_reason``
-    (chat), ``response.completed`` (responses).  An error chunk or event
-    raises a classified :class:`UpstreamError` at once.
-    """
-
-    def __init__(self, protocol, retryable_codes, on_text=None):
-        self.protocol = protocol
-        self.retryable_codes = retryable_codes
-        self.on_text = on_text
-        self.parts = []
-        self.citations = []
-        self.finish = None
-        self.done = False
-        self.model = None
-        self.completed_text = None
-        self._data = []
-
-    def feed_line(self, line):
-        """Take one line; returns True once the stream is complete."""
-        if line.startswith(":"):
-            return self.done          # SSE comment (OpenRouter keep-alive)
-        if not line.strip():
-            if self._data:
-                payload, self._data = "\n".join(self._data), []
-                self._event(payload)
-            return self.done
-        if line.startswith("data:"):
-            self._data.append(line[5:].lstrip(" ") if line[5:6] == " " else line[5:])
-        return self.done
-
-    def flush(self):
-        if self._data:
-            payload, self._data = "\n".join(self._data), []
-            self._event(payload)
-
-    def _event(self, payload):
-        if payload.strip() == "[DONE]":
-            if self.protocol == "chat":
-                self.done = True
-            return
-        try:
-            data = json.loads(payload)
-        except ValueError:
-            return      # a stray non-JSON line is not the answer; the end marker decides
-        if not isinstance(data, dict):
-            return
-        if self.protocol == "chat":
-            self._chat(data)
-        else:
-            self._responses(data)
-
-    def _fail(self, fields):
-        code, message = fields
-        raise classify_answer_error(None, code, message, self.retryable_codes)
-
-    def _chat(self, data):
-        fields = error_fields(data)
-        if fields:
-            self._fail(fields)
-        self.model = data.get("model") or self.model
-        citations = data.get("citations")
-        for url in citations if isinstance(citations, list) else []:
-            _add_citation(self.citations, url)
-        choices = data.get("choices")
-        for choice in choices if isinstance(choices, list) else []:
-            if not isinstance(choice, dict):
-                continue
-            delta = choice.get("delta") or choice.get("message") or {}
-            if not isinstance(delta, dict):      # a relay's malformed chunk: no text in it
-                delta = {}
-            text = delta.get("content")
-            if isinstance(text, str) and text:
-                self.parts.append(text)
-                if self.on_text is not None:
-                    self.on_text(len(text))
-            for ann in delta.get("annotations") or []:
-                cite = ann.get("url_citation") if isinstance(ann, dict) else None
-                if isinstance(cite, dict):
-                    _add_citation(self.citations, cite.get("url"), cite.get("title"))
-            finish = choice.get("finish_reason")
-            if finish == "error":
-                self._fail(("error", "the stream ended with finish_reason error"))
-            if finish:
-                self.finish = finish
-                self.done = True
-
-    def _responses(self, data):
-        kind = data.get("type") or ""
-        if kind == "error":
-            self._fail(error_fields(data) or ("error", "error event"))
-        response = data.get("response") if isinstance(data.get("response"), dict) else None
-        if kind == "response.failed":
-            err = (response or {}).get("error") or {}
-            self._fail((str(err.get("code") or "failed"), str(err.get("message") or "the response failed")))
-        if kind == "response.incomplete":
-            reason = ((response or {}).get("incomplete_details") or {}).get("reason") or "unknown"
-            raise answer_error("bad_response", "incomplete", "the response stopped early (%s)" % reason,
-                               upstream_code=reason, retryable=False)
-        if kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
-            self.parts.append(data["delta"])
-            if self.on_text is not None:
-                self.on_text(len(data["delta"]))
-        elif kind == "response.output_text.annotation.added":
-            ann = data.get("annotation") or {}
-            _add_citation(self.citations, ann.get("url"), ann.get("title"))
-        elif kind in ("response.content_part.done", "response.output_item.done"):
-            self._collect(data.get("part") or data.get("item") or {})
-        elif kind in ("response.completed", "response.done"):
-            response = response or {}
-            self.model = response.get("model") or self.model
-            texts = []
-            for item in response.get("output") or []:
-                texts.extend(self._collect(item))
-            for url in response.get("citations") or []:
-                _add_citation(self.citations, url)
-            self.completed_text = "".join(texts)
-            self.finish = response.get("status") or "completed"
-            self.done = True
-        if response and response.get("model"):
-            self.model = response["model"]
-
-    def _collect(self, node):
-        """Citations of a message item or content part; returns its output texts."""
-        texts = []
-        parts = node.get("content") if isinstance(node.get("content"), list) else [node]
-        for part in parts:
-            if not isinstance(part, dict) or part.get("type") != "output_text":
-                continue
-            if isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            for ann in part.get("annotations") or []:
-                if isinstance(ann, dict) and ann.get("type") == "url_citation":
-                    _add_citation(self.citations, ann.get("url"), ann.get("title"))
-        return texts
-
-    def result(self):
-        text = "".join(self.parts)
-        if not text.strip() and self.completed_text:
-            text = self.completed_text
-        return AnswerResult(text, self.citations, self.finish, self.model)
-
-
-def answer_endpoint(config, protocol):
-    return config.grok_url + ("/responses" if protocol == "response" else "/chat/completions")
-
-
-def answer_payload(config, protocol, model, system, user):
-    """The JSON body of one streamed answer request."""
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    if protocol == "chat":
-        return {"model": model, "messages": messages, "stream": True}
-    payload = {"model": model, "input": messages, "stream": True, "store": bool(config.grok_store),
-               "tools": [{"type": name} for name in config.grok_server_tools]}
-    if config.grok_reasoning_effort:
-        payload["reasoning"] = {"effort": config.grok_reasoning_effort}
-    return payload
-
-
-def stream_answer(transport, config, protocol, model, system, user, token, deadline, timeout_s, on_text=None):
-    """One streamed answer attempt; returns a complete :class:`AnswerResult`.
-
-    Raises :class:`UpstreamError` (classified, with ``retryable``) or
-    :class:`Cancelled`.  The whole body is read and parsed before anything is
-    returned: a stream without its end marker is an error, never an answer.
-    """
-    codes = config.grok_retryable_codes
-    headers = {"Authorization": "Bearer " + config.grok_key, "Content-Type": "application/json",
-               "Accept": "text/event-stream, application/json"}
-    parser = AnswerStreamParser(protocol, codes, on_text)
-    try:
-        stream = transport.open_stream("POST", answer_endpoint(config, protocol), headers=headers,
-                                       body=json.dumps(answer_payload(config, protocol, model, system, user)),
-                                       timeout_s=timeout_s, deadline=deadline, token=token)
-        with stream:
-            if stream.status != 200:
-                body = stream.read()
-                try:
-                    fields = error_fields(json.loads(body.decode("utf-8", "replace")))
-                except ValueError:
-                    fields = None
-                code, message = fields or (None, body_text_message(body, stream.status, 300))
-                raise classify_answer_error(stream.status, code, status_text(stream.status, message), codes,
-                                            retry_after_of(stream.headers))
-            if "event-stream" in stream.headers.get("content-type", ""):
-                for line in stream.lines():
-                    if parser.feed_line(line):
-                        break
-                parser.flush()
-            else:
-                try:
-                    data = json.loads(stream.read().decode("utf-8", "replace"))
-                except ValueError:
-                    raise answer_error("bad_response", "invalid_json",
-                                       "the endpoint answered 200 with neither a stream nor JSON",
-                                       status=200, retryable=True) from None
-                if protocol == "chat" or "choices" in data:
-                    parser.protocol = "chat"
-                    parser._chat(data)
-                else:
-                    parser._responses({"type": "response.completed", "response": data})
-    except TransportError as exc:
-        raise answer_error(exc.outcome, exc.code, exc.message, retryable=exc.code != "bad_url") from None
-    except DeadlineExceeded as exc:
-        raise answer_error("timeout", "deadline", str(exc), retryable=True) from None
-    if not parser.done:
-        raise answer_error("bad_response", "broken_stream", "the stream ended without its end marker after %d "
-                           "characters" % len("".join(parser.parts)), retryable=True)
-    result = parser.result()
-    if not result.content.strip():
-        raise answer_error("no_results", "empty", "the model returned an empty answer", retryable=True)
-    result.model = result.model or model
-    return result
-
-
-# ---------------------------------------------------------------------------
-# §8 HTML to Markdown
-# ---------------------------------------------------------------------------
 
 # Elements whose content never reaches the page text.
 _SILENT_TAGS = frozenset({"script", "style", "noscript", "template", "svg", "canvas", "iframe", "object",
@@ -3570,159 +1692,22 @@ def _render_table(rows, plain):
     return "\n".join(lines)
 
 
+def _html_parser_class():
+    """``html.parser.HTMLParser``, imported on first use (start-up stays fast)."""
+    from html.parser import HTMLParser
+    return HTMLParser
+
+
+def _classes(attrs):
+    return set((dict(attrs).get("class") or "").split())
+
+
 # ---------------------------------------------------------------------------
-# PDF to text (the rest of §8)
+# §5 PDF: filters and encryption
 # ---------------------------------------------------------------------------
-#
-# pdf_to_text() reads the text layer of a PDF with the standard library only:
-# the file structure (xref tables and streams, object streams, incremental
-# updates, a scan for "N G obj" when the xref is damaged), the common stream
-# filters, fonts (ToUnicode CMaps, simple encodings with /Differences, Type0
-# CID fonts) and the text operators of content streams, laid out as lines
-# and paragraphs from the text positions.  Every loop is bounded: pages,
-# inflated bytes, nesting, reference chains and form XObject depth, and the
-# caller's ``check`` is called every few thousand tokens.
-
-PDF_MAX_PAGES = 2000                # pages read from one document; later pages are left out
-_PDF_MAX_STREAM = 32 << 20          # bytes one stream may inflate to: a zip bomb stops here
-_PDF_MAX_DECODED = 64 << 20         # bytes all the streams of one document may inflate to
-_PDF_MAX_OPERATORS = 20000000       # content tokens run per document (form XObjects repeat)
-_PDF_MAX_NESTING = 64               # depth of nested arrays and dictionaries kept by the parser
-_PDF_MAX_CHAIN = 32                 # indirect references followed in a row
-_PDF_MAX_FORM_DEPTH = 12            # form XObjects drawn inside form XObjects
-_PDF_MAX_SECTIONS = 256             # cross-reference sections followed through /Prev
-_PDF_MAX_TRAILERS = 64              # trailer dictionaries read by the scan of a damaged file
-_PDF_MAX_DICT_BYTES = 65536         # bytes a trailer or xref stream dictionary may span
-_PDF_MAX_CMAP = 1 << 17             # codes a CMap or /W array may define
-_PDF_MAX_GSTATE = 256               # graphics states saved with q
-_PDF_CHECK_EVERY = 2048             # tokens (or objects) between two calls of ``check``
-_PDF_WORD_GAP = 0.18                # a forward jump wider than this share of the font size is a space
-_PDF_LINE_GAP = 0.55                # a vertical move beyond this share of the font size is a new line
-_PDF_PARA_GAP = 1.9                 # ... and beyond this share, a new paragraph
-_PDF_PAGE_BREAK = "\n\n"            # between pages: a blank line, like between paragraphs
-
-
-# The lexer: one alternative per token kind, each a single unambiguous loop, so that a match
-# costs time linear in its length.  Group numbers are the token kinds used by the parsers.
-_PDF_TOKEN_RE = LazyPattern(
-    rb"[\x00\t\n\x0c\r ]*(?:"
-    rb"([+-]?(?:\d+(?:\.\d*)?|\.\d+))"               # 1 number
-    rb"|(/[^\x00\t\n\x0c\r ()<>\[\]{}/%]*)"          # 2 name
-    rb"|(\((?:[^()\\]|\\.)*\))"                      # 3 string without nested parentheses
-    rb"|(\()"                                        # 4 start of a string with nested ones
-    rb"|(<[0-9A-Fa-f\x00\t\n\x0c\r ]*>)"             # 5 hex string
-    rb"|(<<|>>|[\[\]{}])"                            # 6 delimiter
-    rb"|([^\x00\t\n\x0c\r ()<>\[\]{}/%]+)"           # 7 keyword or operator
-    rb"|(%[^\r\n]*)"                                 # 8 comment
-    rb"|(.))", re.S)                                 # 9 anything else: skipped
-_PDF_PAREN_RE = LazyPattern(rb"[()\\]")
-# Spacing accents (as TeX fonts draw them, before the letter) and their combining marks.
-_PDF_SPACING_ACCENTS = {"\u00b4": "\u0301", "\u00a8": "\u0308", "\u02c6": "\u0302", "\u02dc": "\u0303",
-                        "\u00af": "\u0304", "\u02d8": "\u0306", "\u02d9": "\u0307", "\u02da": "\u030a",
-                        "\u00b8": "\u0327", "\u02dd": "\u030b", "\u02db": "\u0328", "\u02c7": "\u030c"}
-_PDF_ACCENT_RE = LazyPattern("([\u00b4\u00a8\u02c6\u02dc\u00af\u02d8\u02d9\u02da\u00b8\u02dd\u02db\u02c7])"
-                            "([A-Za-z\u0131])")
-_PDF_ESCAPE_RE = LazyPattern(rb"\\(?:([0-7]{1,3})|(\r\n?|\n)|(.))", re.S)
-_PDF_HEADER_RE = LazyPattern(rb"[\x00\t\n\x0c\r ]{0,64}(\d{1,10})[\x00\t\n\x0c\r ]{1,64}(\d{1,10})"
-                            rb"[\x00\t\n\x0c\r ]{0,64}obj")
-_PDF_BEFORE_OBJ_RE = LazyPattern(rb"(?:^|[^0-9])(\d{1,10})[\x00\t\n\x0c\r ]{1,16}(\d{1,5})"
-                                rb"[\x00\t\n\x0c\r ]{0,16}$")
-_PDF_XREF_ENTRY_RE = LazyPattern(rb"[\x00\t\n\x0c\r ]{0,8}(\d{1,10})[ ]{1,4}(\d{1,5})[ ]{1,4}([nf])")
-_PDF_XREF_HEAD_RE = LazyPattern(rb"[\x00\t\n\x0c\r ]{0,64}(\d{1,10})[ ]{1,8}(\d{1,10})[ \t]{0,8}[\r\n]")
-_PDF_T1_DUP_RE = LazyPattern(rb"dup[ \t\r\n]{1,8}(\d{1,3})[ \t\r\n]{0,8}/([^ \t\r\n/\[\]{}()<>]{1,64})"
-                            rb"[ \t\r\n]{1,8}put")
-_PDF_WHITESPACE = b"\x00\t\n\x0c\r "
-_PDF_DELIMITERS = b"\x00\t\n\x0c\r ()<>[]{}/%"
 
 # Key padding of the standard security handler (PDF 1.7, 7.6.3.3, algorithm 2).
 _PDF_PASSWORD_PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683E802F0CA9FE6453697A")
-
-# Glyph names beyond plain letters, digits and accented letters, with their Unicode code points
-# (hex): the Adobe Glyph List names met in the standard encodings, TeX fonts and maths.
-_PDF_GLYPH_NAMES = """
-space 20 exclam 21 quotedbl 22 numbersign 23 dollar 24 percent 25 ampersand 26 quotesingle 27
-parenleft 28 parenright 29 asterisk 2a plus 2b comma 2c hyphen 2d period 2e slash 2f zero 30 one 31
-two 32 three 33 four 34 five 35 six 36 seven 37 eight 38 nine 39 colon 3a semicolon 3b less 3c
-equal 3d greater 3e question 3f at 40 bracketleft 5b backslash 5c bracketright 5d asciicircum 5e
-underscore 5f grave 60 braceleft 7b bar 7c braceright 7d asciitilde 7e nbspace a0 nonbreakingspace a0
-exclamdown a1 cent a2 sterling a3 currency a4 yen a5 brokenbar a6 section a7 dieresis a8 copyright a9
-ordfeminine aa guillemotleft ab logicalnot ac sfthyphen ad registered ae macron af degree b0
-plusminus b1 twosuperior b2 threesuperior b3 acute b4 mu b5 paragraph b6 periodcentered b7
-cedilla b8 onesuperior b9 ordmasculine ba guillemotright bb onequarter bc onehalf bd
-threequarters be questiondown bf AE c6 Eth d0 multiply d7 Oslash d8 Thorn de germandbls df ae e6
-eth f0 divide f7 oslash f8 thorn fe dotlessi 131 dotlessj 237 Lslash 141 lslash 142 OE 152 oe 153
-Dcroat 110 dcroat 111 Hbar 126 hbar 127 IJ 132 ij 133 kgreenlandic 138 Ldot 13f ldot 140 Eng 14a
-eng 14b florin 192 circumflex 2c6 caron 2c7 breve 2d8 dotaccent 2d9 ring 2da ogonek 2db tilde 2dc
-hungarumlaut 2dd endash 2013 emdash 2014 figuredash 2012 quoteleft 2018 quoteright 2019
-quotesinglbase 201a quotereversed 201b quotedblleft 201c quotedblright 201d quotedblbase 201e
-dagger 2020 daggerdbl 2021 bullet 2022 ellipsis 2026 perthousand 2030 minute 2032 second 2033
-guilsinglleft 2039 guilsinglright 203a fraction 2044 Euro 20ac trademark 2122 minus 2212
-fi fb01 fl fb02 ff fb00 ffi fb03 ffl fb04 visiblespace 2423 prime 2032 infinity 221e notequal 2260
-lessequal 2264 greaterequal 2265 partialdiff 2202 summation 2211 product 220f integral 222b
-radical 221a approxequal 2248 lozenge 25ca Omega 3a9 Delta 394 asteriskmath 2217 diamondmath 22c4
-minusplus 2213 circleplus 2295 circleminus 2296 circlemultiply 2297 equivalence 2261
-reflexsubset 2286 reflexsuperset 2287 similar 223c propersubset 2282 propersuperset 2283
-lessmuch 226a greatermuch 226b arrowleft 2190 arrowup 2191 arrowright 2192 arrowdown 2193
-arrowboth 2194 arrowdblleft 21d0 arrowdblup 21d1 arrowdblright 21d2 arrowdbldown 21d3
-arrowdblboth 21d4 element 2208 notelement 2209 universal 2200 existential 2203 emptyset 2205
-nabla 2207 logicaland 2227 logicalor 2228 intersection 2229 union 222a angleleft 2329
-angleright 232a bardbl 2016 proportional 221d dotmath 22c5 openbullet 25e6 club 2663 diamond 2666
-heart 2665 spade 2660 perpendicular 22a5 therefore 2234 angle 2220 aleph 2135 Ifraktur 2111
-Rfraktur 211c weierstrass 2118 suchthat 220b periodcentered b7 epsilon1 3f5 theta1 3d1 phi1 3d5
-sigma1 3c2 omega1 3d6 rho1 3f1 Upsilon1 3d2 compwordmark 200c cwm 200c arrowhookleft 21a9
-arrowhookright 21aa mapsto 21a6 checkmark 2713 dotlessI 49 Idot 130 Gamma 393 Theta 398 Lambda 39b
-Xi 39e Pi 3a0 Sigma 3a3 Upsilon 3a5 Phi 3a6 Psi 3a8 afii61352 2116 afii00208 2015 onethird 2153
-twothirds 2154 oneeighth 215b threeeighths 215c fiveeighths 215d seveneighths 215e
-"""
-_PDF_GREEK = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
-              "sigma1 sigma tau upsilon phi chi psi omega").split()
-# Accent suffixes of glyph names, as combining marks: "eacute" is "e" + U+0301, composed.
-_PDF_ACCENTS = {"grave": "\u0300", "acute": "\u0301", "circumflex": "\u0302", "tilde": "\u0303",
-                "macron": "\u0304", "breve": "\u0306", "dotaccent": "\u0307", "dieresis": "\u0308",
-                "ring": "\u030a", "hungarumlaut": "\u030b", "caron": "\u030c", "commaaccent": "\u0326",
-                "cedilla": "\u0327", "ogonek": "\u0328"}
-# StandardEncoding where it differs from ASCII (code: glyph name).
-_PDF_STANDARD_ENCODING = """
-27 quoteright 60 quoteleft a1 exclamdown a2 cent a3 sterling a4 fraction a5 yen a6 florin a7 section
-a8 currency a9 quotesingle aa quotedblleft ab guillemotleft ac guilsinglleft ad guilsinglright ae fi
-af fl b1 endash b2 dagger b3 daggerdbl b4 periodcentered b6 paragraph b7 bullet b8 quotesinglbase
-b9 quotedblbase ba quotedblright bb guillemotright bc ellipsis bd perthousand bf questiondown c1 grave
-c2 acute c3 circumflex c4 tilde c5 macron c6 breve c7 dotaccent c8 dieresis ca ring cb cedilla
-cd hungarumlaut ce ogonek cf caron d0 emdash e1 AE e3 ordfeminine e8 Lslash e9 Oslash ea OE
-eb ordmasculine f1 ae f5 dotlessi f8 lslash f9 oslash fa oe fb germandbls
-"""
-# The Symbol font's Greek letters, at the codes of the Latin ones.
-_PDF_SYMBOL_UPPER = "\u0391\u0392\u03a7\u0394\u0395\u03a6\u0393\u0397\u0399\u03d1\u039a\u039b\u039c" \
-                    "\u039d\u039f\u03a0\u0398\u03a1\u03a3\u03a4\u03a5\u03c2\u03a9\u039e\u03a8\u0396"
-_PDF_SYMBOL_LOWER = "\u03b1\u03b2\u03c7\u03b4\u03b5\u03c6\u03b3\u03b7\u03b9\u03d5\u03ba\u03bb\u03bc" \
-                    "\u03bd\u03bf\u03c0\u03b8\u03c1\u03c3\u03c4\u03c5\u03d6\u03c9\u03be\u03c8\u03b6"
-# Advance widths (thousandths of an em) of codes 32-126 in two of the standard 14 fonts, used when
-# a font has no /Widths; Courier is 600 throughout.
-_PDF_HELVETICA_WIDTHS = (
-    "278 278 355 556 556 889 667 191 333 333 389 584 278 333 278 278 556 556 556 556 556 556 556 556 "
-    "556 556 278 278 584 584 584 556 1015 667 667 722 722 667 611 778 722 278 500 667 556 833 722 778 "
-    "667 778 722 667 611 722 667 944 667 667 611 278 278 278 469 556 333 556 556 500 556 556 278 556 "
-    "556 222 222 500 222 833 556 556 556 556 333 500 278 556 500 722 500 500 500 334 260 334 584")
-_PDF_TIMES_WIDTHS = (
-    "250 333 408 500 500 833 778 180 333 333 500 564 250 333 250 278 500 500 500 500 500 500 500 500 "
-    "500 500 278 278 564 564 564 444 921 722 667 667 722 611 556 722 722 333 389 722 611 889 722 722 "
-    "556 722 667 556 611 722 722 944 722 722 611 333 278 333 469 500 333 444 500 444 500 444 333 500 "
-    "500 278 278 500 278 778 500 500 500 500 333 389 278 500 500 722 500 500 444 480 200 480 541")
-# Adobe-Japan1 CIDs 7918-7939: vertical forms of the small kana.
-_PDF_JAPAN1_VERTICAL_KANA = "\u3041\u3043\u3045\u3047\u3049\u3063\u3083\u3085\u3087\u308e" \
-                            "\u30a1\u30a3\u30a5\u30a7\u30a9\u30c3\u30e3\u30e5\u30e7\u30ee\u30f5\u30f6"
-# Ligature code points expanded to their letters in the output; NUL characters dropped.
-_PDF_LIGATURES = {0xFB00: "ff", 0xFB01: "fi", 0xFB02: "fl", 0xFB03: "ffi", 0xFB04: "ffl",
-                  0xFB05: "st", 0xFB06: "st", 0: None}
-# Predefined CJK CMaps whose codes are text in a codec Python knows (prefix of the CMap name).
-_PDF_CMAP_CODECS = (("UniJIS-UCS2", "utf-16-be"), ("UniGB-UCS2", "utf-16-be"),
-                    ("UniCNS-UCS2", "utf-16-be"), ("UniKS-UCS2", "utf-16-be"),
-                    ("UniJIS-UTF16", "utf-16-be"), ("UniGB-UTF16", "utf-16-be"),
-                    ("UniCNS-UTF16", "utf-16-be"), ("UniKS-UTF16", "utf-16-be"),
-                    ("90ms-RKSJ", "cp932"), ("90msp-RKSJ", "cp932"), ("83pv-RKSJ", "cp932"),
-                    ("90pv-RKSJ", "cp932"), ("EUC-", "euc_jp"), ("GBK-EUC", "gbk"), ("GBKp-EUC", "gbk"),
-                    ("GB-EUC", "gb2312"), ("GBK2K", "gb18030"), ("B5pc", "cp950"), ("ETen-B5", "cp950"),
-                    ("HKscs-B5", "big5hkscs"), ("KSC-EUC", "euc_kr"), ("KSCms-UHC", "cp949"))
 
 
 class PdfError(RingError):
@@ -3742,49 +1727,361 @@ class PdfError(RingError):
         self.partial = partial
 
 
-def pdf_to_text(data, *, check=None, max_pages=PDF_MAX_PAGES):
-    """The text of the PDF document ``data`` (bytes), page after page.
+class _PdfRc4Security:
+    """The standard security handler with RC4 (V 1, 2 or 4 with /V2, revisions 2 to 4), opened
+    with the empty user password; anything else raises ``PdfError("pdf_encrypted")``."""
 
-    Lines follow the text positions (a new line where the baseline moves, a
-    blank line at a larger vertical gap, a space where text jumps forward on
-    its line); pages are separated by a blank line.  At most ``max_pages``
-    pages are read.  ``check``, if given, is called every few thousand
-    content tokens and may raise to stop the work (a deadline, a
-    cancellation); its exception propagates unchanged.
+    def __init__(self, enc, first_id):
+        self.identity = False
+        if enc.get("Filter") != "Standard":
+            raise PdfError("pdf_encrypted", "the PDF is encrypted with the %s security handler, "
+                           "which needs a password or certificate" % enc.get("Filter"))
+        version, revision = _pdf_int(enc.get("V"), 0), _pdf_int(enc.get("R"), 2)
+        length = _pdf_int(enc.get("Length"), 40)
+        if version >= 5 or revision >= 5:
+            raise PdfError("pdf_encrypted", "the PDF is encrypted with AES-256 (AESV3); the standard "
+                           "library has no AES cipher to decrypt it")
+        if version == 4:
+            filters = enc.get("CF") if isinstance(enc.get("CF"), dict) else {}
+            methods = set()
+            for key in ("StmF", "StrF"):
+                name = enc.get(key, "Identity")
+                cf = filters.get(name) if name != "Identity" else None
+                if isinstance(cf, dict):
+                    methods.add(cf.get("CFM", "None"))
+                    size = _pdf_int(cf.get("Length"), 0)
+                    if size:
+                        length = size * 8 if size <= 32 else size
+            if "AESV2" in methods or "AESV3" in methods:
+                raise PdfError("pdf_encrypted", "the PDF is encrypted with AES (AESV2); the standard "
+                               "library has no AES cipher to decrypt it")
+            if not methods - {"None"}:
+                self.identity = True
+                return
+            if type(enc.get("Length")) is not int and length == 40:
+                length = 128
+        if type(length) is not int or not 40 <= length <= 128:
+            length = 40
+        n = 5 if revision == 2 else length // 8
+        owner, user = enc.get("O", b""), enc.get("U", b"")
+        if not isinstance(owner, bytes) or not isinstance(user, bytes):
+            raise PdfError("pdf_encrypted", "the PDF's encryption dictionary is damaged")
+        perms = _pdf_int(enc.get("P"), 0)
+        self.key = _pdf_file_key(b"", owner, perms, first_id, n, revision,
+                                 enc.get("EncryptMetadata", True) is not False)
+        if not _pdf_user_password_ok(self.key, user, first_id, revision):
+            raise PdfError("pdf_encrypted", "the PDF is encrypted with a user password; "
+                           "its text cannot be read without the password")
+        self.cache = {}
 
-    Raises :class:`PdfError`: ``pdf_encrypted`` when the file needs a user
-    password or AES, ``pdf_no_text`` when its pages hold no text (a scan),
-    ``pdf_damaged`` when nothing can be read.  A damaged file otherwise
-    yields whatever text could be recovered.
+    def decrypt(self, data, num, gen):
+        key = self.cache.get((num, gen))
+        if key is None:
+            import hashlib
+            raw = self.key + (num & 0xFFFFFF).to_bytes(3, "little") + (gen & 0xFFFF).to_bytes(2, "little")
+            key = self.cache[(num, gen)] = hashlib.md5(raw).digest()[:min(len(self.key) + 5, 16)]
+        return _pdf_rc4(key, data)
+
+
+def _pdf_int(value, default):
+    """``value`` if it is an integer, else ``default``."""
+    return value if type(value) is int else default
+
+
+def _pdf_file_key(password, owner, perms, first_id, n, revision, encrypt_metadata):
+    """The file encryption key (PDF 1.7, 7.6.3.3, algorithm 2)."""
+    import hashlib
+    h = hashlib.md5((password + _PDF_PASSWORD_PAD)[:32])
+    h.update(owner[:32])
+    h.update((perms & 0xFFFFFFFF).to_bytes(4, "little"))
+    h.update(first_id)
+    if revision >= 4 and not encrypt_metadata:
+        h.update(b"\xff\xff\xff\xff")
+    digest = h.digest()
+    if revision >= 3:
+        for _ in range(50):
+            digest = hashlib.md5(digest[:n]).digest()
+    return digest[:n]
+
+
+def _pdf_user_password_ok(key, user, first_id, revision):
+    """Whether ``key`` opens the file: the check value /U (algorithms 4 and 5)."""
+    import hashlib
+    if revision == 2:
+        return _pdf_rc4(key, _PDF_PASSWORD_PAD) == user[:32]
+    value = _pdf_rc4(key, hashlib.md5(_PDF_PASSWORD_PAD + first_id).digest())
+    for i in range(1, 20):
+        value = _pdf_rc4(bytes(b ^ i for b in key), value)
+    return value == user[:16]
+
+
+def _pdf_rc4(key, data):
+    """RC4 (the cipher is its own inverse).
+
+    >>> _pdf_rc4(b"Key", b"Plaintext").hex()
+    'bbf316e8d940af0ad3'
     """
-    doc = _PdfDocument(bytes(data), check)
-    pages = doc.pages(max_pages)
-    if not pages:
-        raise PdfError("pdf_damaged", "no page could be read: the file is damaged or not a PDF")
-    texts, images, failures = [], 0, 0
-    for page, resources, box in pages:
-        reader = _PdfTextReader(doc)
+    s = list(range(256))
+    j, klen = 0, len(key)
+    for i in range(256):
+        j = (j + s[i] + key[i % klen]) & 255
+        s[i], s[j] = s[j], s[i]
+    stream = bytearray(len(data))
+    i = j = 0
+    for n in range(len(data)):
+        i = (i + 1) & 255
+        si = s[i]
+        j = (j + si) & 255
+        sj = s[j]
+        s[i] = sj
+        s[j] = si
+        stream[n] = s[(si + sj) & 255]
+    size = len(data)
+    return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(size, "big")
+
+
+def _pdf_filter(name, data, parms, limit, doc):
+    """``data`` through the filter ``name``, at most ``limit`` bytes out; None for image codecs
+    (DCT, JPX, JBIG2, CCITT) and unknown filters, whose data holds no text."""
+    if name in ("FlateDecode", "Fl"):
+        out = _pdf_inflate(data, limit)
+        if out is None:
+            doc.unreadable = True
+            return None
+        return _pdf_predict(out, parms)
+    if name in ("LZWDecode", "LZW"):
+        return _pdf_predict(_pdf_lzw(data, limit, parms.get("EarlyChange", 1) != 0), parms)
+    if name in ("ASCIIHexDecode", "AHx"):
+        return _pdf_ascii_hex(data)[:limit]
+    if name in ("ASCII85Decode", "A85"):
+        return _pdf_ascii85(data)[:limit]
+    if name in ("RunLengthDecode", "RL"):
+        return _pdf_run_length(data, limit)
+    if name == "Crypt":
+        return data
+    return None
+
+
+def _pdf_inflate(data, limit):
+    """zlib data inflated to at most ``limit`` bytes; a damaged stream (bad checksum, cut
+    short, missing header) yields what inflates before the damage, or None."""
+    import zlib
+    try:
+        inflater = zlib.decompressobj()
+        return inflater.decompress(data, limit)
+    except zlib.error:
+        pass
+    best = b""
+    for skip in (2, 0):                     # raw deflate after the header, then without one
+        inflater = zlib.decompressobj(-15)
+        out, size = [], 0
         try:
-            reader.run_page(page, resources, box)
-        except Exception:
-            if doc.stopped is not None:
-                raise
-            failures += 1
-        images += reader.images
-        texts.append(reader.text())
-    text = _PDF_PAGE_BREAK.join(t for t in texts if t).translate(_PDF_LIGATURES)
-    if _PDF_ACCENT_RE.search(text):
-        text = _pdf_compose_accents(text)
-    if text:
-        return text
-    if failures or doc.unreadable:
-        raise PdfError("pdf_damaged", "the page contents could not be read: the file is damaged", text)
-    if images:
-        raise PdfError("pdf_no_text", "scanned image; no text to extract", text)
-    raise PdfError("pdf_no_text", "the pages hold no text layer", text)
+            for pos in range(skip, len(data), 4096):
+                piece = inflater.decompress(data[pos:pos + 4096], limit - size)
+                out.append(piece)
+                size += len(piece)
+                if size >= limit or inflater.eof:
+                    break
+        except zlib.error:
+            pass
+        got = b"".join(out)
+        if len(got) > len(best):
+            best = got
+    return best or None
 
 
-# ---- Objects and the parser ------------------------------------------------------------------
+def _pdf_predict(data, parms):
+    """Undo a PNG (10-15) or TIFF 2 predictor named in the decode parameters."""
+    predictor = parms.get("Predictor", 1)
+    if type(predictor) is not int or predictor < 2 or not data:
+        return data
+    colors, bpc, columns = parms.get("Colors", 1), parms.get("BitsPerComponent", 8), parms.get("Columns", 1)
+    if not all(type(v) is int and v > 0 for v in (colors, bpc, columns)):
+        return data
+    bpp = max(1, colors * bpc // 8)
+    rowlen = (colors * bpc * columns + 7) // 8
+    if predictor == 2:
+        if bpc != 8:
+            return data
+        out = bytearray(data)
+        for start in range(0, len(out), rowlen):
+            for i in range(start + bpp, min(start + rowlen, len(out))):
+                out[i] = (out[i] + out[i - bpp]) & 255
+        return bytes(out)
+    if predictor < 10:
+        return data
+    out = bytearray()
+    prev = bytearray(rowlen)
+    for start in range(0, len(data) - rowlen, rowlen + 1):
+        kind = data[start]
+        row = bytearray(data[start + 1:start + 1 + rowlen])
+        if kind == 2:
+            row = bytearray((a + b) & 255 for a, b in zip(row, prev))
+        elif kind == 1:
+            for i in range(bpp, rowlen):
+                row[i] = (row[i] + row[i - bpp]) & 255
+        elif kind == 3:
+            for i in range(rowlen):
+                left = row[i - bpp] if i >= bpp else 0
+                row[i] = (row[i] + ((left + prev[i]) >> 1)) & 255
+        elif kind == 4:
+            for i in range(rowlen):
+                a = row[i - bpp] if i >= bpp else 0
+                b = prev[i]
+                c = prev[i - bpp] if i >= bpp else 0
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                row[i] = (row[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        out += row
+        prev = row
+    return bytes(out)
+
+
+def _pdf_lzw(data, limit, early):
+    """LZW decoding (the TIFF variant PDF uses), at most ``limit`` bytes out."""
+    out = bytearray()
+    table = [bytes((i,)) for i in range(256)] + [b"", b""]
+    width, bits, nbits, prev = 9, 0, 0, b""
+    for byte in data:
+        bits = (bits << 8) | byte
+        nbits += 8
+        while nbits >= width:
+            nbits -= width
+            code = (bits >> nbits) & ((1 << width) - 1)
+            if code == 256:
+                table, width, prev = table[:258], 9, b""
+                continue
+            if code == 257:
+                return bytes(out)
+            if code < len(table):
+                entry = table[code]
+                if prev:
+                    table.append(prev + entry[:1])
+            elif prev:
+                entry = prev + prev[:1]
+                table.append(entry)
+            else:
+                return bytes(out)
+            out += entry
+            if len(out) >= limit:
+                return bytes(out[:limit])
+            prev = entry
+            if len(table) + early >= (1 << width) and width < 12:
+                width += 1
+    return bytes(out)
+
+
+def _pdf_ascii_hex(data):
+    """ASCIIHexDecode: hex digits up to ``>``, whitespace ignored."""
+    end = data.find(b">")
+    digits = bytes(c for c in (data if end < 0 else data[:end]) if c in b"0123456789abcdefABCDEF")
+    if len(digits) % 2:
+        digits += b"0"
+    return bytes.fromhex(digits.decode("ascii"))
+
+
+def _pdf_ascii85(data):
+    """ASCII85Decode, ``z`` for four zero bytes, up to ``~>``.
+
+    >>> _pdf_ascii85(b'87cURD]i,"Ebo7~>')
+    b'Hello World'
+    """
+    end = data.find(b"~>")
+    if end >= 0:
+        data = data[:end]
+    if data.startswith(b"<~"):
+        data = data[2:]
+    out, group = bytearray(), []
+    for c in data:
+        if 33 <= c <= 117:
+            group.append(c - 33)
+            if len(group) == 5:
+                value = 0
+                for d in group:
+                    value = value * 85 + d
+                out += (value & 0xFFFFFFFF).to_bytes(4, "big")
+                group = []
+        elif c == 122 and not group:
+            out += b"\0\0\0\0"
+    if len(group) > 1:
+        n = len(group) - 1
+        value = 0
+        for d in group + [84] * (5 - len(group)):
+            value = value * 85 + d
+        out += (value & 0xFFFFFFFF).to_bytes(4, "big")[:n]
+    return bytes(out)
+
+
+def _pdf_run_length(data, limit):
+    """RunLengthDecode, at most ``limit`` bytes out."""
+    out, pos, n = bytearray(), 0, len(data)
+    while pos < n and len(out) < limit:
+        length = data[pos]
+        if length == 128:
+            break
+        if length < 128:
+            out += data[pos + 1:pos + 2 + length]
+            pos += length + 2
+        else:
+            out += data[pos + 1:pos + 2] * (257 - length)
+            pos += 2
+    return bytes(out[:limit])
+
+
+# ---------------------------------------------------------------------------
+# §6 PDF: objects and cross-references
+# ---------------------------------------------------------------------------
+
+#
+# pdf_to_text() reads the text layer of a PDF with the standard library only:
+# the file structure (xref tables and streams, object streams, incremental
+# updates, a scan for "N G obj" when the xref is damaged), the common stream
+# filters, fonts (ToUnicode CMaps, simple encodings with /Differences, Type0
+# CID fonts) and the text operators of content streams, laid out as lines
+# and paragraphs from the text positions.  Every loop is bounded: pages,
+# inflated bytes, nesting, reference chains and form XObject depth, and the
+# caller's ``check`` is called every few thousand tokens.
+
+PDF_MAX_PAGES = 2000                # pages read from one document; later pages are left out
+_PDF_MAX_STREAM = 32 << 20          # bytes one stream may inflate to: a zip bomb stops here
+_PDF_MAX_DECODED = 64 << 20         # bytes all the streams of one document may inflate to
+_PDF_MAX_OPERATORS = 20000000       # content tokens run per document (form XObjects repeat)
+_PDF_MAX_NESTING = 64               # depth of nested arrays and dictionaries kept by the parser
+_PDF_MAX_CHAIN = 32                 # indirect references followed in a row
+
+_PDF_MAX_SECTIONS = 256             # cross-reference sections followed through /Prev
+_PDF_MAX_TRAILERS = 64              # trailer dictionaries read by the scan of a damaged file
+_PDF_MAX_DICT_BYTES = 65536         # bytes a trailer or xref stream dictionary may span
+
+_PDF_CHECK_EVERY = 2048             # tokens (or objects) between two calls of ``check``
+
+
+# The lexer: one alternative per token kind, each a single unambiguous loop, so that a match
+# costs time linear in its length.  Group numbers are the token kinds used by the parsers.
+_PDF_TOKEN_RE = LazyPattern(
+    rb"[\x00\t\n\x0c\r ]*(?:"
+    rb"([+-]?(?:\d+(?:\.\d*)?|\.\d+))"               # 1 number
+    rb"|(/[^\x00\t\n\x0c\r ()<>\[\]{}/%]*)"          # 2 name
+    rb"|(\((?:[^()\\]|\\.)*\))"                      # 3 string without nested parentheses
+    rb"|(\()"                                        # 4 start of a string with nested ones
+    rb"|(<[0-9A-Fa-f\x00\t\n\x0c\r ]*>)"             # 5 hex string
+    rb"|(<<|>>|[\[\]{}])"                            # 6 delimiter
+    rb"|([^\x00\t\n\x0c\r ()<>\[\]{}/%]+)"           # 7 keyword or operator
+    rb"|(%[^\r\n]*)"                                 # 8 comment
+    rb"|(.))", re.S)                                 # 9 anything else: skipped
+_PDF_PAREN_RE = LazyPattern(rb"[()\\]")
+
+_PDF_ESCAPE_RE = LazyPattern(rb"\\(?:([0-7]{1,3})|(\r\n?|\n)|(.))", re.S)
+_PDF_HEADER_RE = LazyPattern(rb"[\x00\t\n\x0c\r ]{0,64}(\d{1,10})[\x00\t\n\x0c\r ]{1,64}(\d{1,10})"
+                            rb"[\x00\t\n\x0c\r ]{0,64}obj")
+_PDF_BEFORE_OBJ_RE = LazyPattern(rb"(?:^|[^0-9])(\d{1,10})[\x00\t\n\x0c\r ]{1,16}(\d{1,5})"
+                                rb"[\x00\t\n\x0c\r ]{0,16}$")
+_PDF_XREF_ENTRY_RE = LazyPattern(rb"[\x00\t\n\x0c\r ]{0,8}(\d{1,10})[ ]{1,4}(\d{1,5})[ ]{1,4}([nf])")
+_PDF_XREF_HEAD_RE = LazyPattern(rb"[\x00\t\n\x0c\r ]{0,64}(\d{1,10})[ ]{1,8}(\d{1,10})[ \t]{0,8}[\r\n]")
+
+_PDF_WHITESPACE = b"\x00\t\n\x0c\r "
+_PDF_DELIMITERS = b"\x00\t\n\x0c\r ()<>[]{}/%"
+
 
 class _PdfRef:
     """An indirect reference ``num gen R``."""
@@ -4000,8 +2297,6 @@ def _pdf_dict(items):
             out[key] = next(it, None)
     return out
 
-
-# ---- The document: cross-reference, objects, streams, encryption ------------------------------
 
 class _PdfDocument:
     """Random access to the objects of one PDF file.
@@ -4487,310 +2782,124 @@ class _PdfDocument:
         return value
 
 
-class _PdfRc4Security:
-    """The standard security handler with RC4 (V 1, 2 or 4 with /V2, revisions 2 to 4), opened
-    with the empty user password; anything else raises ``PdfError("pdf_encrypted")``."""
-
-    def __init__(self, enc, first_id):
-        self.identity = False
-        if enc.get("Filter") != "Standard":
-            raise PdfError("pdf_encrypted", "the PDF is encrypted with the %s security handler, "
-                           "which needs a password or certificate" % enc.get("Filter"))
-        version, revision = _pdf_int(enc.get("V"), 0), _pdf_int(enc.get("R"), 2)
-        length = _pdf_int(enc.get("Length"), 40)
-        if version >= 5 or revision >= 5:
-            raise PdfError("pdf_encrypted", "the PDF is encrypted with AES-256 (AESV3); the standard "
-                           "library has no AES cipher to decrypt it")
-        if version == 4:
-            filters = enc.get("CF") if isinstance(enc.get("CF"), dict) else {}
-            methods = set()
-            for key in ("StmF", "StrF"):
-                name = enc.get(key, "Identity")
-                cf = filters.get(name) if name != "Identity" else None
-                if isinstance(cf, dict):
-                    methods.add(cf.get("CFM", "None"))
-                    size = _pdf_int(cf.get("Length"), 0)
-                    if size:
-                        length = size * 8 if size <= 32 else size
-            if "AESV2" in methods or "AESV3" in methods:
-                raise PdfError("pdf_encrypted", "the PDF is encrypted with AES (AESV2); the standard "
-                               "library has no AES cipher to decrypt it")
-            if not methods - {"None"}:
-                self.identity = True
-                return
-            if type(enc.get("Length")) is not int and length == 40:
-                length = 128
-        if type(length) is not int or not 40 <= length <= 128:
-            length = 40
-        n = 5 if revision == 2 else length // 8
-        owner, user = enc.get("O", b""), enc.get("U", b"")
-        if not isinstance(owner, bytes) or not isinstance(user, bytes):
-            raise PdfError("pdf_encrypted", "the PDF's encryption dictionary is damaged")
-        perms = _pdf_int(enc.get("P"), 0)
-        self.key = _pdf_file_key(b"", owner, perms, first_id, n, revision,
-                                 enc.get("EncryptMetadata", True) is not False)
-        if not _pdf_user_password_ok(self.key, user, first_id, revision):
-            raise PdfError("pdf_encrypted", "the PDF is encrypted with a user password; "
-                           "its text cannot be read without the password")
-        self.cache = {}
-
-    def decrypt(self, data, num, gen):
-        key = self.cache.get((num, gen))
-        if key is None:
-            import hashlib
-            raw = self.key + (num & 0xFFFFFF).to_bytes(3, "little") + (gen & 0xFFFF).to_bytes(2, "little")
-            key = self.cache[(num, gen)] = hashlib.md5(raw).digest()[:min(len(self.key) + 5, 16)]
-        return _pdf_rc4(key, data)
-
-
-def _pdf_int(value, default):
-    """``value`` if it is an integer, else ``default``."""
-    return value if type(value) is int else default
-
-
-def _pdf_file_key(password, owner, perms, first_id, n, revision, encrypt_metadata):
-    """The file encryption key (PDF 1.7, 7.6.3.3, algorithm 2)."""
-    import hashlib
-    h = hashlib.md5((password + _PDF_PASSWORD_PAD)[:32])
-    h.update(owner[:32])
-    h.update((perms & 0xFFFFFFFF).to_bytes(4, "little"))
-    h.update(first_id)
-    if revision >= 4 and not encrypt_metadata:
-        h.update(b"\xff\xff\xff\xff")
-    digest = h.digest()
-    if revision >= 3:
-        for _ in range(50):
-            digest = hashlib.md5(digest[:n]).digest()
-    return digest[:n]
-
-
-def _pdf_user_password_ok(key, user, first_id, revision):
-    """Whether ``key`` opens the file: the check value /U (algorithms 4 and 5)."""
-    import hashlib
-    if revision == 2:
-        return _pdf_rc4(key, _PDF_PASSWORD_PAD) == user[:32]
-    value = _pdf_rc4(key, hashlib.md5(_PDF_PASSWORD_PAD + first_id).digest())
-    for i in range(1, 20):
-        value = _pdf_rc4(bytes(b ^ i for b in key), value)
-    return value == user[:16]
-
-
-def _pdf_rc4(key, data):
-    """RC4 (the cipher is its own inverse).
-
-    >>> _pdf_rc4(b"Key", b"Plaintext").hex()
-    'bbf316e8d940af0ad3'
-    """
-    s = list(range(256))
-    j, klen = 0, len(key)
-    for i in range(256):
-        j = (j + s[i] + key[i % klen]) & 255
-        s[i], s[j] = s[j], s[i]
-    stream = bytearray(len(data))
-    i = j = 0
-    for n in range(len(data)):
-        i = (i + 1) & 255
-        si = s[i]
-        j = (j + si) & 255
-        sj = s[j]
-        s[i] = sj
-        s[j] = si
-        stream[n] = s[(si + sj) & 255]
-    size = len(data)
-    return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(size, "big")
-
-
-# ---- Filters ----------------------------------------------------------------------------------
-
-def _pdf_filter(name, data, parms, limit, doc):
-    """``data`` through the filter ``name``, at most ``limit`` bytes out; None for image codecs
-    (DCT, JPX, JBIG2, CCITT) and unknown filters, whose data holds no text."""
-    if name in ("FlateDecode", "Fl"):
-        out = _pdf_inflate(data, limit)
-        if out is None:
-            doc.unreadable = True
-            return None
-        return _pdf_predict(out, parms)
-    if name in ("LZWDecode", "LZW"):
-        return _pdf_predict(_pdf_lzw(data, limit, parms.get("EarlyChange", 1) != 0), parms)
-    if name in ("ASCIIHexDecode", "AHx"):
-        return _pdf_ascii_hex(data)[:limit]
-    if name in ("ASCII85Decode", "A85"):
-        return _pdf_ascii85(data)[:limit]
-    if name in ("RunLengthDecode", "RL"):
-        return _pdf_run_length(data, limit)
-    if name == "Crypt":
-        return data
+def _pdf_box(value):
+    """A rectangle ``[x0 y0 x1 y1]`` as a normalised tuple, or None."""
+    if isinstance(value, list) and len(value) == 4 and all(isinstance(v, (int, float)) for v in value):
+        x0, y0, x1, y1 = value
+        if x0 != x1 and y0 != y1:
+            return (min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1))
     return None
 
 
-def _pdf_inflate(data, limit):
-    """zlib data inflated to at most ``limit`` bytes; a damaged stream (bad checksum, cut
-    short, missing header) yields what inflates before the damage, or None."""
-    import zlib
-    try:
-        inflater = zlib.decompressobj()
-        return inflater.decompress(data, limit)
-    except zlib.error:
-        pass
-    best = b""
-    for skip in (2, 0):                     # raw deflate after the header, then without one
-        inflater = zlib.decompressobj(-15)
-        out, size = [], 0
-        try:
-            for pos in range(skip, len(data), 4096):
-                piece = inflater.decompress(data[pos:pos + 4096], limit - size)
-                out.append(piece)
-                size += len(piece)
-                if size >= limit or inflater.eof:
-                    break
-        except zlib.error:
-            pass
-        got = b"".join(out)
-        if len(got) > len(best):
-            best = got
-    return best or None
+def _pdf_page_box(doc, node, inherited):
+    """The visible area of a page (or of the pages below a node): its CropBox within its
+    MediaBox, either inherited."""
+    media = _pdf_box(doc.resolve(node.get("MediaBox")))
+    crop = _pdf_box(doc.resolve(node.get("CropBox")))
+    if crop is not None and media is not None:
+        crop = (max(crop[0], media[0]), max(crop[1], media[1]),
+                min(crop[2], media[2]), min(crop[3], media[3]))
+        if crop[0] >= crop[2] or crop[1] >= crop[3]:
+            crop = None
+    return crop or media or inherited
 
 
-def _pdf_predict(data, parms):
-    """Undo a PNG (10-15) or TIFF 2 predictor named in the decode parameters."""
-    predictor = parms.get("Predictor", 1)
-    if type(predictor) is not int or predictor < 2 or not data:
-        return data
-    colors, bpc, columns = parms.get("Colors", 1), parms.get("BitsPerComponent", 8), parms.get("Columns", 1)
-    if not all(type(v) is int and v > 0 for v in (colors, bpc, columns)):
-        return data
-    bpp = max(1, colors * bpc // 8)
-    rowlen = (colors * bpc * columns + 7) // 8
-    if predictor == 2:
-        if bpc != 8:
-            return data
-        out = bytearray(data)
-        for start in range(0, len(out), rowlen):
-            for i in range(start + bpp, min(start + rowlen, len(out))):
-                out[i] = (out[i] + out[i - bpp]) & 255
-        return bytes(out)
-    if predictor < 10:
-        return data
-    out = bytearray()
-    prev = bytearray(rowlen)
-    for start in range(0, len(data) - rowlen, rowlen + 1):
-        kind = data[start]
-        row = bytearray(data[start + 1:start + 1 + rowlen])
-        if kind == 2:
-            row = bytearray((a + b) & 255 for a, b in zip(row, prev))
-        elif kind == 1:
-            for i in range(bpp, rowlen):
-                row[i] = (row[i] + row[i - bpp]) & 255
-        elif kind == 3:
-            for i in range(rowlen):
-                left = row[i - bpp] if i >= bpp else 0
-                row[i] = (row[i] + ((left + prev[i]) >> 1)) & 255
-        elif kind == 4:
-            for i in range(rowlen):
-                a = row[i - bpp] if i >= bpp else 0
-                b = prev[i]
-                c = prev[i - bpp] if i >= bpp else 0
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                row[i] = (row[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        out += row
-        prev = row
-    return bytes(out)
+# ---------------------------------------------------------------------------
+# §7 PDF: fonts and encodings
+# ---------------------------------------------------------------------------
+
+_PDF_MAX_CMAP = 1 << 17             # codes a CMap or /W array may define
+
+_PDF_T1_DUP_RE = LazyPattern(rb"dup[ \t\r\n]{1,8}(\d{1,3})[ \t\r\n]{0,8}/([^ \t\r\n/\[\]{}()<>]{1,64})"
+                            rb"[ \t\r\n]{1,8}put")
 
 
-def _pdf_lzw(data, limit, early):
-    """LZW decoding (the TIFF variant PDF uses), at most ``limit`` bytes out."""
-    out = bytearray()
-    table = [bytes((i,)) for i in range(256)] + [b"", b""]
-    width, bits, nbits, prev = 9, 0, 0, b""
-    for byte in data:
-        bits = (bits << 8) | byte
-        nbits += 8
-        while nbits >= width:
-            nbits -= width
-            code = (bits >> nbits) & ((1 << width) - 1)
-            if code == 256:
-                table, width, prev = table[:258], 9, b""
-                continue
-            if code == 257:
-                return bytes(out)
-            if code < len(table):
-                entry = table[code]
-                if prev:
-                    table.append(prev + entry[:1])
-            elif prev:
-                entry = prev + prev[:1]
-                table.append(entry)
-            else:
-                return bytes(out)
-            out += entry
-            if len(out) >= limit:
-                return bytes(out[:limit])
-            prev = entry
-            if len(table) + early >= (1 << width) and width < 12:
-                width += 1
-    return bytes(out)
+# Glyph names beyond plain letters, digits and accented letters, with their Unicode code points
+# (hex): the Adobe Glyph List names met in the standard encodings, TeX fonts and maths.
+_PDF_GLYPH_NAMES = """
+space 20 exclam 21 quotedbl 22 numbersign 23 dollar 24 percent 25 ampersand 26 quotesingle 27
+parenleft 28 parenright 29 asterisk 2a plus 2b comma 2c hyphen 2d period 2e slash 2f zero 30 one 31
+two 32 three 33 four 34 five 35 six 36 seven 37 eight 38 nine 39 colon 3a semicolon 3b less 3c
+equal 3d greater 3e question 3f at 40 bracketleft 5b backslash 5c bracketright 5d asciicircum 5e
+underscore 5f grave 60 braceleft 7b bar 7c braceright 7d asciitilde 7e nbspace a0 nonbreakingspace a0
+exclamdown a1 cent a2 sterling a3 currency a4 yen a5 brokenbar a6 section a7 dieresis a8 copyright a9
+ordfeminine aa guillemotleft ab logicalnot ac sfthyphen ad registered ae macron af degree b0
+plusminus b1 twosuperior b2 threesuperior b3 acute b4 mu b5 paragraph b6 periodcentered b7
+cedilla b8 onesuperior b9 ordmasculine ba guillemotright bb onequarter bc onehalf bd
+threequarters be questiondown bf AE c6 Eth d0 multiply d7 Oslash d8 Thorn de germandbls df ae e6
+eth f0 divide f7 oslash f8 thorn fe dotlessi 131 dotlessj 237 Lslash 141 lslash 142 OE 152 oe 153
+Dcroat 110 dcroat 111 Hbar 126 hbar 127 IJ 132 ij 133 kgreenlandic 138 Ldot 13f ldot 140 Eng 14a
+eng 14b florin 192 circumflex 2c6 caron 2c7 breve 2d8 dotaccent 2d9 ring 2da ogonek 2db tilde 2dc
+hungarumlaut 2dd endash 2013 emdash 2014 figuredash 2012 quoteleft 2018 quoteright 2019
+quotesinglbase 201a quotereversed 201b quotedblleft 201c quotedblright 201d quotedblbase 201e
+dagger 2020 daggerdbl 2021 bullet 2022 ellipsis 2026 perthousand 2030 minute 2032 second 2033
+guilsinglleft 2039 guilsinglright 203a fraction 2044 Euro 20ac trademark 2122 minus 2212
+fi fb01 fl fb02 ff fb00 ffi fb03 ffl fb04 visiblespace 2423 prime 2032 infinity 221e notequal 2260
+lessequal 2264 greaterequal 2265 partialdiff 2202 summation 2211 product 220f integral 222b
+radical 221a approxequal 2248 lozenge 25ca Omega 3a9 Delta 394 asteriskmath 2217 diamondmath 22c4
+minusplus 2213 circleplus 2295 circleminus 2296 circlemultiply 2297 equivalence 2261
+reflexsubset 2286 reflexsuperset 2287 similar 223c propersubset 2282 propersuperset 2283
+lessmuch 226a greatermuch 226b arrowleft 2190 arrowup 2191 arrowright 2192 arrowdown 2193
+arrowboth 2194 arrowdblleft 21d0 arrowdblup 21d1 arrowdblright 21d2 arrowdbldown 21d3
+arrowdblboth 21d4 element 2208 notelement 2209 universal 2200 existential 2203 emptyset 2205
+nabla 2207 logicaland 2227 logicalor 2228 intersection 2229 union 222a angleleft 2329
+angleright 232a bardbl 2016 proportional 221d dotmath 22c5 openbullet 25e6 club 2663 diamond 2666
+heart 2665 spade 2660 perpendicular 22a5 therefore 2234 angle 2220 aleph 2135 Ifraktur 2111
+Rfraktur 211c weierstrass 2118 suchthat 220b periodcentered b7 epsilon1 3f5 theta1 3d1 phi1 3d5
+sigma1 3c2 omega1 3d6 rho1 3f1 Upsilon1 3d2 compwordmark 200c cwm 200c arrowhookleft 21a9
+arrowhookright 21aa mapsto 21a6 checkmark 2713 dotlessI 49 Idot 130 Gamma 393 Theta 398 Lambda 39b
+Xi 39e Pi 3a0 Sigma 3a3 Upsilon 3a5 Phi 3a6 Psi 3a8 afii61352 2116 afii00208 2015 onethird 2153
+twothirds 2154 oneeighth 215b threeeighths 215c fiveeighths 215d seveneighths 215e
+"""
+_PDF_GREEK = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
+              "sigma1 sigma tau upsilon phi chi psi omega").split()
+# Accent suffixes of glyph names, as combining marks: "eacute" is "e" + U+0301, composed.
+_PDF_ACCENTS = {"grave": "\u0300", "acute": "\u0301", "circumflex": "\u0302", "tilde": "\u0303",
+                "macron": "\u0304", "breve": "\u0306", "dotaccent": "\u0307", "dieresis": "\u0308",
+                "ring": "\u030a", "hungarumlaut": "\u030b", "caron": "\u030c", "commaaccent": "\u0326",
+                "cedilla": "\u0327", "ogonek": "\u0328"}
+# StandardEncoding where it differs from ASCII (code: glyph name).
+_PDF_STANDARD_ENCODING = """
+27 quoteright 60 quoteleft a1 exclamdown a2 cent a3 sterling a4 fraction a5 yen a6 florin a7 section
+a8 currency a9 quotesingle aa quotedblleft ab guillemotleft ac guilsinglleft ad guilsinglright ae fi
+af fl b1 endash b2 dagger b3 daggerdbl b4 periodcentered b6 paragraph b7 bullet b8 quotesinglbase
+b9 quotedblbase ba quotedblright bb guillemotright bc ellipsis bd perthousand bf questiondown c1 grave
+c2 acute c3 circumflex c4 tilde c5 macron c6 breve c7 dotaccent c8 dieresis ca ring cb cedilla
+cd hungarumlaut ce ogonek cf caron d0 emdash e1 AE e3 ordfeminine e8 Lslash e9 Oslash ea OE
+eb ordmasculine f1 ae f5 dotlessi f8 lslash f9 oslash fa oe fb germandbls
+"""
+# The Symbol font's Greek letters, at the codes of the Latin ones.
+_PDF_SYMBOL_UPPER = "\u0391\u0392\u03a7\u0394\u0395\u03a6\u0393\u0397\u0399\u03d1\u039a\u039b\u039c" \
+                    "\u039d\u039f\u03a0\u0398\u03a1\u03a3\u03a4\u03a5\u03c2\u03a9\u039e\u03a8\u0396"
+_PDF_SYMBOL_LOWER = "\u03b1\u03b2\u03c7\u03b4\u03b5\u03c6\u03b3\u03b7\u03b9\u03d5\u03ba\u03bb\u03bc" \
+                    "\u03bd\u03bf\u03c0\u03b8\u03c1\u03c3\u03c4\u03c5\u03d6\u03c9\u03be\u03c8\u03b6"
+# Advance widths (thousandths of an em) of codes 32-126 in two of the standard 14 fonts, used when
+# a font has no /Widths; Courier is 600 throughout.
+_PDF_HELVETICA_WIDTHS = (
+    "278 278 355 556 556 889 667 191 333 333 389 584 278 333 278 278 556 556 556 556 556 556 556 556 "
+    "556 556 278 278 584 584 584 556 1015 667 667 722 722 667 611 778 722 278 500 667 556 833 722 778 "
+    "667 778 722 667 611 722 667 944 667 667 611 278 278 278 469 556 333 556 556 500 556 556 278 556 "
+    "556 222 222 500 222 833 556 556 556 556 333 500 278 556 500 722 500 500 500 334 260 334 584")
+_PDF_TIMES_WIDTHS = (
+    "250 333 408 500 500 833 778 180 333 333 500 564 250 333 250 278 500 500 500 500 500 500 500 500 "
+    "500 500 278 278 564 564 564 444 921 722 667 667 722 611 556 722 722 333 389 722 611 889 722 722 "
+    "556 722 667 556 611 722 722 944 722 722 611 333 278 333 469 500 333 444 500 444 500 444 333 500 "
+    "500 278 278 500 278 778 500 500 500 500 333 389 278 500 500 722 500 500 444 480 200 480 541")
+# Adobe-Japan1 CIDs 7918-7939: vertical forms of the small kana.
+_PDF_JAPAN1_VERTICAL_KANA = "\u3041\u3043\u3045\u3047\u3049\u3063\u3083\u3085\u3087\u308e" \
+                            "\u30a1\u30a3\u30a5\u30a7\u30a9\u30c3\u30e3\u30e5\u30e7\u30ee\u30f5\u30f6"
 
 
-def _pdf_ascii_hex(data):
-    """ASCIIHexDecode: hex digits up to ``>``, whitespace ignored."""
-    end = data.find(b">")
-    digits = bytes(c for c in (data if end < 0 else data[:end]) if c in b"0123456789abcdefABCDEF")
-    if len(digits) % 2:
-        digits += b"0"
-    return bytes.fromhex(digits.decode("ascii"))
+# Predefined CJK CMaps whose codes are text in a codec Python knows (prefix of the CMap name).
+_PDF_CMAP_CODECS = (("UniJIS-UCS2", "utf-16-be"), ("UniGB-UCS2", "utf-16-be"),
+                    ("UniCNS-UCS2", "utf-16-be"), ("UniKS-UCS2", "utf-16-be"),
+                    ("UniJIS-UTF16", "utf-16-be"), ("UniGB-UTF16", "utf-16-be"),
+                    ("UniCNS-UTF16", "utf-16-be"), ("UniKS-UTF16", "utf-16-be"),
+                    ("90ms-RKSJ", "cp932"), ("90msp-RKSJ", "cp932"), ("83pv-RKSJ", "cp932"),
+                    ("90pv-RKSJ", "cp932"), ("EUC-", "euc_jp"), ("GBK-EUC", "gbk"), ("GBKp-EUC", "gbk"),
+                    ("GB-EUC", "gb2312"), ("GBK2K", "gb18030"), ("B5pc", "cp950"), ("ETen-B5", "cp950"),
+                    ("HKscs-B5", "big5hkscs"), ("KSC-EUC", "euc_kr"), ("KSCms-UHC", "cp949"))
 
-
-def _pdf_ascii85(data):
-    """ASCII85Decode, ``z`` for four zero bytes, up to ``~>``.
-
-    >>> _pdf_ascii85(b'87cURD]i,"Ebo7~>')
-    b'Hello World'
-    """
-    end = data.find(b"~>")
-    if end >= 0:
-        data = data[:end]
-    if data.startswith(b"<~"):
-        data = data[2:]
-    out, group = bytearray(), []
-    for c in data:
-        if 33 <= c <= 117:
-            group.append(c - 33)
-            if len(group) == 5:
-                value = 0
-                for d in group:
-                    value = value * 85 + d
-                out += (value & 0xFFFFFFFF).to_bytes(4, "big")
-                group = []
-        elif c == 122 and not group:
-            out += b"\0\0\0\0"
-    if len(group) > 1:
-        n = len(group) - 1
-        value = 0
-        for d in group + [84] * (5 - len(group)):
-            value = value * 85 + d
-        out += (value & 0xFFFFFFFF).to_bytes(4, "big")[:n]
-    return bytes(out)
-
-
-def _pdf_run_length(data, limit):
-    """RunLengthDecode, at most ``limit`` bytes out."""
-    out, pos, n = bytearray(), 0, len(data)
-    while pos < n and len(out) < limit:
-        length = data[pos]
-        if length == 128:
-            break
-        if length < 128:
-            out += data[pos + 1:pos + 2 + length]
-            pos += length + 2
-        else:
-            out += data[pos + 1:pos + 2] * (257 - length)
-            pos += 2
-    return bytes(out[:limit])
-
-
-# ---- Fonts ------------------------------------------------------------------------------------
 
 def _pdf_glyph_table(_table=[]):
     """Glyph name -> text, built on first use from the constants above."""
@@ -5324,7 +3433,32 @@ def _pdf_cmap_range(mapping, ranges, lo, hi, dst):
         mapping[first + k] = head + _pdf_chr(tail + k)
 
 
-# ---- Content streams --------------------------------------------------------------------------
+# ---------------------------------------------------------------------------
+# §8 PDF: text layout
+# ---------------------------------------------------------------------------
+
+_PDF_MAX_FORM_DEPTH = 12            # form XObjects drawn inside form XObjects
+
+_PDF_MAX_GSTATE = 256               # graphics states saved with q
+
+_PDF_WORD_GAP = 0.18                # a forward jump wider than this share of the font size is a space
+_PDF_LINE_GAP = 0.55                # a vertical move beyond this share of the font size is a new line
+_PDF_PARA_GAP = 1.9                 # ... and beyond this share, a new paragraph
+_PDF_PAGE_BREAK = "\n\n"            # between pages: a blank line, like between paragraphs
+
+
+# Spacing accents (as TeX fonts draw them, before the letter) and their combining marks.
+_PDF_SPACING_ACCENTS = {"\u00b4": "\u0301", "\u00a8": "\u0308", "\u02c6": "\u0302", "\u02dc": "\u0303",
+                        "\u00af": "\u0304", "\u02d8": "\u0306", "\u02d9": "\u0307", "\u02da": "\u030a",
+                        "\u00b8": "\u0327", "\u02dd": "\u030b", "\u02db": "\u0328", "\u02c7": "\u030c"}
+_PDF_ACCENT_RE = LazyPattern("([\u00b4\u00a8\u02c6\u02dc\u00af\u02d8\u02d9\u02da\u00b8\u02dd\u02db\u02c7])"
+                            "([A-Za-z\u0131])")
+
+
+# Ligature code points expanded to their letters in the output; NUL characters dropped.
+_PDF_LIGATURES = {0xFB00: "ff", 0xFB01: "fi", 0xFB02: "fl", 0xFB03: "ffi", 0xFB04: "ffl",
+                  0xFB05: "st", 0xFB06: "st", 0: None}
+
 
 # Operators the text reader acts on; every other operator just drops its operands.
 _PDF_OP_TJ, _PDF_OP_TJ_ARRAY, _PDF_OP_TD, _PDF_OP_TF, _PDF_OP_TM, _PDF_OP_TD_LEADING, \
@@ -5336,28 +3470,6 @@ _PDF_OPERATORS = {b"Tj": _PDF_OP_TJ, b"TJ": _PDF_OP_TJ_ARRAY, b"Td": _PDF_OP_TD,
                   b"Tw": _PDF_OP_TW, b"Tz": _PDF_OP_TZ, b"BT": _PDF_OP_BT, b"cm": _PDF_OP_CM,
                   b"q": _PDF_OP_SAVE, b"Q": _PDF_OP_RESTORE, b"Do": _PDF_OP_DO, b"ID": _PDF_OP_ID}
 _PDF_IDENTITY = (1.0, 0.0, 0.0, 1.0, 0.0, 0.0)
-
-
-def _pdf_box(value):
-    """A rectangle ``[x0 y0 x1 y1]`` as a normalised tuple, or None."""
-    if isinstance(value, list) and len(value) == 4 and all(isinstance(v, (int, float)) for v in value):
-        x0, y0, x1, y1 = value
-        if x0 != x1 and y0 != y1:
-            return (min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1))
-    return None
-
-
-def _pdf_page_box(doc, node, inherited):
-    """The visible area of a page (or of the pages below a node): its CropBox within its
-    MediaBox, either inherited."""
-    media = _pdf_box(doc.resolve(node.get("MediaBox")))
-    crop = _pdf_box(doc.resolve(node.get("CropBox")))
-    if crop is not None and media is not None:
-        crop = (max(crop[0], media[0]), max(crop[1], media[1]),
-                min(crop[2], media[2]), min(crop[3], media[3]))
-        if crop[0] >= crop[2] or crop[1] >= crop[3]:
-            crop = None
-    return crop or media or inherited
 
 
 def _pdf_multiply(m, n):
@@ -5669,10 +3781,2546 @@ class _PdfTextReader:
             (self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl,
              self.tm, self.tlm) = saved
 
+
+def pdf_to_text(data, *, check=None, max_pages=PDF_MAX_PAGES):
+    """The text of the PDF document ``data`` (bytes), page after page.
+
+    Lines follow the text positions (a new line where the baseline moves, a
+    blank line at a larger vertical gap, a space where text jumps forward on
+    its line); pages are separated by a blank line.  At most ``max_pages``
+    pages are read.  ``check``, if given, is called every few thousand
+    content tokens and may raise to stop the work (a deadline, a
+    cancellation); its exception propagates unchanged.
+
+    Raises :class:`PdfError`: ``pdf_encrypted`` when the file needs a user
+    password or AES, ``pdf_no_text`` when its pages hold no text (a scan),
+    ``pdf_damaged`` when nothing can be read.  A damaged file otherwise
+    yields whatever text could be recovered.
+    """
+    doc = _PdfDocument(bytes(data), check)
+    pages = doc.pages(max_pages)
+    if not pages:
+        raise PdfError("pdf_damaged", "no page could be read: the file is damaged or not a PDF")
+    texts, images, failures = [], 0, 0
+    for page, resources, box in pages:
+        reader = _PdfTextReader(doc)
+        try:
+            reader.run_page(page, resources, box)
+        except Exception:
+            if doc.stopped is not None:
+                raise
+            failures += 1
+        images += reader.images
+        texts.append(reader.text())
+    text = _PDF_PAGE_BREAK.join(t for t in texts if t).translate(_PDF_LIGATURES)
+    if _PDF_ACCENT_RE.search(text):
+        text = _pdf_compose_accents(text)
+    if text:
+        return text
+    if failures or doc.unreadable:
+        raise PdfError("pdf_damaged", "the page contents could not be read: the file is damaged", text)
+    if images:
+        raise PdfError("pdf_no_text", "scanned image; no text to extract", text)
+    raise PdfError("pdf_no_text", "the pages hold no text layer", text)
+
+
 # ---------------------------------------------------------------------------
-# §9 Key pool and circuit breaker
+# §9 robots.txt and sitemaps
 # ---------------------------------------------------------------------------
 
+ROBOTS_MAX_BYTES = 500 * 1024        # RFC 9309 §2.5: parse at least the first 500 KiB, nothing beyond
+
+SITEMAP_INDEX_DEPTH_MAX = 2          # an index names sitemaps (sitemaps.org); one more nested level tolerated
+SITEMAP_VALUE_MAX = 8192             # characters of one <loc>/<lastmod>; sitemaps.org caps URLs at 2,048
+SITEMAP_NESTING_MAX = 64             # open elements tracked by the sitemap scanner; deeper ones are ignored
+
+# Keys as robots.txt files really spell them (the misspellings are the ones Google's parser accepts).
+_ROBOTS_KEYS = {"user-agent": "user-agent", "useragent": "user-agent", "user agent": "user-agent",
+                "allow": "allow", "disallow": "disallow", "dissallow": "disallow", "dissalow": "disallow",
+                "disalow": "disallow", "diasllow": "disallow", "disallaw": "disallow",
+                "sitemap": "sitemap", "site-map": "sitemap", "crawl-delay": "crawl-delay",
+                "crawldelay": "crawl-delay"}
+# %xx escapes, upper-cased on both sides before comparison (RFC 3986 §2.1: %2f equals %2F).
+_PCT_ESCAPE = LazyPattern(r"%[0-9a-fA-F]{2}")
+# One entity: bounded, so the scan is linear; the semicolon is required (a raw "&region=" stays as it is).
+_XML_ENTITY = LazyPattern(r"&(#[0-9]{1,8}|#[xX][0-9a-fA-F]{1,8}|[A-Za-z][A-Za-z0-9]{0,31});")
+# An element name at the start of a tag: one bounded run of name characters, no backtracking.
+_XML_NAME = LazyPattern(r"[A-Za-z_][\w.:-]*")
+_XML_NAMED = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
+# Characters a robots.txt value may carry as they are; anything else is percent-encoded as UTF-8.
+_ROBOTS_PLAIN = frozenset(chr(c) for c in range(0x21, 0x7F))
+# Elements the sitemap scanner reads: record elements, and the fields read inside them.
+_SITEMAP_RECORDS = {"url": False, "sitemap": True}          # name -> the record names a child sitemap
+_FEED_ROOTS = frozenset({"rss", "rdf", "feed", "channel"})
+_FEED_RECORDS = frozenset({"item", "entry"})
+_SITEMAP_FIELDS = frozenset({"loc", "lastmod", "link", "pubdate", "updated", "published", "date"})
+
+
+def _percent_encode(text):
+    """``text`` with every character outside printable ASCII percent-encoded as UTF-8, and every
+    ``%xx`` escape upper-cased (RFC 9309 §2.2.2: both sides are compared in this form).
+
+    >>> _percent_encode("/foo/bar/\u30c4?a=%e3%83%84 b")
+    '/foo/bar/%E3%83%84?a=%E3%83%84%20b'
+    >>> _percent_encode("/a%2fb/%zz")
+    '/a%2Fb/%zz'
+    """
+    if "%" in text:
+        text = _PCT_ESCAPE.sub(lambda m: m.group(0).upper(), text)
+    if all(c in _ROBOTS_PLAIN for c in text):
+        return text
+    return "".join(c if c in _ROBOTS_PLAIN else "".join("%%%02X" % b for b in c.encode("utf-8", "surrogatepass"))
+                   for c in text)
+
+
+def robots_path(url):
+    """What RobotsRules.allowed is asked about for ``url``: path and query, percent-encoded, "/" when empty.
+
+    Raises ValueError as ``urlsplit`` does on a malformed URL.
+
+    >>> robots_path("https://a.example/caf\u00e9/x?q=1#frag"), robots_path("https://a.example")
+    ('/caf%C3%A9/x?q=1', '/')
+    """
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return _percent_encode(path)
+
+
+def _robots_line(line):
+    """``(key, value)`` of one robots.txt line (comment and white space removed), or None.
+
+    A missing colon is accepted when exactly two words remain ("disallow /"), as Google does.
+
+    >>> _robots_line("  Disallow: /a#b # note"), _robots_line("user-agent FooBot"), _robots_line("# x")
+    (('disallow', '/a'), ('user-agent', 'FooBot'), None)
+    """
+    line = line.split("#", 1)[0].strip()
+    if not line:
+        return None
+    key, colon, value = line.partition(":")
+    if not colon:
+        words = line.split()
+        if len(words) != 2:
+            return None
+        key, value = words
+    key = _ROBOTS_KEYS.get(" ".join(key.split()).lower())
+    return (key, value.strip()) if key else None
+
+
+def _product_token(value):
+    """The product token a ``User-agent`` value names: its leading letters, ``-`` and ``_`` (RFC 9309 §2.2.1).
+
+    >>> _product_token("FooBot/2.1 (+http://foo.example)"), _product_token("foo bar"), _product_token("*")
+    ('foobot', 'foo', '')
+    """
+    end = 0
+    while end < len(value) and (value[end].isascii() and value[end].isalpha() or value[end] in "-_"):
+        end += 1
+    return value[:end].lower()
+
+
+class _RobotsRule:
+    """One compiled Allow/Disallow pattern: literal pieces between ``*``, and whether ``$`` ends it."""
+
+    __slots__ = ("pattern", "allow", "priority", "pieces", "anchored", "key")
+
+    def __init__(self, pattern, allow):
+        self.pattern = pattern
+        self.allow = allow
+        self.priority = len(pattern)        # RFC 9309 §2.2.2: the match with the most octets wins
+        body = pattern[:-1] if pattern.endswith("$") else pattern
+        self.anchored = body is not pattern
+        self.pieces = tuple(re.sub(r"\*+", "*", body).split("*"))
+        self.key = None               # a one- or two-character string the path must contain (see _index)
+
+    def grams(self):
+        """The two-character strings of the pieces after the first (one-character ones if none)."""
+        later = [p for p in self.pieces[1:] if p]
+        grams = {p[k:k + 2] for p in later for k in range(len(p) - 1)}
+        return grams or set(later)
+
+    @property
+    def is_literal(self):
+        return len(self.pieces) == 1 and not self.anchored
+
+    def matches_after(self, path, pos):
+        """Whether the pieces after the first match ``path`` from ``pos`` (the first is matched already).
+
+        Leftmost placement of every piece is optimal for ``*`` wildcards, so this is at most one
+        ``str.find`` per piece: linear, never backtracking.
+        """
+        pieces = self.pieces
+        last = len(pieces) - 1
+        if last == 0:
+            return not self.anchored or pos == len(path)
+        for piece in pieces[1:last]:
+            found = path.find(piece, pos)
+            if found < 0:
+                return False
+            pos = found + len(piece)
+        tail = pieces[last]
+        if self.anchored:
+            return len(path) - len(tail) >= pos and path.endswith(tail)
+        return path.find(tail, pos) >= 0
+
+
+class RobotsRules:
+    """robots.txt rules for one user agent, by RFC 9309.
+
+    Every group naming the agent's product token (case-insensitive) is merged; ``*`` groups apply only
+    when none names it. Only Allow/Disallow lines end a group's agent lines (Crawl-delay, Sitemap,
+    unknown keys, comments and blank lines never do). Rules match the path *and query* as sent on
+    the wire: rule paths are percent-encoded (non-ASCII as UTF-8), ``%xx`` is upper-cased on both
+    sides, ``%2F`` stays distinct from ``/``; :func:`robots_path` gives the form of a URL to ask
+    about (raw non-ASCII handed to :meth:`allowed` is compared as is, as Google's parser does). The
+    longest pattern wins and Allow wins a tie; ``*`` and a final ``$`` are matched without
+    backtracking. Only the first ``ROBOTS_MAX_BYTES`` are read; a UTF-8 BOM and CR/CRLF are accepted.
+
+    >>> r = RobotsRules("User-agent: *\\nDisallow: /private\\nAllow: /private/ok$\\nSitemap: https://a.example/s.xml")
+    >>> r.allowed("/private/x"), r.allowed("/private/ok"), r.allowed("/public"), r.sitemaps
+    (False, True, True, ['https://a.example/s.xml'])
+    >>> r = RobotsRules("User-agent: *\\nCrawl-delay: 5\\nUser-agent: WebSearch-Ring/1.0\\nDisallow: /*?*ajax")
+    >>> r.allowed("/a?x=ajax"), r.allowed("/a"), r.crawl_delay_s, r.group
+    (False, True, 5.0, 'websearch-ring')
+    """
+
+    AGENT = "websearch-ring"      # the product token matched against User-agent lines; a subclass may name another
+
+    def __init__(self, text, allow_all=False, disallow_all=False):
+        self.sitemaps = []
+        self.rules = []               # _RobotsRule of the chosen groups, in file order
+        self.crawl_delay_s = None     # the chosen groups' Crawl-delay (the largest given), or None
+        self.group = None             # "*", the agent's token, or None when no group applies
+        self.truncated = False        # the body was longer than ROBOTS_MAX_BYTES
+        self.disallow_all = disallow_all
+        self._trie = {}               # prefix tree: char -> node; "" -> (priority, allow) of a literal rule
+        #                               ending here; None -> {key gram: [wildcard rules]} (see _index)
+        if allow_all or disallow_all:
+            return
+        self._parse(self._prepare(text))
+        self._index(self.rules)
+
+    def _prepare(self, text):
+        """The text to parse: decoded, BOM dropped, cut at ROBOTS_MAX_BYTES on a line boundary."""
+        if isinstance(text, (bytes, bytearray)):
+            raw = bytes(text[:ROBOTS_MAX_BYTES + 1])
+            text = raw[:ROBOTS_MAX_BYTES].decode("utf-8", "replace")
+            self.truncated = len(raw) > ROBOTS_MAX_BYTES
+        elif len(text) > ROBOTS_MAX_BYTES // 4:
+            raw = text.encode("utf-8", "surrogatepass")
+            if len(raw) > ROBOTS_MAX_BYTES:
+                self.truncated = True
+                text = raw[:ROBOTS_MAX_BYTES].decode("utf-8", "ignore")
+        if self.truncated:
+            text = text[:max(text.rfind("\n"), text.rfind("\r")) + 1]      # no half line at the cut
+        return text.lstrip("\ufeff")
+
+    def _parse(self, text):
+        own = self.AGENT.lower()
+        mine, everyone = [], []                   # (key, value) lines of our groups and of "*" groups
+        has_own = has_all = False
+        lines, is_own, is_all = None, False, False  # the open group: its lines, whom it names
+        ends_agents = False                       # an Allow/Disallow was seen since the last User-agent
+        for raw in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+            parsed = _robots_line(raw)
+            if parsed is None:
+                continue
+            key, value = parsed
+            if key == "sitemap":
+                if value and value not in self.sitemaps:
+                    self.sitemaps.append(value)
+            elif key == "user-agent":
+                if lines is None or ends_agents:  # a new group; the lines of the last one go where it said
+                    if is_own:
+                        mine.extend(lines)
+                    if is_all:
+                        everyone.extend(lines)
+                    lines, is_own, is_all, ends_agents = [], False, False, False
+                if value == "*" or (value[:1] == "*" and value[1:2].isspace()):
+                    is_all = has_all = True
+                elif own and _product_token(value) == own:
+                    is_own = has_own = True
+            elif lines is not None:               # lines before any User-agent belong to no group
+                ends_agents = ends_agents or key in ("allow", "disallow")
+                lines.append((key, value))
+        if is_own:
+            mine.extend(lines)
+        if is_all:
+            everyone.extend(lines)
+        self.group = own if has_own else ("*" if has_all else None)
+        delays = []
+        for key, value in mine if has_own else everyone:
+            if key == "crawl-delay":
+                try:
+                    delay = float(value)
+                except ValueError:
+                    continue
+                if 0.0 <= delay < float("inf"):
+                    delays.append(delay)
+            elif value and key in ("allow", "disallow"):
+                pattern = _percent_encode(value)
+                self.rules.append(_RobotsRule(pattern, key == "allow"))
+                # Google: allowing /dir/index.html allows /dir/ as well.
+                if key == "allow" and pattern.endswith(("/index.html", "/index.htm")):
+                    self.rules.append(_RobotsRule(pattern[:pattern.rfind("/") + 1] + "$", True))
+        self.crawl_delay_s = max(delays) if delays else None
+
+    def _index(self, rules):
+        """File ``rules`` in the prefix tree under their first literal piece.
+
+        A wildcard rule is filed under one of the one- or two-character strings its later pieces need
+        (the one fewest rules share), so :meth:`allowed` tries only rules whose pieces can all occur:
+        thousands of ``/*x1*`` rules cost a set look-up per two characters of path, not a scan each.
+        """
+        counts = {}
+        for rule in rules:
+            for gram in rule.grams():
+                counts[gram] = counts.get(gram, 0) + 1
+        for rule in rules:
+            node = self._trie
+            for ch in rule.pieces[0]:
+                node = node.setdefault(ch, {})
+            if rule.is_literal:
+                best = node.get("")
+                if best is None or (rule.priority, rule.allow) > best:
+                    node[""] = (rule.priority, rule.allow)
+                continue
+            grams = rule.grams()
+            rule.key = min(grams, key=lambda g: (counts[g], -len(g))) if grams else None
+            node.setdefault(None, {}).setdefault(rule.key, []).append(rule)
+
+    def allowed(self, path):
+        """Whether the agent may fetch ``path`` (path and query, as :func:`robots_path` gives it).
+
+        Linear in ``len(path)`` plus, per wildcard rule whose literal head matches, one pass of
+        ``str.find`` over the rest: no backtracking whatever the patterns.
+        """
+        if self.disallow_all:
+            return False
+        if not self.rules:
+            return True
+        path = path or "/"
+        if "%" in path:
+            path = _PCT_ESCAPE.sub(lambda m: m.group(0).upper(), path)
+        if path == "/robots.txt":
+            return True                   # RFC 9309 §2.2.2: implicitly allowed
+        best = (-1, True)                 # (priority, allow): no rule matched
+        node, depth, wild = self._trie, 0, []
+        while True:
+            here = node.get("")
+            if here is not None and here > best:
+                best = here
+            rules = node.get(None)
+            if rules is not None:
+                wild.append((depth, rules))
+            if depth == len(path):
+                break
+            node = node.get(path[depth])
+            if node is None:
+                break
+            depth += 1
+        grams = None
+        for start, buckets in wild:
+            if len(buckets) > 2:          # look the path's own one- and two-character strings up instead
+                if grams is None:
+                    grams = set(path).union(path[k:k + 2] for k in range(len(path) - 1))
+                    grams.add(None)
+                keys = grams if len(grams) < len(buckets) else [k for k in buckets if k in grams]
+            else:
+                keys = list(buckets)
+            for key in keys:
+                for rule in buckets.get(key, ()):
+                    if (rule.priority, rule.allow) > best and rule.matches_after(path, start):
+                        best = (rule.priority, rule.allow)
+        return best[1]
+
+SitemapEntry = collections.namedtuple("SitemapEntry", "url lastmod is_sitemap")
+SitemapEntry.__doc__ = """One URL a sitemap lists: a page, or (``is_sitemap``) another sitemap to read."""
+
+
+def _xml_unescape(text):
+    """``text`` with XML entities, named (and HTML's, when spelled with ``;``) and numeric, replaced.
+
+    >>> _xml_unescape("a&amp;b&#38;c&#x26;d&nbsp;&lt;&bogus;&region=1&#0;")
+    'a&b&c&d\\xa0<&bogus;&region=1&#0;'
+    """
+    if "&" not in text:
+        return text
+
+    def one(m):
+        name = m.group(1)
+        if name[0] == "#":
+            code = int(name[2:], 16) if name[1:2] in ("x", "X") else int(name[1:])
+            ok = 0 < code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF
+            return chr(code) if ok else m.group(0)
+        if name in _XML_NAMED:
+            return _XML_NAMED[name]
+        from html.entities import html5
+        return html5.get(name + ";", m.group(0))
+    return _XML_ENTITY.sub(one, text)
+
+
+def _rss_date(value):
+    """An RSS ``pubDate`` (RFC 822) as ISO 8601; anything else unchanged.
+
+    >>> _rss_date("Tue, 01 Dec 2026 16:50:00 GMT"), _rss_date("2026-12-01")
+    ('2026-12-01T16:50:00+00:00', '2026-12-01')
+    """
+    if not value or value[:1].isdigit():
+        return value
+    import email.utils
+    try:
+        return email.utils.parsedate_to_datetime(value).isoformat()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return value
+
+
+def _absolute(url, base_url):
+    """``url`` resolved against ``base_url`` (see :func:`absolute_url`); absolute URLs as they are."""
+    if not base_url or url.startswith(("http://", "https://")):
+        return url
+    return absolute_url(base_url, url)
+
+
+def _attribute(raw, name):
+    """The value of attribute ``name`` in a tag's text, unescaped; '' when absent.
+
+    Index arithmetic over one lower-cased copy: every character is looked at a bounded number of
+    times, however many times ``name`` recurs in a hostile tag.
+
+    >>> _attribute('link rel="alternate" href="/a?x=1&amp;y=2"/', "href"), _attribute("link", "rel")
+    ('/a?x=1&y=2', '')
+    >>> _attribute("link xhref='/no' href = /yes/>", "href")
+    '/yes'
+    """
+    low = raw.lower()
+    n = len(raw)
+    at = 0
+    while True:
+        at = low.find(name, at)
+        if at < 0:
+            return ""
+        start, at = at, at + len(name)
+        if start == 0 or not low[start - 1].isspace():
+            continue
+        j = at
+        while j < n and low[j].isspace():
+            j += 1
+        if j >= n or low[j] != "=":
+            continue
+        j += 1
+        while j < n and low[j].isspace():
+            j += 1
+        if j < n and raw[j] in "'\"":
+            close = raw.find(raw[j], j + 1)
+            return _xml_unescape(raw[j + 1:close if close > 0 else n]).strip()
+        end = j
+        while end < n and not raw[end].isspace() and raw[end] != ">":
+            end += 1
+        return _xml_unescape(raw[j:end].rstrip("/"))
+
+
+def _iter_text_sitemap(text):
+    """Entries of a plain-text sitemap: one absolute URL per line (sitemaps.org), other lines skipped."""
+    for line in text.splitlines():
+        url = line.strip()
+        if url[:8].lower().startswith(("http://", "https://")) and not any(c.isspace() for c in url):
+            yield SitemapEntry(url, None, False)
+
+
+def iter_sitemap(body, base_url=None):
+    """The entries of a sitemap, lazily: ``SitemapEntry(url, lastmod, is_sitemap)``.
+
+    Reads sitemaps.org ``<urlset>`` and ``<sitemapindex>`` files, plain-text sitemaps (one URL per
+    line), and RSS 2.0, RSS 1.0 and Atom feeds given as sitemaps. Values may be wrapped in CDATA or
+    white space and may hold any XML entity; ``lastmod`` (RSS ``pubDate``, Atom ``updated``) is kept.
+    A hand-written scanner of ``str.find`` calls: linear on any input (an unclosed ``<loc>``, comment
+    or CDATA ends the scan or the field, never rescans), no entity expansion beyond the fixed ones
+    (no DTD is read), ``base_url`` resolves relative feed links. ``body`` is text or UTF-8 bytes.
+
+    >>> doc = ("<?xml version='1.0'?><urlset xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'>"
+    ...        "<url><loc> <![CDATA[https://a.example/?a=1&b=2]]> </loc><lastmod>2026-11-30</lastmod></url>"
+    ...        "<url><loc>https://a.example/x?a=1&amp;b=&#50;</loc></url></urlset>")
+    >>> [tuple(e) for e in iter_sitemap(doc)]
+    [('https://a.example/?a=1&b=2', '2026-11-30', False), ('https://a.example/x?a=1&b=2', None, False)]
+    >>> [e.url for e in iter_sitemap(b"https://a.example/1\\n\\nnot a url\\nhttps://a.example/2\\n")]
+    ['https://a.example/1', 'https://a.example/2']
+    """
+    if isinstance(body, (bytes, bytearray)):
+        body = bytes(body).decode("utf-8", "replace")
+    text = body.lstrip("\ufeff \t\r\n")
+    if not text.startswith("<"):
+        yield from _iter_text_sitemap(text)
+        return
+    n = len(text)
+    root = None                  # (prefix, local) of the first element
+    prefixes = ("",)             # field prefixes read: the root's and none (image:loc is not a loc)
+    feed = False
+    record = None                # [kind_is_sitemap, url, lastmod] of the open <url>/<sitemap>/<item>/<entry>
+    field, parts, size = None, [], 0    # the open field element and its text so far
+    depth = 0                    # open elements, for SITEMAP_NESTING_MAX
+    gt = -1                      # position of the next ">" at or after i (cached: never searched twice)
+    name_at = _XML_NAME.match
+    i = 0
+
+    def finish(rec):
+        if rec is None or not rec[1]:
+            return None
+        url = _absolute(rec[1], base_url)
+        return SitemapEntry(url, rec[2], rec[0]) if url else None
+
+    while i < n:
+        lt = text.find("<", i)
+        if lt < 0:
+            lt = n
+        if field is not None and lt > i:
+            if size <= SITEMAP_VALUE_MAX:           # past the cap the value is dropped: stop keeping it
+                parts.append(text[i:lt])
+            size += lt - i
+        if lt >= n:
+            break
+        special = text[lt + 1:lt + 2] in ("!", "?")
+        if special and text.startswith("<![CDATA[", lt):
+            end = text.find("]]>", lt + 9)
+            stop = n if end < 0 else end
+            if field is not None:
+                if size <= SITEMAP_VALUE_MAX:
+                    parts.append(text[lt + 9:stop])
+                size += stop - lt - 9
+            i = n if end < 0 else end + 3
+            continue
+        if special and text.startswith("<!--", lt):
+            end = text.find("-->", lt + 4)
+            i = n if end < 0 else end + 3
+            continue
+        if gt < lt:
+            gt = text.find(">", lt + 1)
+            if gt < 0:
+                break                               # a tag that never closes: nothing more to read
+        inner = text.find("<", lt + 1, gt)
+        if inner >= 0:                              # "<" inside a tag: the first "<" was text
+            if field is not None:
+                parts.append("<")
+            i = lt + 1
+            continue
+        if special:
+            if text[lt + 1] == "!":                 # DOCTYPE: skip it, internal subset and all, unread
+                bracket = text.find("[", lt, gt)
+                if bracket >= 0:
+                    close = text.find("]", bracket)
+                    gt = text.find(">", close) if close >= 0 else -1
+                    if gt < 0:
+                        break
+            i = gt + 1
+            continue
+        i = gt + 1
+        closing = text[lt + 1:lt + 2] == "/"
+        m = name_at(text, lt + 2 if closing else lt + 1, gt)
+        if m is None:
+            continue
+        prefix, _, name = m.group(0).lower().rpartition(":")
+        raw = text[lt + 1:gt]
+        if closing:
+            depth = max(0, depth - 1)
+            if field is not None and name == field:
+                value = _xml_unescape("".join(parts)).strip() if size <= SITEMAP_VALUE_MAX else ""
+                field, parts, size = None, [], 0
+                if record is not None and value:
+                    if name in ("loc", "link") and not record[1]:
+                        record[1] = value
+                    elif name in ("lastmod", "updated", "published", "pubdate", "date") and not record[2]:
+                        record[2] = _rss_date(value) if name == "pubdate" else value
+                elif record is None and name == "loc" and value and not feed:
+                    entry = finish([root is not None and root[1] == "sitemapindex", value, None])
+                    if entry:
+                        yield entry
+            elif record is not None and name == record[3]:
+                entry = finish(record)
+                record = None
+                if entry:
+                    yield entry
+            continue
+        if not raw.endswith("/"):
+            depth += 1
+        if root is None:
+            root = (prefix, name)
+            prefixes = (prefix, "") if prefix else ("",)
+            feed = name in _FEED_ROOTS
+            continue
+        if depth > SITEMAP_NESTING_MAX:
+            continue
+        field, parts, size = None, [], 0            # a tag inside a field: the field was not plain text
+        if prefix not in prefixes and not (prefix == "dc" and name == "date"):
+            continue
+        if (name in _SITEMAP_RECORDS and not feed) or (name in _FEED_RECORDS and feed):
+            entry = finish(record)
+            if entry:
+                yield entry                         # the previous record was never closed
+            record = [_SITEMAP_RECORDS.get(name, False), None, None, name]
+        elif name in _SITEMAP_FIELDS and record is not None or name == "loc" and not feed:
+            if name == "link" and feed and root[1] == "feed":
+                rel = _attribute(raw, "rel")
+                href = _attribute(raw, "href")
+                if record is not None and href and rel in ("", "alternate") and not record[1]:
+                    record[1] = href
+                continue
+            if not raw.endswith("/"):
+                field = name
+    entry = finish(record)
+    if entry:
+        yield entry
+
+
+# ---------------------------------------------------------------------------
+# §10 Configuration
+# ---------------------------------------------------------------------------
+
+class Var:
+    """One configuration variable: the single source for parsing, --help-env and the README."""
+
+    __slots__ = ("name", "field", "kind", "default", "lo", "hi", "help", "aliases", "secret", "scale", "choices",
+                 "label")
+
+    def __init__(self, name, field, kind, default, help, *, lo=None, hi=None,
+                 aliases=(), secret=False, scale=1.0, choices=(), label=None):
+        self.label = label or default or "unset"   # the default as people read it
+        self.choices = choices    # allowed words for kind "choice" (one) and "choices" (a list)
+        self.name = name
+        self.field = field
+        self.kind = kind          # int, str, url, vendors, level, bool
+        self.default = default    # as the user would write it ("" for none)
+        self.lo = lo
+        self.hi = hi
+        self.help = help
+        self.aliases = aliases    # other names read when ``name`` is unset
+        self.secret = secret
+        self.scale = scale        # multiplier applied to ints (ms -> s)
+
+    def expected(self):
+        """The form a valid value takes, in words."""
+        if self.secret:
+            return "the key itself as the vendor issued it (no quotes, spaces or placeholder)"
+        if self.kind == "int":
+            return "an integer from %d to %d" % (self.lo, self.hi)
+        if self.kind == "float":
+            return "a number from %g to %g" % (self.lo, self.hi)
+        if self.kind == "choice":
+            return "one of: " + ", ".join(self.choices)
+        if self.kind == "choices":
+            return "a comma-separated list of: " + ", ".join(self.choices)
+        if self.kind == "list":
+            return "a comma-separated list"
+        if self.kind == "url":
+            return "an http:// or https:// URL"
+        if self.kind == "proxy":
+            return "an HTTP proxy: host:port or http://[user:pass@]host:port"
+        if self.kind == "vendors":
+            return "a comma-separated list of: " + ", ".join(KNOWN_VENDORS)
+        if self.kind == "providers":
+            return "a comma-separated list of: " + ", ".join(self.choices)
+        if self.kind == "tools":
+            return "all, plan, or a comma-separated list of tool names (%s, plan_*)" % ", ".join(CORE_TOOLS)
+        if self.kind == "country":
+            return "a two-letter ISO 3166-1 country code such as US or DE"
+        if self.kind == "level":
+            return "one of: " + ", ".join(Logger.LEVELS)
+        if self.kind == "bool":
+            return "1/true/yes/on or 0/false/no/off"
+        return "any text"
+
+
+# Order is the order of --help-env and the README table.
+VARIABLES = (
+    Var("WEBSEARCH_VENDORS", "vendors", "vendors", "",
+        "Ring order for web_search, comma-separated. Unset: the keyed vendors that have a key "
+        "(brave, serper, yep), then searxng when SEARXNG_URL is set, then exa,tavily,bing,duckduckgo.",
+        label="the default ring"),
+    Var("WEBSEARCH_TOOLS", "tools", "tools", "",
+        "Tools to list: all, the group plan (the six plan_* tools), or names, comma-separated "
+        "(e.g. web_search,web_fetch,plan). Unset: the seven core tools.", label="the seven core tools"),
+    Var("WEBSEARCH_TIMEOUT_MS", "timeout_s", "int", "12000",
+        "Timeout of one vendor attempt, in milliseconds.", lo=100, hi=600000, scale=0.001),
+    Var("WEBSEARCH_DEADLINE_MS", "deadline_s", "int", "30000",
+        "Overall deadline of one web_search call across all vendors, in milliseconds.",
+        lo=100, hi=3600000, scale=0.001),
+    Var("WEBSEARCH_MAX_CHARS", "max_chars", "int", "12000",
+        "Cap on the text block of a result; longer text ends with [TRUNCATED at N chars].",
+        lo=200, hi=10000000),
+    Var("WEBSEARCH_TTL_MS", "ttl_s", "int", "1200000",
+        "How long a successful search stays cached, in milliseconds; 0 disables the cache.",
+        lo=0, hi=604800000, scale=0.001),
+    Var("WEBSEARCH_CACHE_MAX", "cache_max", "int", "512",
+        "Most cached searches kept (least recently used evicted first).", lo=1, hi=1000000),
+    Var("WEBSEARCH_MAX_INFLIGHT", "max_inflight", "int", "16",
+        "Most upstream HTTP requests at once; further requests queue, never fail.", lo=1, hi=1024),
+    Var("WEBSEARCH_COOLDOWN_MS", "cooldown_s", "int", "60000",
+        "How long a vendor that is rate limited (without Retry-After) or keeps failing is skipped.",
+        lo=1000, hi=86400000, scale=0.001),
+    Var("WEBSEARCH_FAILURE_THRESHOLD", "failure_threshold", "int", "3",
+        "Consecutive failures (errors, timeouts, blocks) that put a vendor in cooldown.", lo=1, hi=100),
+    Var("WEBSEARCH_AUTH_COOLDOWN_MS", "auth_cooldown_s", "int", "3600000",
+        "How long a vendor with a rejected key or an exhausted quota is skipped.",
+        lo=1000, hi=604800000, scale=0.001),
+    Var("WEBSEARCH_FETCH_PROVIDERS", "fetch_providers", "providers", "tavily,direct,jina",
+        "web_fetch providers in order: tavily (Tavily Extract, only with a key), direct (the built-in "
+        "extractor) and jina (Jina Reader: after direct only for script-rendered pages, anti-bot refusals and "
+        "types direct cannot read; it sends the URL to Jina, so leave it out to keep pages to yourself).",
+        choices=("tavily", "direct", "jina")),
+    Var("WEBSEARCH_MAP_PROVIDERS", "map_providers", "providers", "tavily,direct",
+        "web_map providers in order: tavily (Tavily Map, only with a key) and direct (robots.txt, "
+        "sitemaps and a same-origin crawl).", choices=("tavily", "direct")),
+    Var("WEBSEARCH_ALLOW_PRIVATE_URLS", "allow_private", "bool", "0",
+        "1 lets the direct fetch and map reach loopback, private and link-local addresses "
+        "(intranets, air-gapped sites, tests)."),
+    Var("WEBSEARCH_DEFAULT_RESULTS", "default_results", "int", str(DEFAULT_RESULTS),
+        "numResults of a web_search that does not say (for clients that cannot pass arguments).", lo=1, hi=20),
+    Var("WEBSEARCH_DEFAULT_LANG", "default_lang", "str", "",
+        "lang of a web_search that does not say, e.g. de or pt-BR. Unset: any language."),
+    Var("WEBSEARCH_DEFAULT_COUNTRY", "default_country", "country", "",
+        "country of a web_search that does not say, e.g. US or DE. Unset: no country."),
+    Var("WEBSEARCH_DEFAULT_SAFESEARCH", "default_safesearch", "choice", "",
+        "safesearch of a web_search that does not say: off, moderate or strict. Unset: each engine's default.",
+        choices=("off", "moderate", "strict")),
+    Var("WEBSEARCH_FETCH_MAX_MB", "fetch_max_mb", "int", "10",
+        "Largest page or document (PDF) the direct fetch reads, in megabytes (1-50).", lo=1, hi=50),
+    Var("WEBSEARCH_FETCH_CACHE_MB", "fetch_cache_mb", "int", "64",
+        "Megabytes of extracted pages kept for paging with start_index (least recently used go first).",
+        lo=1, hi=4096),
+    Var("WEBSEARCH_UA", "user_agent", "str", "",
+        "User-Agent sent to the HTML engines (bing, duckduckgo) and the direct fetch. Unset: a current desktop "
+        "browser.", label="a desktop browser"),
+    Var("EXA_API_KEY", "exa_api_key", "str", "",
+        "Exa key: switches exa from the keyless hosted MCP endpoint to the REST /search API.",
+        secret=True),
+    Var("TAVILY_API_KEY", "tavily_api_key", "str", "",
+        "Tavily key (Bearer). Unset (and no TAVILY_API_KEYS): Tavily's keyless mode for search.", secret=True),
+    Var("TAVILY_API_KEYS", "tavily_api_keys", "str", "",
+        "Several Tavily keys separated by commas, semicolons or newlines; takes precedence over "
+        "TAVILY_API_KEY. Search, fetch and map rotate over them fairly.", secret=True),
+    Var("TAVILY_ENABLED", "tavily_enabled", "bool", "1",
+        "0 leaves Tavily out of the default ring and of fetch and map."),
+    Var("TAVILY_KEY_COOLDOWN", "tavily_key_cooldown_s", "int", "30",
+        "Seconds a Tavily key rests after a 429 without Retry-After.", lo=1, hi=86400),
+    Var("TAVILY_QUOTA_COOLDOWN", "tavily_quota_cooldown_s", "int", "3600",
+        "Seconds a Tavily key rests after 432/433 (plan or pay-as-you-go limit).", lo=1, hi=2592000),
+    Var("TAVILY_SERVICE_FAILURE_THRESHOLD", "tavily_breaker_threshold", "int", "2",
+        "Distinct Tavily keys failing the same way (5xx or network) that open the circuit breaker.",
+        lo=2, hi=100),
+    Var("TAVILY_SERVICE_COOLDOWN", "tavily_breaker_cooldown_s", "int", "30",
+        "Seconds the Tavily circuit breaker stays open before one probe request.", lo=1, hi=86400),
+    Var("TAVILY_PER_KEY_MAX_CONCURRENCY", "tavily_per_key", "int", "1",
+        "Requests one Tavily key may have in flight at once.", lo=1, hi=64),
+    Var("BRAVE_API_KEY", "brave_api_key", "str", "",
+        "Brave Search key (X-Subscription-Token); adds brave to the default ring.",
+        aliases=("BRAVE_SEARCH_API_KEY",), secret=True),
+    Var("SERPER_API_KEY", "serper_api_key", "str", "",
+        "Serper (Google results) key (X-API-KEY); adds serper to the default ring.", secret=True),
+    Var("YEP_API_KEY", "yep_api_key", "str", "",
+        "Yep key (Bearer); adds yep to the default ring.", secret=True),
+    Var("SEARXNG_URL", "searxng_url", "url", "",
+        "Base URL of your SearXNG instance (JSON output enabled); adds searxng to the default ring."),
+    Var("WEBSEARCH_EXA_URL", "exa_url", "url", "https://api.exa.ai",
+        "Base URL of the Exa REST API (used with EXA_API_KEY)."),
+    Var("WEBSEARCH_EXA_MCP_URL", "exa_mcp_url", "url", "https://mcp.exa.ai/mcp",
+        "Exa's hosted MCP endpoint (used without EXA_API_KEY)."),
+    Var("WEBSEARCH_TAVILY_URL", "tavily_url", "url", "https://api.tavily.com",
+        "Base URL of the Tavily API.", aliases=("TAVILY_API_URL",)),
+    Var("WEBSEARCH_BING_URL", "bing_url", "url", "https://www.bing.com",
+        "Base URL of Bing (GET /search)."),
+    Var("WEBSEARCH_DUCKDUCKGO_URL", "duckduckgo_url", "url", "https://html.duckduckgo.com",
+        "Base URL of DuckDuckGo's HTML endpoint (POST /html/)."),
+    Var("WEBSEARCH_BRAVE_URL", "brave_url", "url", "https://api.search.brave.com",
+        "Base URL of the Brave Search API (GET /res/v1/web/search)."),
+    Var("WEBSEARCH_SERPER_URL", "serper_url", "url", "https://google.serper.dev",
+        "Base URL of the Serper API (POST /search)."),
+    Var("WEBSEARCH_YEP_URL", "yep_url", "url", "https://platform.yep.com",
+        "Base URL of the Yep API (POST /api/search)."),
+    Var("JINA_API_KEY", "jina_api_key", "str", "",
+        "Jina Reader key (Bearer), optional: without it about 20 pages a minute per IP.", secret=True),
+    Var("WEBSEARCH_JINA_URL", "jina_url", "url", "https://r.jina.ai",
+        "Base URL of Jina Reader; a reader on a private or loopback address may also read private pages."),
+    Var("WEBSEARCH_PROXY", "proxy", "proxy", "",
+        "HTTP proxy for every upstream request (host:port means http://; SOCKS is not supported); "
+        "overrides HTTPS_PROXY and HTTP_PROXY. An invalid value fails requests rather than going direct."),
+    Var("HTTPS_PROXY", "https_proxy", "proxy", "",
+        "Proxy for https:// upstreams (also read as https_proxy).", aliases=("https_proxy",)),
+    Var("HTTP_PROXY", "http_proxy", "proxy", "",
+        "Proxy for http:// upstreams (also read as http_proxy).", aliases=("http_proxy",)),
+    Var("NO_PROXY", "no_proxy", "str", "",
+        "Hosts that bypass the proxy: comma-separated names or suffixes, * for all "
+        "(also read as no_proxy). Loopback addresses never use a proxy.", aliases=("no_proxy",)),
+    Var("GROK_API_URL", "grok_url", "url", "https://api.x.ai/v1",
+        "OpenAI-compatible API root for web_answer, ending in /v1 (xAI, OpenRouter, a relay)."),
+    Var("GROK_API_KEY", "grok_key", "str", "", "Key for GROK_API_URL (Bearer). Unset: web_answer is unavailable.",
+        secret=True),
+    Var("GROK_API_PROTOCOL", "grok_protocol", "choice", "chat",
+        "chat: streaming /chat/completions; response: streaming /responses with server-side search tools.",
+        choices=("chat", "response")),
+    Var("GROK_PRIMARY_MODEL", "grok_primary_model", "str", "",
+        "Answer model; wins over GROK_MODEL and the config file (switch_model wins over all in its process)."),
+    Var("GROK_MODEL", "grok_model", "str", "", "Answer model when GROK_PRIMARY_MODEL is unset."),
+    Var("GROK_MODEL_MAX_ATTEMPTS", "grok_max_attempts", "int", "5",
+        "Attempts per answer (retries of 408, 429, 5xx, broken streams and retryable codes).", lo=1, hi=20),
+    Var("GROK_MAX_CONCURRENCY", "grok_concurrency", "int", "2",
+        "Answers generated at once; more wait in a queue within their budget.", lo=1, hi=64),
+    Var("WEBSEARCH_ANSWER_TIMEOUT_S", "answer_budget_s", "int", "270",
+        "Seconds one web_answer may take in all: queueing, attempts, backoff and Retry-After.", lo=5, hi=3600,
+        aliases=("WEB_SEARCH_TOTAL_TIMEOUT",)),
+    Var("GROK_SINGLE_ATTEMPT_TIMEOUT", "grok_attempt_timeout_s", "int", "120",
+        "Seconds one attempt may take (capped by what is left of the total budget).", lo=1, hi=3600),
+    Var("GROK_RETRY_MULTIPLIER", "grok_retry_multiplier", "float", "1",
+        "Backoff base in seconds: waits grow as multiplier x 2^attempt, with jitter.", lo=0, hi=60),
+    Var("GROK_RETRY_MAX_WAIT", "grok_retry_max_wait_s", "float", "10",
+        "Longest backoff between attempts, in seconds (a longer Retry-After is honoured within the budget).",
+        lo=0, hi=600),
+    Var("GROK_RETRYABLE_UPSTREAM_CODES", "grok_retryable_codes", "list", ",".join(DEFAULT_RETRYABLE_CODES),
+        "Error codes that are retried even inside an HTTP 200 body or a stream (relays wrap errors)."),
+    Var("GROK_SERVER_TOOLS", "grok_server_tools", "choices", "web_search,x_search",
+        "Server-side tools for the response protocol.", choices=("web_search", "x_search")),
+    Var("GROK_REASONING_EFFORT", "grok_reasoning_effort", "choice", "",
+        "Reasoning effort for the response protocol: low, medium or high. Unset: the model's default.",
+        choices=("low", "medium", "high")),
+    Var("GROK_RESPONSES_STORE", "grok_store", "bool", "0",
+        "1 asks /responses to store the response (default: store false)."),
+    Var("WEBSEARCH_CONFIG_FILE", "config_file", "str", "",
+        "JSON file where switch_model keeps the model. Unset: websearch-ring/config.json under the user's "
+        "config folder (%APPDATA% on Windows, $XDG_CONFIG_HOME or ~/.config elsewhere).",
+        label="<config folder>/websearch-ring/config.json"),
+    Var("WEBSEARCH_LOG_LEVEL", "log_level", "level", "info",
+        "Least severe stderr log level: debug, info, notice, warning, error, critical (the command line "
+        "shows warnings and worse unless this is set).", aliases=("GROK_LOG_LEVEL",)),
+    Var("GROK_DEBUG", "debug", "bool", "0", "1 turns on debug logging (same as WEBSEARCH_LOG_LEVEL=debug): each "
+        "upstream request and attempt, and the traceback of any unexpected error."),
+    Var("WEBSEARCH_LOG_DIR", "log_dir", "str", "",
+        "Folder for a websearch-ring.log copy of the stderr log (at 5 MB it becomes websearch-ring.log.1). "
+        "Unset: stderr only.", aliases=("GROK_LOG_DIR",)),
+)
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+class Problem:
+    """One invalid configuration value: which variable, what it held, what was expected."""
+
+    __slots__ = ("variable", "value", "expected", "message")
+
+    def __init__(self, variable, value, expected, message):
+        self.variable = variable
+        self.value = value
+        self.expected = expected
+        self.message = message
+
+    def as_dict(self):
+        return {"variable": self.variable, "value": self.value,
+                "expected": self.expected, "message": self.message}
+
+
+def _parse_proxy(text):
+    """A proxy URL from how people write one; raises ValueError with a reason.
+
+    A value without a scheme is an HTTP proxy; SOCKS needs more than the standard library has.
+
+    >>> _parse_proxy("127.0.0.1:3128"), _parse_proxy("HTTP://proxy.corp:8080/")
+    ('http://127.0.0.1:3128', 'http://proxy.corp:8080')
+    >>> _parse_proxy("socks5://127.0.0.1:1080")
+    Traceback (most recent call last):
+    ValueError: SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); use an http:// proxy
+    """
+    from urllib.parse import urlsplit
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        parts = urlsplit(text)
+        parts.port
+    except ValueError:
+        raise ValueError("not a host:port or URL") from None
+    scheme = parts.scheme.lower()
+    if scheme.startswith("socks"):
+        raise ValueError("SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); "
+                         "use an http:// proxy")
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) proxy")
+    return scheme + text[len(parts.scheme):].rstrip("/")
+
+
+# Values people paste instead of a key: what config and the README print, and the usual stand-ins.
+_PLACEHOLDER_KEY = LazyPattern(r"(x{3,}|\*{3,}|(your|insert|enter|paste|put)[\W_].*|change[\W_]?me|replace[\W_]?me"
+                               r"|placeholder|none|null|todo|tbd|undefined|(api[\W_]?)?key|secret|token)$", re.I)
+
+
+def split_keys(text):
+    """The keys of a list separated by commas, semicolons or newlines."""
+    return [k.strip() for k in re.split(r"[,;\n]+", text) if k.strip()]
+
+
+def key_problem(raw):
+    """Why the value of a key variable is not a key, or None.
+
+    >>> key_problem("<your TAVILY_API_KEY>"), key_problem("tvly-..."), key_problem("YOUR_API_KEY")
+    ('it is a placeholder, not a key', 'it is a placeholder, not a key', 'it is a placeholder, not a key')
+    >>> key_problem('"tvly-dev-abc123"'), key_problem("tvly-dev-abc123 "), key_problem("tvly-dev-abc123")
+    ('it is in quotes', 'it has spaces or a line break around it', None)
+    """
+    parts = split_keys(raw)
+    if len(parts) == 1 and raw != raw.strip():       # a list of keys may have spaces around its separators
+        return "it has spaces or a line break around it"
+    for part in parts:
+        if part[:1] in ("'", '"') or part[-1:] in ("'", '"'):
+            return "it is in quotes"
+        if part.startswith(("<", "$", "{{")) or part.endswith(("...", "\u2026", ">")) or \
+                _PLACEHOLDER_KEY.match(part):
+            return "it is a placeholder, not a key"
+    return None
+
+
+def _parse_value(var, raw):
+    """Parse one raw string; returns the value or raises ValueError with a reason."""
+    if var.secret and key_problem(raw):
+        raise ValueError(key_problem(raw))
+    text = raw.strip()
+    if var.kind == "int":
+        if not re.fullmatch(r"[+-]?\d+", text):
+            raise ValueError("not an integer")
+        value = int(text)
+        if not var.lo <= value <= var.hi:
+            raise ValueError("out of range")
+        return value * var.scale if var.scale != 1.0 else value
+    if var.kind == "url":
+        from urllib.parse import urlsplit
+        try:
+            parts = urlsplit(text)
+        except ValueError:
+            raise ValueError("not a URL") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("not an http(s) URL")
+        return text.rstrip("/")
+    if var.kind == "proxy":
+        return _parse_proxy(text)
+    if var.kind == "vendors":
+        names = [n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()]
+        unknown = [n for n in names if n not in KNOWN_VENDORS]
+        if unknown:
+            raise ValueError("unknown vendor " + ", ".join(repr(n) for n in unknown))
+        if not names:
+            raise ValueError("empty list")
+        return tuple(dict.fromkeys(names))
+    if var.kind == "float":
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError("not a number") from None
+        if not (value == value and var.lo <= value <= var.hi):
+            raise ValueError("out of range")
+        return value
+    if var.kind == "choice":
+        if text.lower() not in var.choices:
+            raise ValueError("unknown value")
+        return text.lower()
+    if var.kind in ("choices", "list"):
+        names = [n.strip() for n in re.split(r"[,;\n]+", text) if n.strip()]
+        if var.kind == "choices":
+            names = [n.lower() for n in names]
+            unknown = [n for n in names if n not in var.choices]
+            if unknown:
+                raise ValueError("unknown " + ", ".join(repr(n) for n in unknown))
+        return tuple(dict.fromkeys(names))
+    if var.kind == "tools":
+        chosen = []
+        for name in (n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()):
+            group = {"all": CORE_TOOLS + PLAN_TOOL_NAMES, "plan": PLAN_TOOL_NAMES}.get(name, (name,))
+            unknown = [n for n in group if n not in CORE_TOOLS + PLAN_TOOL_NAMES]
+            if unknown:
+                raise ValueError("unknown tool %r" % unknown[0])
+            chosen.extend(group)
+        if not chosen:
+            raise ValueError("empty list")
+        return tuple(n for n in CORE_TOOLS + PLAN_TOOL_NAMES if n in chosen)
+    if var.kind == "providers":
+        names = [n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()]
+        unknown = [n for n in names if n not in var.choices]
+        if unknown or not names:
+            raise ValueError("unknown provider " + ", ".join(repr(n) for n in unknown) if unknown else "empty list")
+        return tuple(dict.fromkeys(names))
+    if var.kind == "country":
+        if not re.fullmatch(r"[A-Za-z]{2}", text):
+            raise ValueError("not a two-letter country code")
+        return text.upper()
+    if var.kind == "level":
+        if text.lower() not in Logger.LEVELS:
+            raise ValueError("unknown level")
+        return text.lower()
+    if var.kind == "bool":
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ValueError("not a boolean")
+    return text
+
+
+def default_config_file(env):
+    """Where switch_model keeps the model when WEBSEARCH_CONFIG_FILE is unset."""
+    if sys.platform.startswith("win") and env.get("APPDATA"):
+        base = env["APPDATA"]
+    else:
+        base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "websearch-ring", "config.json")
+
+
+# What a vendor needs before it can serve: the field of its key or URL.
+_VENDOR_CREDENTIALS = {"brave": "brave_api_key", "serper": "serper_api_key", "yep": "yep_api_key",
+                       "searxng": "searxng_url"}
+
+
+def _field_var(field):
+    return next(v for v in VARIABLES if v.field == field)
+
+
+class Config:
+    """Frozen configuration built by :meth:`from_env` from any mapping.
+
+    Every invalid value falls back to its default and is listed in ``problems``.
+    """
+
+    def __init__(self, values, problems, sources):
+        object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "problems", tuple(problems))
+        object.__setattr__(self, "sources", dict(sources))   # field -> variable that set it
+
+    def __getattr__(self, name):
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Config is frozen")
+
+    @classmethod
+    def from_env(cls, env):
+        """Parse ``env`` (a mapping such as ``os.environ``); never raises."""
+        values, problems, sources, broken = {}, [], {}, {}
+        for var in VARIABLES:
+            raw, used = None, var.name
+            for name in (var.name,) + var.aliases:
+                candidate = env.get(name)
+                if candidate is not None and candidate.strip():
+                    raw, used = candidate, name
+                    break
+            default = _parse_value(var, var.default) if var.default else (
+                () if var.kind in ("vendors", "choices", "list", "tools") else "")
+            if raw is None:
+                values[var.field] = default
+                continue
+            try:
+                values[var.field] = _parse_value(var, raw)
+                sources[var.field] = used
+            except ValueError as exc:
+                shown = "<hidden>" if var.secret else (
+                    mask_url_credentials(raw.strip()) if var.kind in ("url", "proxy") else raw)
+                fallback = "using the default (%s)" % var.label
+                if var.secret:
+                    fallback = "the key is not used"
+                if var.kind == "proxy":   # going direct instead would bypass the proxy the user asked for
+                    fallback = "requests that would use it fail instead of going direct"
+                    broken[var.field] = "%s=%r is invalid (%s)" % (used, shown, exc)
+                problems.append(Problem(
+                    used, shown, var.expected(),
+                    "%s=%r is invalid (%s); expected %s; %s" % (used, shown, exc, var.expected(), fallback)))
+                values[var.field] = default
+        if values["debug"]:
+            values["log_level"] = "debug"
+        if not re.search(r"/v\d+[a-z]*$", values["grok_url"]):
+            fixed = values["grok_url"] + "/v1"
+            problems.append(Problem(sources.get("grok_url", "GROK_API_URL"), values["grok_url"],
+                                    "an API root ending in /v1, such as https://api.x.ai/v1",
+                                    "GROK_API_URL=%r has no /v1 root; using %r" % (values["grok_url"], fixed)))
+            values["grok_url"] = fixed
+        if not values["config_file"]:
+            values["config_file"] = default_config_file(env)
+        if not values["tools"]:
+            values["tools"] = tuple(t for t in CORE_TOOLS if values["grok_key"] or t not in ANSWER_TOOLS)
+        keys = split_keys(values["tavily_api_keys"])
+        values["tavily_keys"] = tuple(dict.fromkeys(keys or ([values["tavily_api_key"]]
+                                                             if values["tavily_api_key"] else [])))
+        configured = {name: bool(values[field]) for name, field in _VENDOR_CREDENTIALS.items()}
+        configured["tavily"] = values["tavily_enabled"]
+        if values["vendors"]:
+            missing = [n for n in values["vendors"] if not configured.get(n, True)]
+            for name in missing:
+                var = _field_var(_VENDOR_CREDENTIALS.get(name, "tavily_enabled"))
+                problems.append(Problem(
+                    "WEBSEARCH_VENDORS", ",".join(values["vendors"]), "vendors whose credentials are set",
+                    "WEBSEARCH_VENDORS names %s but %s is %s; %s is left out of the ring" % (
+                        name, var.name, "0" if var.kind == "bool" else "unset", name)))
+            values["vendors"] = tuple(n for n in values["vendors"] if n not in missing)
+        if not values["vendors"]:
+            values["vendors"] = tuple(n for n in KEYED_VENDORS + RING_VENDORS if configured.get(n, True))
+        if not values["user_agent"]:
+            values["user_agent"] = DEFAULT_UA
+        values["broken_proxies"] = broken
+        return cls(values, problems, sources)
+
+    def is_configured(self, vendor):
+        """True when ``vendor`` has what it needs (keyless vendors always do)."""
+        if vendor == "tavily":
+            return self._values["tavily_enabled"]
+        field = _VENDOR_CREDENTIALS.get(vendor)
+        return field is None or bool(self._values[field])
+
+    def requirement(self, vendor):
+        """The variable a vendor needs, or None for keyless vendors."""
+        if vendor == "tavily":
+            return "TAVILY_ENABLED"
+        field = _VENDOR_CREDENTIALS.get(vendor)
+        return _field_var(field).name if field else None
+
+    def secrets(self):
+        """Every secret value (each pooled key on its own), for the redactor."""
+        return [self._values[v.field] for v in VARIABLES if v.secret and self._values[v.field]] + list(
+            self._values["tavily_keys"])
+
+    def passwords(self):
+        """The passwords in every URL variable (proxies, endpoints), for the redactor."""
+        from urllib.parse import urlsplit, unquote
+        found = []
+        for var in VARIABLES:
+            value = self._values[var.field]
+            if var.kind in ("url", "proxy") and value and "@" in value:
+                try:
+                    password = urlsplit(value).password
+                except ValueError:
+                    continue
+                if password:
+                    found += [password, unquote(password), basic_credentials(value)[6:]]
+        return found
+
+    def masked(self):
+        """The configuration as a dict with secrets shown as fingerprints."""
+        out = {}
+        for var in VARIABLES:
+            value = self._values[var.field]
+            if var.secret:
+                value = fingerprint(value) if value else ""
+            elif var.kind in ("url", "proxy") and value:
+                value = mask_url_credentials(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[var.name] = value
+        out["TAVILY_API_KEYS"] = [fingerprint(k) for k in self._values["tavily_keys"]]
+        return out
+
+
+class ModelFile:
+    """The small JSON file where switch_model keeps the answer model, written atomically.
+
+    Writers in this process take turns (one lock per path); each write goes
+    to a temporary file of its own and is renamed over the old file, so a
+    reader never sees half a file, whatever the number of concurrent calls.
+    """
+
+    MAX_BYTES = 1024 * 1024
+    _locks = {}
+    _locks_guard = threading.Lock()
+
+    def __init__(self, path):
+        self.path = path
+        with ModelFile._locks_guard:
+            self._lock = ModelFile._locks.setdefault(os.path.abspath(path), threading.Lock())
+
+    def load(self):
+        """``(data, problem)``: the file's object (``{}`` when absent) and what is wrong with it, if anything."""
+        try:
+            if os.path.exists(self.path) and not os.path.isfile(self.path):
+                return {}, "%s is not a regular file" % self.path
+            with open(self.path, "r", encoding="utf-8") as handle:
+                text = handle.read(self.MAX_BYTES + 1)
+        except FileNotFoundError:
+            return {}, None
+        except (OSError, UnicodeDecodeError) as exc:
+            return {}, "cannot read %s: %s" % (self.path, exc)
+        if len(text) > self.MAX_BYTES:
+            return {}, "%s is larger than %d bytes" % (self.path, self.MAX_BYTES)
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            return {}, "%s is not valid JSON (%s)" % (self.path, "nested too deeply" if isinstance(
+                exc, RecursionError) else exc)
+        if not isinstance(data, dict):
+            return {}, "%s does not hold a JSON object" % self.path
+        return data, None
+
+    def model(self):
+        data, _ = self.load()
+        value = data.get("model")
+        return value.strip() if isinstance(value, str) and value.strip() else None
+
+    def save(self, model):
+        """Write ``model`` (keeping the file's other keys); returns a note about a replaced bad file, or None.
+
+        Raises OSError when the file cannot be written (the path is a
+        folder, the folder is read-only ...).
+        """
+        import tempfile
+        with self._lock:
+            data, problem = self.load()
+            folder = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(folder, exist_ok=True)
+            if os.path.exists(self.path) and not os.path.isfile(self.path):
+                raise IsADirectoryError("%s exists and is not a regular file; nothing was moved" % self.path)
+            note = None
+            if problem and os.path.isfile(self.path):
+                backup = "%s.invalid-%d-%s" % (self.path, int(time.time()), os.urandom(3).hex())
+                os.replace(self.path, backup)
+                note = "the old file was unreadable (%s); it was kept as %s" % (problem, backup)
+            data["model"] = model
+            handle, temp = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".", suffix=".tmp",
+                                            dir=folder)
+            try:
+                with os.fdopen(handle, "w", encoding="utf-8") as out:
+                    json.dump(data, out, indent=2)
+                    out.write("\n")
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(temp, self.path)
+            finally:
+                if os.path.exists(temp):
+                    os.remove(temp)
+            return note
+
+
+def help_env_text():
+    """The text of ``--help-env``: every variable, its default and meaning."""
+    lines = ["Environment variables (unset or blank means the default):", ""]
+    for var in VARIABLES:
+        names = " / ".join((var.name,) + tuple(a for a in var.aliases if a.upper() != var.name))
+        lines.append("  %s  (default: %s)" % (names, var.label))
+        lines.append("      " + var.help)
+    return "\n".join(lines) + "\n"
+
+
+def env_table_markdown():
+    """The README's variable table, generated from the same table as --help-env."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for var in VARIABLES:
+        names = " / ".join("`%s`" % n for n in (var.name,) + tuple(
+            a for a in var.aliases if a.upper() != var.name))
+        default = "`%s`" % var.default if var.default else var.label
+        rows.append("| %s | %s | %s |" % (names, default, var.help.replace("|", "\\|")))
+    return "\n".join(rows) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# §11 Deadlines and cancellation
+# ---------------------------------------------------------------------------
+
+class Deadline:
+    """A point in monotonic time after which work must stop.
+
+    >>> t = [0.0]
+    >>> d = Deadline(5.0, clock=lambda: t[0])
+    >>> d.clip(10.0), d.expired()
+    (5.0, False)
+    >>> t[0] = 6.0
+    >>> d.remaining(), d.expired()
+    (0.0, True)
+    """
+
+    __slots__ = ("_clock", "at")
+
+    def __init__(self, timeout_s, clock=time.monotonic):
+        self._clock = clock
+        self.at = clock() + timeout_s
+
+    def remaining(self):
+        return max(0.0, self.at - self._clock())
+
+    def expired(self):
+        return self._clock() >= self.at
+
+    def clip(self, timeout_s):
+        """``min(timeout_s, remaining)``: the timeout one step may use."""
+        return min(timeout_s, self.remaining())
+
+    def child(self, timeout_s):
+        """A deadline no later than this one and ``timeout_s`` from now."""
+        d = Deadline(self.clip(timeout_s), self._clock)
+        return d
+
+
+class CancelToken:
+    """Set once when a request is cancelled; runs its callbacks then.
+
+    Callbacks close sockets and wake waiters; they run outside the lock.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._callbacks = {}
+        self._next = 0
+        self.cancelled = False
+        self.reason = None
+
+    def cancel(self, reason="cancelled"):
+        with self._lock:
+            if self.cancelled:
+                return
+            self.cancelled = True
+            self.reason = reason
+            callbacks = list(self._callbacks.values())
+            self._callbacks.clear()
+        for fn in callbacks:
+            try:
+                fn()
+            except Exception:
+                pass
+
+    def add_callback(self, fn):
+        """Register ``fn``; returns a handle for :meth:`remove`. Runs at once if already cancelled."""
+        with self._lock:
+            if not self.cancelled:
+                self._next += 1
+                self._callbacks[self._next] = fn
+                return self._next
+        fn()
+        return None
+
+    def remove(self, handle):
+        if handle is not None:
+            with self._lock:
+                self._callbacks.pop(handle, None)
+
+    def check(self):
+        """Raise :class:`Cancelled` if cancelled."""
+        if self.cancelled:
+            raise Cancelled(self.reason or "cancelled")
+
+
+def _notify(cond):
+    """Wake every waiter of ``cond`` (used as a cancel-token callback)."""
+    with cond:
+        cond.notify_all()
+
+
+class Slots:
+    """A counting semaphore whose waiters give up on cancellation or deadline.
+
+    Invariant (under ``_cond``): ``0 <= in_use <= limit``; ``waiting`` counts
+    threads blocked in :meth:`acquire`.
+    """
+
+    def __init__(self, limit, name="slots", on_queue=None):
+        self.limit = limit
+        self.name = name
+        self.in_use = 0
+        self.waiting = 0
+        self._cond = threading.Condition(threading.Lock())
+        self._on_queue = on_queue
+
+    def acquire(self, token=None, deadline=None):
+        """Take a slot; raises Cancelled or DeadlineExceeded instead of waiting past them."""
+        with self._cond:
+            if self.in_use < self.limit and not self.waiting:
+                self.in_use += 1
+                return
+        if self._on_queue is not None:
+            self._on_queue(self)
+        handle = token.add_callback(self._wake) if token is not None else None
+        try:
+            with self._cond:
+                self.waiting += 1
+                try:
+                    while self.in_use >= self.limit:
+                        if token is not None and token.cancelled:
+                            raise Cancelled(token.reason or "cancelled")
+                        if deadline is not None and deadline.expired():
+                            raise DeadlineExceeded("queued for an upstream slot until the deadline")
+                        self._cond.wait(deadline.remaining() if deadline is not None else None)
+                    self.in_use += 1
+                finally:
+                    self.waiting -= 1
+                    if self.in_use < self.limit:
+                        self._cond.notify()
+        finally:
+            if token is not None:
+                token.remove(handle)
+
+    def release(self):
+        with self._cond:
+            self.in_use -= 1
+            self._cond.notify()
+
+    def _wake(self):
+        with self._cond:
+            self._cond.notify_all()
+
+def _sleep(token, seconds):
+    """Sleep that a cancellation ends at once (then raises :class:`Cancelled`); ``token`` may be None."""
+    if seconds <= 0:
+        return
+    if token is None:
+        time.sleep(seconds)
+        return
+    event = threading.Event()
+    handle = token.add_callback(event.set)
+    try:
+        event.wait(seconds)
+    finally:
+        token.remove(handle)
+    token.check()
+
+
+# ---------------------------------------------------------------------------
+# §12 HTTP transport
+# ---------------------------------------------------------------------------
+
+class Response:
+    """A finished HTTP exchange: status, lower-cased headers, the whole body."""
+
+    __slots__ = ("status", "reason", "headers", "body", "url", "elapsed_s")
+
+    def __init__(self, status, reason, headers, body, url, elapsed_s):
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.body = body
+        self.url = url
+        self.elapsed_s = elapsed_s
+
+    def text(self):
+        """The body as text (see :func:`decode_page`), never raising."""
+        return decode_page(self.body, self.headers.get("content-type", ""))
+
+    def json(self):
+        """The body as JSON; raises ValueError when it is not."""
+        return json.loads(self.body.decode("utf-8", errors="replace"))
+
+
+POOL_PER_HOST = 8       # idle kept-alive connections per upstream host
+POOL_IDLE_S = 30.0      # older idle connections are closed rather than reused
+
+
+def body_message(response, limit=300):
+    """The human message inside an error body: JSON fields if any, else the text."""
+    return body_text_message(response.body, response.status, limit)
+
+
+def status_message(who, response, limit=300):
+    """``who answered HTTP 404: <the body's message>``."""
+    return "%s answered %s" % (who, status_text(response.status, body_message(response, limit)))
+
+
+def status_text(status, message):
+    """``HTTP 404: <message>``, without repeating the status when the message is only the status."""
+    head = "HTTP %d" % status
+    return head if message == head else head + ": " + message
+
+
+def body_text_message(body, status, limit=300):
+    """The human message of an error body given as bytes."""
+    text = body[:20000].decode("utf-8", errors="replace")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        for path in (("error", "message"), ("detail", "error"), ("error",), ("message",),
+                     ("detail",), ("msg",)):
+            value = data
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            if isinstance(value, str) and value.strip():
+                return collapse_ws(value)[:limit]
+            if isinstance(value, list) and value:
+                return collapse_ws(json.dumps(value, ensure_ascii=False))[:limit]
+    if "<" in text:
+        title = re.search(r"<title[^>]*>(.*?)</title>", text, re.I | re.S)
+        text = title.group(1) if title else re.sub(r"<[^>]+>", " ", text)
+    return collapse_ws(text)[:limit] or ("HTTP %d" % status)
+
+
+_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+# socket.timeout is TimeoutError itself from Python 3.10 on; on 3.9 an OS-level ETIMEDOUT is only the latter.
+_TIMEOUTS = (TimeoutError, __import__("socket").timeout) if sys.version_info < (3, 10) else (TimeoutError,)
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class Transport:
+    """All upstream HTTP goes through :meth:`request`, built on ``http.client``.
+
+    Why not ``urllib.request``: the transport must close a socket from another
+    thread when a request is cancelled, cap bodies while they stream, apply one
+    deadline across connect, headers and a slowly dripping body, and choose
+    proxies only from the configuration (urllib reads the environment on its
+    own).  Each request takes one of ``WEBSEARCH_MAX_INFLIGHT`` slots.
+    """
+
+    def __init__(self, config, logger, clock=time.monotonic):
+        self._config = config
+        self._log = logger
+        self._clock = clock
+        self._ssl_context = None
+        self._ssl_lock = threading.Lock()
+        self.slots = Slots(config.max_inflight, "upstream", on_queue=self._queued)
+        self.requests_sent = 0
+        self._pool = {}               # (scheme, host, port) -> [(idle connection, since)]
+        self._pool_lock = threading.Lock()
+
+    def _queued(self, slots):
+        self._log.info("all %d upstream slots busy (WEBSEARCH_MAX_INFLIGHT); request queued", slots.limit)
+
+    def _context(self):
+        with self._ssl_lock:
+            if self._ssl_context is None:
+                import ssl
+                context = ssl.create_default_context()
+                # Python 3.13 turned on strict X.509 checks, which refuse the CA certificates many
+                # TLS-inspecting proxies use (basic constraints not marked critical): verify as 3.9-3.12 do.
+                context.verify_flags &= ~getattr(ssl, "VERIFY_X509_STRICT", 0)
+                self._ssl_context = context
+            return self._ssl_context
+
+    def _proxy_for(self, scheme, host):
+        """The proxy URL for ``scheme://host``, or None (loopback never uses one).
+
+        A proxy variable with an invalid value fails the request: going direct
+        would bypass the proxy the user asked for.
+        """
+        cfg = self._config
+        if host in _LOOPBACK_HOSTS or host.startswith("127."):
+            return None
+        field = "proxy" if cfg.proxy or "proxy" in cfg.broken_proxies else (
+            "https_proxy" if scheme == "https" else "http_proxy")
+        proxy = getattr(cfg, field)
+        if not proxy and field not in cfg.broken_proxies:
+            return None
+        for entry in (e.strip().lower() for e in cfg.no_proxy.split(",")):
+            if entry == "*" or (entry and (host == entry.lstrip(".") or host.endswith("." + entry.lstrip(".")))):
+                return None
+        if not proxy:
+            raise TransportError("network_error", "proxy_error",
+                                 "%s; fix or unset it (nothing is sent around the proxy)"
+                                 % cfg.broken_proxies[field])
+        return proxy
+
+    def _resolve(self, host, port):
+        """``getaddrinfo`` for a stream socket; an override point for tests that must not ask DNS."""
+        import socket
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+
+    def _public_address(self, host, port, proxied=False):
+        """The first public address of ``host``; raises TransportError when it has none.
+
+        Behind a proxy, a name that does not resolve here goes to the proxy
+        unchecked (on such networks only the proxy resolves names, and it
+        decides); a literal address or a name that resolves is checked.
+        """
+        import socket
+        if self._config.allow_private:
+            return None
+        try:
+            infos = self._resolve(host, port)
+        except (socket.gaierror, UnicodeError) as exc:
+            if proxied and isinstance(exc, socket.gaierror):
+                return None
+            raise TransportError("network_error", "connection_error",
+                                 "DNS lookup of %s failed (%s)" % (host, exc)) from None
+        refused = []
+        for info in infos:
+            address = info[4][0]
+            reason = non_public_reason(address)
+            if reason is None:
+                return address
+            refused.append("%s (%s)" % (address, reason))
+        raise TransportError("blocked", "private_address",
+                             "%s resolves to %s: refused; set WEBSEARCH_ALLOW_PRIVATE_URLS=1 "
+                             "to allow private addresses" % (host, ", ".join(refused) or "nothing"))
+
+    def _connect(self, scheme, host, port, timeout_s, address=None):
+        import http.client
+        from urllib.parse import urlsplit
+        proxy = self._proxy_for(scheme, host)
+        if proxy is None:
+            if address is not None:
+                pinned = _pinned_connection_class(scheme == "https")
+                kwargs = {"context": self._context()} if scheme == "https" else {}
+                return pinned(host, port, address, timeout=timeout_s, **kwargs), False
+            if scheme == "https":
+                return http.client.HTTPSConnection(host, port, timeout=timeout_s, context=self._context()), False
+            return http.client.HTTPConnection(host, port, timeout=timeout_s), False
+        p = urlsplit(proxy)
+        headers = {}
+        if p.username:
+            headers["Proxy-Authorization"] = basic_credentials(proxy)
+        pport = p.port or (443 if p.scheme == "https" else 80)
+        if scheme == "https":
+            # CONNECT goes to the proxy in the clear; TLS then runs inside the tunnel.
+            conn = http.client.HTTPSConnection(p.hostname, pport, timeout=timeout_s, context=self._context())
+            conn.set_tunnel(host, port, headers=headers)
+        else:
+            conn = http.client.HTTPConnection(p.hostname, pport, timeout=timeout_s)
+            conn._proxy_headers = headers
+        conn.via_proxy = "%s:%d" % (p.hostname, pport)
+        return conn, scheme != "https"
+
+    def request(self, method, url, *, headers=None, body=None, timeout_s=10.0, deadline=None,
+                token=None, max_bytes=MAX_BODY_BYTES, max_redirects=0, public_only=False, truncate=False):
+        """Send one request (following up to ``max_redirects`` redirects) and read the body.
+
+        ``public_only`` refuses hosts that resolve to loopback, private,
+        link-local and other non-public addresses, checked on every hop, and
+        connects to the address that was checked.  Without it (a configured
+        endpoint, such as a SearXNG on the local network) the first host is
+        trusted, and so is a redirect to the same scheme, host and port; a
+        redirect anywhere else gets the same check.  ``truncate`` keeps the
+        first ``max_bytes`` of a longer body instead of failing.
+        Raises :class:`TransportError`, :class:`Cancelled` or :class:`DeadlineExceeded`.
+        An HTTP error status is not an exception: callers classify it.
+        """
+        from urllib.parse import urljoin
+        deadline = deadline or Deadline(timeout_s, self._clock)
+        deadline = deadline.child(timeout_s)
+        started = self._clock()
+        try:
+            url = iri_to_uri(url)
+        except ValueError as exc:
+            raise TransportError("network_error", "bad_url", "invalid URL %r (%s)" % (url[:200], exc)) from None
+        seen = set()
+        trusted = _origin(url)
+        self._take_slot(token, deadline)
+        try:
+            for _ in range(max_redirects + 1):
+                seen.add(url)
+                response = self._exchange(method, url, headers or {}, body, deadline, token, max_bytes,
+                                          public_only or _origin(url) != trusted, truncate)
+                location = response.headers.get("location")
+                if response.status not in _REDIRECTS or not location or max_redirects == 0:
+                    break
+                try:
+                    url = iri_to_uri(urljoin(url, location_url(location)))
+                except ValueError:
+                    raise TransportError("network_error", "bad_url",
+                                         "redirect to an invalid URL: %r" % location[:200]) from None
+                if url in seen:
+                    raise TransportError("bad_response", "too_many_redirects", "redirect loop at %s" % url)
+                if _origin(url) != trusted and headers:      # a key is for the host it was configured for
+                    headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
+                if response.status == 303 or (response.status in (301, 302) and method == "POST"):
+                    method, body = "GET", None
+            else:
+                raise TransportError("bad_response", "too_many_redirects", "more than %d redirects" % max_redirects)
+            response.elapsed_s = self._clock() - started
+            self._log.debug("%s %s: HTTP %d, %d bytes in %.0f ms", method, _log_url(url), response.status,
+                            len(response.body), response.elapsed_s * 1000.0)
+            return response
+        except TransportError as exc:
+            self._log.debug("%s %s: %s/%s after %.0f ms: %s", method, _log_url(url), exc.outcome, exc.code,
+                            (self._clock() - started) * 1000.0, exc.message)
+            raise
+        finally:
+            self.slots.release()
+
+    def _take_slot(self, token, deadline):
+        """One of the upstream slots; waiting for one until the deadline is our limit, not the upstream's."""
+        try:
+            self.slots.acquire(token, deadline)
+        except DeadlineExceeded:
+            raise TransportError("busy", "upstream_slots", "every one of the %d upstream slots was busy until the "
+                                 "deadline (WEBSEARCH_MAX_INFLIGHT)" % self.slots.limit) from None
+
+    def _take(self, key):
+        """An idle kept-alive connection for ``key``, or None."""
+        now = self._clock()
+        with self._pool_lock:
+            idle = self._pool.get(key)
+            while idle:
+                conn, since = idle.pop()
+                if now - since < POOL_IDLE_S:
+                    return conn
+                conn.close()
+        return None
+
+    def _give(self, key, conn):
+        with self._pool_lock:
+            idle = self._pool.setdefault(key, [])
+            if len(idle) < POOL_PER_HOST:
+                idle.append((conn, self._clock()))
+                return
+        conn.close()
+
+    def _exchange(self, method, url, headers, body, deadline, token, max_bytes, public_only, truncate):
+        from urllib.parse import urlsplit
+        try:
+            parts = urlsplit(url)
+            host = parts.hostname
+            port = parts.port
+        except ValueError:
+            raise TransportError("network_error", "bad_url", "invalid URL %r" % url) from None
+        if parts.scheme not in ("http", "https") or not host:
+            raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
+        port = port or (443 if parts.scheme == "https" else 80)
+        address = None
+        if public_only:
+            if parts.username is not None or parts.password is not None:
+                raise TransportError("network_error", "bad_url",
+                                     "URLs with credentials are refused: %s" % url.split("@")[-1])
+            address = self._public_address(host, port, self._proxy_for(parts.scheme, host) is not None)
+        url, parts, headers = _credentials_to_header(url, parts, headers)
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        key = (parts.scheme, host, port, address)
+        # A kept-alive connection may have been closed by the server meanwhile:
+        # such a failure before any answer is retried once on a new connection.
+        for attempt in (0, 1):
+            if token is not None:
+                token.check()
+            if deadline.expired():
+                raise TransportError("timeout", "timeout", "deadline passed before connecting")
+            conn = self._take(key) if attempt == 0 else None
+            reused = conn is not None
+            absolute = False
+            if conn is None:
+                conn, absolute = self._connect(parts.scheme, host, port, max(0.05, deadline.remaining()), address)
+            try:
+                return self._send(conn, reused, absolute, key, method, url, parts, headers, body,
+                                  deadline, token, max_bytes, truncate)
+            except _StaleConnection:
+                continue
+        raise TransportError("network_error", "connection_error", "the connection was closed before an answer")
+
+    def _send(self, conn, reused, absolute, key, method, url, parts, headers, body, deadline, token, max_bytes,
+              truncate):
+        import http.client
+        target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
+        hdrs = {"Accept-Encoding": "gzip, deflate"}
+        hdrs.update(headers)
+        if absolute:
+            hdrs.update(conn._proxy_headers)
+        handle = None
+        keep = False
+        answered = False
+        try:
+            if conn.sock is None:
+                _open_connection(conn)
+            sock = conn.sock
+            if token is not None:
+                handle = token.add_callback(lambda: _shutdown(sock))
+                token.check()
+            sock.settimeout(max(0.05, deadline.remaining()))
+            self.requests_sent += 1
+            conn.request(method, target, body=body, headers=hdrs)
+            resp = conn.getresponse()
+            answered = True
+            length = resp.getheader("content-length")
+            if length and length.isdigit() and int(length) > max_bytes and not truncate:
+                raise TransportError("bad_response", "body_too_large",
+                                     "body of %s bytes is over the %d byte cap" % (length, max_bytes))
+            chunks, total = [], 0
+            while True:
+                remaining = deadline.remaining()
+                if remaining <= 0:
+                    raise TransportError("timeout", "timeout", "timed out reading the body")
+                chunk = _read_piece(resp, sock, remaining)
+                if not chunk:
+                    if token is not None:
+                        token.check()    # a cancel shuts the socket: what looks like the end is not
+                    if resp.length:   # read1() ends quietly when the peer closes before Content-Length
+                        raise TransportError("bad_response", "truncated_body",
+                                             "connection closed with %d of the body's bytes "
+                                             "missing" % resp.length)
+                    break
+                total += len(chunk)
+                if total > max_bytes:
+                    if not truncate:
+                        raise TransportError("bad_response", "body_too_large", "body over the %d byte cap" % max_bytes)
+                    chunks.append(chunk[:max_bytes - (total - len(chunk))])
+                    break
+                chunks.append(chunk)
+            raw = b"".join(chunks)
+            headers_out = {}
+            for k, v in resp.getheaders():
+                k = k.lower()
+                headers_out[k] = headers_out[k] + ", " + v if k in headers_out else v
+            resp.close()    # a body read to its length leaves the response open; reuse needs it closed
+            keep = total <= max_bytes and not resp.will_close and not absolute \
+                and getattr(conn, "_tunnel_host", None) is None
+            encoding = headers_out.get("content-encoding", "").lower()
+            if encoding in ("gzip", "deflate", "x-gzip"):
+                raw = _decompress(raw, max_bytes, truncate)
+            return Response(resp.status, resp.reason, headers_out, raw, url, 0.0)
+        except (TransportError, Cancelled):
+            raise
+        except http.client.IncompleteRead as exc:
+            if token is not None and token.cancelled:
+                raise Cancelled(token.reason or "cancelled") from None
+            raise TransportError("bad_response", "truncated_body",
+                                 "connection closed after %d bytes of the body" % len(exc.partial)) from None
+        except _TIMEOUTS:
+            if token is not None and token.cancelled:
+                raise Cancelled(token.reason or "cancelled") from None
+            raise TransportError("timeout", "timeout", "timed out waiting for the upstream") from None
+        except (OSError, http.client.HTTPException) as exc:
+            if token is not None and token.cancelled:
+                raise Cancelled(token.reason or "cancelled") from None
+            if reused and not answered and isinstance(exc, (ConnectionError, http.client.RemoteDisconnected,
+                                                            http.client.BadStatusLine)):
+                raise _StaleConnection() from None
+            if deadline.expired():
+                raise TransportError("timeout", "timeout", "timed out") from None
+            raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
+        finally:
+            if token is not None:
+                token.remove(handle)
+            if keep:
+                self._give(key, conn)
+            else:
+                conn.close()
+
+    def open_stream(self, method, url, *, headers=None, body=None, timeout_s=10.0, deadline=None, token=None,
+                    max_bytes=MAX_BODY_BYTES):
+        """Start a request whose body is read as it arrives (server-sent events).
+
+        Returns an open :class:`HttpStream`; the caller must ``close()`` it (it
+        holds one of the upstream slots until then).  ``timeout_s`` bounds the
+        wait for each piece of the body, ``deadline`` the whole exchange.
+        """
+        import http.client
+        from urllib.parse import urlsplit
+        deadline = deadline or Deadline(timeout_s, self._clock)
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        url, parts, headers = _credentials_to_header(url, parts, headers or {})
+        self._take_slot(token, deadline)
+        conn = handle = None
+        try:
+            conn, absolute = self._connect(parts.scheme, parts.hostname, port, max(0.05, deadline.clip(timeout_s)))
+            target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
+            hdrs = dict(headers or {})
+            if absolute:
+                hdrs.update(conn._proxy_headers)
+            _open_connection(conn)
+            sock = conn.sock
+            if token is not None:
+                handle = token.add_callback(lambda: _shutdown(sock))
+                token.check()
+            sock.settimeout(max(0.05, deadline.clip(timeout_s)))
+            self.requests_sent += 1
+            conn.request(method, target, body=body.encode("utf-8") if isinstance(body, str) else body, headers=hdrs)
+            resp = conn.getresponse()
+            return HttpStream(self, conn, resp, sock, token, handle, deadline, timeout_s, max_bytes, url)
+        except BaseException as exc:
+            if token is not None:
+                token.remove(handle)
+            if conn is not None:
+                conn.close()
+            self.slots.release()
+            if isinstance(exc, (TransportError, Cancelled)):
+                raise
+            if token is not None and token.cancelled:
+                raise Cancelled(token.reason or "cancelled") from None
+            if isinstance(exc, _TIMEOUTS) or deadline.expired():
+                raise TransportError("timeout", "timeout", "timed out waiting for the upstream") from None
+            if isinstance(exc, (OSError, http.client.HTTPException)):
+                raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
+            raise
+
+
+class HttpStream:
+    """An HTTP response being read piece by piece; lines come out of :meth:`lines`."""
+
+    def __init__(self, transport, conn, resp, sock, token, handle, deadline, timeout_s, max_bytes, url):
+        self._transport = transport
+        self._conn = conn
+        self._resp = resp
+        self._sock = sock
+        self._token = token
+        self._handle = handle
+        self._deadline = deadline
+        self._timeout_s = timeout_s
+        self._max_bytes = max_bytes
+        self.url = url
+        self.status = resp.status
+        self.headers = {k.lower(): v for k, v in resp.getheaders()}
+        self.received = 0
+        self._closed = False
+
+    def chunks(self):
+        """Body pieces as they arrive; ends at the end of the body, raises on a cut or a timeout."""
+        import http.client
+        try:
+            while True:
+                wait = self._deadline.clip(self._timeout_s)
+                if wait <= 0:
+                    raise TransportError("timeout", "timeout", "the stream outlived its time budget")
+                chunk = _read_piece(self._resp, self._sock, wait)
+                if not chunk:
+                    self._raise_cancelled()     # a cancel shuts the socket: what looks like the end is not
+                    if self._resp.length:
+                        raise TransportError("bad_response", "truncated_body",
+                                             "the connection closed with %d bytes of the body "
+                                             "missing" % self._resp.length)
+                    return
+                self.received += len(chunk)
+                if self.received > self._max_bytes:
+                    raise TransportError("bad_response", "body_too_large",
+                                         "stream over the %d byte cap" % self._max_bytes)
+                yield chunk
+        except (TransportError, Cancelled):
+            raise
+        except http.client.IncompleteRead:
+            self._raise_cancelled()
+            raise TransportError("bad_response", "truncated_body",
+                                 "the connection closed in the middle of the stream") from None
+        except _TIMEOUTS:
+            self._raise_cancelled()
+            raise TransportError("timeout", "timeout",
+                                 "no data from the upstream for %.0f s" % self._timeout_s) from None
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            self._raise_cancelled()
+            raise TransportError("network_error", "connection_error",
+                                 _describe_os_error(exc) if isinstance(exc, OSError) else str(exc)) \
+                from None
+
+    def _raise_cancelled(self):
+        if self._token is not None and self._token.cancelled:
+            raise Cancelled(self._token.reason or "cancelled")
+
+    def lines(self):
+        """Decoded text lines (without line ends); the last partial line too."""
+        import codecs
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        pending = ""
+        for chunk in self.chunks():
+            pending += decoder.decode(chunk)
+            *complete, pending = re.split(r"\r\n|\r|\n", pending)
+            for line in complete:
+                yield line
+        pending += decoder.decode(b"", final=True)
+        if pending:
+            yield pending
+
+    def read(self):
+        """The rest of the body as bytes."""
+        return b"".join(self.chunks())
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        if self._token is not None:
+            self._token.remove(self._handle)
+        self._conn.close()
+        self._transport.slots.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _StaleConnection(Exception):
+    """A kept-alive connection turned out to be closed before it answered."""
+
+
+# Special-purpose ranges (IANA's IPv4 and IPv6 special-purpose registries), most specific first.
+# An explicit table because ipaddress's is_private/is_global changed between patch releases
+# (3.11.10, 3.12.4, 3.13): the same address must get the same verdict on every Python.
+_NON_PUBLIC = (
+    ("0.0.0.0/32", "unspecified"), ("0.0.0.0/8", "reserved"), ("10.0.0.0/8", "private"),
+    ("100.64.0.0/10", "shared (CGNAT)"), ("127.0.0.0/8", "loopback"), ("169.254.0.0/16", "link-local"),
+    ("172.16.0.0/12", "private"), ("192.0.0.0/24", "reserved"), ("192.0.2.0/24", "reserved"),
+    ("192.88.99.0/24", "reserved"), ("192.168.0.0/16", "private"), ("198.18.0.0/15", "reserved"),
+    ("198.51.100.0/24", "reserved"), ("203.0.113.0/24", "reserved"), ("224.0.0.0/4", "multicast"),
+    ("240.0.0.0/4", "reserved"),
+    ("::/128", "unspecified"), ("::1/128", "loopback"), ("64:ff9b:1::/48", "private"),
+    ("100::/64", "reserved"), ("2001::/23", "reserved"), ("2001:db8::/32", "reserved"),
+    ("3fff::/20", "reserved"), ("5f00::/16", "reserved"), ("fc00::/7", "private"),
+    ("fe80::/10", "link-local"), ("fec0::/10", "private"), ("ff00::/8", "multicast"),
+)
+
+
+# Request headers that carry a key or a session: never sent on to another origin by a redirect.
+_CREDENTIAL_HEADERS = frozenset(("authorization", "cookie", "x-api-key", "x-subscription-token"))
+
+
+def _credentials_to_header(url, parts, headers):
+    """A configured URL's ``user:password@`` goes out as Basic authorization (unless the request
+    has its own), never in the request line, ``Host`` or a proxy's log: ``(url, parts, headers)``."""
+    from urllib.parse import urlsplit
+    if parts.username is None and parts.password is None:
+        return url, parts, headers
+    url, auth = split_credentials(url)
+    if not any(name.lower() == "authorization" for name in headers):
+        headers = dict(headers, Authorization=auth)
+    return url, urlsplit(url), headers
+
+
+def _log_url(url):
+    """``url`` for a log line: without its query, which may hold a key, a signature or the user's search."""
+    base, _, query = url.partition("?")
+    return base[:300] + ("?(%d parameters)" % (query.count("&") + 1) if query else "")
+
+
+def _origin(url):
+    """``(scheme, host, port)`` of ``url``, or None when it cannot be parsed."""
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(url)
+        return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or (
+            443 if parts.scheme.lower() == "https" else 80)
+    except ValueError:
+        return None
+
+
+def non_public_reason(address, _table=[]):
+    """Why an IP address is not public (``"loopback"``, ``"private"`` ...), or None when it is.
+
+    IPv6 forms that carry an IPv4 address (mapped ``::ffff:0:0/96``, NAT64 ``64:ff9b::/96``,
+    6to4 ``2002::/16``) are judged by that IPv4 address; IPv6 outside ``2000::/3`` is not
+    global unicast.
+
+    >>> non_public_reason("127.0.0.1"), non_public_reason("::ffff:169.254.169.254"), non_public_reason("8.8.8.8")
+    ('loopback', 'link-local', None)
+    >>> non_public_reason("100.64.0.1"), non_public_reason("fd00::1"), non_public_reason("2002:7f00:1::")
+    ('shared (CGNAT)', 'private', 'loopback')
+    >>> non_public_reason("fec0::1"), non_public_reason("64:ff9b::808:808"), non_public_reason("192.0.0.8")
+    ('private', None, 'reserved')
+    """
+    import ipaddress
+    if not _table:
+        # Built whole, then published in one step: another thread never sees half a table.
+        _table[:] = [(ipaddress.ip_network(net), reason) for net, reason in _NON_PUBLIC]
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return "not an IP address"
+    if ip.version == 6:
+        value = int(ip)
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        elif value >> 32 == 0x64ff9b << 64:                     # 64:ff9b::/96, well-known NAT64
+            ip = ipaddress.IPv4Address(value & 0xFFFFFFFF)
+        elif value >> 112 == 0x2002:                           # 6to4: the IPv4 address is bits 16-48
+            ip = ipaddress.IPv4Address((value >> 80) & 0xFFFFFFFF)
+    for network, reason in _table:
+        if ip.version == network.version and ip in network:
+            return reason
+    if ip.version == 6 and int(ip) >> 125 != 1:                # not in 2000::/3
+        return "reserved"
+    return None
+
+
+def _pinned_connection_class(tls, _cache={}):
+    """HTTP(S) connections that connect to a checked address but speak to the host name (Host, SNI)."""
+    if tls in _cache:
+        return _cache[tls]
+    import http.client
+    import socket
+    base = http.client.HTTPSConnection if tls else http.client.HTTPConnection
+
+    class PinnedConnection(base):
+        def __init__(self, host, port, address, **kwargs):
+            super().__init__(host, port, **kwargs)
+            self.address = address
+
+        def connect(self):
+            sock = socket.create_connection((self.address, self.port), self.timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock = self._context.wrap_socket(sock, server_hostname=self.host) if tls else sock
+
+    _cache[tls] = PinnedConnection
+    return PinnedConnection
+
+
+def _open_connection(conn):
+    """``conn.connect()``; failing to reach a proxy, or to tunnel through it, is named as the proxy's."""
+    import http.client
+    import socket
+    proxy = getattr(conn, "via_proxy", None)
+    try:
+        conn.connect()
+    except (OSError, http.client.HTTPException) as exc:
+        ssl = sys.modules.get("ssl")
+        if proxy is None or (ssl is not None and isinstance(exc, ssl.SSLError)):
+            raise                 # no proxy, or TLS with the target inside the tunnel
+        if isinstance(exc, ConnectionRefusedError):
+            what = "refused the connection"
+        elif isinstance(exc, _TIMEOUTS):
+            what = "did not answer in time"
+        elif isinstance(exc, socket.gaierror):
+            what = "could not be found (%s)" % (exc.strerror or exc)
+        elif str(exc).startswith("Tunnel connection failed"):
+            what = "refused the tunnel (%s)" % str(exc).partition(": ")[2]
+        else:
+            what = "failed: " + _describe_os_error(exc)
+        raise TransportError("network_error", "proxy_error", "proxy %s %s" % (proxy, what)) from None
+
+
+def _read_piece(resp, sock, wait_s):
+    """The next piece of a response body, ``b""`` at its end, waiting at most ``wait_s`` for it.
+
+    Python 3.13 and newer close the response inside ``read1()`` as soon as a
+    body with a ``Content-Length`` is complete, and with ``Connection: close``
+    the socket goes with it: a closed response is the end of the body, not a
+    socket to arm with a timeout.
+    """
+    if resp.isclosed():
+        return b""
+    sock.settimeout(wait_s)
+    return resp.read1(65536)
+
+
+def _shutdown(sock):
+    """Abort a socket from another thread: a blocked recv() returns at once."""
+    import socket
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+TLS_HINT = ("with a python.org build on macOS, run 'Install Certificates.command' in the Python folder; "
+            "behind a TLS-inspecting proxy, set SSL_CERT_FILE (or SSL_CERT_DIR) to its CA certificates")
+
+
+def _describe_os_error(exc):
+    import socket
+    ssl = sys.modules.get("ssl")
+    if ssl is not None and isinstance(exc, ssl.SSLCertVerificationError):
+        return "TLS certificate verification failed (%s): %s" % (exc.verify_message or exc.reason, TLS_HINT)
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, socket.gaierror):
+        return "DNS lookup failed (%s)" % (exc.strerror or exc)
+    name = type(exc).__name__
+    text = str(exc) or name
+    return text if name in text else "%s: %s" % (name, text)
+
+
+def _decompress(raw, max_bytes, truncate=False):
+    """A gzip (every member), zlib or raw deflate body, capped at ``max_bytes`` once inflated.
+
+    A compressed stream that stops before its end marker is a truncated body, unless
+    ``truncate`` asked for a cut (the compressed body was itself cut at the cap).
+
+    >>> import gzip; _decompress(gzip.compress(b"one ") + gzip.compress(b"two"), 100)
+    b'one two'
+    """
+    import zlib
+    for wbits in (47, -15):     # 47: gzip or zlib, told apart by the header; -15: raw deflate
+        out, size, rest = [], 0, raw
+        try:
+            while True:
+                inflater = zlib.decompressobj(wbits)
+                piece = inflater.decompress(rest, max_bytes + 1 - size)
+                out.append(piece)
+                size += len(piece)
+                if size > max_bytes:
+                    if truncate:
+                        return b"".join(out)[:max_bytes]
+                    raise TransportError("bad_response", "body_too_large",
+                                         "decompressed body over the %d byte cap" % max_bytes)
+                if not inflater.eof:
+                    if truncate:
+                        return b"".join(out)
+                    raise TransportError("bad_response", "truncated_body",
+                                         "the compressed body ends before its end marker")
+                rest = inflater.unused_data
+                if not (wbits == 47 and rest[:2] == b"\x1f\x8b"):
+                    return b"".join(out)          # no further gzip member; trailing bytes are ignored
+        except zlib.error:
+            if size:
+                return b"".join(out)              # a damaged member after good ones
+    raise TransportError("bad_response", "bad_encoding", "body is not valid gzip/deflate data")
+
+
+def _reset_seconds(value, now=None):
+    """X-RateLimit-Reset as seconds from now: an epoch in s or ms, or a delta."""
+    value = int(value)
+    now = time.time() if now is None else now
+    if value > 1e12:
+        return max(0.0, value / 1000.0 - now)
+    if value > 1e9:
+        return max(0.0, value - now)
+    return float(value)
+
+
+def retry_after_of(headers):
+    """Seconds to wait from Retry-After or X-RateLimit-Reset (the longest window).
+
+    >>> retry_after_of({"retry-after": "7"}), retry_after_of({"x-ratelimit-reset": "1, 30"})
+    (7.0, 30.0)
+    """
+    wait = parse_retry_after(headers.get("retry-after"))
+    if wait is not None:
+        return wait
+    resets = [r.strip() for r in headers.get("x-ratelimit-reset", "").split(",")]
+    resets = [_reset_seconds(r) for r in resets if r.isdigit()]
+    return max(resets) if resets else None
+
+
+def exhausted_window(headers):
+    """Seconds until a rate-limit window that has no requests left resets, or None.
+
+    Windows are comma-separated (Brave: per second, per month); a limit of 0
+    means unlimited, not exhausted.
+
+    >>> exhausted_window({"x-ratelimit-limit": "1, 2000", "x-ratelimit-remaining": "0, 1946",
+    ...                   "x-ratelimit-reset": "1, 1419704"})
+    1.0
+    >>> exhausted_window({"x-ratelimit-limit": "50, 0", "x-ratelimit-remaining": "49, 0",
+    ...                   "x-ratelimit-reset": "1, 2558678"}) is None
+    True
+    """
+    remaining = [r.strip() for r in headers.get("x-ratelimit-remaining", "").split(",")]
+    if not any(r == "0" for r in remaining):
+        return None
+    limits = [r.strip() for r in headers.get("x-ratelimit-limit", "").split(",")]
+    resets = [r.strip() for r in headers.get("x-ratelimit-reset", "").split(",")]
+    waits = []
+    for i, r in enumerate(remaining):
+        if r != "0" or (i < len(limits) and limits[i] == "0"):
+            continue
+        if i < len(resets) and resets[i].isdigit():
+            waits.append(_reset_seconds(resets[i]))
+    return max(waits) if waits else None
+
+
+# ---------------------------------------------------------------------------
+# §13 Streaming LLM client
+# ---------------------------------------------------------------------------
+
+_INVALID_KEY = LazyPattern(r"incorrect api key|invalid api key|invalid_api_key|api key.{0,20}(invalid|not valid)"
+                          r"|unauthorized|authentication", re.I)
+_CREDITS = LazyPattern(r"used all available credits|spending limit|insufficient (credits|balance|quota)"
+                      r"|purchase more credits|no credits|quota exceeded|billing", re.I)
+# Relays (one-api and its kin) report a dead upstream account in prose; retrying cannot help.
+_DEAD_ACCOUNT = LazyPattern(r"account.{0,40}(deactivated|disabled|suspended|banned|expired|closed)"
+                           r"|no available (channel|account|key)|key.{0,20}(expired|revoked|disabled)"
+                           r"|该令牌|令牌已|账户|额度不足|余额不足", re.I)
+_UNKNOWN_MODEL = LazyPattern(r"model.{0,60}(not found|does not exist|not exist|unknown|not supported|invalid)"
+                            r"|unknown model|no such model|model_not_found", re.I)
+# Models that exist only on /responses (multi-agent runs) force that protocol.
+_RESPONSES_ONLY = LazyPattern(r"multi-?agent", re.I)
+
+
+def answer_error(outcome, code, message, **kwargs):
+    """A failed answer attempt: an :class:`UpstreamError` of the ``answer`` service."""
+    return UpstreamError("answer", outcome, code, message, **kwargs)
+
+
+def error_fields(data):
+    """``(code, message)`` of an error body or stream event in any of the shapes relays use, or None.
+
+    Flat ``{"code", "error"}`` (xAI), nested ``{"error": {"message", "code"}}``
+    (OpenAI, OpenRouter), ``{"object": "error", "message"}`` (vLLM) and
+    ``{"type": "error", "code", "message"}`` (Responses streams).
+
+    >>> error_fields({"code": "invalid-argument", "error": "Incorrect API key provided."})
+    ('invalid-argument', 'Incorrect API key provided.')
+    >>> error_fields({"error": {"message": "boom", "code": 502}})
+    ('502', 'boom')
+    >>> error_fields({"choices": []}) is None
+    True
+    """
+    if not isinstance(data, dict):
+        return None
+    err = data.get("error")
+    if isinstance(err, dict):
+        code = err.get("code") if err.get("code") is not None else err.get("type")
+        return (None if code is None else str(code)), str(err.get("message") or err.get("error") or err)
+    if isinstance(err, str) and err.strip():
+        code = data.get("code")
+        return (None if code is None else str(code)), err
+    if data.get("object") == "error" or data.get("type") == "error":
+        code = data.get("code") if data.get("code") is not None else data.get("type")
+        return (None if code is None else str(code)), str(data.get("message") or "error")
+    return None
+
+
+def _code_key(text):
+    """Error codes compared loosely: ``Internal error``, ``internal-error`` and ``internal_error`` match.
+
+    >>> _code_key("Some resource-has been exhausted")
+    'some_resource_has_been_exhausted'
+    """
+    return re.sub(r"[\s-]+", "_", str(text).strip().lower())
+
+
+def classify_answer_error(status, code, message, retryable_codes, retry_after_s=None):
+    """The :class:`UpstreamError` of an answer endpoint's HTTP status (None inside a 200) and error code and message."""
+    text = "%s %s" % (code or "", message or "")
+    kw = {"status": status, "upstream_code": code, "retryable": False}
+    if _INVALID_KEY.search(text) or status == 401:
+        return answer_error("auth_error", "invalid_key", "the answer endpoint rejected GROK_API_KEY: " + message, **kw)
+    if _CREDITS.search(text) or status == 402:
+        return answer_error("quota_exhausted", "no_credits", "the answer account has no credits left: " + message,
+                            **kw)
+    if _DEAD_ACCOUNT.search(text):
+        return answer_error("auth_error", "account_unusable", "the relay's upstream account is unusable: " + message,
+                            **kw)
+    if _UNKNOWN_MODEL.search(text) or status == 404:
+        return answer_error("http_error", "unknown_model", "unknown model: " + message, **kw)
+    if status == 403 or (status is None and code and "permission" in code.lower()):
+        return answer_error("auth_error", "forbidden", "no permission: " + message, **kw)
+    if status in (400, 405, 410, 413, 415, 422):
+        return answer_error("http_error", "bad_parameters", "the endpoint refused the request: " + message, **kw)
+    kw.update(retryable=True, retry_after_s=retry_after_s)
+    if status == 429:
+        return answer_error("rate_limited", "rate_limited", message, **kw)
+    if status == 408 or (status is not None and status >= 500):
+        return answer_error("http_error", "server_error", message, **kw)
+    wanted = {_code_key(c) for c in retryable_codes}
+    said = _code_key(message)
+    if not (_code_key(code or "") in wanted or any(c in said for c in wanted if len(c) > 6)):
+        kw.update(retryable=False, retry_after_s=None)
+    return answer_error("http_error", "upstream_error", message, **kw)
+
+
+class AnswerResult:
+    """A complete answer: text, the sources cited, and how the stream ended."""
+
+    __slots__ = ("content", "citations", "finish", "model")
+
+    def __init__(self, content, citations, finish, model):
+        self.content = content
+        self.citations = citations      # [(url, title or None)] in order of appearance
+        self.finish = finish
+        self.model = model
+
+
+def _add_citation(citations, url, title=None):
+    if isinstance(url, str) and url.startswith(("http://", "https://")):
+        citations.append((url, title if isinstance(title, str) and title and not title.isdigit() else None))
+
+
+class AnswerStreamParser:
+    """Consumes SSE lines of ``/chat/completions`` or ``/responses`` and knows when the answer is complete.
+
+    A stream counts only with its end marker: ``[DONE]`` or a ``finish_reason``
+    (chat), ``response.completed`` (responses).  An error chunk or event
+    raises a classified :class:`UpstreamError` at once.
+    """
+
+    def __init__(self, protocol, retryable_codes, on_text=None):
+        self.protocol = protocol
+        self.retryable_codes = retryable_codes
+        self.on_text = on_text
+        self.parts = []
+        self.citations = []
+        self.finish = None
+        self.done = False
+        self.model = None
+        self.completed_text = None
+        self._data = []
+
+    def feed_line(self, line):
+        """Take one line; returns True once the stream is complete."""
+        if line.startswith(":"):
+            return self.done          # SSE comment (OpenRouter keep-alive)
+        if not line.strip():
+            if self._data:
+                payload, self._data = "\n".join(self._data), []
+                self._event(payload)
+            return self.done
+        if line.startswith("data:"):
+            self._data.append(line[5:].lstrip(" ") if line[5:6] == " " else line[5:])
+        return self.done
+
+    def flush(self):
+        if self._data:
+            payload, self._data = "\n".join(self._data), []
+            self._event(payload)
+
+    def _event(self, payload):
+        if payload.strip() == "[DONE]":
+            if self.protocol == "chat":
+                self.done = True
+            return
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            return      # a stray non-JSON line is not the answer; the end marker decides
+        if not isinstance(data, dict):
+            return
+        if self.protocol == "chat":
+            self._chat(data)
+        else:
+            self._responses(data)
+
+    def _fail(self, fields):
+        code, message = fields
+        raise classify_answer_error(None, code, message, self.retryable_codes)
+
+    def _chat(self, data):
+        fields = error_fields(data)
+        if fields:
+            self._fail(fields)
+        self.model = data.get("model") or self.model
+        citations = data.get("citations")
+        for url in citations if isinstance(citations, list) else []:
+            _add_citation(self.citations, url)
+        choices = data.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta") or choice.get("message") or {}
+            if not isinstance(delta, dict):      # a relay's malformed chunk: no text in it
+                delta = {}
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                self.parts.append(text)
+                if self.on_text is not None:
+                    self.on_text(len(text))
+            for ann in delta.get("annotations") or []:
+                cite = ann.get("url_citation") if isinstance(ann, dict) else None
+                if isinstance(cite, dict):
+                    _add_citation(self.citations, cite.get("url"), cite.get("title"))
+            finish = choice.get("finish_reason")
+            if finish == "error":
+                self._fail(("error", "the stream ended with finish_reason error"))
+            if finish:
+                self.finish = finish
+                self.done = True
+
+    def _responses(self, data):
+        kind = data.get("type") or ""
+        if kind == "error":
+            self._fail(error_fields(data) or ("error", "error event"))
+        response = data.get("response") if isinstance(data.get("response"), dict) else None
+        if kind == "response.failed":
+            err = (response or {}).get("error") or {}
+            self._fail((str(err.get("code") or "failed"), str(err.get("message") or "the response failed")))
+        if kind == "response.incomplete":
+            reason = ((response or {}).get("incomplete_details") or {}).get("reason") or "unknown"
+            raise answer_error("bad_response", "incomplete", "the response stopped early (%s)" % reason,
+                               upstream_code=reason, retryable=False)
+        if kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
+            self.parts.append(data["delta"])
+            if self.on_text is not None:
+                self.on_text(len(data["delta"]))
+        elif kind == "response.output_text.annotation.added":
+            ann = data.get("annotation") or {}
+            _add_citation(self.citations, ann.get("url"), ann.get("title"))
+        elif kind in ("response.content_part.done", "response.output_item.done"):
+            self._collect(data.get("part") or data.get("item") or {})
+        elif kind in ("response.completed", "response.done"):
+            response = response or {}
+            self.model = response.get("model") or self.model
+            texts = []
+            for item in response.get("output") or []:
+                texts.extend(self._collect(item))
+            for url in response.get("citations") or []:
+                _add_citation(self.citations, url)
+            self.completed_text = "".join(texts)
+            self.finish = response.get("status") or "completed"
+            self.done = True
+        if response and response.get("model"):
+            self.model = response["model"]
+
+    def _collect(self, node):
+        """Citations of a message item or content part; returns its output texts."""
+        texts = []
+        parts = node.get("content") if isinstance(node.get("content"), list) else [node]
+        for part in parts:
+            if not isinstance(part, dict) or part.get("type") != "output_text":
+                continue
+            if isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            for ann in part.get("annotations") or []:
+                if isinstance(ann, dict) and ann.get("type") == "url_citation":
+                    _add_citation(self.citations, ann.get("url"), ann.get("title"))
+        return texts
+
+    def result(self):
+        text = "".join(self.parts)
+        if not text.strip() and self.completed_text:
+            text = self.completed_text
+        return AnswerResult(text, self.citations, self.finish, self.model)
+
+
+def answer_endpoint(config, protocol):
+    return config.grok_url + ("/responses" if protocol == "response" else "/chat/completions")
+
+
+def answer_payload(config, protocol, model, system, user):
+    """The JSON body of one streamed answer request."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    if protocol == "chat":
+        return {"model": model, "messages": messages, "stream": True}
+    payload = {"model": model, "input": messages, "stream": True, "store": bool(config.grok_store),
+               "tools": [{"type": name} for name in config.grok_server_tools]}
+    if config.grok_reasoning_effort:
+        payload["reasoning"] = {"effort": config.grok_reasoning_effort}
+    return payload
+
+
+def stream_answer(transport, config, protocol, model, system, user, token, deadline, timeout_s, on_text=None):
+    """One streamed answer attempt; returns a complete :class:`AnswerResult`.
+
+    Raises :class:`UpstreamError` (classified, with ``retryable``) or
+    :class:`Cancelled`.  The whole body is read and parsed before anything is
+    returned: a stream without its end marker is an error, never an answer.
+    """
+    codes = config.grok_retryable_codes
+    headers = {"Authorization": "Bearer " + config.grok_key, "Content-Type": "application/json",
+               "Accept": "text/event-stream, application/json"}
+    parser = AnswerStreamParser(protocol, codes, on_text)
+    try:
+        stream = transport.open_stream("POST", answer_endpoint(config, protocol), headers=headers,
+                                       body=json.dumps(answer_payload(config, protocol, model, system, user)),
+                                       timeout_s=timeout_s, deadline=deadline, token=token)
+        with stream:
+            if stream.status != 200:
+                body = stream.read()
+                try:
+                    fields = error_fields(json.loads(body.decode("utf-8", "replace")))
+                except ValueError:
+                    fields = None
+                code, message = fields or (None, body_text_message(body, stream.status, 300))
+                raise classify_answer_error(stream.status, code, status_text(stream.status, message), codes,
+                                            retry_after_of(stream.headers))
+            if "event-stream" in stream.headers.get("content-type", ""):
+                for line in stream.lines():
+                    if parser.feed_line(line):
+                        break
+                parser.flush()
+            else:
+                try:
+                    data = json.loads(stream.read().decode("utf-8", "replace"))
+                except ValueError:
+                    raise answer_error("bad_response", "invalid_json",
+                                       "the endpoint answered 200 with neither a stream nor JSON",
+                                       status=200, retryable=True) from None
+                if protocol == "chat" or "choices" in data:
+                    parser.protocol = "chat"
+                    parser._chat(data)
+                else:
+                    parser._responses({"type": "response.completed", "response": data})
+    except TransportError as exc:
+        raise answer_error(exc.outcome, exc.code, exc.message, retryable=exc.code != "bad_url") from None
+    except DeadlineExceeded as exc:
+        raise answer_error("timeout", "deadline", str(exc), retryable=True) from None
+    if not parser.done:
+        raise answer_error("bad_response", "broken_stream", "the stream ended without its end marker after %d "
+                           "characters" % len("".join(parser.parts)), retryable=True)
+    result = parser.result()
+    if not result.content.strip():
+        raise answer_error("no_results", "empty", "the model returned an empty answer", retryable=True)
+    result.model = result.model or model
+    return result
+
+
+# ---------------------------------------------------------------------------
+# §14 Key pool, circuit breaker and engine health
+# ---------------------------------------------------------------------------
 
 class KeyState(enum.Enum):
     """Health of one API key.  Busy (in use right now) is tracked apart from health."""
@@ -5901,8 +6549,118 @@ class KeyPool:
                     if self.breaker.state is BreakerState.OPEN else None}
 
 
+class Health(enum.Enum):
+    """A vendor's state in the ring."""
+    HEALTHY = "healthy"
+    COOLDOWN = "cooldown"
+    HALF_OPEN = "half_open"     # cooldown over; one probe request may go through
+
+
+class _VendorHealth:
+    __slots__ = ("state", "until", "reason", "failures", "probing", "long")
+
+    def __init__(self):
+        self.state = Health.HEALTHY
+        self.until = 0.0
+        self.reason = None
+        self.failures = 0
+        self.probing = False
+        self.long = False
+
+
+class HealthBoard:
+    """Cooldowns per vendor, learned from 429s, Retry-After, X-RateLimit-* and repeated failures.
+
+    A vendor in cooldown is skipped.  When the cooldown ends the first caller
+    becomes the one probe (``half_open``); the others keep skipping until the
+    probe succeeds (healthy again) or fails (a new cooldown).
+    """
+
+    # Outcomes that say nothing about the vendor's health.
+    NEUTRAL = frozenset({"success", "no_results", "cancelled", "busy"})
+
+    def __init__(self, config, logger, clock=time.monotonic):
+        self.config = config
+        self.log = logger
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._vendors = collections.defaultdict(_VendorHealth)
+
+    def admit(self, name):
+        """``None`` when ``name`` may be asked now, else ``(seconds_left, reason)``."""
+        with self._lock:
+            h = self._vendors[name]
+            if h.state is Health.HEALTHY:
+                return None
+            left = h.until - self._clock()
+            if h.state is Health.COOLDOWN and left > 0:
+                return left, h.reason
+            if h.probing:
+                return 0.0, "a probe request is in flight after the cooldown (%s)" % h.reason
+            h.state, h.probing = Health.HALF_OPEN, True
+        self.log.info("%s cooldown over: letting one probe request through", name)
+        return None
+
+    def record(self, name, outcome, headers=None, retry_after_s=None, code=None, message=None):
+        """Update ``name`` after an attempt that ended with ``outcome``."""
+        headers = headers or {}
+        cooldown, long = None, False
+        with self._lock:
+            h = self._vendors[name]
+            was = h.state
+            h.probing = False
+            if outcome == "cancelled":
+                if h.state is Health.HALF_OPEN:
+                    h.state = Health.COOLDOWN       # expired: the next caller probes again
+                return
+            if outcome in ("auth_error", "quota_exhausted"):
+                cooldown, long = self.config.auth_cooldown_s, True
+                if retry_after_s is not None:
+                    cooldown = max(retry_after_s, 1.0)
+            elif outcome == "rate_limited":
+                # Retry-After: 0 still means "not now": rest at least a second.
+                cooldown = max(retry_after_s, 1.0) if retry_after_s is not None else self.config.cooldown_s
+            elif outcome == "blocked":
+                cooldown = self.config.cooldown_s       # a captcha does not go away in seconds
+            elif outcome in self.NEUTRAL or code in ("bad_parameters", "bad_request"):
+                h.failures = 0
+                if outcome == "success":
+                    window = exhausted_window(headers)
+                    if window:
+                        cooldown, message = window, "no requests left in the rate-limit window"
+            else:
+                h.failures += 1
+                if h.failures >= self.config.failure_threshold or was is Health.HALF_OPEN:
+                    cooldown = self.config.cooldown_s
+                    message = "%d consecutive failures, last: %s" % (h.failures, message or outcome)
+            if cooldown is None:
+                if h.state is not Health.HEALTHY:
+                    h.state, h.reason, h.long = Health.HEALTHY, None, False
+                    self.log.info("%s is healthy again", name)
+                return
+            h.state, h.until, h.long = Health.COOLDOWN, self._clock() + cooldown, long
+            h.reason = "%s%s" % (outcome, ": " + message if message else "")
+            h.failures = 0
+        self.log.warning("%s in cooldown for %.0f s (%s)%s", name, cooldown, h.reason,
+                         "; check its key or plan" if long else "")
+
+    def snapshot(self, names):
+        """Health of ``names`` for structured output."""
+        now = self._clock()
+        out = {}
+        with self._lock:
+            for name in names:
+                h = self._vendors.get(name)
+                if h is None or h.state is Health.HEALTHY:
+                    out[name] = {"state": "healthy", "consecutive_failures": h.failures if h else 0}
+                    continue
+                out[name] = {"state": h.state.value if h.until > now or h.state is Health.HALF_OPEN else "half_open",
+                             "cooldown_remaining_s": round(max(0.0, h.until - now), 1), "reason": h.reason}
+        return out
+
+
 # ---------------------------------------------------------------------------
-# §10 Cache and coalescing
+# §15 Cache and coalescing
 # ---------------------------------------------------------------------------
 
 _MISS = object()
@@ -6109,8 +6867,9 @@ class Coalescer:
             flight.value, flight.error, flight.done = value, error, True
             flight.cond.notify_all()
 
+
 # ---------------------------------------------------------------------------
-# §11 Vendors
+# §16 Vendors
 # ---------------------------------------------------------------------------
 
 # A 200 whose text apologises instead of answering.
@@ -6261,58 +7020,6 @@ def title_from_url(url):
     last = last.rpartition(".")[0] if "." in last and len(last.rpartition(".")[2]) <= 5 else last
     words = collapse_ws(re.sub(r"[-_+]+", " ", last))
     return "%s: %s" % (host, words) if words else host
-
-
-def _reset_seconds(value, now=None):
-    """X-RateLimit-Reset as seconds from now: an epoch in s or ms, or a delta."""
-    value = int(value)
-    now = time.time() if now is None else now
-    if value > 1e12:
-        return max(0.0, value / 1000.0 - now)
-    if value > 1e9:
-        return max(0.0, value - now)
-    return float(value)
-
-
-def retry_after_of(headers):
-    """Seconds to wait from Retry-After or X-RateLimit-Reset (the longest window).
-
-    >>> retry_after_of({"retry-after": "7"}), retry_after_of({"x-ratelimit-reset": "1, 30"})
-    (7.0, 30.0)
-    """
-    wait = parse_retry_after(headers.get("retry-after"))
-    if wait is not None:
-        return wait
-    resets = [r.strip() for r in headers.get("x-ratelimit-reset", "").split(",")]
-    resets = [_reset_seconds(r) for r in resets if r.isdigit()]
-    return max(resets) if resets else None
-
-
-def exhausted_window(headers):
-    """Seconds until a rate-limit window that has no requests left resets, or None.
-
-    Windows are comma-separated (Brave: per second, per month); a limit of 0
-    means unlimited, not exhausted.
-
-    >>> exhausted_window({"x-ratelimit-limit": "1, 2000", "x-ratelimit-remaining": "0, 1946",
-    ...                   "x-ratelimit-reset": "1, 1419704"})
-    1.0
-    >>> exhausted_window({"x-ratelimit-limit": "50, 0", "x-ratelimit-remaining": "49, 0",
-    ...                   "x-ratelimit-reset": "1, 2558678"}) is None
-    True
-    """
-    remaining = [r.strip() for r in headers.get("x-ratelimit-remaining", "").split(",")]
-    if not any(r == "0" for r in remaining):
-        return None
-    limits = [r.strip() for r in headers.get("x-ratelimit-limit", "").split(",")]
-    resets = [r.strip() for r in headers.get("x-ratelimit-reset", "").split(",")]
-    waits = []
-    for i, r in enumerate(remaining):
-        if r != "0" or (i < len(limits) and limits[i] == "0"):
-            continue
-        if i < len(resets) and resets[i].isdigit():
-            waits.append(_reset_seconds(resets[i]))
-    return max(waits) if waits else None
 
 
 def call_upstream(service, transport, method, url, *, token, deadline, timeout_s, headers=None, body=None,
@@ -6837,16 +7544,6 @@ def decode_ddg_url(href):
     return href
 
 
-def _html_parser_class():
-    """``html.parser.HTMLParser``, imported on first use (start-up stays fast)."""
-    from html.parser import HTMLParser
-    return HTMLParser
-
-
-def _classes(attrs):
-    return set((dict(attrs).get("class") or "").split())
-
-
 def split_leading_date(snippet):
     """``(published, rest)`` when a snippet starts with a date, else ``(None, snippet)``.
 
@@ -7359,7 +8056,9 @@ VENDOR_CLASSES = {cls.name: cls for cls in (BraveVendor, SerperVendor, YepVendor
                                              ExaVendor, TavilyVendor, BingVendor, DuckDuckGoVendor)}
 
 
-# -- Fetch and map providers --------------------------------------------------------------
+# ---------------------------------------------------------------------------
+# §17 Fetch providers and the site mapper
+# ---------------------------------------------------------------------------
 
 _MEDIA_HTML = ("text/html", "application/xhtml+xml")
 _MEDIA_TEXT_PREFIXES = ("text/",)
@@ -7658,7 +8357,6 @@ class Fetcher:
                                 url, media), status=200, retryable=False)
 
 
-
 def _jina_error(resp, data):
     """The UpstreamError of a Jina Reader answer that is not a page (its civkit error envelope)."""
     status = resp.status
@@ -7684,315 +8382,7 @@ def _jina_error(resp, data):
     return UpstreamError("jina", "http_error", "server_error" if status >= 500 else "bad_parameters", message,
                          status=status, retryable=status >= 500)
 
-
-ROBOTS_MAX_BYTES = 500 * 1024        # RFC 9309 §2.5: parse at least the first 500 KiB, nothing beyond
 MAP_CRAWL_DELAY_MAX_S = 2.0          # robots.txt Crawl-delay honoured up to this, within the map's timeout
-SITEMAP_INDEX_DEPTH_MAX = 2          # an index names sitemaps (sitemaps.org); one more nested level tolerated
-SITEMAP_VALUE_MAX = 8192             # characters of one <loc>/<lastmod>; sitemaps.org caps URLs at 2,048
-SITEMAP_NESTING_MAX = 64             # open elements tracked by the sitemap scanner; deeper ones are ignored
-
-# Keys as robots.txt files really spell them (the misspellings are the ones Google's parser accepts).
-_ROBOTS_KEYS = {"user-agent": "user-agent", "useragent": "user-agent", "user agent": "user-agent",
-                "allow": "allow", "disallow": "disallow", "dissallow": "disallow", "dissalow": "disallow",
-                "disalow": "disallow", "diasllow": "disallow", "disallaw": "disallow",
-                "sitemap": "sitemap", "site-map": "sitemap", "crawl-delay": "crawl-delay",
-                "crawldelay": "crawl-delay"}
-# %xx escapes, upper-cased on both sides before comparison (RFC 3986 §2.1: %2f equals %2F).
-_PCT_ESCAPE = LazyPattern(r"%[0-9a-fA-F]{2}")
-# One entity: bounded, so the scan is linear; the semicolon is required (a raw "&region=" stays as it is).
-_XML_ENTITY = LazyPattern(r"&(#[0-9]{1,8}|#[xX][0-9a-fA-F]{1,8}|[A-Za-z][A-Za-z0-9]{0,31});")
-# An element name at the start of a tag: one bounded run of name characters, no backtracking.
-_XML_NAME = LazyPattern(r"[A-Za-z_][\w.:-]*")
-_XML_NAMED = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
-# Characters a robots.txt value may carry as they are; anything else is percent-encoded as UTF-8.
-_ROBOTS_PLAIN = frozenset(chr(c) for c in range(0x21, 0x7F))
-# Elements the sitemap scanner reads: record elements, and the fields read inside them.
-_SITEMAP_RECORDS = {"url": False, "sitemap": True}          # name -> the record names a child sitemap
-_FEED_ROOTS = frozenset({"rss", "rdf", "feed", "channel"})
-_FEED_RECORDS = frozenset({"item", "entry"})
-_SITEMAP_FIELDS = frozenset({"loc", "lastmod", "link", "pubdate", "updated", "published", "date"})
-
-
-def _percent_encode(text):
-    """``text`` with every character outside printable ASCII percent-encoded as UTF-8, and every
-    ``%xx`` escape upper-cased (RFC 9309 §2.2.2: both sides are compared in this form).
-
-    >>> _percent_encode("/foo/bar/\u30c4?a=%e3%83%84 b")
-    '/foo/bar/%E3%83%84?a=%E3%83%84%20b'
-    >>> _percent_encode("/a%2fb/%zz")
-    '/a%2Fb/%zz'
-    """
-    if "%" in text:
-        text = _PCT_ESCAPE.sub(lambda m: m.group(0).upper(), text)
-    if all(c in _ROBOTS_PLAIN for c in text):
-        return text
-    return "".join(c if c in _ROBOTS_PLAIN else "".join("%%%02X" % b for b in c.encode("utf-8", "surrogatepass"))
-                   for c in text)
-
-
-def robots_path(url):
-    """What RobotsRules.allowed is asked about for ``url``: path and query, percent-encoded, "/" when empty.
-
-    Raises ValueError as ``urlsplit`` does on a malformed URL.
-
-    >>> robots_path("https://a.example/caf\u00e9/x?q=1#frag"), robots_path("https://a.example")
-    ('/caf%C3%A9/x?q=1', '/')
-    """
-    from urllib.parse import urlsplit
-    parts = urlsplit(url)
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    return _percent_encode(path)
-
-
-def _robots_line(line):
-    """``(key, value)`` of one robots.txt line (comment and white space removed), or None.
-
-    A missing colon is accepted when exactly two words remain ("disallow /"), as Google does.
-
-    >>> _robots_line("  Disallow: /a#b # note"), _robots_line("user-agent FooBot"), _robots_line("# x")
-    (('disallow', '/a'), ('user-agent', 'FooBot'), None)
-    """
-    line = line.split("#", 1)[0].strip()
-    if not line:
-        return None
-    key, colon, value = line.partition(":")
-    if not colon:
-        words = line.split()
-        if len(words) != 2:
-            return None
-        key, value = words
-    key = _ROBOTS_KEYS.get(" ".join(key.split()).lower())
-    return (key, value.strip()) if key else None
-
-
-def _product_token(value):
-    """The product token a ``User-agent`` value names: its leading letters, ``-`` and ``_`` (RFC 9309 §2.2.1).
-
-    >>> _product_token("FooBot/2.1 (+http://foo.example)"), _product_token("foo bar"), _product_token("*")
-    ('foobot', 'foo', '')
-    """
-    end = 0
-    while end < len(value) and (value[end].isascii() and value[end].isalpha() or value[end] in "-_"):
-        end += 1
-    return value[:end].lower()
-
-
-class _RobotsRule:
-    """One compiled Allow/Disallow pattern: literal pieces between ``*``, and whether ``$`` ends it."""
-
-    __slots__ = ("pattern", "allow", "priority", "pieces", "anchored", "key")
-
-    def __init__(self, pattern, allow):
-        self.pattern = pattern
-        self.allow = allow
-        self.priority = len(pattern)        # RFC 9309 §2.2.2: the match with the most octets wins
-        body = pattern[:-1] if pattern.endswith("$") else pattern
-        self.anchored = body is not pattern
-        self.pieces = tuple(re.sub(r"\*+", "*", body).split("*"))
-        self.key = None               # a one- or two-character string the path must contain (see _index)
-
-    def grams(self):
-        """The two-character strings of the pieces after the first (one-character ones if none)."""
-        later = [p for p in self.pieces[1:] if p]
-        grams = {p[k:k + 2] for p in later for k in range(len(p) - 1)}
-        return grams or set(later)
-
-    @property
-    def is_literal(self):
-        return len(self.pieces) == 1 and not self.anchored
-
-    def matches_after(self, path, pos):
-        """Whether the pieces after the first match ``path`` from ``pos`` (the first is matched already).
-
-        Leftmost placement of every piece is optimal for ``*`` wildcards, so this is at most one
-        ``str.find`` per piece: linear, never backtracking.
-        """
-        pieces = self.pieces
-        last = len(pieces) - 1
-        if last == 0:
-            return not self.anchored or pos == len(path)
-        for piece in pieces[1:last]:
-            found = path.find(piece, pos)
-            if found < 0:
-                return False
-            pos = found + len(piece)
-        tail = pieces[last]
-        if self.anchored:
-            return len(path) - len(tail) >= pos and path.endswith(tail)
-        return path.find(tail, pos) >= 0
-
-
-class RobotsRules:
-    """robots.txt rules for one user agent, by RFC 9309.
-
-    Every group naming the agent's product token (case-insensitive) is merged; ``*`` groups apply only
-    when none names it. Only Allow/Disallow lines end a group's agent lines (Crawl-delay, Sitemap,
-    unknown keys, comments and blank lines never do). Rules match the path *and query* as sent on
-    the wire: rule paths are percent-encoded (non-ASCII as UTF-8), ``%xx`` is upper-cased on both
-    sides, ``%2F`` stays distinct from ``/``; :func:`robots_path` gives the form of a URL to ask
-    about (raw non-ASCII handed to :meth:`allowed` is compared as is, as Google's parser does). The
-    longest pattern wins and Allow wins a tie; ``*`` and a final ``$`` are matched without
-    backtracking. Only the first ``ROBOTS_MAX_BYTES`` are read; a UTF-8 BOM and CR/CRLF are accepted.
-
-    >>> r = RobotsRules("User-agent: *\\nDisallow: /private\\nAllow: /private/ok$\\nSitemap: https://a.example/s.xml")
-    >>> r.allowed("/private/x"), r.allowed("/private/ok"), r.allowed("/public"), r.sitemaps
-    (False, True, True, ['https://a.example/s.xml'])
-    >>> r = RobotsRules("User-agent: *\\nCrawl-delay: 5\\nUser-agent: WebSearch-Ring/1.0\\nDisallow: /*?*ajax")
-    >>> r.allowed("/a?x=ajax"), r.allowed("/a"), r.crawl_delay_s, r.group
-    (False, True, 5.0, 'websearch-ring')
-    """
-
-    AGENT = "websearch-ring"      # the product token matched against User-agent lines; a subclass may name another
-
-    def __init__(self, text, allow_all=False, disallow_all=False):
-        self.sitemaps = []
-        self.rules = []               # _RobotsRule of the chosen groups, in file order
-        self.crawl_delay_s = None     # the chosen groups' Crawl-delay (the largest given), or None
-        self.group = None             # "*", the agent's token, or None when no group applies
-        self.truncated = False        # the body was longer than ROBOTS_MAX_BYTES
-        self.disallow_all = disallow_all
-        self._trie = {}               # prefix tree: char -> node; "" -> (priority, allow) of a literal rule
-        #                               ending here; None -> {key gram: [wildcard rules]} (see _index)
-        if allow_all or disallow_all:
-            return
-        self._parse(self._prepare(text))
-        self._index(self.rules)
-
-    def _prepare(self, text):
-        """The text to parse: decoded, BOM dropped, cut at ROBOTS_MAX_BYTES on a line boundary."""
-        if isinstance(text, (bytes, bytearray)):
-            raw = bytes(text[:ROBOTS_MAX_BYTES + 1])
-            text = raw[:ROBOTS_MAX_BYTES].decode("utf-8", "replace")
-            self.truncated = len(raw) > ROBOTS_MAX_BYTES
-        elif len(text) > ROBOTS_MAX_BYTES // 4:
-            raw = text.encode("utf-8", "surrogatepass")
-            if len(raw) > ROBOTS_MAX_BYTES:
-                self.truncated = True
-                text = raw[:ROBOTS_MAX_BYTES].decode("utf-8", "ignore")
-        if self.truncated:
-            text = text[:max(text.rfind("\n"), text.rfind("\r")) + 1]      # no half line at the cut
-        return text.lstrip("\ufeff")
-
-    def _parse(self, text):
-        own = self.AGENT.lower()
-        mine, everyone = [], []                   # (key, value) lines of our groups and of "*" groups
-        has_own = has_all = False
-        lines, is_own, is_all = None, False, False  # the open group: its lines, whom it names
-        ends_agents = False                       # an Allow/Disallow was seen since the last User-agent
-        for raw in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
-            parsed = _robots_line(raw)
-            if parsed is None:
-                continue
-            key, value = parsed
-            if key == "sitemap":
-                if value and value not in self.sitemaps:
-                    self.sitemaps.append(value)
-            elif key == "user-agent":
-                if lines is None or ends_agents:  # a new group; the lines of the last one go where it said
-                    if is_own:
-                        mine.extend(lines)
-                    if is_all:
-                        everyone.extend(lines)
-                    lines, is_own, is_all, ends_agents = [], False, False, False
-                if value == "*" or (value[:1] == "*" and value[1:2].isspace()):
-                    is_all = has_all = True
-                elif own and _product_token(value) == own:
-                    is_own = has_own = True
-            elif lines is not None:               # lines before any User-agent belong to no group
-                ends_agents = ends_agents or key in ("allow", "disallow")
-                lines.append((key, value))
-        if is_own:
-            mine.extend(lines)
-        if is_all:
-            everyone.extend(lines)
-        self.group = own if has_own else ("*" if has_all else None)
-        delays = []
-        for key, value in mine if has_own else everyone:
-            if key == "crawl-delay":
-                try:
-                    delay = float(value)
-                except ValueError:
-                    continue
-                if 0.0 <= delay < float("inf"):
-                    delays.append(delay)
-            elif value and key in ("allow", "disallow"):
-                pattern = _percent_encode(value)
-                self.rules.append(_RobotsRule(pattern, key == "allow"))
-                # Google: allowing /dir/index.html allows /dir/ as well.
-                if key == "allow" and pattern.endswith(("/index.html", "/index.htm")):
-                    self.rules.append(_RobotsRule(pattern[:pattern.rfind("/") + 1] + "$", True))
-        self.crawl_delay_s = max(delays) if delays else None
-
-    def _index(self, rules):
-        """File ``rules`` in the prefix tree under their first literal piece.
-
-        A wildcard rule is filed under one of the one- or two-character strings its later pieces need
-        (the one fewest rules share), so :meth:`allowed` tries only rules whose pieces can all occur:
-        thousands of ``/*x1*`` rules cost a set look-up per two characters of path, not a scan each.
-        """
-        counts = {}
-        for rule in rules:
-            for gram in rule.grams():
-                counts[gram] = counts.get(gram, 0) + 1
-        for rule in rules:
-            node = self._trie
-            for ch in rule.pieces[0]:
-                node = node.setdefault(ch, {})
-            if rule.is_literal:
-                best = node.get("")
-                if best is None or (rule.priority, rule.allow) > best:
-                    node[""] = (rule.priority, rule.allow)
-                continue
-            grams = rule.grams()
-            rule.key = min(grams, key=lambda g: (counts[g], -len(g))) if grams else None
-            node.setdefault(None, {}).setdefault(rule.key, []).append(rule)
-
-    def allowed(self, path):
-        """Whether the agent may fetch ``path`` (path and query, as :func:`robots_path` gives it).
-
-        Linear in ``len(path)`` plus, per wildcard rule whose literal head matches, one pass of
-        ``str.find`` over the rest: no backtracking whatever the patterns.
-        """
-        if self.disallow_all:
-            return False
-        if not self.rules:
-            return True
-        path = path or "/"
-        if "%" in path:
-            path = _PCT_ESCAPE.sub(lambda m: m.group(0).upper(), path)
-        if path == "/robots.txt":
-            return True                   # RFC 9309 §2.2.2: implicitly allowed
-        best = (-1, True)                 # (priority, allow): no rule matched
-        node, depth, wild = self._trie, 0, []
-        while True:
-            here = node.get("")
-            if here is not None and here > best:
-                best = here
-            rules = node.get(None)
-            if rules is not None:
-                wild.append((depth, rules))
-            if depth == len(path):
-                break
-            node = node.get(path[depth])
-            if node is None:
-                break
-            depth += 1
-        grams = None
-        for start, buckets in wild:
-            if len(buckets) > 2:          # look the path's own one- and two-character strings up instead
-                if grams is None:
-                    grams = set(path).union(path[k:k + 2] for k in range(len(path) - 1))
-                    grams.add(None)
-                keys = grams if len(grams) < len(buckets) else [k for k in buckets if k in grams]
-            else:
-                keys = list(buckets)
-            for key in keys:
-                for rule in buckets.get(key, ()):
-                    if (rule.priority, rule.allow) > best and rule.matches_after(path, start):
-                        best = (rule.priority, rule.allow)
-        return best[1]
 
 
 class CrawlPacer:
@@ -8037,244 +8427,6 @@ class CrawlPacer:
         """What the map reports: the delay robots.txt asked for, the one applied, the time spent waiting."""
         return {"crawl_delay_s": self.requested_s, "crawl_delay_applied_s": self.delay_s,
                 "crawl_delay_waited_s": round(self.waited_s, 3)}
-
-
-SitemapEntry = collections.namedtuple("SitemapEntry", "url lastmod is_sitemap")
-SitemapEntry.__doc__ = """One URL a sitemap lists: a page, or (``is_sitemap``) another sitemap to read."""
-
-
-def _xml_unescape(text):
-    """``text`` with XML entities, named (and HTML's, when spelled with ``;``) and numeric, replaced.
-
-    >>> _xml_unescape("a&amp;b&#38;c&#x26;d&nbsp;&lt;&bogus;&region=1&#0;")
-    'a&b&c&d\\xa0<&bogus;&region=1&#0;'
-    """
-    if "&" not in text:
-        return text
-
-    def one(m):
-        name = m.group(1)
-        if name[0] == "#":
-            code = int(name[2:], 16) if name[1:2] in ("x", "X") else int(name[1:])
-            ok = 0 < code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF
-            return chr(code) if ok else m.group(0)
-        if name in _XML_NAMED:
-            return _XML_NAMED[name]
-        from html.entities import html5
-        return html5.get(name + ";", m.group(0))
-    return _XML_ENTITY.sub(one, text)
-
-
-def _rss_date(value):
-    """An RSS ``pubDate`` (RFC 822) as ISO 8601; anything else unchanged.
-
-    >>> _rss_date("Tue, 01 Dec 2026 16:50:00 GMT"), _rss_date("2026-12-01")
-    ('2026-12-01T16:50:00+00:00', '2026-12-01')
-    """
-    if not value or value[:1].isdigit():
-        return value
-    import email.utils
-    try:
-        return email.utils.parsedate_to_datetime(value).isoformat()
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return value
-
-
-def _absolute(url, base_url):
-    """``url`` resolved against ``base_url`` (see :func:`absolute_url`); absolute URLs as they are."""
-    if not base_url or url.startswith(("http://", "https://")):
-        return url
-    return absolute_url(base_url, url)
-
-
-def _attribute(raw, name):
-    """The value of attribute ``name`` in a tag's text, unescaped; '' when absent.
-
-    Index arithmetic over one lower-cased copy: every character is looked at a bounded number of
-    times, however many times ``name`` recurs in a hostile tag.
-
-    >>> _attribute('link rel="alternate" href="/a?x=1&amp;y=2"/', "href"), _attribute("link", "rel")
-    ('/a?x=1&y=2', '')
-    >>> _attribute("link xhref='/no' href = /yes/>", "href")
-    '/yes'
-    """
-    low = raw.lower()
-    n = len(raw)
-    at = 0
-    while True:
-        at = low.find(name, at)
-        if at < 0:
-            return ""
-        start, at = at, at + len(name)
-        if start == 0 or not low[start - 1].isspace():
-            continue
-        j = at
-        while j < n and low[j].isspace():
-            j += 1
-        if j >= n or low[j] != "=":
-            continue
-        j += 1
-        while j < n and low[j].isspace():
-            j += 1
-        if j < n and raw[j] in "'\"":
-            close = raw.find(raw[j], j + 1)
-            return _xml_unescape(raw[j + 1:close if close > 0 else n]).strip()
-        end = j
-        while end < n and not raw[end].isspace() and raw[end] != ">":
-            end += 1
-        return _xml_unescape(raw[j:end].rstrip("/"))
-
-
-def _iter_text_sitemap(text):
-    """Entries of a plain-text sitemap: one absolute URL per line (sitemaps.org), other lines skipped."""
-    for line in text.splitlines():
-        url = line.strip()
-        if url[:8].lower().startswith(("http://", "https://")) and not any(c.isspace() for c in url):
-            yield SitemapEntry(url, None, False)
-
-
-def iter_sitemap(body, base_url=None):
-    """The entries of a sitemap, lazily: ``SitemapEntry(url, lastmod, is_sitemap)``.
-
-    Reads sitemaps.org ``<urlset>`` and ``<sitemapindex>`` files, plain-text sitemaps (one URL per
-    line), and RSS 2.0, RSS 1.0 and Atom feeds given as sitemaps. Values may be wrapped in CDATA or
-    white space and may hold any XML entity; ``lastmod`` (RSS ``pubDate``, Atom ``updated``) is kept.
-    A hand-written scanner of ``str.find`` calls: linear on any input (an unclosed ``<loc>``, comment
-    or CDATA ends the scan or the field, never rescans), no entity expansion beyond the fixed ones
-    (no DTD is read), ``base_url`` resolves relative feed links. ``body`` is text or UTF-8 bytes.
-
-    >>> doc = ("<?xml version='1.0'?><urlset xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'>"
-    ...        "<url><loc> <![CDATA[https://a.example/?a=1&b=2]]> </loc><lastmod>2026-11-30</lastmod></url>"
-    ...        "<url><loc>https://a.example/x?a=1&amp;b=&#50;</loc></url></urlset>")
-    >>> [tuple(e) for e in iter_sitemap(doc)]
-    [('https://a.example/?a=1&b=2', '2026-11-30', False), ('https://a.example/x?a=1&b=2', None, False)]
-    >>> [e.url for e in iter_sitemap(b"https://a.example/1\\n\\nnot a url\\nhttps://a.example/2\\n")]
-    ['https://a.example/1', 'https://a.example/2']
-    """
-    if isinstance(body, (bytes, bytearray)):
-        body = bytes(body).decode("utf-8", "replace")
-    text = body.lstrip("\ufeff \t\r\n")
-    if not text.startswith("<"):
-        yield from _iter_text_sitemap(text)
-        return
-    n = len(text)
-    root = None                  # (prefix, local) of the first element
-    prefixes = ("",)             # field prefixes read: the root's and none (image:loc is not a loc)
-    feed = False
-    record = None                # [kind_is_sitemap, url, lastmod] of the open <url>/<sitemap>/<item>/<entry>
-    field, parts, size = None, [], 0    # the open field element and its text so far
-    depth = 0                    # open elements, for SITEMAP_NESTING_MAX
-    gt = -1                      # position of the next ">" at or after i (cached: never searched twice)
-    name_at = _XML_NAME.match
-    i = 0
-
-    def finish(rec):
-        if rec is None or not rec[1]:
-            return None
-        url = _absolute(rec[1], base_url)
-        return SitemapEntry(url, rec[2], rec[0]) if url else None
-
-    while i < n:
-        lt = text.find("<", i)
-        if lt < 0:
-            lt = n
-        if field is not None and lt > i:
-            if size <= SITEMAP_VALUE_MAX:           # past the cap the value is dropped: stop keeping it
-                parts.append(text[i:lt])
-            size += lt - i
-        if lt >= n:
-            break
-        special = text[lt + 1:lt + 2] in ("!", "?")
-        if special and text.startswith("<![CDATA[", lt):
-            end = text.find("]]>", lt + 9)
-            stop = n if end < 0 else end
-            if field is not None:
-                if size <= SITEMAP_VALUE_MAX:
-                    parts.append(text[lt + 9:stop])
-                size += stop - lt - 9
-            i = n if end < 0 else end + 3
-            continue
-        if special and text.startswith("<!--", lt):
-            end = text.find("-->", lt + 4)
-            i = n if end < 0 else end + 3
-            continue
-        if gt < lt:
-            gt = text.find(">", lt + 1)
-            if gt < 0:
-                break                               # a tag that never closes: nothing more to read
-        inner = text.find("<", lt + 1, gt)
-        if inner >= 0:                              # "<" inside a tag: the first "<" was text
-            if field is not None:
-                parts.append("<")
-            i = lt + 1
-            continue
-        if special:
-            if text[lt + 1] == "!":                 # DOCTYPE: skip it, internal subset and all, unread
-                bracket = text.find("[", lt, gt)
-                if bracket >= 0:
-                    close = text.find("]", bracket)
-                    gt = text.find(">", close) if close >= 0 else -1
-                    if gt < 0:
-                        break
-            i = gt + 1
-            continue
-        i = gt + 1
-        closing = text[lt + 1:lt + 2] == "/"
-        m = name_at(text, lt + 2 if closing else lt + 1, gt)
-        if m is None:
-            continue
-        prefix, _, name = m.group(0).lower().rpartition(":")
-        raw = text[lt + 1:gt]
-        if closing:
-            depth = max(0, depth - 1)
-            if field is not None and name == field:
-                value = _xml_unescape("".join(parts)).strip() if size <= SITEMAP_VALUE_MAX else ""
-                field, parts, size = None, [], 0
-                if record is not None and value:
-                    if name in ("loc", "link") and not record[1]:
-                        record[1] = value
-                    elif name in ("lastmod", "updated", "published", "pubdate", "date") and not record[2]:
-                        record[2] = _rss_date(value) if name == "pubdate" else value
-                elif record is None and name == "loc" and value and not feed:
-                    entry = finish([root is not None and root[1] == "sitemapindex", value, None])
-                    if entry:
-                        yield entry
-            elif record is not None and name == record[3]:
-                entry = finish(record)
-                record = None
-                if entry:
-                    yield entry
-            continue
-        if not raw.endswith("/"):
-            depth += 1
-        if root is None:
-            root = (prefix, name)
-            prefixes = (prefix, "") if prefix else ("",)
-            feed = name in _FEED_ROOTS
-            continue
-        if depth > SITEMAP_NESTING_MAX:
-            continue
-        field, parts, size = None, [], 0            # a tag inside a field: the field was not plain text
-        if prefix not in prefixes and not (prefix == "dc" and name == "date"):
-            continue
-        if (name in _SITEMAP_RECORDS and not feed) or (name in _FEED_RECORDS and feed):
-            entry = finish(record)
-            if entry:
-                yield entry                         # the previous record was never closed
-            record = [_SITEMAP_RECORDS.get(name, False), None, None, name]
-        elif name in _SITEMAP_FIELDS and record is not None or name == "loc" and not feed:
-            if name == "link" and feed and root[1] == "feed":
-                rel = _attribute(raw, "rel")
-                href = _attribute(raw, "href")
-                if record is not None and href and rel in ("", "alternate") and not record[1]:
-                    record[1] = href
-                continue
-            if not raw.endswith("/"):
-                field = name
-    entry = finish(record)
-    if entry:
-        yield entry
-
 
 _HREF = LazyPattern(r"""<a\s[^<>]*?\bhref\s*=\s*(?:"([^"<>]*)"|'([^'<>]*)'|([^\s"'<>]+))""", re.I)
 MAP_SITEMAPS_MAX = 20      # sitemap files read per map (index files point to more)
@@ -8470,121 +8622,12 @@ class SiteMapper:
             return RobotsRules("", allow_all=True)
         return RobotsRules(decode_page(resp.body, resp.headers.get("content-type", "")))
 
+
 # ---------------------------------------------------------------------------
-# §12 Ring
+# §18 Ring
 # ---------------------------------------------------------------------------
 
 RRF_K = 60   # reciprocal rank fusion constant (Cormack et al., 2009)
-
-
-class Health(enum.Enum):
-    """A vendor's state in the ring."""
-    HEALTHY = "healthy"
-    COOLDOWN = "cooldown"
-    HALF_OPEN = "half_open"     # cooldown over; one probe request may go through
-
-
-class _VendorHealth:
-    __slots__ = ("state", "until", "reason", "failures", "probing", "long")
-
-    def __init__(self):
-        self.state = Health.HEALTHY
-        self.until = 0.0
-        self.reason = None
-        self.failures = 0
-        self.probing = False
-        self.long = False
-
-
-class HealthBoard:
-    """Cooldowns per vendor, learned from 429s, Retry-After, X-RateLimit-* and repeated failures.
-
-    A vendor in cooldown is skipped.  When the cooldown ends the first caller
-    becomes the one probe (``half_open``); the others keep skipping until the
-    probe succeeds (healthy again) or fails (a new cooldown).
-    """
-
-    # Outcomes that say nothing about the vendor's health.
-    NEUTRAL = frozenset({"success", "no_results", "cancelled", "busy"})
-
-    def __init__(self, config, logger, clock=time.monotonic):
-        self.config = config
-        self.log = logger
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._vendors = collections.defaultdict(_VendorHealth)
-
-    def admit(self, name):
-        """``None`` when ``name`` may be asked now, else ``(seconds_left, reason)``."""
-        with self._lock:
-            h = self._vendors[name]
-            if h.state is Health.HEALTHY:
-                return None
-            left = h.until - self._clock()
-            if h.state is Health.COOLDOWN and left > 0:
-                return left, h.reason
-            if h.probing:
-                return 0.0, "a probe request is in flight after the cooldown (%s)" % h.reason
-            h.state, h.probing = Health.HALF_OPEN, True
-        self.log.info("%s cooldown over: letting one probe request through", name)
-        return None
-
-    def record(self, name, outcome, headers=None, retry_after_s=None, code=None, message=None):
-        """Update ``name`` after an attempt that ended with ``outcome``."""
-        headers = headers or {}
-        cooldown, long = None, False
-        with self._lock:
-            h = self._vendors[name]
-            was = h.state
-            h.probing = False
-            if outcome == "cancelled":
-                if h.state is Health.HALF_OPEN:
-                    h.state = Health.COOLDOWN       # expired: the next caller probes again
-                return
-            if outcome in ("auth_error", "quota_exhausted"):
-                cooldown, long = self.config.auth_cooldown_s, True
-                if retry_after_s is not None:
-                    cooldown = max(retry_after_s, 1.0)
-            elif outcome == "rate_limited":
-                # Retry-After: 0 still means "not now": rest at least a second.
-                cooldown = max(retry_after_s, 1.0) if retry_after_s is not None else self.config.cooldown_s
-            elif outcome == "blocked":
-                cooldown = self.config.cooldown_s       # a captcha does not go away in seconds
-            elif outcome in self.NEUTRAL or code in ("bad_parameters", "bad_request"):
-                h.failures = 0
-                if outcome == "success":
-                    window = exhausted_window(headers)
-                    if window:
-                        cooldown, message = window, "no requests left in the rate-limit window"
-            else:
-                h.failures += 1
-                if h.failures >= self.config.failure_threshold or was is Health.HALF_OPEN:
-                    cooldown = self.config.cooldown_s
-                    message = "%d consecutive failures, last: %s" % (h.failures, message or outcome)
-            if cooldown is None:
-                if h.state is not Health.HEALTHY:
-                    h.state, h.reason, h.long = Health.HEALTHY, None, False
-                    self.log.info("%s is healthy again", name)
-                return
-            h.state, h.until, h.long = Health.COOLDOWN, self._clock() + cooldown, long
-            h.reason = "%s%s" % (outcome, ": " + message if message else "")
-            h.failures = 0
-        self.log.warning("%s in cooldown for %.0f s (%s)%s", name, cooldown, h.reason,
-                         "; check its key or plan" if long else "")
-
-    def snapshot(self, names):
-        """Health of ``names`` for structured output."""
-        now = self._clock()
-        out = {}
-        with self._lock:
-            for name in names:
-                h = self._vendors.get(name)
-                if h is None or h.state is Health.HEALTHY:
-                    out[name] = {"state": "healthy", "consecutive_failures": h.failures if h else 0}
-                    continue
-                out[name] = {"state": h.state.value if h.until > now or h.state is Health.HALF_OPEN else "half_open",
-                             "cooldown_remaining_s": round(max(0.0, h.until - now), 1), "reason": h.reason}
-        return out
 
 
 def apply_post_filters(results, filters, native, now=None):
@@ -8854,7 +8897,7 @@ class Ring:
 
 
 # ---------------------------------------------------------------------------
-# §13 Tools
+# §19 Tool schemas and argument checking
 # ---------------------------------------------------------------------------
 
 _STATUS_PROPS = {
@@ -8992,8 +9035,6 @@ GET_SOURCES_OUTPUT = {
     }),
     "required": ["status", "partial", "error"],
 }
-
-
 
 
 def mcp_words(name, value=None):
@@ -9378,12 +9419,6 @@ def project_results(results, select):
     return [{name: r.get(name) for name in keep if name in r or name == "language"} for r in results]
 
 
-def _is_number(value):
-    """A JSON number that is finite (bool is not a number here)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
-        and value not in (float("inf"), float("-inf"))
-
-
 def _bare_domain(item):
     """``example.com`` for a domain entry (case and ``www.`` folded), None when it is not one."""
     if not isinstance(item, str):
@@ -9436,6 +9471,361 @@ def validation_result(tool, issues, extra=None):
         structured.update(extra)
     return structured, "\n".join(lines), True
 
+WEB_FETCH_INPUT = {
+    "type": "object",
+    "properties": {
+        "url": {"type": "string", "minLength": 1, "format": "uri",
+                "description": "Absolute http:// or https:// URL of the page."},
+        "urls": {"type": "array", "items": {"type": "string", "minLength": 1, "format": "uri"}, "minItems": 1,
+                 "maxItems": MAX_FETCH_URLS,
+                 "description": "Instead of url: up to %d pages fetched at once, each with its own result "
+                                "(start_index and max_length apply to each)." % MAX_FETCH_URLS},
+        "start_index": {"type": "integer", "minimum": 0, "default": 0,
+                        "description": "Character offset to start from: pass next_start_index of the previous "
+                                       "page to continue a long document."},
+        "max_length": {"type": "integer", "minimum": 1, "maximum": MAX_FETCH_LENGTH, "default": DEFAULT_FETCH_LENGTH,
+                       "description": "Most characters to return in this page (default 20000)."},
+        "format": {"type": "string", "enum": ["markdown", "text", "html"], "default": "markdown",
+                   "description": "markdown (default), plain text, or the page's raw HTML."},
+    },
+    "additionalProperties": False,
+}
+
+WEB_FETCH_OUTPUT = {
+    "type": "object",
+    "properties": dict(_STATUS_PROPS, **{
+        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
+        "url": {"type": "string", "description": "The URL asked for."},
+        "final_url": {"type": ["string", "null"], "description": "Where redirects ended."},
+        "title": {"type": ["string", "null"]},
+        "content": {"type": "string", "description": "This page of the document."},
+        "start_index": {"type": "integer"},
+        "total_length": {"type": "integer", "description": "Characters in the whole document."},
+        "next_start_index": {"type": ["integer", "null"], "description": "Pass as start_index for the next page; "
+                                                                          "null at the end."},
+        "format": {"type": "string"}, "provider": {"type": ["string", "null"]},
+        "fallback": {"type": ["string", "null"],
+                     "description": "Why a later provider (jina) served the page instead of direct."},
+        "content_type": {"type": ["string", "null"]},
+        "cached": {"type": "boolean", "description": "Served from the extracted-document cache."},
+        "coalesced": {"type": "boolean"},
+        "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
+        "results": {"type": "array", "items": {"type": "object"},
+                    "description": "With urls: one result per URL, in order, each shaped like a single fetch."},
+        "succeeded": {"type": "integer"}, "failed": {"type": "integer"},
+        "validation": {"type": "object"},
+    }),
+    "required": ["status", "partial", "error"],
+}
+
+WEB_MAP_INPUT = {
+    "type": "object",
+    "properties": {
+        "url": {"type": "string", "minLength": 1, "format": "uri",
+                "description": "Absolute http:// or https:// URL of the site (or a section)."},
+        "max_depth": {"type": "integer", "minimum": 1, "maximum": 5, "default": 1,
+                      "description": "How many links deep to crawl from the URL (1-5)."},
+        "max_breadth": {"type": "integer", "minimum": 1, "maximum": 500, "default": 20,
+                        "description": "Most links followed from one page (1-500)."},
+        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_MAP_LIMIT, "default": 50,
+                  "description": "Most URLs returned (1-%d)." % MAX_MAP_LIMIT},
+        "instructions": {"type": "string", "maxLength": 400,
+                         "description": "Natural-language focus such as 'only API reference pages' "
+                                        "(used by the Tavily provider; the built-in mapper ignores it)."},
+        "timeout": {"type": "number", "minimum": 5, "maximum": 150, "default": 60,
+                    "description": "Seconds the whole map may take (5-150)."},
+    },
+    "required": ["url"],
+    "additionalProperties": False,
+}
+
+WEB_MAP_OUTPUT = {
+    "type": "object",
+    "properties": dict(_STATUS_PROPS, **{
+        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
+        "base_url": {"type": "string"},
+        "results": {"type": "array", "items": {"type": "string"}, "description": "The site's URLs."},
+        "provider": {"type": ["string", "null"]},
+        "ignored_results": {"type": "array", "items": {"type": "object"},
+                            "description": "Items the provider returned that are not usable URLs, with why."},
+        "lastmod": {"type": "object", "additionalProperties": {"type": "string"},
+                    "description": "Last modification of listed URLs, as their sitemap or feed gives it."},
+        "stats": {"type": "object", "description": "robots.txt verdict, sitemaps read, pages crawled."},
+        "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
+        "validation": {"type": "object"},
+    }),
+    "required": ["status", "partial", "error"],
+}
+
+WEB_ANSWER_INPUT = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string", "minLength": 1, "maxLength": MAX_ANSWER_QUERY_CHARS,
+                  "description": "The question to research and answer (1-%d characters)." % MAX_ANSWER_QUERY_CHARS},
+        "platform": {"type": "string", "maxLength": 100,
+                     "description": "Where to focus the search, e.g. GitHub, Reddit, X, Stack Overflow."},
+        "model": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^\\S+$",
+                  "description": "Model for this call only (default: the configured model)."},
+        "extra_sources": {"type": "integer", "minimum": 0, "maximum": 20, "default": 0,
+                          "description": "Run web_search first and give the model this many results as "
+                                         "evidence (0-20)."},
+    },
+    "required": ["query"],
+    "additionalProperties": False,
+}
+
+WEB_ANSWER_OUTPUT = {
+    "type": "object",
+    "properties": dict(_STATUS_PROPS, **{
+        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
+        "session_id": {"type": ["string", "null"], "description": "Pass to get_sources for the full source list."},
+        "content": {"type": "string", "description": "The researched answer (Markdown, with citations)."},
+        "model": {"type": ["string", "null"]}, "protocol": {"type": ["string", "null"]},
+        "sources_count": {"type": "integer"},
+        "sources": {"type": "array", "items": {"type": "object"}},
+        "coalesced": {"type": "boolean", "description": "Shared with an identical concurrent question."},
+        "diagnostics": {"type": "object", "description": "termination, attempts, elapsed, budget, queue wait."},
+        "grok_error": {"type": ["object", "null"], "description": "Why the answer failed, when it did."},
+        "validation": {"type": "object"},
+    }),
+    "required": ["status", "partial", "error"],
+}
+
+SWITCH_MODEL_INPUT = {
+    "type": "object",
+    "properties": {"model": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^\\S+$",
+                             "description": "Model name for web_answer from now on, e.g. grok-4-fast."}},
+    "required": ["model"],
+    "additionalProperties": False,
+}
+
+SWITCH_MODEL_OUTPUT = {
+    "type": "object",
+    "properties": dict(_STATUS_PROPS, **{
+        "previous_model": {"type": ["string", "null"]}, "current_model": {"type": "string"},
+        "config_file": {"type": "string"}, "persisted": {"type": "boolean"}, "validation": {"type": "object"}}),
+    "required": ["status", "partial", "error"],
+}
+
+GET_CONFIG_INFO_INPUT = {"type": "object", "properties": {}, "additionalProperties": False}
+
+GET_CONFIG_INFO_OUTPUT = {
+    "type": "object",
+    "properties": dict(_STATUS_PROPS, **{
+        "version": {"type": "string"},
+        "configuration": {"type": "object", "description": "Every variable, secrets as fingerprints."},
+        "problems": {"type": "array", "items": {"type": "object"}},
+        "answer": {"type": "object", "description": "Model (and where it came from), protocol, endpoint."},
+        "vendors": {"type": "array", "items": {"type": "object"}},
+        "keys": {"type": "object", "description": "Tavily key pool: masked keys, states, breaker."},
+        "connection_test": {"type": "object", "description": "GET /models on the answer endpoint."},
+        "tools": {"type": "array", "items": {"type": "string"}, "description": "The tools listed."},
+        "unlisted_tools": {"type": "array", "items": {"type": "object"},
+                           "description": "Core tools not listed, each with how to enable it."},
+    }),
+    "required": ["status", "partial", "error"],
+}
+
+def tool_entry(name, title, description, input_schema, output_schema, *, read_only=True, idempotent=True,
+               open_world=True):
+    """One tools/list entry with honest annotations."""
+    return {"name": name, "title": title, "description": description, "inputSchema": input_schema,
+            "outputSchema": output_schema,
+            "annotations": {"title": title, "readOnlyHint": read_only, "destructiveHint": False,
+                            "idempotentHint": idempotent, "openWorldHint": open_world}}
+
+
+TOOLS = (
+    tool_entry(
+        "web_search", "Web search (failover ring)",
+        ("Search the web and get ranked results (title, URL, snippet, date when known). "
+         "Engines are tried in turn until one answers (keyed engines first, then exa, tavily, bing, "
+         "duckduckgo), so a dead or rate-limited engine does not fail the search; the result names the "
+         "engine that served it and every failed attempt. Filters (lang, time_range, include_domains, "
+         "exclude_domains, max_results_per_domain) survive failover. mode=fanout asks every healthy "
+         "engine at once and fuses the rankings. Use it first for any question that needs current or "
+         "external information; identical searches are cached for a while."),
+        WEB_SEARCH_INPUT, WEB_SEARCH_OUTPUT),
+    tool_entry(
+        "web_answer", "Researched answer with citations",
+        ("Ask an LLM with live web search (xAI Grok or any OpenAI-compatible model) to research a question "
+         "and answer it with cited sources. Use it for questions that need synthesis across several sources; "
+         "use web_search for plain lookups. Slower (seconds to minutes; progress is reported). platform "
+         "focuses the search (GitHub, Reddit, X ...); extra_sources first runs web_search and gives the "
+         "results to the model as evidence. The source list stays available through get_sources."),
+        WEB_ANSWER_INPUT, WEB_ANSWER_OUTPUT, idempotent=False),
+    tool_entry(
+        "get_sources", "Sources of an earlier call",
+        ("Return the full source list (titles and URLs) of an earlier web_search or web_answer call, by "
+         "the session_id that call returned. Sessions are kept for one hour (256 at most)."),
+        GET_SOURCES_INPUT, GET_SOURCES_OUTPUT, open_world=False),
+    tool_entry(
+        "web_fetch", "Fetch a page as Markdown",
+        ("Fetch one web page (http/https) and return its main content as clean Markdown (or plain text or "
+         "raw HTML), paged: long documents come in pieces of max_length characters; call again with "
+         "start_index = next_start_index for the next piece (served from cache, no refetch). Use it after "
+         "web_search to read a result in full; pass urls (up to %d) instead of url to read several pages in "
+         "one call. Uses Tavily Extract when a key is set, else a built-in extractor that refuses private "
+         "network addresses." % MAX_FETCH_URLS),
+        WEB_FETCH_INPUT, WEB_FETCH_OUTPUT),
+    tool_entry(
+        "web_map", "Map a site's URLs",
+        ("List the URLs of a website (its sitemap and a same-origin crawl honouring robots.txt, or Tavily "
+         "Map with a key), to find the right page to fetch. Use it when you know the site but not the page."),
+        WEB_MAP_INPUT, WEB_MAP_OUTPUT),
+    tool_entry(
+        "get_config_info", "Configuration and health",
+        ("Show the server's configuration (keys masked), every configuration problem, each search vendor's "
+         "health and cooldown, the Tavily key pool, and a connection test of the answer endpoint (its model "
+         "catalogue). Use it when searches or answers fail, to see why."),
+        GET_CONFIG_INFO_INPUT, GET_CONFIG_INFO_OUTPUT),
+    tool_entry(
+        "switch_model", "Switch the answer model",
+        ("Set the model web_answer uses from now on and save it in the config file. Use it when the user asks "
+         "for another model or the current one is unavailable (get_config_info shows the catalogue)."),
+        SWITCH_MODEL_INPUT, SWITCH_MODEL_OUTPUT, read_only=False, open_world=False),
+)
+
+_PLANNABLE_TOOLS = ("web_search", "web_answer", "web_fetch", "web_map", "get_sources")
+
+_SESSION_FIELD = {"type": "string", "description": "The plan's session_id from plan_intent (omit in plan_intent "
+                                                   "to start a new plan)."}
+_REVISION_FIELD = {"type": "boolean", "default": False,
+                   "description": "True to replace an earlier answer of this phase (or of this item)."}
+
+
+def _plan_schema(properties, required):
+    props = {"session_id": _SESSION_FIELD}
+    props.update(properties)
+    props["is_revision"] = _REVISION_FIELD
+    return {"type": "object", "properties": props, "required": list(required), "additionalProperties": False}
+
+
+PLAN_INPUTS = {
+    "intent": _plan_schema({
+        "core_question": {"type": "string", "minLength": 1, "maxLength": 2000,
+                          "description": "The user's real question in one sentence."},
+        "query_type": {"type": "string", "enum": ["factual", "comparative", "exploratory", "analytical",
+                                                   "procedural", "opinion", "troubleshooting"],
+                       "description": "What kind of answer is wanted."},
+        "time_sensitivity": {"type": "string", "enum": ["none", "recent", "realtime"],
+                             "description": "How much the answer depends on fresh information."},
+        "domain": {"type": "string", "maxLength": 200, "description": "Subject area, e.g. 'Python packaging'."},
+        "ambiguities": {"type": "array", "items": {"type": "string"}, "maxItems": 10,
+                        "description": "Points that could be read more than one way, and the reading chosen."},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1,
+                       "description": "How sure the intent is understood (0-1)."},
+    }, ["core_question", "query_type", "time_sensitivity"]),
+    "complexity": _plan_schema({
+        "level": {"type": "integer", "minimum": 1, "maximum": 3,
+                  "description": "1 simple (intent, complexity, sub-queries), 2 moderate (+ search terms and "
+                                 "tool mapping), 3 complex (+ execution order)."},
+        "estimated_sub_queries": {"type": "integer", "minimum": 1, "maximum": 20,
+                                  "description": "How many sub-questions the research needs."},
+        "estimated_tool_calls": {"type": "integer", "minimum": 1, "maximum": 100,
+                                 "description": "Rough number of tool calls in all."},
+        "justification": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "Why this level."},
+    }, ["session_id", "level", "justification"]),
+    "sub_query": _plan_schema({
+        "id": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,32}$",
+               "description": "Short identifier of this sub-question, e.g. sq1."},
+        "goal": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "What it must find out."},
+        "expected_output": {"type": "string", "maxLength": 1000, "description": "What a good result looks like."},
+        "depends_on": {"type": "array", "items": {"type": "string"}, "maxItems": 20,
+                       "description": "ids of sub-questions that must be answered first."},
+    }, ["session_id", "id", "goal"]),
+    "search_term": _plan_schema({
+        "sub_query_id": {"type": "string", "description": "The sub-question this search serves."},
+        "term": {"type": "string", "minLength": 1, "maxLength": 400, "description": "The exact search query."},
+        "purpose": {"type": "string", "maxLength": 500, "description": "What this search should surface."},
+        "round": {"type": "integer", "minimum": 1, "maximum": 10, "default": 1,
+                  "description": "Search round: 1 broad, later rounds narrower."},
+        "filters": {"type": "object", "description": "web_search filters to use (lang, time_range, "
+                                                     "include_domains ...)."},
+    }, ["session_id", "sub_query_id", "term"]),
+    "tool_mapping": _plan_schema({
+        "sub_query_id": {"type": "string", "description": "The sub-question this tool call serves."},
+        "tool": {"type": "string", "enum": list(_PLANNABLE_TOOLS), "description": "The tool to call."},
+        "reason": {"type": "string", "maxLength": 500, "description": "Why this tool fits."},
+        "arguments": {"type": "object", "description": "Arguments planned for the call."},
+    }, ["session_id", "sub_query_id", "tool"]),
+    "execution": _plan_schema({
+        "parallel_groups": {"type": "array", "minItems": 1, "items": {"type": "array", "items": {"type": "string"}},
+                            "description": "Groups of sub-query ids to run together, in order."},
+        "estimated_rounds": {"type": "integer", "minimum": 1, "maximum": 20,
+                             "description": "Rounds of tool calls expected."},
+        "stop_condition": {"type": "string", "maxLength": 500,
+                           "description": "When the research is done enough to answer."},
+    }, ["session_id", "parallel_groups"]),
+}
+
+PLAN_OUTPUT = {
+    "type": "object",
+    "properties": dict(_STATUS_PROPS, **{
+        "session_id": {"type": "string"},
+        "phase": {"type": "string", "description": "The phase this call recorded."},
+        "complexity_level": {"type": ["integer", "null"]},
+        "completed_phases": {"type": "array", "items": {"type": "string"}},
+        "phases_remaining": {"type": "array", "items": {"type": "string"},
+                             "description": "Phases still required by the complexity level, in order."},
+        "plan_complete": {"type": "boolean"},
+        "executable_plan": {"type": ["object", "null"], "description": "The finished plan, once complete."},
+        "revisions": {"type": "integer", "description": "Answers replaced so far."},
+        "validation": {"type": "object"},
+    }),
+    "required": ["status", "partial", "error"],
+}
+
+_PLAN_DESCRIPTIONS = {
+    "intent": "Start a search plan (step 1 of up to 6): state the real question, its type and how fresh the "
+              "answer must be. Returns the session_id the other plan_* tools need. Use the plan_* tools only "
+              "for research that needs several searches; a single web_search needs no plan.",
+    "complexity": "Plan step 2: rate the research 1-3. The level decides which further steps are required "
+                  "(1: sub-queries; 2: + search terms and tool mapping; 3: + execution order).",
+    "sub_query": "Plan step 3: add one sub-question (call once per sub-question; same id with is_revision "
+                 "replaces it).",
+    "search_term": "Plan step 4 (levels 2-3): add a search query for a sub-question (call once per term).",
+    "tool_mapping": "Plan step 5 (levels 2-3): choose the tool (web_search, web_answer, web_fetch, web_map) for a "
+                    "sub-question (call once per mapping).",
+    "execution": "Plan step 6 (level 3): order the sub-questions into parallel groups; completes the plan and "
+                 "returns the executable plan.",
+}
+
+PLAN_TOOLS = tuple(
+    tool_entry("plan_" + phase, "Search plan: " + phase.replace("_", " "), _PLAN_DESCRIPTIONS[phase],
+               PLAN_INPUTS[phase], PLAN_OUTPUT, read_only=False, idempotent=False, open_world=False)
+    for phase in PLAN_PHASES)
+ALL_TOOLS = TOOLS + PLAN_TOOLS
+
+
+def tools_reference_markdown():
+    """The README's tool reference, generated from the schemas the server lists."""
+    out = []
+    for tool in ALL_TOOLS:
+        schema = tool["inputSchema"]
+        required = set(schema.get("required") or ())
+        out += ["### `%s`%s" % (tool["name"], "" if tool["name"] in CORE_TOOLS else " (with WEBSEARCH_TOOLS=plan)"),
+                "", tool["description"], ""]
+        if schema["properties"]:
+            out += ["| argument | type | meaning |", "|---|---|---|"]
+            for name, spec in schema["properties"].items():
+                kind = spec.get("type", "object")
+                if "enum" in spec:
+                    kind += ": " + " / ".join("`%s`" % v for v in spec["enum"])
+                if "default" in spec:
+                    kind += ", default `%s`" % json.dumps(spec["default"])
+                if name in required:
+                    kind += ", required"
+                out.append("| `%s` | %s | %s |" % (name, kind, spec.get("description", "").replace("|", "\\|")))
+        else:
+            out.append("No arguments.")
+        out.append("")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
+# §20 Search and page tools
+# ---------------------------------------------------------------------------
 
 def _cap_text(text, max_chars):
     """``(text, truncated)``: at most ``max_chars`` characters, with a marker when cut."""
@@ -9649,94 +10039,6 @@ class SearchTools:
             {"title": r["title"], "url": r["url"], "snippet": r["snippet"], "published": r["published"],
              "vendors": r["vendors"]} for r in results]})
         return sid
-
-WEB_FETCH_INPUT = {
-    "type": "object",
-    "properties": {
-        "url": {"type": "string", "minLength": 1, "format": "uri",
-                "description": "Absolute http:// or https:// URL of the page."},
-        "urls": {"type": "array", "items": {"type": "string", "minLength": 1, "format": "uri"}, "minItems": 1,
-                 "maxItems": MAX_FETCH_URLS,
-                 "description": "Instead of url: up to %d pages fetched at once, each with its own result "
-                                "(start_index and max_length apply to each)." % MAX_FETCH_URLS},
-        "start_index": {"type": "integer", "minimum": 0, "default": 0,
-                        "description": "Character offset to start from: pass next_start_index of the previous "
-                                       "page to continue a long document."},
-        "max_length": {"type": "integer", "minimum": 1, "maximum": MAX_FETCH_LENGTH, "default": DEFAULT_FETCH_LENGTH,
-                       "description": "Most characters to return in this page (default 20000)."},
-        "format": {"type": "string", "enum": ["markdown", "text", "html"], "default": "markdown",
-                   "description": "markdown (default), plain text, or the page's raw HTML."},
-    },
-    "additionalProperties": False,
-}
-
-WEB_FETCH_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
-        "url": {"type": "string", "description": "The URL asked for."},
-        "final_url": {"type": ["string", "null"], "description": "Where redirects ended."},
-        "title": {"type": ["string", "null"]},
-        "content": {"type": "string", "description": "This page of the document."},
-        "start_index": {"type": "integer"},
-        "total_length": {"type": "integer", "description": "Characters in the whole document."},
-        "next_start_index": {"type": ["integer", "null"], "description": "Pass as start_index for the next page; "
-                                                                          "null at the end."},
-        "format": {"type": "string"}, "provider": {"type": ["string", "null"]},
-        "fallback": {"type": ["string", "null"],
-                     "description": "Why a later provider (jina) served the page instead of direct."},
-        "content_type": {"type": ["string", "null"]},
-        "cached": {"type": "boolean", "description": "Served from the extracted-document cache."},
-        "coalesced": {"type": "boolean"},
-        "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
-        "results": {"type": "array", "items": {"type": "object"},
-                    "description": "With urls: one result per URL, in order, each shaped like a single fetch."},
-        "succeeded": {"type": "integer"}, "failed": {"type": "integer"},
-        "validation": {"type": "object"},
-    }),
-    "required": ["status", "partial", "error"],
-}
-
-WEB_MAP_INPUT = {
-    "type": "object",
-    "properties": {
-        "url": {"type": "string", "minLength": 1, "format": "uri",
-                "description": "Absolute http:// or https:// URL of the site (or a section)."},
-        "max_depth": {"type": "integer", "minimum": 1, "maximum": 5, "default": 1,
-                      "description": "How many links deep to crawl from the URL (1-5)."},
-        "max_breadth": {"type": "integer", "minimum": 1, "maximum": 500, "default": 20,
-                        "description": "Most links followed from one page (1-500)."},
-        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_MAP_LIMIT, "default": 50,
-                  "description": "Most URLs returned (1-%d)." % MAX_MAP_LIMIT},
-        "instructions": {"type": "string", "maxLength": 400,
-                         "description": "Natural-language focus such as 'only API reference pages' "
-                                        "(used by the Tavily provider; the built-in mapper ignores it)."},
-        "timeout": {"type": "number", "minimum": 5, "maximum": 150, "default": 60,
-                    "description": "Seconds the whole map may take (5-150)."},
-    },
-    "required": ["url"],
-    "additionalProperties": False,
-}
-
-WEB_MAP_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
-        "base_url": {"type": "string"},
-        "results": {"type": "array", "items": {"type": "string"}, "description": "The site's URLs."},
-        "provider": {"type": ["string", "null"]},
-        "ignored_results": {"type": "array", "items": {"type": "object"},
-                            "description": "Items the provider returned that are not usable URLs, with why."},
-        "lastmod": {"type": "object", "additionalProperties": {"type": "string"},
-                    "description": "Last modification of listed URLs, as their sitemap or feed gives it."},
-        "stats": {"type": "object", "description": "robots.txt verdict, sitemaps read, pages crawled."},
-        "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
-        "validation": {"type": "object"},
-    }),
-    "required": ["status", "partial", "error"],
-}
-
-
 
 
 class PageTools:
@@ -10010,134 +10312,9 @@ class PageTools:
         return s, text, False
 
 
-WEB_ANSWER_INPUT = {
-    "type": "object",
-    "properties": {
-        "query": {"type": "string", "minLength": 1, "maxLength": MAX_ANSWER_QUERY_CHARS,
-                  "description": "The question to research and answer (1-%d characters)." % MAX_ANSWER_QUERY_CHARS},
-        "platform": {"type": "string", "maxLength": 100,
-                     "description": "Where to focus the search, e.g. GitHub, Reddit, X, Stack Overflow."},
-        "model": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^\\S+$",
-                  "description": "Model for this call only (default: the configured model)."},
-        "extra_sources": {"type": "integer", "minimum": 0, "maximum": 20, "default": 0,
-                          "description": "Run web_search first and give the model this many results as "
-                                         "evidence (0-20)."},
-    },
-    "required": ["query"],
-    "additionalProperties": False,
-}
-
-WEB_ANSWER_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
-        "session_id": {"type": ["string", "null"], "description": "Pass to get_sources for the full source list."},
-        "content": {"type": "string", "description": "The researched answer (Markdown, with citations)."},
-        "model": {"type": ["string", "null"]}, "protocol": {"type": ["string", "null"]},
-        "sources_count": {"type": "integer"},
-        "sources": {"type": "array", "items": {"type": "object"}},
-        "coalesced": {"type": "boolean", "description": "Shared with an identical concurrent question."},
-        "diagnostics": {"type": "object", "description": "termination, attempts, elapsed, budget, queue wait."},
-        "grok_error": {"type": ["object", "null"], "description": "Why the answer failed, when it did."},
-        "validation": {"type": "object"},
-    }),
-    "required": ["status", "partial", "error"],
-}
-
-SWITCH_MODEL_INPUT = {
-    "type": "object",
-    "properties": {"model": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^\\S+$",
-                             "description": "Model name for web_answer from now on, e.g. grok-4-fast."}},
-    "required": ["model"],
-    "additionalProperties": False,
-}
-
-SWITCH_MODEL_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "previous_model": {"type": ["string", "null"]}, "current_model": {"type": "string"},
-        "config_file": {"type": "string"}, "persisted": {"type": "boolean"}, "validation": {"type": "object"}}),
-    "required": ["status", "partial", "error"],
-}
-
-GET_CONFIG_INFO_INPUT = {"type": "object", "properties": {}, "additionalProperties": False}
-
-GET_CONFIG_INFO_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "version": {"type": "string"},
-        "configuration": {"type": "object", "description": "Every variable, secrets as fingerprints."},
-        "problems": {"type": "array", "items": {"type": "object"}},
-        "answer": {"type": "object", "description": "Model (and where it came from), protocol, endpoint."},
-        "vendors": {"type": "array", "items": {"type": "object"}},
-        "keys": {"type": "object", "description": "Tavily key pool: masked keys, states, breaker."},
-        "connection_test": {"type": "object", "description": "GET /models on the answer endpoint."},
-        "tools": {"type": "array", "items": {"type": "string"}, "description": "The tools listed."},
-        "unlisted_tools": {"type": "array", "items": {"type": "object"},
-                           "description": "Core tools not listed, each with how to enable it."},
-    }),
-    "required": ["status", "partial", "error"],
-}
-
-def tool_entry(name, title, description, input_schema, output_schema, *, read_only=True, idempotent=True,
-               open_world=True):
-    """One tools/list entry with honest annotations."""
-    return {"name": name, "title": title, "description": description, "inputSchema": input_schema,
-            "outputSchema": output_schema,
-            "annotations": {"title": title, "readOnlyHint": read_only, "destructiveHint": False,
-                            "idempotentHint": idempotent, "openWorldHint": open_world}}
-
-
-TOOLS = (
-    tool_entry(
-        "web_search", "Web search (failover ring)",
-        ("Search the web and get ranked results (title, URL, snippet, date when known). "
-         "Engines are tried in turn until one answers (keyed engines first, then exa, tavily, bing, "
-         "duckduckgo), so a dead or rate-limited engine does not fail the search; the result names the "
-         "engine that served it and every failed attempt. Filters (lang, time_range, include_domains, "
-         "exclude_domains, max_results_per_domain) survive failover. mode=fanout asks every healthy "
-         "engine at once and fuses the rankings. Use it first for any question that needs current or "
-         "external information; identical searches are cached for a while."),
-        WEB_SEARCH_INPUT, WEB_SEARCH_OUTPUT),
-    tool_entry(
-        "web_answer", "Researched answer with citations",
-        ("Ask an LLM with live web search (xAI Grok or any OpenAI-compatible model) to research a question "
-         "and answer it with cited sources. Use it for questions that need synthesis across several sources; "
-         "use web_search for plain lookups. Slower (seconds to minutes; progress is reported). platform "
-         "focuses the search (GitHub, Reddit, X ...); extra_sources first runs web_search and gives the "
-         "results to the model as evidence. The source list stays available through get_sources."),
-        WEB_ANSWER_INPUT, WEB_ANSWER_OUTPUT, idempotent=False),
-    tool_entry(
-        "get_sources", "Sources of an earlier call",
-        ("Return the full source list (titles and URLs) of an earlier web_search or web_answer call, by "
-         "the session_id that call returned. Sessions are kept for one hour (256 at most)."),
-        GET_SOURCES_INPUT, GET_SOURCES_OUTPUT, open_world=False),
-    tool_entry(
-        "web_fetch", "Fetch a page as Markdown",
-        ("Fetch one web page (http/https) and return its main content as clean Markdown (or plain text or "
-         "raw HTML), paged: long documents come in pieces of max_length characters; call again with "
-         "start_index = next_start_index for the next piece (served from cache, no refetch). Use it after "
-         "web_search to read a result in full; pass urls (up to %d) instead of url to read several pages in "
-         "one call. Uses Tavily Extract when a key is set, else a built-in extractor that refuses private "
-         "network addresses." % MAX_FETCH_URLS),
-        WEB_FETCH_INPUT, WEB_FETCH_OUTPUT),
-    tool_entry(
-        "web_map", "Map a site's URLs",
-        ("List the URLs of a website (its sitemap and a same-origin crawl honouring robots.txt, or Tavily "
-         "Map with a key), to find the right page to fetch. Use it when you know the site but not the page."),
-        WEB_MAP_INPUT, WEB_MAP_OUTPUT),
-    tool_entry(
-        "get_config_info", "Configuration and health",
-        ("Show the server's configuration (keys masked), every configuration problem, each search vendor's "
-         "health and cooldown, the Tavily key pool, and a connection test of the answer endpoint (its model "
-         "catalogue). Use it when searches or answers fail, to see why."),
-        GET_CONFIG_INFO_INPUT, GET_CONFIG_INFO_OUTPUT),
-    tool_entry(
-        "switch_model", "Switch the answer model",
-        ("Set the model web_answer uses from now on and save it in the config file. Use it when the user asks "
-         "for another model or the current one is unavailable (get_config_info shows the catalogue)."),
-        SWITCH_MODEL_INPUT, SWITCH_MODEL_OUTPUT, read_only=False, open_world=False),
-)
+# ---------------------------------------------------------------------------
+# §21 Answer and configuration tools
+# ---------------------------------------------------------------------------
 
 # A few lines of extra guidance, each added only when the question is of its kind.
 _GUIDANCE = (
@@ -10574,113 +10751,11 @@ class _ProgressTicker:
             self._emit(self._count, None, message)
 
 
-# -- Planning tools -------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------
+# §22 Planning tools
+# ---------------------------------------------------------------------------
 
 PLAN_REQUIRED = {1: PLAN_PHASES[:3], 2: PLAN_PHASES[:5], 3: PLAN_PHASES}
-_PLANNABLE_TOOLS = ("web_search", "web_answer", "web_fetch", "web_map", "get_sources")
-
-_SESSION_FIELD = {"type": "string", "description": "The plan's session_id from plan_intent (omit in plan_intent "
-                                                   "to start a new plan)."}
-_REVISION_FIELD = {"type": "boolean", "default": False,
-                   "description": "True to replace an earlier answer of this phase (or of this item)."}
-
-
-def _plan_schema(properties, required):
-    props = {"session_id": _SESSION_FIELD}
-    props.update(properties)
-    props["is_revision"] = _REVISION_FIELD
-    return {"type": "object", "properties": props, "required": list(required), "additionalProperties": False}
-
-
-PLAN_INPUTS = {
-    "intent": _plan_schema({
-        "core_question": {"type": "string", "minLength": 1, "maxLength": 2000,
-                          "description": "The user's real question in one sentence."},
-        "query_type": {"type": "string", "enum": ["factual", "comparative", "exploratory", "analytical",
-                                                   "procedural", "opinion", "troubleshooting"],
-                       "description": "What kind of answer is wanted."},
-        "time_sensitivity": {"type": "string", "enum": ["none", "recent", "realtime"],
-                             "description": "How much the answer depends on fresh information."},
-        "domain": {"type": "string", "maxLength": 200, "description": "Subject area, e.g. 'Python packaging'."},
-        "ambiguities": {"type": "array", "items": {"type": "string"}, "maxItems": 10,
-                        "description": "Points that could be read more than one way, and the reading chosen."},
-        "confidence": {"type": "number", "minimum": 0, "maximum": 1,
-                       "description": "How sure the intent is understood (0-1)."},
-    }, ["core_question", "query_type", "time_sensitivity"]),
-    "complexity": _plan_schema({
-        "level": {"type": "integer", "minimum": 1, "maximum": 3,
-                  "description": "1 simple (intent, complexity, sub-queries), 2 moderate (+ search terms and "
-                                 "tool mapping), 3 complex (+ execution order)."},
-        "estimated_sub_queries": {"type": "integer", "minimum": 1, "maximum": 20,
-                                  "description": "How many sub-questions the research needs."},
-        "estimated_tool_calls": {"type": "integer", "minimum": 1, "maximum": 100,
-                                 "description": "Rough number of tool calls in all."},
-        "justification": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "Why this level."},
-    }, ["session_id", "level", "justification"]),
-    "sub_query": _plan_schema({
-        "id": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,32}$",
-               "description": "Short identifier of this sub-question, e.g. sq1."},
-        "goal": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "What it must find out."},
-        "expected_output": {"type": "string", "maxLength": 1000, "description": "What a good result looks like."},
-        "depends_on": {"type": "array", "items": {"type": "string"}, "maxItems": 20,
-                       "description": "ids of sub-questions that must be answered first."},
-    }, ["session_id", "id", "goal"]),
-    "search_term": _plan_schema({
-        "sub_query_id": {"type": "string", "description": "The sub-question this search serves."},
-        "term": {"type": "string", "minLength": 1, "maxLength": 400, "description": "The exact search query."},
-        "purpose": {"type": "string", "maxLength": 500, "description": "What this search should surface."},
-        "round": {"type": "integer", "minimum": 1, "maximum": 10, "default": 1,
-                  "description": "Search round: 1 broad, later rounds narrower."},
-        "filters": {"type": "object", "description": "web_search filters to use (lang, time_range, "
-                                                     "include_domains ...)."},
-    }, ["session_id", "sub_query_id", "term"]),
-    "tool_mapping": _plan_schema({
-        "sub_query_id": {"type": "string", "description": "The sub-question this tool call serves."},
-        "tool": {"type": "string", "enum": list(_PLANNABLE_TOOLS), "description": "The tool to call."},
-        "reason": {"type": "string", "maxLength": 500, "description": "Why this tool fits."},
-        "arguments": {"type": "object", "description": "Arguments planned for the call."},
-    }, ["session_id", "sub_query_id", "tool"]),
-    "execution": _plan_schema({
-        "parallel_groups": {"type": "array", "minItems": 1, "items": {"type": "array", "items": {"type": "string"}},
-                            "description": "Groups of sub-query ids to run together, in order."},
-        "estimated_rounds": {"type": "integer", "minimum": 1, "maximum": 20,
-                             "description": "Rounds of tool calls expected."},
-        "stop_condition": {"type": "string", "maxLength": 500,
-                           "description": "When the research is done enough to answer."},
-    }, ["session_id", "parallel_groups"]),
-}
-
-PLAN_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "session_id": {"type": "string"},
-        "phase": {"type": "string", "description": "The phase this call recorded."},
-        "complexity_level": {"type": ["integer", "null"]},
-        "completed_phases": {"type": "array", "items": {"type": "string"}},
-        "phases_remaining": {"type": "array", "items": {"type": "string"},
-                             "description": "Phases still required by the complexity level, in order."},
-        "plan_complete": {"type": "boolean"},
-        "executable_plan": {"type": ["object", "null"], "description": "The finished plan, once complete."},
-        "revisions": {"type": "integer", "description": "Answers replaced so far."},
-        "validation": {"type": "object"},
-    }),
-    "required": ["status", "partial", "error"],
-}
-
-_PLAN_DESCRIPTIONS = {
-    "intent": "Start a search plan (step 1 of up to 6): state the real question, its type and how fresh the "
-              "answer must be. Returns the session_id the other plan_* tools need. Use the plan_* tools only "
-              "for research that needs several searches; a single web_search needs no plan.",
-    "complexity": "Plan step 2: rate the research 1-3. The level decides which further steps are required "
-                  "(1: sub-queries; 2: + search terms and tool mapping; 3: + execution order).",
-    "sub_query": "Plan step 3: add one sub-question (call once per sub-question; same id with is_revision "
-                 "replaces it).",
-    "search_term": "Plan step 4 (levels 2-3): add a search query for a sub-question (call once per term).",
-    "tool_mapping": "Plan step 5 (levels 2-3): choose the tool (web_search, web_answer, web_fetch, web_map) for a "
-                    "sub-question (call once per mapping).",
-    "execution": "Plan step 6 (level 3): order the sub-questions into parallel groups; completes the plan and "
-                 "returns the executable plan.",
-}
 
 
 class PlanTools:
@@ -10825,40 +10900,8 @@ def _dependency_groups(sub_queries):
     return groups
 
 
-PLAN_TOOLS = tuple(
-    tool_entry("plan_" + phase, "Search plan: " + phase.replace("_", " "), _PLAN_DESCRIPTIONS[phase],
-               PLAN_INPUTS[phase], PLAN_OUTPUT, read_only=False, idempotent=False, open_world=False)
-    for phase in PLAN_PHASES)
-ALL_TOOLS = TOOLS + PLAN_TOOLS
-
-
-def tools_reference_markdown():
-    """The README's tool reference, generated from the schemas the server lists."""
-    out = []
-    for tool in ALL_TOOLS:
-        schema = tool["inputSchema"]
-        required = set(schema.get("required") or ())
-        out += ["### `%s`%s" % (tool["name"], "" if tool["name"] in CORE_TOOLS else " (with WEBSEARCH_TOOLS=plan)"),
-                "", tool["description"], ""]
-        if schema["properties"]:
-            out += ["| argument | type | meaning |", "|---|---|---|"]
-            for name, spec in schema["properties"].items():
-                kind = spec.get("type", "object")
-                if "enum" in spec:
-                    kind += ": " + " / ".join("`%s`" % v for v in spec["enum"])
-                if "default" in spec:
-                    kind += ", default `%s`" % json.dumps(spec["default"])
-                if name in required:
-                    kind += ", required"
-                out.append("| `%s` | %s | %s |" % (name, kind, spec.get("description", "").replace("|", "\\|")))
-        else:
-            out.append("No arguments.")
-        out.append("")
-    return "\n".join(out)
-
-
 # ---------------------------------------------------------------------------
-# §14 JSON-RPC server
+# §23 JSON-RPC server
 # ---------------------------------------------------------------------------
 
 _META_VERSION = "io.modelcontextprotocol/protocolVersion"
@@ -11340,8 +11383,9 @@ _DEFER = object()   # a tools/call that needs a worker thread
 def _valid_id(value):
     return (isinstance(value, (str, int)) and not isinstance(value, bool))
 
+
 # ---------------------------------------------------------------------------
-# §15 CLI
+# §24 Command line
 # ---------------------------------------------------------------------------
 
 # The commands, as the usage text and each command's --help describe them.
@@ -11845,3 +11889,5 @@ def run_main():
 
 if __name__ == "__main__":
     sys.exit(run_main())
+
+
