@@ -45,14 +45,21 @@ Contents (grep -n '^# §'), in two parts:
 __version__ = "0.1.0"
 __all__ = ["Config", "Server", "main", "__version__"]
 
+import bisect
+import codecs
 import collections
+import datetime
 import enum
+import gc
+import importlib
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
+import zlib
 
 
 # ---------------------------------------------------------------------------
@@ -257,6 +264,46 @@ class LazyPattern:
         return getattr(self._compiled, name)
 
 
+class LazyModule:
+    """A standard module imported on first use: the slow ones (``ssl``, ``http.client``, ``html.parser``,
+    ``email.utils`` ...) cost a request nothing until it needs them, and start-up stays fast.
+
+    >>> LazyModule("colorsys").rgb_to_hsv(0.0, 0.0, 0.0)
+    (0.0, 0.0, 0.0)
+    """
+
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, attr):
+        module = importlib.import_module(self.__dict__.get("_name") or self.__name__)
+        # From now on this object reads the module's own namespace: lookups cost a plain attribute
+        # read, and a name the module rebinds later (a test's patch) is seen at once.
+        self.__dict__ = module.__dict__
+        return getattr(module, attr)
+
+
+_argparse = LazyModule("argparse")
+_base64 = LazyModule("base64")
+_calendar = LazyModule("calendar")
+_difflib = LazyModule("difflib")
+_email_utils = LazyModule("email.utils")
+_hashlib = LazyModule("hashlib")
+_html = LazyModule("html")
+_html_entities = LazyModule("html.entities")
+_html_parser = LazyModule("html.parser")
+_http_client = LazyModule("http.client")
+_ipaddress = LazyModule("ipaddress")
+_random = LazyModule("random")
+_shlex = LazyModule("shlex")
+_socket = LazyModule("socket")
+_ssl = LazyModule("ssl")
+_tempfile = LazyModule("tempfile")
+_traceback = LazyModule("traceback")
+_unicodedata = LazyModule("unicodedata")
+_urllib_parse = LazyModule("urllib.parse")
+
+
 # Secrets that look like keys even when we were not told about them (not inside a longer word:
 # "task-management" is no key; a token after Bearer or Basic has a capital or a digit, so
 # "Basic authentication" is no key either).
@@ -394,20 +441,17 @@ def split_credentials(url):
     >>> split_credentials("http://me:pw@proxy:3128/x"), split_credentials("http://h/")
     (('http://proxy:3128/x', 'Basic bWU6cHc='), ('http://h/', None))
     """
-    from urllib.parse import urlsplit, urlunsplit
-    parts = urlsplit(url)
+    parts = _urllib_parse.urlsplit(url)
     if "@" not in parts.netloc:
         return url, None
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])), basic_credentials(url)
+    return _urllib_parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])), basic_credentials(url)
 
 
 def basic_credentials(url):
     """The ``Authorization: Basic`` value for the user-info of ``url`` (RFC 7617)."""
-    import base64
-    from urllib.parse import unquote, urlsplit
-    parts = urlsplit(url)
-    creds = "%s:%s" % (unquote(parts.username or ""), unquote(parts.password or ""))
-    return "Basic " + base64.b64encode(creds.encode("utf-8")).decode("ascii")
+    parts = _urllib_parse.urlsplit(url)
+    creds = "%s:%s" % (_urllib_parse.unquote(parts.username or ""), _urllib_parse.unquote(parts.password or ""))
+    return "Basic " + _base64.b64encode(creds.encode("utf-8")).decode("ascii")
 
 
 def mask_url_credentials(text, mask="****"):
@@ -529,15 +573,13 @@ def parse_retry_after(value, now=None):
         return max(0.0, float(value))
     except ValueError:
         pass
-    from email.utils import parsedate_to_datetime
     try:
-        when = parsedate_to_datetime(value)
+        when = _email_utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
         return None
     if when is None:
         return None
     if when.tzinfo is None:      # the asctime form has no zone; HTTP dates are always UTC
-        import datetime
         when = when.replace(tzinfo=datetime.timezone.utc)
     now = time.time() if now is None else now
     return max(0.0, when.timestamp() - now)
@@ -552,16 +594,14 @@ def closest(name, choices):
     lowered = {c.lower(): c for c in choices}
     if name.lower() in lowered:
         return lowered[name.lower()]
-    import difflib
-    found = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    found = _difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
     return found[0] if found else None
 
 
 def url_host(url):
     """The lower-cased host of a URL, or ''."""
-    from urllib.parse import urlsplit
     try:
-        return (urlsplit(url).hostname or "").lower()
+        return (_urllib_parse.urlsplit(url).hostname or "").lower()
     except ValueError:
         return ""
 
@@ -593,10 +633,9 @@ def iri_to_uri(url):
     >>> iri_to_uri("https://example.com/a%20b?x=1")
     'https://example.com/a%20b?x=1'
     """
-    from urllib.parse import quote, urlsplit, urlunsplit
     if url.isascii() and not _URI_UNSAFE_ASCII.search(url):
         return url
-    parts = urlsplit(url)
+    parts = _urllib_parse.urlsplit(url)
     userinfo, at, hostport = parts.netloc.rpartition("@")
     if not hostport.isascii():
         host, colon, port = hostport.partition(":")
@@ -605,9 +644,10 @@ def iri_to_uri(url):
         except UnicodeError as exc:
             raise ValueError("the host %r cannot be encoded (%s)" % (host, exc)) from None
         hostport = host + colon + port
-    netloc = quote(userinfo, safe=_URI_SAFE) + at + hostport
-    return urlunsplit((parts.scheme, netloc, quote(parts.path, safe=_URI_SAFE),
-                       quote(parts.query, safe=_URI_SAFE), quote(parts.fragment, safe=_URI_SAFE)))
+    netloc = _urllib_parse.quote(userinfo, safe=_URI_SAFE) + at + hostport
+    quote = _urllib_parse.quote
+    return _urllib_parse.urlunsplit((parts.scheme, netloc, quote(parts.path, safe=_URI_SAFE),
+                                     quote(parts.query, safe=_URI_SAFE), quote(parts.fragment, safe=_URI_SAFE)))
 
 
 def location_url(value):
@@ -617,12 +657,11 @@ def location_url(value):
     >>> location_url("/wiki/Stra\xc3\x9fe"), location_url("/caf\xe9")
     ('/wiki/Straße', '/caf%E9')
     """
-    from urllib.parse import quote
     raw = value.strip().encode("latin-1", "replace")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        return quote(raw, safe=_URI_SAFE)
+        return _urllib_parse.quote(raw, safe=_URI_SAFE)
 
 
 def normalize_url(url):
@@ -717,7 +756,6 @@ def parse_published(text, now=None):
     >>> parse_published("N/A") is None
     True
     """
-    import calendar
     if not text or not isinstance(text, str):
         return None
     text = text.strip()
@@ -727,7 +765,7 @@ def parse_published(text, now=None):
     if m:
         y, mo, d, hh, mm, ss, tz = m.groups()
         try:
-            value = calendar.timegm((int(y), int(mo), int(d), int(hh or 0), int(mm or 0), int(ss or 0), 0, 0, 0))
+            value = _calendar.timegm((int(y), int(mo), int(d), int(hh or 0), int(mm or 0), int(ss or 0), 0, 0, 0))
         except (ValueError, OverflowError):
             return None
         if tz and tz != "Z":
@@ -737,18 +775,19 @@ def parse_published(text, now=None):
         return float(value)
     m = re.match(r"^([A-Za-z]{3})[a-z]*\.? (\d{1,2}),? (\d{4})$", text) or None
     if m and m.group(1).lower() in _MONTHS:
-        return float(calendar.timegm((int(m.group(3)), _MONTHS[m.group(1).lower()], int(m.group(2)), 0, 0, 0, 0, 0, 0)))
+        return float(_calendar.timegm((int(m.group(3)), _MONTHS[m.group(1).lower()], int(m.group(2)),
+                                       0, 0, 0, 0, 0, 0)))
     m = re.match(r"^(\d{1,2}) ([A-Za-z]{3})[a-z]*\.?,? (\d{4})$", text)
     if m and m.group(2).lower() in _MONTHS:
-        return float(calendar.timegm((int(m.group(3)), _MONTHS[m.group(2).lower()], int(m.group(1)), 0, 0, 0, 0, 0, 0)))
+        return float(_calendar.timegm((int(m.group(3)), _MONTHS[m.group(2).lower()], int(m.group(1)),
+                                       0, 0, 0, 0, 0, 0)))
     m = _RELATIVE.match(text)
     if m:
         count = 1 if not m.group(1).isdigit() else int(m.group(1))
         return now - count * _UNIT_S[m.group(2).lower()]
     if "," in text and re.search(r"\d{1,2}:\d{2}", text):
-        from email.utils import parsedate_to_datetime
         try:
-            return parsedate_to_datetime(text).timestamp()
+            return _email_utils.parsedate_to_datetime(text).timestamp()
         except (TypeError, ValueError, IndexError):
             return None
     return None
@@ -826,9 +865,8 @@ class Logger:
         """An exception that should not happen: an error line, and its traceback at debug level."""
         self.error("%s: %s: %s", what, type(exc).__name__, exc)
         if self.threshold <= 10 or self.debug_listeners:
-            import traceback
             self.debug("traceback of %s:\n%s", what, "".join(
-                traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip())
+                _traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip())
 
     def info(self, msg, *a):
         self.log("info", msg, *a)
@@ -868,7 +906,6 @@ def decode_page(body, content_type=""):
     >>> decode_page(b"plain", "text/html; charset=base64"), decode_page(b"plain", "text/html; charset=undefined")
     ('plain', 'plain')
     """
-    import codecs
     for bom, name in _BOMS:
         if body.startswith(bom):
             return body[len(bom):].decode(name, errors="replace")
@@ -977,10 +1014,9 @@ def absolute_url(base_url, href):
     >>> absolute_url("https://a.example/x/", "y"), absolute_url("https://a.example/", "http://[::1")
     ('https://a.example/x/y', None)
     """
-    from urllib.parse import urljoin, urlsplit
     try:
-        url = iri_to_uri(urljoin(base_url, href.strip()))
-        urlsplit(url).port         # raises on a bad IPv6 literal or port, as later users would
+        url = iri_to_uri(_urllib_parse.urljoin(base_url, href.strip()))
+        _urllib_parse.urlsplit(url).port         # raises on a bad IPv6 literal or port, as later users would
     except ValueError:
         return None
     return url
@@ -1007,7 +1043,6 @@ class _cyclic_gc_deferred:
         self._wanted = wanted
 
     def __enter__(self):
-        import gc
         if self._wanted:
             with _cyclic_gc_deferred._lock:
                 if _cyclic_gc_deferred._active == 0:
@@ -1017,7 +1052,6 @@ class _cyclic_gc_deferred:
         return self
 
     def __exit__(self, *exc):
-        import gc
         if self._wanted:
             with _cyclic_gc_deferred._lock:
                 _cyclic_gc_deferred._active -= 1
@@ -1111,7 +1145,7 @@ def _tree_builder(check=None):
     their children); ``nodes[0]`` is the document itself.
     """
 
-    class TreeBuilder(_html_parser_class()):
+    class TreeBuilder(_html_parser.HTMLParser):
         def __init__(self):
             super().__init__(convert_charrefs=True)
             self.nodes = [_Node("#document", {}, None)]
@@ -1692,12 +1726,6 @@ def _render_table(rows, plain):
     return "\n".join(lines)
 
 
-def _html_parser_class():
-    """``html.parser.HTMLParser``, imported on first use (start-up stays fast)."""
-    from html.parser import HTMLParser
-    return HTMLParser
-
-
 def _classes(attrs):
     return set((dict(attrs).get("class") or "").split())
 
@@ -1777,9 +1805,8 @@ class _PdfRc4Security:
     def decrypt(self, data, num, gen):
         key = self.cache.get((num, gen))
         if key is None:
-            import hashlib
             raw = self.key + (num & 0xFFFFFF).to_bytes(3, "little") + (gen & 0xFFFF).to_bytes(2, "little")
-            key = self.cache[(num, gen)] = hashlib.md5(raw).digest()[:min(len(self.key) + 5, 16)]
+            key = self.cache[(num, gen)] = _hashlib.md5(raw).digest()[:min(len(self.key) + 5, 16)]
         return _pdf_rc4(key, data)
 
 
@@ -1790,8 +1817,7 @@ def _pdf_int(value, default):
 
 def _pdf_file_key(password, owner, perms, first_id, n, revision, encrypt_metadata):
     """The file encryption key (PDF 1.7, 7.6.3.3, algorithm 2)."""
-    import hashlib
-    h = hashlib.md5((password + _PDF_PASSWORD_PAD)[:32])
+    h = _hashlib.md5((password + _PDF_PASSWORD_PAD)[:32])
     h.update(owner[:32])
     h.update((perms & 0xFFFFFFFF).to_bytes(4, "little"))
     h.update(first_id)
@@ -1800,16 +1826,15 @@ def _pdf_file_key(password, owner, perms, first_id, n, revision, encrypt_metadat
     digest = h.digest()
     if revision >= 3:
         for _ in range(50):
-            digest = hashlib.md5(digest[:n]).digest()
+            digest = _hashlib.md5(digest[:n]).digest()
     return digest[:n]
 
 
 def _pdf_user_password_ok(key, user, first_id, revision):
     """Whether ``key`` opens the file: the check value /U (algorithms 4 and 5)."""
-    import hashlib
     if revision == 2:
         return _pdf_rc4(key, _PDF_PASSWORD_PAD) == user[:32]
-    value = _pdf_rc4(key, hashlib.md5(_PDF_PASSWORD_PAD + first_id).digest())
+    value = _pdf_rc4(key, _hashlib.md5(_PDF_PASSWORD_PAD + first_id).digest())
     for i in range(1, 20):
         value = _pdf_rc4(bytes(b ^ i for b in key), value)
     return value == user[:16]
@@ -1865,7 +1890,6 @@ def _pdf_filter(name, data, parms, limit, doc):
 def _pdf_inflate(data, limit):
     """zlib data inflated to at most ``limit`` bytes; a damaged stream (bad checksum, cut
     short, missing header) yields what inflates before the damage, or None."""
-    import zlib
     try:
         inflater = zlib.decompressobj()
         return inflater.decompress(data, limit)
@@ -2578,7 +2602,6 @@ class _PdfDocument:
 
     def _index_scanned_objstms(self):
         """Entries for the members of every object stream in the file that the xref lacks."""
-        import bisect
         self._objstms_indexed = True
         found = self._scan()[0]
         starts = sorted((where, num) for num, (where, _) in found.items())
@@ -2934,7 +2957,6 @@ def _pdf_glyph_text(name, _cache={}):
 
 
 def _pdf_glyph_lookup(name):
-    import unicodedata
     base = name.split(".", 1)[0]
     if len(base) > 64:                  # no real glyph name is this long; bounds the recursion
         return ""
@@ -2955,7 +2977,7 @@ def _pdf_glyph_lookup(name):
         if base.endswith(suffix) and len(base) > len(suffix):
             letter = _pdf_glyph_lookup(base[:-len(suffix)])
             if len(letter) == 1:
-                return unicodedata.normalize("NFC", letter + mark)
+                return _unicodedata.normalize("NFC", letter + mark)
     if base.endswith(("small", "oldstyle", "superior", "inferior")):
         for suffix in ("small", "oldstyle", "superior", "inferior"):
             if base.endswith(suffix) and len(base) > len(suffix):
@@ -3495,11 +3517,10 @@ def _pdf_compose_accents(text):
     >>> _pdf_compose_accents("Sup\u00b4erieure \u00b4Ecole")
     'Supérieure École'
     """
-    import unicodedata
 
     def compose(m):
         letter = "i" if m.group(2) == "\u0131" else m.group(2)
-        joined = unicodedata.normalize("NFC", letter + _PDF_SPACING_ACCENTS[m.group(1)])
+        joined = _unicodedata.normalize("NFC", letter + _PDF_SPACING_ACCENTS[m.group(1)])
         return joined if len(joined) == 1 else m.group(0)
     return _PDF_ACCENT_RE.sub(compose, text)
 
@@ -3881,8 +3902,7 @@ def robots_path(url):
     >>> robots_path("https://a.example/caf\u00e9/x?q=1#frag"), robots_path("https://a.example")
     ('/caf%C3%A9/x?q=1', '/')
     """
-    from urllib.parse import urlsplit
-    parts = urlsplit(url)
+    parts = _urllib_parse.urlsplit(url)
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
@@ -4158,8 +4178,7 @@ def _xml_unescape(text):
             return chr(code) if ok else m.group(0)
         if name in _XML_NAMED:
             return _XML_NAMED[name]
-        from html.entities import html5
-        return html5.get(name + ";", m.group(0))
+        return _html_entities.html5.get(name + ";", m.group(0))
     return _XML_ENTITY.sub(one, text)
 
 
@@ -4171,9 +4190,8 @@ def _rss_date(value):
     """
     if not value or value[:1].isdigit():
         return value
-    import email.utils
     try:
-        return email.utils.parsedate_to_datetime(value).isoformat()
+        return _email_utils.parsedate_to_datetime(value).isoformat()
     except (TypeError, ValueError, IndexError, OverflowError):
         return value
 
@@ -4630,11 +4648,10 @@ def _parse_proxy(text):
     Traceback (most recent call last):
     ValueError: SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); use an http:// proxy
     """
-    from urllib.parse import urlsplit
     if "://" not in text:
         text = "http://" + text
     try:
-        parts = urlsplit(text)
+        parts = _urllib_parse.urlsplit(text)
         parts.port
     except ValueError:
         raise ValueError("not a host:port or URL") from None
@@ -4690,9 +4707,8 @@ def _parse_value(var, raw):
             raise ValueError("out of range")
         return value * var.scale if var.scale != 1.0 else value
     if var.kind == "url":
-        from urllib.parse import urlsplit
         try:
-            parts = urlsplit(text)
+            parts = _urllib_parse.urlsplit(text)
         except ValueError:
             raise ValueError("not a URL") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -4886,17 +4902,16 @@ class Config:
 
     def passwords(self):
         """The passwords in every URL variable (proxies, endpoints), for the redactor."""
-        from urllib.parse import urlsplit, unquote
         found = []
         for var in VARIABLES:
             value = self._values[var.field]
             if var.kind in ("url", "proxy") and value and "@" in value:
                 try:
-                    password = urlsplit(value).password
+                    password = _urllib_parse.urlsplit(value).password
                 except ValueError:
                     continue
                 if password:
-                    found += [password, unquote(password), basic_credentials(value)[6:]]
+                    found += [password, _urllib_parse.unquote(password), basic_credentials(value)[6:]]
         return found
 
     def masked(self):
@@ -4965,7 +4980,6 @@ class ModelFile:
         Raises OSError when the file cannot be written (the path is a
         folder, the folder is read-only ...).
         """
-        import tempfile
         with self._lock:
             data, problem = self.load()
             folder = os.path.dirname(os.path.abspath(self.path))
@@ -4978,7 +4992,7 @@ class ModelFile:
                 os.replace(self.path, backup)
                 note = "the old file was unreadable (%s); it was kept as %s" % (problem, backup)
             data["model"] = model
-            handle, temp = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".", suffix=".tmp",
+            handle, temp = _tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".", suffix=".tmp",
                                             dir=folder)
             try:
                 with os.fdopen(handle, "w", encoding="utf-8") as out:
@@ -5245,7 +5259,7 @@ def body_text_message(body, status, limit=300):
 
 _LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 # socket.timeout is TimeoutError itself from Python 3.10 on; on 3.9 an OS-level ETIMEDOUT is only the latter.
-_TIMEOUTS = (TimeoutError, __import__("socket").timeout) if sys.version_info < (3, 10) else (TimeoutError,)
+_TIMEOUTS = (TimeoutError, _socket.timeout) if sys.version_info < (3, 10) else (TimeoutError,)
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
@@ -5276,11 +5290,10 @@ class Transport:
     def _context(self):
         with self._ssl_lock:
             if self._ssl_context is None:
-                import ssl
-                context = ssl.create_default_context()
+                context = _ssl.create_default_context()
                 # Python 3.13 turned on strict X.509 checks, which refuse the CA certificates many
                 # TLS-inspecting proxies use (basic constraints not marked critical): verify as 3.9-3.12 do.
-                context.verify_flags &= ~getattr(ssl, "VERIFY_X509_STRICT", 0)
+                context.verify_flags &= ~getattr(_ssl, "VERIFY_X509_STRICT", 0)
                 self._ssl_context = context
             return self._ssl_context
 
@@ -5309,8 +5322,7 @@ class Transport:
 
     def _resolve(self, host, port):
         """``getaddrinfo`` for a stream socket; an override point for tests that must not ask DNS."""
-        import socket
-        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return _socket.getaddrinfo(host, port, type=_socket.SOCK_STREAM)
 
     def _public_address(self, host, port, proxied=False):
         """The first public address of ``host``; raises TransportError when it has none.
@@ -5319,13 +5331,12 @@ class Transport:
         unchecked (on such networks only the proxy resolves names, and it
         decides); a literal address or a name that resolves is checked.
         """
-        import socket
         if self._config.allow_private:
             return None
         try:
             infos = self._resolve(host, port)
-        except (socket.gaierror, UnicodeError) as exc:
-            if proxied and isinstance(exc, socket.gaierror):
+        except (_socket.gaierror, UnicodeError) as exc:
+            if proxied and isinstance(exc, _socket.gaierror):
                 return None
             raise TransportError("network_error", "connection_error",
                                  "DNS lookup of %s failed (%s)" % (host, exc)) from None
@@ -5341,8 +5352,6 @@ class Transport:
                              "to allow private addresses" % (host, ", ".join(refused) or "nothing"))
 
     def _connect(self, scheme, host, port, timeout_s, address=None):
-        import http.client
-        from urllib.parse import urlsplit
         proxy = self._proxy_for(scheme, host)
         if proxy is None:
             if address is not None:
@@ -5350,19 +5359,19 @@ class Transport:
                 kwargs = {"context": self._context()} if scheme == "https" else {}
                 return pinned(host, port, address, timeout=timeout_s, **kwargs), False
             if scheme == "https":
-                return http.client.HTTPSConnection(host, port, timeout=timeout_s, context=self._context()), False
-            return http.client.HTTPConnection(host, port, timeout=timeout_s), False
-        p = urlsplit(proxy)
+                return _http_client.HTTPSConnection(host, port, timeout=timeout_s, context=self._context()), False
+            return _http_client.HTTPConnection(host, port, timeout=timeout_s), False
+        p = _urllib_parse.urlsplit(proxy)
         headers = {}
         if p.username:
             headers["Proxy-Authorization"] = basic_credentials(proxy)
         pport = p.port or (443 if p.scheme == "https" else 80)
         if scheme == "https":
             # CONNECT goes to the proxy in the clear; TLS then runs inside the tunnel.
-            conn = http.client.HTTPSConnection(p.hostname, pport, timeout=timeout_s, context=self._context())
+            conn = _http_client.HTTPSConnection(p.hostname, pport, timeout=timeout_s, context=self._context())
             conn.set_tunnel(host, port, headers=headers)
         else:
-            conn = http.client.HTTPConnection(p.hostname, pport, timeout=timeout_s)
+            conn = _http_client.HTTPConnection(p.hostname, pport, timeout=timeout_s)
             conn._proxy_headers = headers
         conn.via_proxy = "%s:%d" % (p.hostname, pport)
         return conn, scheme != "https"
@@ -5381,7 +5390,6 @@ class Transport:
         Raises :class:`TransportError`, :class:`Cancelled` or :class:`DeadlineExceeded`.
         An HTTP error status is not an exception: callers classify it.
         """
-        from urllib.parse import urljoin
         deadline = deadline or Deadline(timeout_s, self._clock)
         deadline = deadline.child(timeout_s)
         started = self._clock()
@@ -5401,7 +5409,7 @@ class Transport:
                 if response.status not in _REDIRECTS or not location or max_redirects == 0:
                     break
                 try:
-                    url = iri_to_uri(urljoin(url, location_url(location)))
+                    url = iri_to_uri(_urllib_parse.urljoin(url, location_url(location)))
                 except ValueError:
                     raise TransportError("network_error", "bad_url",
                                          "redirect to an invalid URL: %r" % location[:200]) from None
@@ -5453,9 +5461,8 @@ class Transport:
         conn.close()
 
     def _exchange(self, method, url, headers, body, deadline, token, max_bytes, public_only, truncate):
-        from urllib.parse import urlsplit
         try:
-            parts = urlsplit(url)
+            parts = _urllib_parse.urlsplit(url)
             host = parts.hostname
             port = parts.port
         except ValueError:
@@ -5494,7 +5501,6 @@ class Transport:
 
     def _send(self, conn, reused, absolute, key, method, url, parts, headers, body, deadline, token, max_bytes,
               truncate):
-        import http.client
         target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
         hdrs = {"Accept-Encoding": "gzip, deflate"}
         hdrs.update(headers)
@@ -5554,7 +5560,7 @@ class Transport:
             return Response(resp.status, resp.reason, headers_out, raw, url, 0.0)
         except (TransportError, Cancelled):
             raise
-        except http.client.IncompleteRead as exc:
+        except _http_client.IncompleteRead as exc:
             if token is not None and token.cancelled:
                 raise Cancelled(token.reason or "cancelled") from None
             raise TransportError("bad_response", "truncated_body",
@@ -5563,11 +5569,11 @@ class Transport:
             if token is not None and token.cancelled:
                 raise Cancelled(token.reason or "cancelled") from None
             raise TransportError("timeout", "timeout", "timed out waiting for the upstream") from None
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, _http_client.HTTPException) as exc:
             if token is not None and token.cancelled:
                 raise Cancelled(token.reason or "cancelled") from None
-            if reused and not answered and isinstance(exc, (ConnectionError, http.client.RemoteDisconnected,
-                                                            http.client.BadStatusLine)):
+            if reused and not answered and isinstance(exc, (ConnectionError, _http_client.RemoteDisconnected,
+                                                            _http_client.BadStatusLine)):
                 raise _StaleConnection() from None
             if deadline.expired():
                 raise TransportError("timeout", "timeout", "timed out") from None
@@ -5588,10 +5594,8 @@ class Transport:
         holds one of the upstream slots until then).  ``timeout_s`` bounds the
         wait for each piece of the body, ``deadline`` the whole exchange.
         """
-        import http.client
-        from urllib.parse import urlsplit
         deadline = deadline or Deadline(timeout_s, self._clock)
-        parts = urlsplit(url)
+        parts = _urllib_parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -5626,7 +5630,7 @@ class Transport:
                 raise Cancelled(token.reason or "cancelled") from None
             if isinstance(exc, _TIMEOUTS) or deadline.expired():
                 raise TransportError("timeout", "timeout", "timed out waiting for the upstream") from None
-            if isinstance(exc, (OSError, http.client.HTTPException)):
+            if isinstance(exc, (OSError, _http_client.HTTPException)):
                 raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
             raise
 
@@ -5652,7 +5656,6 @@ class HttpStream:
 
     def chunks(self):
         """Body pieces as they arrive; ends at the end of the body, raises on a cut or a timeout."""
-        import http.client
         try:
             while True:
                 wait = self._deadline.clip(self._timeout_s)
@@ -5673,7 +5676,7 @@ class HttpStream:
                 yield chunk
         except (TransportError, Cancelled):
             raise
-        except http.client.IncompleteRead:
+        except _http_client.IncompleteRead:
             self._raise_cancelled()
             raise TransportError("bad_response", "truncated_body",
                                  "the connection closed in the middle of the stream") from None
@@ -5681,7 +5684,7 @@ class HttpStream:
             self._raise_cancelled()
             raise TransportError("timeout", "timeout",
                                  "no data from the upstream for %.0f s" % self._timeout_s) from None
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+        except (OSError, _http_client.HTTPException, ValueError) as exc:
             self._raise_cancelled()
             raise TransportError("network_error", "connection_error",
                                  _describe_os_error(exc) if isinstance(exc, OSError) else str(exc)) \
@@ -5693,7 +5696,6 @@ class HttpStream:
 
     def lines(self):
         """Decoded text lines (without line ends); the last partial line too."""
-        import codecs
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         pending = ""
         for chunk in self.chunks():
@@ -5753,13 +5755,12 @@ _CREDENTIAL_HEADERS = frozenset(("authorization", "cookie", "x-api-key", "x-subs
 def _credentials_to_header(url, parts, headers):
     """A configured URL's ``user:password@`` goes out as Basic authorization (unless the request
     has its own), never in the request line, ``Host`` or a proxy's log: ``(url, parts, headers)``."""
-    from urllib.parse import urlsplit
     if parts.username is None and parts.password is None:
         return url, parts, headers
     url, auth = split_credentials(url)
     if not any(name.lower() == "authorization" for name in headers):
         headers = dict(headers, Authorization=auth)
-    return url, urlsplit(url), headers
+    return url, _urllib_parse.urlsplit(url), headers
 
 
 def _log_url(url):
@@ -5770,9 +5771,8 @@ def _log_url(url):
 
 def _origin(url):
     """``(scheme, host, port)`` of ``url``, or None when it cannot be parsed."""
-    from urllib.parse import urlsplit
     try:
-        parts = urlsplit(url)
+        parts = _urllib_parse.urlsplit(url)
         return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or (
             443 if parts.scheme.lower() == "https" else 80)
     except ValueError:
@@ -5793,12 +5793,11 @@ def non_public_reason(address, _table=[]):
     >>> non_public_reason("fec0::1"), non_public_reason("64:ff9b::808:808"), non_public_reason("192.0.0.8")
     ('private', None, 'reserved')
     """
-    import ipaddress
     if not _table:
         # Built whole, then published in one step: another thread never sees half a table.
-        _table[:] = [(ipaddress.ip_network(net), reason) for net, reason in _NON_PUBLIC]
+        _table[:] = [(_ipaddress.ip_network(net), reason) for net, reason in _NON_PUBLIC]
     try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
+        ip = _ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return "not an IP address"
     if ip.version == 6:
@@ -5806,9 +5805,9 @@ def non_public_reason(address, _table=[]):
         if ip.ipv4_mapped is not None:
             ip = ip.ipv4_mapped
         elif value >> 32 == 0x64ff9b << 64:                     # 64:ff9b::/96, well-known NAT64
-            ip = ipaddress.IPv4Address(value & 0xFFFFFFFF)
+            ip = _ipaddress.IPv4Address(value & 0xFFFFFFFF)
         elif value >> 112 == 0x2002:                           # 6to4: the IPv4 address is bits 16-48
-            ip = ipaddress.IPv4Address((value >> 80) & 0xFFFFFFFF)
+            ip = _ipaddress.IPv4Address((value >> 80) & 0xFFFFFFFF)
     for network, reason in _table:
         if ip.version == network.version and ip in network:
             return reason
@@ -5821,9 +5820,7 @@ def _pinned_connection_class(tls, _cache={}):
     """HTTP(S) connections that connect to a checked address but speak to the host name (Host, SNI)."""
     if tls in _cache:
         return _cache[tls]
-    import http.client
-    import socket
-    base = http.client.HTTPSConnection if tls else http.client.HTTPConnection
+    base = _http_client.HTTPSConnection if tls else _http_client.HTTPConnection
 
     class PinnedConnection(base):
         def __init__(self, host, port, address, **kwargs):
@@ -5831,8 +5828,8 @@ def _pinned_connection_class(tls, _cache={}):
             self.address = address
 
         def connect(self):
-            sock = socket.create_connection((self.address, self.port), self.timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = _socket.create_connection((self.address, self.port), self.timeout)
+            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
             self.sock = self._context.wrap_socket(sock, server_hostname=self.host) if tls else sock
 
     _cache[tls] = PinnedConnection
@@ -5841,12 +5838,10 @@ def _pinned_connection_class(tls, _cache={}):
 
 def _open_connection(conn):
     """``conn.connect()``; failing to reach a proxy, or to tunnel through it, is named as the proxy's."""
-    import http.client
-    import socket
     proxy = getattr(conn, "via_proxy", None)
     try:
         conn.connect()
-    except (OSError, http.client.HTTPException) as exc:
+    except (OSError, _http_client.HTTPException) as exc:
         ssl = sys.modules.get("ssl")
         if proxy is None or (ssl is not None and isinstance(exc, ssl.SSLError)):
             raise                 # no proxy, or TLS with the target inside the tunnel
@@ -5854,7 +5849,7 @@ def _open_connection(conn):
             what = "refused the connection"
         elif isinstance(exc, _TIMEOUTS):
             what = "did not answer in time"
-        elif isinstance(exc, socket.gaierror):
+        elif isinstance(exc, _socket.gaierror):
             what = "could not be found (%s)" % (exc.strerror or exc)
         elif str(exc).startswith("Tunnel connection failed"):
             what = "refused the tunnel (%s)" % str(exc).partition(": ")[2]
@@ -5879,9 +5874,8 @@ def _read_piece(resp, sock, wait_s):
 
 def _shutdown(sock):
     """Abort a socket from another thread: a blocked recv() returns at once."""
-    import socket
     try:
-        sock.shutdown(socket.SHUT_RDWR)
+        sock.shutdown(_socket.SHUT_RDWR)
     except OSError:
         pass
 
@@ -5891,13 +5885,12 @@ TLS_HINT = ("with a python.org build on macOS, run 'Install Certificates.command
 
 
 def _describe_os_error(exc):
-    import socket
     ssl = sys.modules.get("ssl")
     if ssl is not None and isinstance(exc, ssl.SSLCertVerificationError):
         return "TLS certificate verification failed (%s): %s" % (exc.verify_message or exc.reason, TLS_HINT)
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
-    if isinstance(exc, socket.gaierror):
+    if isinstance(exc, _socket.gaierror):
         return "DNS lookup failed (%s)" % (exc.strerror or exc)
     name = type(exc).__name__
     text = str(exc) or name
@@ -5913,7 +5906,6 @@ def _decompress(raw, max_bytes, truncate=False):
     >>> import gzip; _decompress(gzip.compress(b"one ") + gzip.compress(b"two"), 100)
     b'one two'
     """
-    import zlib
     for wbits in (47, -15):     # 47: gzip or zlib, told apart by the header; -15: raw deflate
         out, size, rest = [], 0, raw
         try:
@@ -6960,8 +6952,7 @@ _SKIPPED_WITHOUT = {"topic": ("no_news_mode", "%s has no news search here"),
 
 def _date_epoch(day):
     """Epoch seconds of 00:00 UTC on ``day`` (YYYY-MM-DD)."""
-    import calendar
-    return float(calendar.timegm(time.strptime(day, "%Y-%m-%d")))
+    return float(_calendar.timegm(time.strptime(day, "%Y-%m-%d")))
 
 
 class SearchContext:
@@ -7009,14 +7000,13 @@ def title_from_url(url):
     >>> title_from_url("https://docs.python.org/")
     'docs.python.org'
     """
-    from urllib.parse import unquote, urlsplit
     try:
-        parts = urlsplit(url)
+        parts = _urllib_parse.urlsplit(url)
     except ValueError:
         return url
     host = (parts.hostname or url)
     host = host[4:] if host.startswith("www.") else host
-    last = unquote(parts.path.rstrip("/").rpartition("/")[2])
+    last = _urllib_parse.unquote(parts.path.rstrip("/").rpartition("/")[2])
     last = last.rpartition(".")[0] if "." in last and len(last.rpartition(".")[2]) <= 5 else last
     words = collapse_ws(re.sub(r"[-_+]+", " ", last))
     return "%s: %s" % (host, words) if words else host
@@ -7471,12 +7461,11 @@ def _split_href(href, engine):
     A relative or protocol-relative link on a result page is the engine's own
     (``/l/?uddg=...``): it is resolved against ``engine``, the engine's address.
     """
-    from urllib.parse import urljoin, urlsplit
     if not href:
         return None
     try:
-        href = urljoin(engine, href.strip())
-        parts = urlsplit(href)
+        href = _urllib_parse.urljoin(engine, href.strip())
+        parts = _urllib_parse.urlsplit(href)
     except ValueError:
         return None
     if parts.scheme not in ("http", "https"):
@@ -7494,8 +7483,6 @@ def decode_bing_url(href):
     >>> decode_bing_url("https://www.bing.com/ck/a?!&&p=abc&ntb=1") is None
     True
     """
-    import base64
-    from urllib.parse import parse_qs
     split = _split_href(href, "https://www.bing.com/search")
     if split is None:
         return None
@@ -7505,13 +7492,13 @@ def decode_bing_url(href):
             return None
         if not parts.path.startswith("/ck/a"):
             return None
-        u = (parse_qs(parts.query).get("u") or [""])[0]
+        u = (_urllib_parse.parse_qs(parts.query).get("u") or [""])[0]
         if u.startswith("a1"):
             u = u[2:]
         if not u:
             return None
         try:
-            target = base64.urlsafe_b64decode(u + "=" * (-len(u) % 4)).decode("utf-8", errors="replace")
+            target = _base64.urlsafe_b64decode(u + "=" * (-len(u) % 4)).decode("utf-8", errors="replace")
         except (ValueError, TypeError):
             return None
         return target if target.startswith(("http://", "https://")) else None
@@ -7529,14 +7516,13 @@ def decode_ddg_url(href):
     >>> decode_ddg_url("https://duckduckgo.com/y.js?ad_domain=x") is None
     True
     """
-    from urllib.parse import parse_qs
     split = _split_href(href, "https://html.duckduckgo.com/html/")
     if split is None:
         return None
     href, parts, host = split
     if host == "duckduckgo.com" or host.endswith(".duckduckgo.com"):
         if parts.path.startswith("/l/"):
-            target = (parse_qs(parts.query).get("uddg") or [""])[0]
+            target = (_urllib_parse.parse_qs(parts.query).get("uddg") or [""])[0]
             return target if target.startswith(("http://", "https://")) else None
         return None
     if (host.endswith("google.com") and parts.path.startswith("/search")) or "ad_domain=" in parts.query:
@@ -7560,7 +7546,7 @@ def split_leading_date(snippet):
 def parse_bing_html(html):
     """Organic results of a Bing result page (ads skipped, ``ck/a`` links decoded)."""
 
-    class BingParser(_html_parser_class()):
+    class BingParser(_html_parser.HTMLParser):
         def __init__(self):
             super().__init__(convert_charrefs=True)
             self.items = []
@@ -7640,7 +7626,7 @@ def parse_bing_html(html):
 def parse_ddg_html(html):
     """Organic results of a DuckDuckGo HTML page (ads skipped, ``uddg`` links decoded)."""
 
-    class DdgParser(_html_parser_class()):
+    class DdgParser(_html_parser.HTMLParser):
         def __init__(self):
             super().__init__(convert_charrefs=True)
             self.items = []
@@ -7706,7 +7692,6 @@ class BingVendor(Vendor):
     _FRESHNESS = {"day": 'ex1:"ez1"', "week": 'ex1:"ez2"', "month": 'ex1:"ez3"'}
 
     def search(self, ctx, query, num):
-        from urllib.parse import urlencode
         f = ctx.filters
         params = {"q": f.site_query(query)}
         if f.lang:
@@ -7723,7 +7708,7 @@ class BingVendor(Vendor):
         if f.page:      # Bing's own paging: first result, a FORM per page, and pq (without it page 4 may repeat 1)
             params.update(first=(f.page - 1) * 10 + 1, FORM="PERE" if f.page == 2 else "PERE%d" % (f.page - 2),
                           pq=params["q"])
-        url = self.config.bing_url + "/search?" + urlencode(params)
+        url = self.config.bing_url + "/search?" + _urllib_parse.urlencode(params)
         resp = self.http(ctx, "GET", url, max_redirects=3, headers={
             "User-Agent": self.config.user_agent,
             "Accept": "text/html,application/xhtml+xml;q=0.9,*/*;q=0.8",
@@ -7752,7 +7737,6 @@ class DuckDuckGoVendor(Vendor):
     NATIVE = frozenset({"time_range", "include_domains", "exclude_domains", "country", "safesearch"})
 
     def search(self, ctx, query, num):
-        from urllib.parse import urlencode
         base = self.config.duckduckgo_url
         f = ctx.filters
         form = {"q": f.site_query(query), "b": "", "kl": "wt-wt"}
@@ -7763,7 +7747,7 @@ class DuckDuckGoVendor(Vendor):
         if f.safesearch:
             # kp: the values its own settings page uses (UNCONFIRMED in the contract): 1 strict, -1 moderate, -2 off
             form["kp"] = {"strict": "1", "moderate": "-1", "off": "-2"}[f.safesearch]
-        resp = self.http(ctx, "POST", base + "/html/", body=urlencode(form),
+        resp = self.http(ctx, "POST", base + "/html/", body=_urllib_parse.urlencode(form),
                          max_redirects=2, headers={
                              "User-Agent": self.config.user_agent,
                              "Content-Type": "application/x-www-form-urlencoded",
@@ -7794,8 +7778,7 @@ def strip_tags(text):
     >>> strip_tags("With <strong>server-sent events</strong> &amp; more")
     'With server-sent events & more'
     """
-    import html
-    return html.unescape(re.sub(r"<[^>]+>", "", text or ""))
+    return _html.unescape(re.sub(r"<[^>]+>", "", text or ""))
 
 
 class BraveVendor(Vendor):
@@ -7815,7 +7798,6 @@ class BraveVendor(Vendor):
     KEYED = True
 
     def search(self, ctx, query, num):
-        from urllib.parse import urlencode
         f = ctx.filters
         params = {"q": f.site_query(query), "count": min(num, 20)}
         if f.lang:
@@ -7831,7 +7813,8 @@ class BraveVendor(Vendor):
             params["safesearch"] = f.safesearch
         if f.page:
             params["offset"] = f.page - 1       # a page index (at most 9), not a result offset
-        resp = self.http(ctx, "GET", self.config.brave_url + "/res/v1/web/search?" + urlencode(params), headers={
+        url = self.config.brave_url + "/res/v1/web/search?" + _urllib_parse.urlencode(params)
+        resp = self.http(ctx, "GET", url, headers={
             "Accept": "application/json", "X-Subscription-Token": self.config.brave_api_key})
         if resp.status != 200:
             self._fail(resp)
@@ -7999,7 +7982,6 @@ class SearxngVendor(Vendor):
         return split_credentials(self.config.searxng_url)[1] is not None     # a user and password in SEARXNG_URL
 
     def search(self, ctx, query, num):
-        from urllib.parse import urlencode
         f = ctx.filters
         params = {"q": query, "format": "json", "pageno": f.page or 1}
         if f.lang:
@@ -8013,8 +7995,8 @@ class SearxngVendor(Vendor):
         headers = dict(self.HEADERS)
         if f.lang:
             headers["Accept-Language"] = "%s,en;q=0.5" % f.lang
-        resp = self.http(ctx, "GET", self.config.searxng_url + "/search?" + urlencode(params), headers=headers,
-                         max_redirects=2)
+        url = self.config.searxng_url + "/search?" + _urllib_parse.urlencode(params)
+        resp = self.http(ctx, "GET", url, headers=headers, max_redirects=2)
         if resp.status == 403:
             raise UpstreamError(self.name, "http_error", "json_disabled",
                                 "this SearXNG instance has JSON output disabled: add json to search.formats "
@@ -8212,20 +8194,18 @@ class Fetcher:
     def _jina_refusal(self, url):
         """Why ``url`` must not go to Jina Reader (its host is not public and the reader is not inside
         the same network), or None."""
-        from urllib.parse import urlsplit
         private = self._private(url)
         if private is False or self._private(self.config.jina_url) is True:
             return None
         return "%s is %s: a page on this network is not sent to %s" % (
-            urlsplit(url).hostname, "on a private address" if private else "not resolvable here", self.config.jina_url)
+            _urllib_parse.urlsplit(url).hostname, "on a private address" if private else "not resolvable here",
+            self.config.jina_url)
 
     def _private(self, url):
         """True when the host of ``url`` is a non-public address, False when public, None when its
         name does not resolve here (behind a proxy, which resolves it, that counts as public)."""
-        import socket
-        from urllib.parse import urlsplit
         try:
-            parts = urlsplit(url)
+            parts = _urllib_parse.urlsplit(url)
             host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError:
             return None
@@ -8233,7 +8213,7 @@ class Fetcher:
             return True
         try:
             infos = self.transport._resolve(host, port)
-        except (socket.gaierror, UnicodeError, OSError):
+        except (_socket.gaierror, UnicodeError, OSError):
             return False if self.transport._proxy_for(parts.scheme, host) is not None else None
         return any(non_public_reason(info[4][0]) for info in infos) or not infos
 
@@ -8465,8 +8445,7 @@ class SiteMapper:
         Requests to the site are spaced by robots.txt Crawl-delay (at most MAP_CRAWL_DELAY_MAX_S); a wait
         that would end past the deadline ends the map with what it has (``stats["stopped"]``).
         """
-        from urllib.parse import urlsplit
-        parts = urlsplit(url)
+        parts = _urllib_parse.urlsplit(url)
         origin = "%s://%s" % (parts.scheme, parts.netloc)
         site = _origin(url)     # robots.txt speaks for one scheme, host and port (RFC 9309 2.3)
         robots = self._robots(origin, token, deadline)
@@ -9265,7 +9244,6 @@ def _has_type(value, kind):
 
 
 def _format_date(path, label, text, issues):
-    import datetime
     try:
         if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
             raise ValueError(text)
@@ -9290,12 +9268,11 @@ def _format_hostname(path, label, text, issues):
 
 def _format_url(path, label, url, issues):
     """An absolute http(s) URL without credentials, in URI form."""
-    from urllib.parse import urlsplit
     if len(url) > 4096:
         issues.append(issue(path, "too_long", "%s is longer than 4096 characters" % label, "shorten the URL"))
         return _INVALID
     try:
-        parts = urlsplit(url)
+        parts = _urllib_parse.urlsplit(url)
         parts.port
     except ValueError as exc:
         issues.append(issue(path, "invalid", "%s is not a valid URL (%s)" % (label, exc), "check the URL"))
@@ -10403,7 +10380,6 @@ class AnswerTools:
 
     def __init__(self, config, transport, ring, sessions, coalescer, logger, clock=time.monotonic, rng=None,
                  sleep=None):
-        import random
         self.config = config
         self.transport = transport
         self.ring = ring
@@ -10412,7 +10388,7 @@ class AnswerTools:
         self.log = logger
         self._clock = clock             # every budget, queue wait and attempt deadline reads this clock
         self._sleep = sleep or _sleep   # backoff: sleep(token, seconds), ended early by a cancellation
-        self._rng = rng or random.Random()
+        self._rng = rng or _random.Random()
         self.slots = Slots(config.grok_concurrency, "answer", on_queue=lambda s: logger.info(
             "all %d answer slots busy (GROK_MAX_CONCURRENCY); question queued", s.limit))
         self.override = None            # set by switch_model, this process only
@@ -11423,8 +11399,7 @@ _CLI_TOOLS = {"search": "web_search", "answer": "web_answer", "fetch": "web_fetc
 def _cli_parser():
     """``(parser, words)``: the command-line parser, and each tool argument's option (``start_index``:
     ``--start``) so that hints in the text speak the command line."""
-    import argparse
-    parser = argparse.ArgumentParser(prog="python websearch_ring.py", add_help=False)
+    parser = _argparse.ArgumentParser(prog="python websearch_ring.py", add_help=False)
     sub = parser.add_subparsers(dest="command")
     words = {tool: command for command, tool in _CLI_TOOLS.items()}
 
@@ -11797,8 +11772,7 @@ def _shell_quote(text):
     """Quote for the user's shell (POSIX; on Windows, double quotes when needed)."""
     if os.name == "nt":
         return '"%s"' % text if re.search(r"[\s&|<>^]", text) else text
-    import shlex
-    return shlex.quote(text)
+    return _shlex.quote(text)
 
 
 def main(argv=None, env=None):
@@ -11847,7 +11821,6 @@ def main(argv=None, env=None):
 
 def _stop_on_signals():
     """SIGTERM (and Ctrl-Break on Windows) stop the server as the end of stdin does: exit 0, promptly."""
-    import signal
     raised = []
 
     def stop(signum, frame):
