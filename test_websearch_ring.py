@@ -828,8 +828,8 @@ def quiet_logger(ring):
 
 
 def new_call(ring):
-    """A Call (a fresh cancel token, no progress sink) for in-process tool methods."""
-    return ring.Call(ring.CancelToken())
+    """A CallContext (a fresh cancel token, no deadline, no progress sink) for in-process tool methods."""
+    return ring.CallContext()
 
 
 
@@ -1200,8 +1200,7 @@ def inprocess_search(ring, env, vendor=None, *, query="python asyncio timeout", 
                      clock=None, deadline=None):
     """One failover search of an in-process Ring; returns (outcome, ring, log stream)."""
     board, stream = inprocess_ring(ring, env, clock)
-    outcome = board.search(query, num, vendor, ring.CancelToken(),
-                           deadline or ring.Deadline(DEFAULT_TIMEOUT_S),
+    outcome = board.search(query, num, vendor, ring.CallContext(deadline=deadline or ring.Deadline(DEFAULT_TIMEOUT_S)),
                            filters=filters or ring.NO_FILTERS)
     return outcome, board, stream
 
@@ -1391,7 +1390,7 @@ def stream_one_answer(ring, config, protocol="chat", model="grok-4", timeout_s=D
     """One in-process stream_answer attempt against config.grok_url; returns the AnswerResult."""
     transport = ring.Transport(config, quiet_logger(ring))
     return ring.stream_answer(transport, config, protocol, model, "system", "user",
-                              ring.CancelToken(), ring.Deadline(timeout_s), timeout_s)
+                              ring.CallContext(deadline=ring.Deadline(timeout_s)), timeout_s)
 
 
 def parse_answer_stream(ring, text, protocol="chat", codes=None):
@@ -2492,7 +2491,7 @@ def test_slots_waiter_gives_up_when_cancelled(ring):
     slots = ring.Slots(1)
     slots.acquire()
     token = ring.CancelToken()
-    outcome, done = in_thread(slots.acquire, token)
+    outcome, done = in_thread(slots.acquire, ring.CallContext(token))
     wait_until(lambda: slots.waiting == 1)
     token.cancel("test")
     assert done.wait(2.0), "a cancelled waiter kept waiting"
@@ -2508,7 +2507,7 @@ def test_slots_waiter_gives_up_at_its_deadline(ring):
     slots.acquire()
     started = time.monotonic()
     with pytest.raises(ring.DeadlineExceeded):
-        slots.acquire(deadline=ring.Deadline(0.05))
+        slots.acquire(ring.CallContext(deadline=ring.Deadline(0.05)))
     assert time.monotonic() - started < 2.0
     assert (slots.in_use, slots.waiting) == (1, 0)
     slots.release()
@@ -2872,8 +2871,9 @@ def test_a_cancel_in_the_middle_of_a_body_is_a_cancellation_not_its_end(ring, re
 
     def read():
         if reader == "request":
-            return transport.request("GET", upstream.url, timeout_s=DEFAULT_TIMEOUT_S, token=token)
-        with transport.open_stream("GET", upstream.url, timeout_s=DEFAULT_TIMEOUT_S, token=token) as stream:
+            return transport.request("GET", upstream.url, timeout_s=DEFAULT_TIMEOUT_S, ctx=ring.CallContext(token))
+        with transport.open_stream("GET", upstream.url, timeout_s=DEFAULT_TIMEOUT_S,
+                                   ctx=ring.CallContext(token)) as stream:
             return stream.read()
     with RawUpstream([(raw, True)]) as upstream:          # the rest of the body never comes
         box, done = in_thread(read)
@@ -3667,12 +3667,12 @@ def test_fetcher_stops_a_long_extraction_at_the_deadline_with_extraction_timeout
         return now[0]
     fetcher = ring.Fetcher(ring.Config.from_env({}), PageTransport(), None, quiet_logger(ring))
     with pytest.raises(ring.UpstreamError) as info:
-        fetcher._direct("https://example.org/big", "markdown", ring.CancelToken(), ring.Deadline(0.05, clock))
+        fetcher._direct("https://example.org/big", "markdown", ring.CallContext(deadline=ring.Deadline(0.05, clock)))
     assert info.value.code == "extraction_timeout" and info.value.outcome == "timeout"
     token = ring.CancelToken()
     token.cancel("client cancelled")
     with pytest.raises(ring.Cancelled):
-        fetcher._direct("https://example.org/big", "markdown", token, ring.Deadline(60.0))
+        fetcher._direct("https://example.org/big", "markdown", ring.CallContext(token, ring.Deadline(60.0)))
 
 
 HOSTILE_UNITS = {
@@ -4199,7 +4199,7 @@ def test_key_pool_skips_busy_keys(ring, fake_clock):
 def test_key_pool_waiter_gets_the_first_released_key_within_its_deadline(ring, fake_clock):
     pool = key_pool(ring, fake_clock, keys=TAVILY_KEYS[:2])
     held = [pool.acquire()[0], pool.acquire()[0]]
-    box, done = in_thread(pool.acquire, None, ring.Deadline(5.0, fake_clock))
+    box, done = in_thread(pool.acquire, ring.CallContext(deadline=ring.Deadline(5.0, fake_clock)))
     wait_for_pool_waiter(pool)
     assert "value" not in box and "error" not in box
     pool.release(held[1], False, "success")
@@ -4210,7 +4210,7 @@ def test_key_pool_waiter_gets_the_first_released_key_within_its_deadline(ring, f
 def test_key_pool_waiter_gives_up_at_its_deadline(ring, fake_clock):
     pool = key_pool(ring, fake_clock, keys=TAVILY_KEYS[:1])
     pool.acquire()
-    box, done = in_thread(pool.acquire, None, ring.Deadline(0.2, fake_clock))
+    box, done = in_thread(pool.acquire, ring.CallContext(deadline=ring.Deadline(0.2, fake_clock)))
     wait_for_pool_waiter(pool)
     fake_clock.advance(1.0)
     wake_pool_waiters(pool)
@@ -4224,9 +4224,9 @@ def test_key_pool_per_key_concurrency_limits_requests_per_key(ring, fake_clock):
     two, _ = pool.acquire()
     assert one is two and one.busy == 2
     with pytest.raises(ring.DeadlineExceeded):
-        pool.acquire(None, ring.Deadline(0.0, fake_clock))
+        pool.acquire(ring.CallContext(deadline=ring.Deadline(0.0, fake_clock)))
     pool.release(one, False, "success")
-    three, _ = pool.acquire(None, ring.Deadline(0.0, fake_clock))
+    three, _ = pool.acquire(ring.CallContext(deadline=ring.Deadline(0.0, fake_clock)))
     assert three is one and one.busy == 2
 
 
@@ -4295,7 +4295,7 @@ def test_key_pool_waits_for_the_earliest_cooldown_within_the_budget(ring, fake_c
     b, _ = pool.acquire()
     pool.release(b, False, "rate_limited", retry_after_s=100.0)
     pool.release(a, False, "rate_limited", retry_after_s=0.3)
-    box, done = in_thread(pool.acquire, None, ring.Deadline(10.0, fake_clock))
+    box, done = in_thread(pool.acquire, ring.CallContext(deadline=ring.Deadline(10.0, fake_clock)))
     wait_for_pool_waiter(pool)
     fake_clock.advance(0.3)
     wake_pool_waiters(pool)
@@ -4311,7 +4311,7 @@ def test_key_pool_refuses_at_once_when_every_cooldown_outlasts_the_budget(ring, 
     pool.release(b, False, "quota_exhausted")
     started = time.monotonic()
     with pytest.raises(ring.KeysUnavailable) as caught:
-        pool.acquire(None, ring.Deadline(10.0, fake_clock))
+        pool.acquire(ring.CallContext(deadline=ring.Deadline(10.0, fake_clock)))
     assert time.monotonic() - started < 1.0
     assert caught.value.code == "tavily_all_keys_unavailable"
     assert caught.value.retry_after_s == pytest.approx(100.0)
@@ -4324,7 +4324,7 @@ def test_key_pool_with_every_key_invalid_is_unavailable_with_masked_fingerprints
         key, probe = pool.acquire()
         pool.release(key, probe, "auth_error", message="Unauthorized")
     with pytest.raises(ring.KeysUnavailable) as caught:
-        pool.acquire(None, ring.Deadline(10.0, fake_clock))
+        pool.acquire(ring.CallContext(deadline=ring.Deadline(10.0, fake_clock)))
     exc = caught.value
     assert exc.code == "tavily_all_keys_unavailable" and exc.retry_after_s is None
     assert [(k["key"], k["state"]) for k in exc.keys] == [(fp, "invalid") for fp in TAVILY_FINGERPRINTS]
@@ -4342,7 +4342,7 @@ def test_breaker_opens_when_two_distinct_keys_fail_and_refuses_while_open(ring, 
     pool.release(b, probe, "http_error", message="HTTP 502")
     assert pool.describe()["breaker"] == "open"
     with pytest.raises(ring.KeysUnavailable) as caught:
-        pool.acquire(None, ring.Deadline(60.0, fake_clock))
+        pool.acquire(ring.CallContext(deadline=ring.Deadline(60.0, fake_clock)))
     assert caught.value.code == "tavily_service_unavailable"
     assert caught.value.retry_after_s == pytest.approx(30.0)
     fake_clock.advance(29.9)
@@ -4379,7 +4379,7 @@ def test_breaker_lets_exactly_one_half_open_probe_and_its_success_closes_it(ring
     key, probe = pool.acquire()
     assert probe is True
     with pytest.raises(ring.KeysUnavailable) as caught:
-        pool.acquire(None, ring.Deadline(5.0, fake_clock))   # a concurrent second request
+        pool.acquire(ring.CallContext(deadline=ring.Deadline(5.0, fake_clock)))   # a concurrent second request
     assert caught.value.code == "tavily_service_unavailable"
     pool.release(key, probe, "success")
     assert pool.describe()["breaker"] == "closed"
@@ -4482,7 +4482,8 @@ class ScriptedFlight:
         self.calls = 0
         self.tokens = []
 
-    def __call__(self, flight_token, emit):
+    def __call__(self, flight):
+        flight_token = flight.token
         self.calls += 1
         self.tokens.append(flight_token)
         handle = flight_token.add_callback(self.cancelled.set)
@@ -4492,7 +4493,7 @@ class ScriptedFlight:
             while not self.release.is_set() and not self.cancelled.is_set():
                 if time.monotonic() > deadline:
                     raise AssertionError("flight neither released nor cancelled")
-                emit("tick")
+                flight.progress("tick")
                 self.release.wait(0.01)
         finally:
             flight_token.remove(handle)
@@ -4505,11 +4506,11 @@ def coalesced_pair(ring):
     """An owner and a follower in one flight; returns (coalescer, work, (token, outcome, done) x2)."""
     coalescer, work = ring.Coalescer(), ScriptedFlight(ring)
     owner_token, follower_token = ring.CancelToken(), ring.CancelToken()
-    owner = in_thread(coalescer.run, "k", work, owner_token, ring.Deadline(DEFAULT_TIMEOUT_S))
+    owner = in_thread(coalescer.run, "k", work, ring.CallContext(owner_token, ring.Deadline(DEFAULT_TIMEOUT_S)))
     assert work.started.wait(DEFAULT_TIMEOUT_S)
     joined = threading.Event()
-    follower = in_thread(coalescer.run, "k", work, follower_token,
-                         ring.Deadline(DEFAULT_TIMEOUT_S), lambda *event: joined.set())
+    follower = in_thread(coalescer.run, "k", work, ring.CallContext(
+        follower_token, ring.Deadline(DEFAULT_TIMEOUT_S), progress=lambda *event: joined.set()))
     assert joined.wait(DEFAULT_TIMEOUT_S), "the follower never joined the flight"
     return coalescer, work, (owner_token,) + owner, (follower_token,) + follower
 
@@ -5216,18 +5217,17 @@ def test_crawl_pacer_caps_crawl_delay_and_keeps_within_the_deadline(ring):
     now = [100.0]
     waits = []
 
-    def wait(token, seconds):
+    def wait(ctx, seconds):
         waits.append(seconds)
         now[0] += seconds
 
     pacer = ring.CrawlPacer(30.0, clock=lambda: now[0], wait=wait)
-    deadline = ring.Deadline(5.0, clock=lambda: now[0])
-    token = ring.CancelToken()
-    assert pacer.pause(token, deadline) and waits == []          # the first request does not wait
+    ctx = ring.CallContext(deadline=ring.Deadline(5.0, clock=lambda: now[0]))
+    assert pacer.pause(ctx) and waits == []          # the first request does not wait
     now[0] += 0.5
-    assert pacer.pause(token, deadline) and waits == [1.5]       # 2 s cap, 0.5 s already gone
-    assert pacer.pause(token, deadline) and waits == [1.5, 2.0]
-    assert not pacer.pause(token, deadline)                      # 1.5 s left: the wait would pass it
+    assert pacer.pause(ctx) and waits == [1.5]       # 2 s cap, 0.5 s already gone
+    assert pacer.pause(ctx) and waits == [1.5, 2.0]
+    assert not pacer.pause(ctx)                      # 1.5 s left: the wait would pass it
     assert pacer.stats() == {"crawl_delay_s": 30.0, "crawl_delay_applied_s": 2.0, "crawl_delay_waited_s": 3.5}
     assert ring.CrawlPacer(None).stats()["crawl_delay_applied_s"] == 0.0
 
@@ -5235,12 +5235,12 @@ def test_crawl_pacer_caps_crawl_delay_and_keeps_within_the_deadline(ring):
 def test_crawl_pacer_wait_ends_at_once_on_cancel(ring):
     token = ring.CancelToken()
     pacer = ring.CrawlPacer(2.0)
-    pacer.pause(token, None)
+    pacer.pause(ring.CallContext(token))
     threading_timer = __import__("threading").Timer(0.02, token.cancel)
     threading_timer.start()
     started = time.monotonic()
     with pytest.raises(ring.Cancelled):
-        pacer.pause(token, ring.Deadline(10.0))
+        pacer.pause(ring.CallContext(token, ring.Deadline(10.0)))
     assert time.monotonic() - started < 1.0
     threading_timer.join(1.0)
 
@@ -5863,13 +5863,13 @@ def test_waiting_for_our_own_upstream_slots_is_busy_and_never_benches_an_engine(
                                              WEBSEARCH_FAILURE_THRESHOLD="1"))
     board.transport.slots.acquire()          # every slot taken, by someone else
     for _ in range(3):
-        outcome = board.search("q", 3, "tavily", ring.CancelToken(), ring.Deadline(0.2), filters=ring.NO_FILTERS)
+        outcome = board.search("q", 3, "tavily", ring.CallContext(deadline=ring.Deadline(0.2)), filters=ring.NO_FILTERS)
         [attempt] = outcome["attempts"]
         assert (attempt["outcome"], attempt["code"]) == ("busy", "upstream_slots"), attempt
         assert "WEBSEARCH_MAX_INFLIGHT" in attempt["message"]
     assert board.health.snapshot(["tavily"])["tavily"]["state"] == "healthy"
     board.transport.slots.release()
-    assert board.search("q", 3, "tavily", ring.CancelToken(), ring.Deadline(5.0), filters=ring.NO_FILTERS)["ok"]
+    assert board.search("q", 3, "tavily", ring.CallContext(deadline=ring.Deadline(5.0)), filters=ring.NO_FILTERS)["ok"]
     assert fake_upstream.hits("POST", "/search") == 1
 
 
@@ -6348,10 +6348,10 @@ def test_a_probe_admitted_after_the_deadline_passed_does_not_block_the_vendor_fo
     board, _ = inprocess_ring(ring, ring_env({"tavily": fake_upstream}), fake_clock)
     board.health.record("tavily", "rate_limited", retry_after_s=1.0)
     fake_clock.advance(2.0)
-    spent = board.search("q", 5, None, ring.CancelToken(), ring.Deadline(0.0, fake_clock))
+    spent = board.search("q", 5, None, ring.CallContext(deadline=ring.Deadline(0.0, fake_clock)))
     assert [(a["outcome"], a["code"]) for a in spent["attempts"]] == [("timeout", "deadline_exhausted")]
     assert fake_upstream.hits("POST", "/search") == 0
-    later = board.search("q", 5, None, ring.CancelToken(), ring.Deadline(DEFAULT_TIMEOUT_S, fake_clock))
+    later = board.search("q", 5, None, ring.CallContext(deadline=ring.Deadline(DEFAULT_TIMEOUT_S, fake_clock)))
     assert [(a["vendor"], a["outcome"]) for a in later["attempts"]] == [("tavily", "success")], (
         later["attempts"])
 
@@ -6581,8 +6581,8 @@ def test_fanout_returns_only_after_every_finished_vendor_was_reported(ring, fake
         emitted.append((done, total, message))
         if done == 1:
             returned.wait(1.0)
-    outcome = board.fanout("python asyncio timeout", 8, ring.CancelToken(),
-                           ring.Deadline(DEFAULT_TIMEOUT_S), emit)
+    outcome = board.fanout("python asyncio timeout", 8, ring.CallContext(
+        deadline=ring.Deadline(DEFAULT_TIMEOUT_S), progress=emit))
     reported_before_return = [event[0] for event in emitted]
     returned.set()
     assert outcome["ok"] and sorted(outcome["vendors"]) == sorted(FANOUT_VENDORS)

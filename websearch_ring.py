@@ -5135,14 +5135,16 @@ class Slots:
         self._cond = threading.Condition(threading.Lock())
         self._on_queue = on_queue
 
-    def acquire(self, token=None, deadline=None):
-        """Take a slot; raises Cancelled or DeadlineExceeded instead of waiting past them."""
+    def acquire(self, ctx=None):
+        """Take a slot; raises Cancelled or DeadlineExceeded instead of waiting past the call's
+        cancellation or deadline (``ctx``, a :class:`CallContext`; None waits as long as it takes)."""
         with self._cond:
             if self.in_use < self.limit and not self.waiting:
                 self.in_use += 1
                 return
         if self._on_queue is not None:
             self._on_queue(self)
+        token, deadline = (ctx.token, ctx.deadline) if ctx is not None else (None, None)
         handle = token.add_callback(self._wake) if token is not None else None
         try:
             with self._cond:
@@ -5172,20 +5174,78 @@ class Slots:
         with self._cond:
             self._cond.notify_all()
 
-def _sleep(token, seconds):
-    """Sleep that a cancellation ends at once (then raises :class:`Cancelled`); ``token`` may be None."""
-    if seconds <= 0:
-        return
-    if token is None:
-        time.sleep(seconds)
-        return
-    event = threading.Event()
-    handle = token.add_callback(event.set)
-    try:
-        event.wait(seconds)
-    finally:
-        token.remove(handle)
-    token.check()
+def mcp_words(name, value=None):
+    """A tool or argument ``name`` as an MCP caller writes it, with ``value``: ``start_index=100``."""
+    return name if value is None else "%s=%s" % (name, value)
+
+
+class CallContext:
+    """One call in progress, as every step below a tool sees it: its cancel token, its deadline
+    (None: no limit of its own), where its progress goes, and how its caller names tools and
+    arguments in the hints of a text (``say``: :func:`mcp_words`, or the command line's words).
+
+    A step that needs a tighter limit works under ``ctx.within(seconds)``: the same call (token,
+    progress) with a deadline no later than the call's own.  ``headers`` holds the headers of the
+    latest upstream response made under this context, so the ring reads a vendor's rate-limit
+    headers from a success too.
+
+    >>> t = [0.0]
+    >>> ctx = CallContext().within(10.0, clock=lambda: t[0])
+    >>> ctx.within(30.0).remaining(), ctx.within(3.0).remaining()
+    (10.0, 3.0)
+    """
+
+    __slots__ = ("token", "deadline", "progress", "say", "request_id", "headers")
+
+    def __init__(self, token=None, deadline=None, progress=None, say=mcp_words, request_id=None):
+        self.token = token if token is not None else CancelToken()
+        self.deadline = deadline
+        self.progress = progress
+        self.say = say
+        self.request_id = request_id or new_id("req_")
+        self.headers = {}
+
+    def within(self, timeout_s, clock=time.monotonic):
+        """This call limited to ``timeout_s`` more seconds (``clock`` serves a call without a deadline)."""
+        deadline = self.deadline.child(timeout_s) if self.deadline is not None else Deadline(timeout_s, clock)
+        return CallContext(self.token, deadline, self.progress, self.say, self.request_id)
+
+    @property
+    def cancelled(self):
+        return self.token.cancelled
+
+    def check(self):
+        """Raise :class:`Cancelled` if the call was cancelled."""
+        self.token.check()
+
+    def expired(self):
+        return self.deadline is not None and self.deadline.expired()
+
+    def remaining(self):
+        """Seconds left before the deadline (infinite without one)."""
+        return self.deadline.remaining() if self.deadline is not None else float("inf")
+
+    def report(self, done, total=None, message=None):
+        """A progress event, when the caller asked for them."""
+        if self.progress is not None:
+            self.progress(done, total, message)
+
+    def sleep(self, seconds):
+        """Sleep that a cancellation ends at once (then raises :class:`Cancelled`)."""
+        if seconds <= 0:
+            return
+        event = threading.Event()
+        handle = self.token.add_callback(event.set)
+        try:
+            event.wait(seconds)
+        finally:
+            self.token.remove(handle)
+        self.token.check()
+
+
+def _sleep(ctx, seconds):
+    """``ctx.sleep(seconds)``: the default of the constructors that take an injectable ``sleep(ctx, s)``."""
+    ctx.sleep(seconds)
 
 
 # ---------------------------------------------------------------------------
@@ -5376,8 +5436,8 @@ class Transport:
         conn.via_proxy = "%s:%d" % (p.hostname, pport)
         return conn, scheme != "https"
 
-    def request(self, method, url, *, headers=None, body=None, timeout_s=10.0, deadline=None,
-                token=None, max_bytes=MAX_BODY_BYTES, max_redirects=0, public_only=False, truncate=False):
+    def request(self, method, url, *, ctx=None, headers=None, body=None, timeout_s=10.0,
+                max_bytes=MAX_BODY_BYTES, max_redirects=0, public_only=False, truncate=False):
         """Send one request (following up to ``max_redirects`` redirects) and read the body.
 
         ``public_only`` refuses hosts that resolve to loopback, private,
@@ -5387,11 +5447,12 @@ class Transport:
         trusted, and so is a redirect to the same scheme, host and port; a
         redirect anywhere else gets the same check.  ``truncate`` keeps the
         first ``max_bytes`` of a longer body instead of failing.
+        ``ctx`` (a :class:`CallContext`) cancels the request and bounds it with its deadline,
+        together with ``timeout_s``.
         Raises :class:`TransportError`, :class:`Cancelled` or :class:`DeadlineExceeded`.
         An HTTP error status is not an exception: callers classify it.
         """
-        deadline = deadline or Deadline(timeout_s, self._clock)
-        deadline = deadline.child(timeout_s)
+        ctx = (ctx or CallContext()).within(timeout_s, self._clock)
         started = self._clock()
         try:
             url = iri_to_uri(url)
@@ -5399,11 +5460,11 @@ class Transport:
             raise TransportError("network_error", "bad_url", "invalid URL %r (%s)" % (url[:200], exc)) from None
         seen = set()
         trusted = _origin(url)
-        self._take_slot(token, deadline)
+        self._take_slot(ctx)
         try:
             for _ in range(max_redirects + 1):
                 seen.add(url)
-                response = self._exchange(method, url, headers or {}, body, deadline, token, max_bytes,
+                response = self._exchange(method, url, headers or {}, body, ctx, max_bytes,
                                           public_only or _origin(url) != trusted, truncate)
                 location = response.headers.get("location")
                 if response.status not in _REDIRECTS or not location or max_redirects == 0:
@@ -5432,10 +5493,10 @@ class Transport:
         finally:
             self.slots.release()
 
-    def _take_slot(self, token, deadline):
+    def _take_slot(self, ctx):
         """One of the upstream slots; waiting for one until the deadline is our limit, not the upstream's."""
         try:
-            self.slots.acquire(token, deadline)
+            self.slots.acquire(ctx)
         except DeadlineExceeded:
             raise TransportError("busy", "upstream_slots", "every one of the %d upstream slots was busy until the "
                                  "deadline (WEBSEARCH_MAX_INFLIGHT)" % self.slots.limit) from None
@@ -5460,7 +5521,7 @@ class Transport:
                 return
         conn.close()
 
-    def _exchange(self, method, url, headers, body, deadline, token, max_bytes, public_only, truncate):
+    def _exchange(self, method, url, headers, body, ctx, max_bytes, public_only, truncate):
         try:
             parts = _urllib_parse.urlsplit(url)
             host = parts.hostname
@@ -5483,24 +5544,22 @@ class Transport:
         # A kept-alive connection may have been closed by the server meanwhile:
         # such a failure before any answer is retried once on a new connection.
         for attempt in (0, 1):
-            if token is not None:
-                token.check()
-            if deadline.expired():
+            ctx.check()
+            if ctx.expired():
                 raise TransportError("timeout", "timeout", "deadline passed before connecting")
             conn = self._take(key) if attempt == 0 else None
             reused = conn is not None
             absolute = False
             if conn is None:
-                conn, absolute = self._connect(parts.scheme, host, port, max(0.05, deadline.remaining()), address)
+                conn, absolute = self._connect(parts.scheme, host, port, max(0.05, ctx.remaining()), address)
             try:
                 return self._send(conn, reused, absolute, key, method, url, parts, headers, body,
-                                  deadline, token, max_bytes, truncate)
+                                  ctx, max_bytes, truncate)
             except _StaleConnection:
                 continue
         raise TransportError("network_error", "connection_error", "the connection was closed before an answer")
 
-    def _send(self, conn, reused, absolute, key, method, url, parts, headers, body, deadline, token, max_bytes,
-              truncate):
+    def _send(self, conn, reused, absolute, key, method, url, parts, headers, body, ctx, max_bytes, truncate):
         target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
         hdrs = {"Accept-Encoding": "gzip, deflate"}
         hdrs.update(headers)
@@ -5513,10 +5572,9 @@ class Transport:
             if conn.sock is None:
                 _open_connection(conn)
             sock = conn.sock
-            if token is not None:
-                handle = token.add_callback(lambda: _shutdown(sock))
-                token.check()
-            sock.settimeout(max(0.05, deadline.remaining()))
+            handle = ctx.token.add_callback(lambda: _shutdown(sock))
+            ctx.check()
+            sock.settimeout(max(0.05, ctx.remaining()))
             self.requests_sent += 1
             conn.request(method, target, body=body, headers=hdrs)
             resp = conn.getresponse()
@@ -5527,13 +5585,12 @@ class Transport:
                                      "body of %s bytes is over the %d byte cap" % (length, max_bytes))
             chunks, total = [], 0
             while True:
-                remaining = deadline.remaining()
+                remaining = ctx.remaining()
                 if remaining <= 0:
                     raise TransportError("timeout", "timeout", "timed out reading the body")
                 chunk = _read_piece(resp, sock, remaining)
                 if not chunk:
-                    if token is not None:
-                        token.check()    # a cancel shuts the socket: what looks like the end is not
+                    ctx.check()    # a cancel shuts the socket: what looks like the end is not
                     if resp.length:   # read1() ends quietly when the peer closes before Content-Length
                         raise TransportError("bad_response", "truncated_body",
                                              "connection closed with %d of the body's bytes "
@@ -5561,74 +5618,70 @@ class Transport:
         except (TransportError, Cancelled):
             raise
         except _http_client.IncompleteRead as exc:
-            if token is not None and token.cancelled:
-                raise Cancelled(token.reason or "cancelled") from None
+            ctx.check()
             raise TransportError("bad_response", "truncated_body",
                                  "connection closed after %d bytes of the body" % len(exc.partial)) from None
         except _TIMEOUTS:
-            if token is not None and token.cancelled:
-                raise Cancelled(token.reason or "cancelled") from None
+            ctx.check()
             raise TransportError("timeout", "timeout", "timed out waiting for the upstream") from None
         except (OSError, _http_client.HTTPException) as exc:
-            if token is not None and token.cancelled:
-                raise Cancelled(token.reason or "cancelled") from None
+            ctx.check()
             if reused and not answered and isinstance(exc, (ConnectionError, _http_client.RemoteDisconnected,
                                                             _http_client.BadStatusLine)):
                 raise _StaleConnection() from None
-            if deadline.expired():
+            if ctx.expired():
                 raise TransportError("timeout", "timeout", "timed out") from None
             raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
         finally:
-            if token is not None:
-                token.remove(handle)
+            ctx.token.remove(handle)
             if keep:
                 self._give(key, conn)
             else:
                 conn.close()
 
-    def open_stream(self, method, url, *, headers=None, body=None, timeout_s=10.0, deadline=None, token=None,
+    def open_stream(self, method, url, *, ctx=None, headers=None, body=None, timeout_s=10.0,
                     max_bytes=MAX_BODY_BYTES):
         """Start a request whose body is read as it arrives (server-sent events).
 
         Returns an open :class:`HttpStream`; the caller must ``close()`` it (it
         holds one of the upstream slots until then).  ``timeout_s`` bounds the
-        wait for each piece of the body, ``deadline`` the whole exchange.
+        wait for each piece of the body, the deadline of ``ctx`` the whole exchange.
         """
-        deadline = deadline or Deadline(timeout_s, self._clock)
+        ctx = ctx or CallContext()
+        if ctx.deadline is None:
+            ctx = ctx.within(timeout_s, self._clock)
         parts = _urllib_parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         url, parts, headers = _credentials_to_header(url, parts, headers or {})
-        self._take_slot(token, deadline)
+        self._take_slot(ctx)
         conn = handle = None
         try:
-            conn, absolute = self._connect(parts.scheme, parts.hostname, port, max(0.05, deadline.clip(timeout_s)))
+            wait_s = max(0.05, min(timeout_s, ctx.remaining()))
+            conn, absolute = self._connect(parts.scheme, parts.hostname, port, wait_s)
             target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
             hdrs = dict(headers or {})
             if absolute:
                 hdrs.update(conn._proxy_headers)
             _open_connection(conn)
             sock = conn.sock
-            if token is not None:
-                handle = token.add_callback(lambda: _shutdown(sock))
-                token.check()
-            sock.settimeout(max(0.05, deadline.clip(timeout_s)))
+            handle = ctx.token.add_callback(lambda: _shutdown(sock))
+            ctx.check()
+            sock.settimeout(wait_s)
             self.requests_sent += 1
             conn.request(method, target, body=body.encode("utf-8") if isinstance(body, str) else body, headers=hdrs)
             resp = conn.getresponse()
-            return HttpStream(self, conn, resp, sock, token, handle, deadline, timeout_s, max_bytes, url)
+            return HttpStream(self, conn, resp, sock, ctx, handle, timeout_s, max_bytes, url)
         except BaseException as exc:
-            if token is not None:
-                token.remove(handle)
+            ctx.token.remove(handle)
             if conn is not None:
                 conn.close()
             self.slots.release()
             if isinstance(exc, (TransportError, Cancelled)):
                 raise
-            if token is not None and token.cancelled:
-                raise Cancelled(token.reason or "cancelled") from None
-            if isinstance(exc, _TIMEOUTS) or deadline.expired():
+            ctx.check()
+            if isinstance(exc, _TIMEOUTS) or ctx.expired():
                 raise TransportError("timeout", "timeout", "timed out waiting for the upstream") from None
             if isinstance(exc, (OSError, _http_client.HTTPException)):
                 raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
@@ -5638,14 +5691,13 @@ class Transport:
 class HttpStream:
     """An HTTP response being read piece by piece; lines come out of :meth:`lines`."""
 
-    def __init__(self, transport, conn, resp, sock, token, handle, deadline, timeout_s, max_bytes, url):
+    def __init__(self, transport, conn, resp, sock, ctx, handle, timeout_s, max_bytes, url):
         self._transport = transport
         self._conn = conn
         self._resp = resp
         self._sock = sock
-        self._token = token
+        self._ctx = ctx
         self._handle = handle
-        self._deadline = deadline
         self._timeout_s = timeout_s
         self._max_bytes = max_bytes
         self.url = url
@@ -5658,12 +5710,12 @@ class HttpStream:
         """Body pieces as they arrive; ends at the end of the body, raises on a cut or a timeout."""
         try:
             while True:
-                wait = self._deadline.clip(self._timeout_s)
+                wait = min(self._timeout_s, self._ctx.remaining())
                 if wait <= 0:
                     raise TransportError("timeout", "timeout", "the stream outlived its time budget")
                 chunk = _read_piece(self._resp, self._sock, wait)
                 if not chunk:
-                    self._raise_cancelled()     # a cancel shuts the socket: what looks like the end is not
+                    self._ctx.check()     # a cancel shuts the socket: what looks like the end is not
                     if self._resp.length:
                         raise TransportError("bad_response", "truncated_body",
                                              "the connection closed with %d bytes of the body "
@@ -5677,22 +5729,18 @@ class HttpStream:
         except (TransportError, Cancelled):
             raise
         except _http_client.IncompleteRead:
-            self._raise_cancelled()
+            self._ctx.check()
             raise TransportError("bad_response", "truncated_body",
                                  "the connection closed in the middle of the stream") from None
         except _TIMEOUTS:
-            self._raise_cancelled()
+            self._ctx.check()
             raise TransportError("timeout", "timeout",
                                  "no data from the upstream for %.0f s" % self._timeout_s) from None
         except (OSError, _http_client.HTTPException, ValueError) as exc:
-            self._raise_cancelled()
+            self._ctx.check()
             raise TransportError("network_error", "connection_error",
                                  _describe_os_error(exc) if isinstance(exc, OSError) else str(exc)) \
                 from None
-
-    def _raise_cancelled(self):
-        if self._token is not None and self._token.cancelled:
-            raise Cancelled(self._token.reason or "cancelled")
 
     def lines(self):
         """Decoded text lines (without line ends); the last partial line too."""
@@ -5715,8 +5763,7 @@ class HttpStream:
         if self._closed:
             return
         self._closed = True
-        if self._token is not None:
-            self._token.remove(self._handle)
+        self._ctx.token.remove(self._handle)
         self._conn.close()
         self._transport.slots.release()
 
@@ -6254,11 +6301,12 @@ def answer_payload(config, protocol, model, system, user):
     return payload
 
 
-def stream_answer(transport, config, protocol, model, system, user, token, deadline, timeout_s, on_text=None):
+def stream_answer(transport, config, protocol, model, system, user, ctx, timeout_s, on_text=None):
     """One streamed answer attempt; returns a complete :class:`AnswerResult`.
 
-    Raises :class:`UpstreamError` (classified, with ``retryable``) or
-    :class:`Cancelled`.  The whole body is read and parsed before anything is
+    ``ctx`` is the attempt's :class:`CallContext` (its deadline bounds the whole stream,
+    ``timeout_s`` each wait for data).  Raises :class:`UpstreamError` (classified, with
+    ``retryable``) or :class:`Cancelled`.  The whole body is read and parsed before anything is
     returned: a stream without its end marker is an error, never an answer.
     """
     codes = config.grok_retryable_codes
@@ -6268,7 +6316,7 @@ def stream_answer(transport, config, protocol, model, system, user, token, deadl
     try:
         stream = transport.open_stream("POST", answer_endpoint(config, protocol), headers=headers,
                                        body=json.dumps(answer_payload(config, protocol, model, system, user)),
-                                       timeout_s=timeout_s, deadline=deadline, token=token)
+                                       timeout_s=timeout_s, ctx=ctx)
         with stream:
             if stream.status != 200:
                 body = stream.read()
@@ -6439,8 +6487,10 @@ class KeyPool:
             if key.state in (KeyState.COOLDOWN, KeyState.QUOTA_EXHAUSTED) and now >= key.until:
                 key.state = KeyState.HEALTHY
 
-    def acquire(self, token=None, deadline=None):
-        """``(key, lease)`` for one request; raises KeysUnavailable, Cancelled or DeadlineExceeded."""
+    def acquire(self, ctx=None):
+        """``(key, lease)`` for one request of the call ``ctx`` (None: no cancellation, no deadline);
+        raises KeysUnavailable, Cancelled or DeadlineExceeded."""
+        token, deadline = (ctx.token, ctx.deadline) if ctx is not None else (None, None)
         handle = token.add_callback(lambda: _notify(self._cond)) if token is not None else None
         try:
             with self._cond:
@@ -6781,12 +6831,14 @@ class Coalescer:
     def __len__(self):
         return len(self._flights)
 
-    def run(self, key, work, token, deadline, listener=None, lookup=None):
+    def run(self, key, work, ctx, lookup=None):
         """Return ``(value, how)``: ``how`` is ``"own"``, ``"shared"`` or ``"cached"``.
 
-        ``work(flight_token, emit)`` runs at most once per flight; its exception
-        is re-raised in every caller.  ``emit(*event)`` reaches the ``listener``
-        of every caller still waiting.  ``lookup()`` (a cache read) is asked
+        ``work(flight)`` runs at most once per flight, under the flight's own
+        :class:`CallContext` (its token, no deadline, its progress reaching the
+        progress of every caller still waiting); its exception is re-raised in
+        every caller.  A caller waits until its own ``ctx`` is cancelled or its
+        deadline passes.  ``lookup()`` (a cache read) is asked
         under the lock before a new flight starts, so a caller arriving just as
         a flight lands takes its cached value instead of starting another.
         """
@@ -6800,8 +6852,10 @@ class Coalescer:
             if flight is None:
                 flight = self._flights[key] = _Flight()
             flight.waiters += 1
+            listener = ctx.progress
             if listener is not None:
                 flight.listeners.append(listener)
+        token, deadline = ctx.token, ctx.deadline
         if how == "own":
             handle = token.add_callback(lambda: self._leave(key, flight))
             try:
@@ -6814,8 +6868,8 @@ class Coalescer:
             handle = token.add_callback(lambda: _notify(flight.cond))
             try:
                 with flight.cond:
-                    while not flight.done and not token.cancelled and not deadline.expired():
-                        flight.cond.wait(deadline.remaining())
+                    while not flight.done and not token.cancelled and not ctx.expired():
+                        flight.cond.wait(deadline.remaining() if deadline is not None else None)
                     done = flight.done
             finally:
                 token.remove(handle)
@@ -6849,7 +6903,7 @@ class Coalescer:
     def _fly(self, key, flight, work):
         value = error = None
         try:
-            value = work(flight.token, flight.emit)
+            value = work(CallContext(flight.token, progress=flight.emit))
         except BaseException as exc:   # handed to every waiter
             error = exc
         with self._lock:
@@ -6955,24 +7009,6 @@ def _date_epoch(day):
     return float(_calendar.timegm(time.strptime(day, "%Y-%m-%d")))
 
 
-class SearchContext:
-    """What a vendor needs for one attempt: transport, deadline, cancel token, configuration, filters.
-
-    ``headers`` holds the headers of the vendor's last response, so the ring
-    can read rate-limit headers from successes too.
-    """
-
-    __slots__ = ("transport", "deadline", "token", "config", "filters", "headers")
-
-    def __init__(self, transport, deadline, token, config, filters=NO_FILTERS):
-        self.transport = transport
-        self.deadline = deadline
-        self.token = token
-        self.config = config
-        self.filters = filters
-        self.headers = {}
-
-
 def attempt_record(vendor, outcome, elapsed_s, *, code=None, http_status=None, message=None):
     """One entry of ``attempts[]``."""
     return {"vendor": vendor, "outcome": outcome, "code": code, "http_status": http_status,
@@ -7012,12 +7048,12 @@ def title_from_url(url):
     return "%s: %s" % (host, words) if words else host
 
 
-def call_upstream(service, transport, method, url, *, token, deadline, timeout_s, headers=None, body=None,
+def call_upstream(service, transport, method, url, *, ctx, timeout_s, headers=None, body=None,
                   max_redirects=0, **options):
     """One request through the transport; transport failures become :class:`UpstreamError`."""
     try:
-        return transport.request(method, url, headers=headers, body=body, timeout_s=timeout_s,
-                                 deadline=deadline, token=token, max_redirects=max_redirects, **options)
+        return transport.request(method, url, ctx=ctx, headers=headers, body=body, timeout_s=timeout_s,
+                                 max_redirects=max_redirects, **options)
     except TransportError as exc:
         raise UpstreamError(service, exc.outcome, exc.code, exc.message, retryable=exc.retryable) from None
     except DeadlineExceeded as exc:
@@ -7035,19 +7071,21 @@ class Vendor:
     # Filters this vendor passes to the engine itself; the ring post-filters the rest.
     NATIVE = frozenset()
 
-    def __init__(self, config, tavily=None):
+    def __init__(self, config, transport, tavily=None):
         self.config = config
+        self.transport = transport
         self.tavily = tavily
 
     def native_filters(self):
         return self.NATIVE
 
-    def search(self, ctx, query, num):
+    def search(self, ctx, query, num, filters):
+        """Results for ``query`` (at most ``num``) within ``filters``, under the attempt's context ``ctx``."""
         raise NotImplementedError
 
     def http(self, ctx, method, url, *, headers=None, body=None, max_redirects=0):
         """One request through the shared transport, transport failures made attempt errors."""
-        response = call_upstream(self.name, ctx.transport, method, url, token=ctx.token, deadline=ctx.deadline,
+        response = call_upstream(self.name, self.transport, method, url, ctx=ctx,
                                  timeout_s=self.config.timeout_s, headers=headers, body=body,
                                  max_redirects=max_redirects)
         ctx.headers = response.headers
@@ -7123,14 +7161,14 @@ class ExaVendor(Vendor):
         # The hosted MCP tool takes only a query and a count.
         return self.REST_NATIVE if self.config.exa_api_key else frozenset()
 
-    def search(self, ctx, query, num):
+    def search(self, ctx, query, num, filters):
         if self.config.exa_api_key:
-            return self._search_rest(ctx, query, num)
-        return self._search_mcp(ctx, query, num)
+            return self._search_rest(ctx, query, num, filters)
+        return self._search_mcp(ctx, query, num, filters)
 
-    def _search_rest(self, ctx, query, num):
+    def _search_rest(self, ctx, query, num, filters):
         request = {"query": query, "numResults": num, "type": "auto", "contents": {"highlights": True}}
-        f = ctx.filters
+        f = filters
         if f.include:
             request["includeDomains"] = list(f.include)
         if f.exclude:
@@ -7177,7 +7215,7 @@ class ExaVendor(Vendor):
             self.no_results()
         return results
 
-    def _search_mcp(self, ctx, query, num):
+    def _search_mcp(self, ctx, query, num, filters):
         rpc_id = 1
         body = json.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": "tools/call",
                            "params": {"name": "web_search_exa",
@@ -7312,7 +7350,7 @@ class TavilyClient:
     def keyed(self):
         return self.pool is not None
 
-    def post(self, path, payload, token, deadline, timeout_s, keyless=True):
+    def post(self, path, payload, ctx, timeout_s, keyless=True):
         """``(data, headers)`` of a successful call; raises UpstreamError or Cancelled."""
         url = self.config.tavily_url + path
         body = json.dumps(payload)
@@ -7324,11 +7362,11 @@ class TavilyClient:
                                     "Tavily %s needs a key: set TAVILY_API_KEY or TAVILY_API_KEYS" % path,
                                     retryable=False)
             headers["X-Tavily-Access-Mode"] = "keyless"
-            return self._check(self._send(url, body, headers, token, deadline, timeout_s), path, keyless=True)
+            return self._check(self._send(url, body, headers, ctx, timeout_s), path, keyless=True)
         last = None
         for _ in range(len(self.pool) + 1):
             try:
-                key, probe = self.pool.acquire(token, deadline)
+                key, probe = self.pool.acquire(ctx)
             except KeysUnavailable as exc:
                 raise self._unavailable(exc, last) from None
             except DeadlineExceeded as exc:
@@ -7336,7 +7374,7 @@ class TavilyClient:
             outcome, wait, message = "cancelled", None, None
             try:
                 result = self._check(self._send(url, body, dict(headers, Authorization="Bearer " + key.secret),
-                                                token, deadline, timeout_s), path)
+                                                ctx, timeout_s), path)
                 outcome = "success"
                 return result
             except UpstreamError as exc:
@@ -7347,8 +7385,7 @@ class TavilyClient:
                 outcome = exc.outcome
             finally:
                 self.pool.release(key, probe, outcome, wait, message)
-            if token is not None:
-                token.check()
+            ctx.check()
         raise last
 
     def _unavailable(self, exc, last):
@@ -7367,9 +7404,9 @@ class TavilyClient:
             exc, detail, "; last error: " + last.message if last else ""), status=last.status if last else None,
             retryable=outcome != "auth_error", retry_after_s=exc.retry_after_s, diagnostics={"keys": exc.keys})
 
-    def _send(self, url, body, headers, token, deadline, timeout_s):
-        return call_upstream(self.service, self.transport, "POST", url, token=token, deadline=deadline,
-                             timeout_s=timeout_s, headers=headers, body=body)
+    def _send(self, url, body, headers, ctx, timeout_s):
+        return call_upstream(self.service, self.transport, "POST", url, ctx=ctx, timeout_s=timeout_s,
+                             headers=headers, body=body)
 
     def _check(self, resp, path, keyless=False):
         """The JSON of a 200 answer, or the classified error.
@@ -7428,9 +7465,9 @@ class TavilyVendor(Vendor):
     name = "tavily"
     NATIVE = frozenset({"include_domains", "exclude_domains", "time_range", "start_date", "end_date", "topic"})
 
-    def search(self, ctx, query, num):
+    def search(self, ctx, query, num, filters):
         request = {"query": query, "max_results": num, "search_depth": "basic"}
-        f = ctx.filters
+        f = filters
         if f.include:
             request["include_domains"] = list(f.include)
         if f.exclude:
@@ -7443,7 +7480,7 @@ class TavilyVendor(Vendor):
             request["end_date"] = f.end_date
         if f.topic:
             request["topic"] = "news"
-        data, ctx.headers = self.tavily.post("/search", request, ctx.token, ctx.deadline, self.config.timeout_s)
+        data, ctx.headers = self.tavily.post("/search", request, ctx, self.config.timeout_s)
         results = []
         for item in data.get("results") or []:
             if isinstance(item, dict) and item.get("url"):
@@ -7691,8 +7728,8 @@ class BingVendor(Vendor):
     # Bing's freshness filter: ez1 day, ez2 week, ez3 month; a year is an explicit day range.
     _FRESHNESS = {"day": 'ex1:"ez1"', "week": 'ex1:"ez2"', "month": 'ex1:"ez3"'}
 
-    def search(self, ctx, query, num):
-        f = ctx.filters
+    def search(self, ctx, query, num, filters):
+        f = filters
         params = {"q": f.site_query(query)}
         if f.lang:
             params["setlang"] = f.lang
@@ -7736,9 +7773,9 @@ class DuckDuckGoVendor(Vendor):
     name = "duckduckgo"
     NATIVE = frozenset({"time_range", "include_domains", "exclude_domains", "country", "safesearch"})
 
-    def search(self, ctx, query, num):
+    def search(self, ctx, query, num, filters):
         base = self.config.duckduckgo_url
-        f = ctx.filters
+        f = filters
         form = {"q": f.site_query(query), "b": "", "kl": "wt-wt"}
         if f.time_range:
             form["df"] = f.time_range[0]     # d, w, m, y
@@ -7797,8 +7834,8 @@ class BraveVendor(Vendor):
 
     KEYED = True
 
-    def search(self, ctx, query, num):
-        f = ctx.filters
+    def search(self, ctx, query, num, filters):
+        f = filters
         params = {"q": f.site_query(query), "count": min(num, 20)}
         if f.lang:
             params["search_lang"] = self._search_lang(f)
@@ -7877,8 +7914,8 @@ class SerperVendor(Vendor):
 
     KEYED = True
 
-    def search(self, ctx, query, num):
-        f = ctx.filters
+    def search(self, ctx, query, num, filters):
+        f = filters
         request = {"q": f.site_query(query), "num": 10 if num <= 10 else 20}
         if f.lang:
             request["hl"] = f.lang
@@ -7924,8 +7961,8 @@ class YepVendor(Vendor):
 
     KEYED = True
 
-    def search(self, ctx, query, num):
-        f = ctx.filters
+    def search(self, ctx, query, num, filters):
+        f = filters
         request = {"query": query, "type": "highlights", "limit": num}
         if f.lang:
             request["language"] = [f.lang]
@@ -7981,8 +8018,8 @@ class SearxngVendor(Vendor):
     def keyed(self):
         return split_credentials(self.config.searxng_url)[1] is not None     # a user and password in SEARXNG_URL
 
-    def search(self, ctx, query, num):
-        f = ctx.filters
+    def search(self, ctx, query, num, filters):
+        f = filters
         params = {"q": query, "format": "json", "pageno": f.page or 1}
         if f.lang:
             params["language"] = f.lang
@@ -8128,7 +8165,7 @@ class Fetcher:
                 usable.append(name)
         return usable, skipped
 
-    def fetch(self, url, fmt, token, deadline, prior=()):
+    def fetch(self, url, fmt, ctx, prior=()):
         """``(document, attempts)``; document is None when every provider failed. ``prior``:
         attempts already made for this page elsewhere (a shared Tavily request); those providers
         are not asked again.
@@ -8145,7 +8182,7 @@ class Fetcher:
         usable = [name for name in usable if name not in {a["vendor"] for a in prior}]
         shell, why = None, None
         for name in usable:
-            token.check()
+            ctx.check()
             if name == "jina" and "direct" in usable[:usable.index("jina")]:
                 if why is None:
                     continue
@@ -8160,10 +8197,9 @@ class Fetcher:
             started = time.monotonic()
             try:
                 doc = (self._tavily if name == "tavily" else self._jina if name == "jina" else self._direct)(
-                    url, fmt, token, deadline)
+                    url, fmt, ctx)
             except UpstreamError as exc:
-                if token.cancelled:
-                    raise Cancelled(token.reason or "cancelled") from None
+                ctx.check()
                 record = attempt_record(name, exc.outcome, time.monotonic() - started, code=exc.code,
                                         http_status=exc.status, message=exc.message)
                 if exc.diagnostics:
@@ -8217,14 +8253,14 @@ class Fetcher:
             return False if self.transport._proxy_for(parts.scheme, host) is not None else None
         return any(non_public_reason(info[4][0]) for info in infos) or not infos
 
-    def _jina(self, url, fmt, token, deadline):
+    def _jina(self, url, fmt, ctx):
         """Jina Reader's JSON envelope for ``url`` (POST, so a fragment survives) as a Document."""
         headers = {"Content-Type": "application/json", "Accept": "application/json",
                    "X-Return-Format": {"text": "text", "html": "html"}.get(fmt, "markdown")}
         if self.config.jina_api_key:
             headers["Authorization"] = "Bearer " + self.config.jina_api_key
-        resp = call_upstream("jina", self.transport, "POST", self.config.jina_url.rstrip("/") + "/", token=token,
-                             deadline=deadline, timeout_s=max(self.config.timeout_s, deadline.remaining()),
+        resp = call_upstream("jina", self.transport, "POST", self.config.jina_url.rstrip("/") + "/", ctx=ctx,
+                             timeout_s=max(self.config.timeout_s, ctx.remaining()),
                              headers=headers, body=json.dumps({"url": url}))
         try:
             data = resp.json()
@@ -8252,11 +8288,11 @@ class Fetcher:
         """True when Tavily Extract comes first for ``fmt``, so several pages can share one request."""
         return self.providers(fmt)[0][:1] == ["tavily"]
 
-    def tavily_extract(self, urls, fmt, token, deadline):
+    def tavily_extract(self, urls, fmt, ctx):
         """One Tavily Extract request for ``urls``: ``({url: Document}, {url: why it failed})``."""
         data, _ = self.tavily.post("/extract", {"urls": list(urls), "format": "text" if fmt == "text" else "markdown",
                                                 "extract_depth": "basic"},
-                                   token, deadline, self.config.timeout_s, keyless=False)
+                                   ctx, self.config.timeout_s, keyless=False)
         docs = {}
         for item in data.get("results") or []:
             if not (isinstance(item, dict) and isinstance(item.get("raw_content"), str) and item["raw_content"].strip()):
@@ -8279,16 +8315,16 @@ class Fetcher:
                 reasons.setdefault(url, first if len(urls) == 1 else "no content")
         return docs, reasons
 
-    def _tavily(self, url, fmt, token, deadline):
-        docs, reasons = self.tavily_extract([url], fmt, token, deadline)
+    def _tavily(self, url, fmt, ctx):
+        docs, reasons = self.tavily_extract([url], fmt, ctx)
         if url in docs:
             return docs[url]
         raise UpstreamError("tavily", "no_results", "extract_failed", "Tavily could not extract %s: %s" % (
             url, reasons[url]), status=200)
 
-    def _direct(self, url, fmt, token, deadline):
+    def _direct(self, url, fmt, ctx):
         try:
-            resp = call_upstream("direct", self.transport, "GET", url, token=token, deadline=deadline,
+            resp = call_upstream("direct", self.transport, "GET", url, ctx=ctx,
                                  timeout_s=self.config.timeout_s, max_redirects=5,
                                  max_bytes=self.config.fetch_max_mb * 1024 * 1024,
                                  public_only=not self.config.allow_private, headers={
@@ -8310,8 +8346,8 @@ class Fetcher:
         body = resp.body
 
         def check():
-            token.check()
-            if deadline.expired():
+            ctx.check()
+            if ctx.expired():
                 raise UpstreamError("direct", "timeout", "extraction_timeout",
                                     "extracting the text of %s took until the deadline" % url, retryable=False)
         if media == "application/pdf" or body.lstrip()[:5] == b"%PDF-":
@@ -8368,12 +8404,12 @@ MAP_CRAWL_DELAY_MAX_S = 2.0          # robots.txt Crawl-delay honoured up to thi
 class CrawlPacer:
     """Spaces the requests of one map by robots.txt ``Crawl-delay``, capped, inside the map's deadline.
 
-    ``wait(token, seconds)`` sleeps and is ended early by cancellation (the default does it with an
-    Event the token sets); tests inject a fake clock and wait.
+    ``wait(ctx, seconds)`` sleeps and is ended early by cancellation (the default:
+    :meth:`CallContext.sleep`); tests inject a fake clock and wait.
 
     >>> t = [0.0]; slept = []
-    >>> p = CrawlPacer(10.0, clock=lambda: t[0], wait=lambda token, s: (slept.append(s), t.__setitem__(0, t[0] + s)))
-    >>> p.delay_s, p.pause(None, None), p.pause(None, None), slept
+    >>> p = CrawlPacer(10.0, clock=lambda: t[0], wait=lambda ctx, s: (slept.append(s), t.__setitem__(0, t[0] + s)))
+    >>> p.delay_s, p.pause(None), p.pause(None), slept
     (2.0, True, True, [2.0])
     """
 
@@ -8385,21 +8421,21 @@ class CrawlPacer:
         self._wait = wait or _sleep
         self._last = None
 
-    def pause(self, token, deadline):
+    def pause(self, ctx):
         """Wait until ``delay_s`` has passed since the previous request, then count this one.
 
-        False (without waiting) when the wait would end after ``deadline``: the caller stops there.
-        Raises Cancelled through ``token.check()`` when cancelled while waiting.
+        False (without waiting) when the wait would end after the deadline of ``ctx``: the caller
+        stops there.  Raises Cancelled when the call is cancelled while waiting.
         """
         if self._last is not None and self.delay_s > 0.0:
             due = self._last + self.delay_s - self._clock()
             if due > 0.0:
-                if deadline is not None and deadline.remaining() <= due:
+                if ctx is not None and ctx.remaining() <= due:
                     return False
-                self._wait(token, due)
+                self._wait(ctx, due)
                 self.waited_s += due
-                if token is not None:
-                    token.check()
+                if ctx is not None:
+                    ctx.check()
         self._last = self._clock()
         return True
 
@@ -8421,24 +8457,24 @@ class SiteMapper:
         self.tavily = tavily
         self.log = logger
         self._clock = clock
-        self._wait = wait           # CrawlPacer's wait(token, seconds); None: a cancellable Event wait
+        self._wait = wait           # CrawlPacer's wait(ctx, seconds); None: CallContext.sleep
 
-    def _get(self, url, token, deadline, truncate=False):
-        return call_upstream("direct", self.transport, "GET", url, token=token, deadline=deadline,
-                             timeout_s=min(self.config.timeout_s, deadline.remaining() or 0.001),
+    def _get(self, url, ctx, truncate=False):
+        return call_upstream("direct", self.transport, "GET", url, ctx=ctx,
+                             timeout_s=min(self.config.timeout_s, ctx.remaining() or 0.001),
                              max_redirects=5, public_only=not self.config.allow_private, truncate=truncate,
                              headers={"User-Agent": "%s/%s (+MCP server)" % (RobotsRules.AGENT, __version__),
                                       "Accept": "text/html,application/xml,text/xml;q=0.9,*/*;q=0.5"})
 
-    def via_tavily(self, url, args, token, deadline):
+    def via_tavily(self, url, args, ctx):
         payload = {"url": url, "max_depth": args["max_depth"], "max_breadth": args["max_breadth"],
                    "limit": args["limit"], "timeout": int(max(10, min(150, args["timeout"])))}
         if args.get("instructions"):
             payload["instructions"] = args["instructions"]
-        data, _ = self.tavily.post("/map", payload, token, deadline, args["timeout"] + 5.0, keyless=False)
+        data, _ = self.tavily.post("/map", payload, ctx, args["timeout"] + 5.0, keyless=False)
         return [r for r in data.get("results") or []], {}
 
-    def direct(self, url, args, token, deadline, progress=None):
+    def direct(self, url, args, ctx):
         """``(urls, stats)`` by robots.txt, sitemaps and a breadth-first crawl; raises UpstreamError.
 
         ``stats["lastmod"]`` maps listed URLs to the ``lastmod`` their sitemap gave (web_map moves it out).
@@ -8448,9 +8484,9 @@ class SiteMapper:
         parts = _urllib_parse.urlsplit(url)
         origin = "%s://%s" % (parts.scheme, parts.netloc)
         site = _origin(url)     # robots.txt speaks for one scheme, host and port (RFC 9309 2.3)
-        robots = self._robots(origin, token, deadline)
+        robots = self._robots(origin, ctx)
         pacer = CrawlPacer(robots.crawl_delay_s, clock=self._clock, wait=self._wait)
-        pacer.pause(token, deadline)          # robots.txt was the first request
+        pacer.pause(ctx)          # robots.txt was the first request
         limit = args["limit"]
         found, seen, lastmod = [], set(), {}
         stats = {"robots": "disallow_all" if robots.disallow_all else ("rules" if robots.rules else "allow_all"),
@@ -8476,13 +8512,12 @@ class SiteMapper:
             found.insert(0 if first else len(found), candidate.split("#", 1)[0])
             if modified:
                 lastmod[candidate.split("#", 1)[0]] = modified
-            if progress is not None:
-                progress(len(found), limit, "%d URLs found" % len(found))
+            ctx.report(len(found), limit, "%d URLs found" % len(found))
             return True
 
         def polite(target_url):
             """Wait out Crawl-delay before a request to the site; False when the deadline comes first."""
-            if pacer.pause(token, deadline):
+            if pacer.pause(ctx):
                 return True
             stats["stopped"] = "deadline_before_crawl_delay"
             return False
@@ -8491,14 +8526,14 @@ class SiteMapper:
         queued = {s for s, _ in queue}
         stats["sitemaps_other_origin"] = sum(1 for s in robots.sitemaps if _origin(s) != site)
         read = 0
-        while queue and read < MAP_SITEMAPS_MAX and len(found) < limit and not deadline.expired():
-            token.check()
+        while queue and read < MAP_SITEMAPS_MAX and len(found) < limit and not ctx.expired():
+            ctx.check()
             sitemap, level = queue.pop(0)
             read += 1
             if not polite(sitemap):
                 break
             try:
-                resp = self._get(sitemap, token, deadline, truncate=True)
+                resp = self._get(sitemap, ctx, truncate=True)
             except UpstreamError as exc:
                 self.log.info("map: sitemap %s unreadable: %s", sitemap, exc.message)
                 continue
@@ -8514,8 +8549,8 @@ class SiteMapper:
             stats["sitemaps_read"] += 1
             for n, entry in enumerate(iter_sitemap(body, base_url=resp.url)):
                 if n % 512 == 511:
-                    token.check()
-                    if deadline.expired():
+                    ctx.check()
+                    if ctx.expired():
                         break
                 if not entry.is_sitemap:
                     if add(entry.url, modified=entry.lastmod) and len(found) >= limit:
@@ -8529,8 +8564,8 @@ class SiteMapper:
                     queue.append((entry.url, level + 1))
         frontier = [(url, 0)]
         crawled = set()
-        while frontier and len(found) < limit and not deadline.expired():
-            token.check()
+        while frontier and len(found) < limit and not ctx.expired():
+            ctx.check()
             page, depth = frontier.pop(0)
             if depth >= args["max_depth"] or page in crawled:
                 continue
@@ -8546,7 +8581,7 @@ class SiteMapper:
             if not polite(page):
                 break
             try:
-                resp = self._get(page, token, deadline)
+                resp = self._get(page, ctx)
             except UpstreamError:
                 continue
             stats["pages_crawled"] += 1
@@ -8560,8 +8595,8 @@ class SiteMapper:
             taken = 0
             for n, match in enumerate(_HREF.finditer(html)):
                 if n % 256 == 255:
-                    token.check()
-                    if deadline.expired():
+                    ctx.check()
+                    if ctx.expired():
                         break
                 href = next(g for g in match.groups() if g is not None)
                 if href.startswith(("javascript:", "mailto:", "#", "tel:")):
@@ -8583,10 +8618,10 @@ class SiteMapper:
         stats["lastmod"] = {u: lastmod[u] for u in found[:limit] if u in lastmod}
         return found[:limit], stats
 
-    def _robots(self, origin, token, deadline):
+    def _robots(self, origin, ctx):
         """robots.txt of ``origin``: 4xx allows everything, 5xx or no answer disallows everything."""
         try:
-            resp = self._get(origin + "/robots.txt", token, deadline)
+            resp = self._get(origin + "/robots.txt", ctx)
         except UpstreamError as exc:
             if exc.outcome in ("blocked", "network_error") or exc.code == "bad_url":
                 raise         # the site itself cannot be reached (or may not be): not a robots.txt question
@@ -8720,10 +8755,10 @@ class Ring:
         self.log = logger
         self._clock = clock
         self.tavily = TavilyClient(config, transport, logger, clock)
-        self.vendors = {name: cls(config, self.tavily) for name, cls in VENDOR_CLASSES.items()}
+        self.vendors = {name: cls(config, transport, self.tavily) for name, cls in VENDOR_CLASSES.items()}
         self.health = HealthBoard(config, logger, clock)
 
-    def _attempt(self, name, query, num, filters, token, deadline):
+    def _attempt(self, name, query, num, filters, ctx):
         """Ask one vendor; returns ``(results, record, filters_applied)``; raises Cancelled.
 
         ``results`` is None when the attempt failed or was skipped.
@@ -8733,7 +8768,7 @@ class Ring:
         for wanted, (code, why) in _SKIPPED_WITHOUT.items():
             if getattr(filters, wanted) and wanted not in native:
                 return None, attempt_record(name, "skipped", 0.0, code=code, message=why % name), {}
-        if deadline.expired():      # before admit(): a probe slot must never be taken and left
+        if ctx.expired():      # before admit(): a probe slot must never be taken and left
             return None, attempt_record(name, "timeout", 0.0, code="deadline_exhausted",
                                         message="the call's deadline passed before this vendor was tried"), {}
         gate = self.health.admit(name)
@@ -8745,16 +8780,16 @@ class Ring:
         post = bool(filters.include or filters.exclude or filters.per_domain or filters.dated())
         ask = min(MAX_RESULTS, num * 2) if post else num
         started = self._clock()
-        ctx = SearchContext(self.transport, deadline.child(self.config.timeout_s), token, self.config, filters)
+        ctx = ctx.within(self.config.timeout_s, self._clock)
         try:
-            results = vendor.search(ctx, query, ask)
+            results = vendor.search(ctx, query, ask, filters)
         except Cancelled:
             self.health.record(name, "cancelled")
             raise
         except UpstreamError as exc:
-            if token.cancelled:
+            if ctx.cancelled:
                 self.health.record(name, "cancelled")
-                raise Cancelled(token.reason or "cancelled") from None
+                raise Cancelled(ctx.token.reason or "cancelled") from None
             record = attempt_record(name, exc.outcome, self._clock() - started, code=exc.code,
                                     http_status=exc.status, message=exc.message)
             record["retryable"] = exc.retryable
@@ -8765,9 +8800,9 @@ class Ring:
             self.health.record(name, exc.outcome, ctx.headers, exc.retry_after_s, exc.code, exc.message)
             return None, record, {}
         except Exception as exc:   # a parser bug must not end the ring
-            if token.cancelled:
+            if ctx.cancelled:
                 self.health.record(name, "cancelled")
-                raise Cancelled(token.reason or "cancelled") from None
+                raise Cancelled(ctx.token.reason or "cancelled") from None
             self.log.unexpected("%s raised" % name, exc)
             self.health.record(name, "bad_response", ctx.headers, None, "internal_error", str(exc))
             return None, attempt_record(name, "bad_response", self._clock() - started, code="internal_error",
@@ -8783,34 +8818,32 @@ class Ring:
     def order(self, vendor=None):
         return [vendor] if vendor else list(self.config.vendors)
 
-    def search(self, query, num, vendor, token, deadline, emit=None, filters=NO_FILTERS):
+    def search(self, query, num, vendor, ctx, filters=NO_FILTERS):
         """Failover: ask vendors in turn until one gives results.
 
         Returns ``{"ok", "vendor", "vendors", "results", "attempts", "filters_applied"}``;
-        raises Cancelled.
+        reports each vendor's outcome as progress of ``ctx``; raises Cancelled.
         """
         order = self.order(vendor)
         attempts = []
         for index, name in enumerate(order):
-            token.check()
-            results, record, how = self._attempt(name, query, num, filters, token, deadline)
+            ctx.check()
+            results, record, how = self._attempt(name, query, num, filters, ctx)
             attempts.append(record)
             if results is not None:
                 ranked = rank_results(results, num, name, filters.per_domain)
-                if emit is not None:
-                    emit(len(order), len(order), "%s answered with %d results" % (name, len(ranked)))
+                ctx.report(len(order), len(order), "%s answered with %d results" % (name, len(ranked)))
                 return {"ok": True, "vendor": name, "vendors": [name], "results": ranked,
                         "attempts": attempts, "filters_applied": how}
             if record["outcome"] != "skipped_cooldown":
                 self.log.info("%s failed: %s (%s)%s", name, record["outcome"], record["code"],
                               "; trying " + order[index + 1] if index + 1 < len(order) else "")
-            if emit is not None:
-                emit(index + 1, len(order), "%s: %s" % (name, record["outcome"]))
-        token.check()
+            ctx.report(index + 1, len(order), "%s: %s" % (name, record["outcome"]))
+        ctx.check()
         return {"ok": False, "vendor": None, "vendors": [], "results": [], "attempts": attempts,
                 "filters_applied": {}}
 
-    def fanout(self, query, num, token, deadline, emit=None, filters=NO_FILTERS):
+    def fanout(self, query, num, ctx, filters=NO_FILTERS):
         """Ask every vendor of the ring at once and fuse the rankings (RRF, k = 60).
 
         Returns the same shape as :meth:`search` plus ``duplicates_removed``;
@@ -8823,38 +8856,38 @@ class Ring:
 
         def run(name):
             try:
-                outcome = self._attempt(name, query, num, filters, token, deadline)
+                outcome = self._attempt(name, query, num, filters, ctx)
             except Cancelled:
                 outcome = None
             except Exception as exc:   # never leave a slot in the fan-out unfilled
                 self.log.unexpected("the fan-out attempt of %s" % name, exc)
                 outcome = (None, attempt_record(name, "bad_response", 0.0, code="internal_error",
                                                 message="%s: %s" % (type(exc).__name__, exc)), {})
-            if emit is not None and outcome is not None:
+            if outcome is not None:
                 results, record = outcome[0], outcome[1]
                 # Sent before the result is published, so the fan-out cannot return (and its
                 # callers stop listening) while a vendor's progress is still on its way.
                 with emit_lock:     # progress numbers must rise in the order they are sent
                     finished[0] += 1
-                    emit(finished[0], len(order), "%s: %s%s" % (
+                    ctx.report(finished[0], len(order), "%s: %s%s" % (
                         name, record["outcome"], " (%d results)" % len(results) if results else ""))
             with cond:
                 done[name] = outcome
                 cond.notify_all()
 
-        handle = token.add_callback(lambda: _notify(cond))
+        handle = ctx.token.add_callback(lambda: _notify(cond))
         threads = [threading.Thread(target=run, args=(n,), name="fanout-" + n, daemon=True) for n in order]
         for t in threads:
             t.start()
-        grace = Deadline(deadline.remaining() + 2.0, self._clock)
+        grace = Deadline(ctx.remaining() + 2.0, self._clock)
         try:
             with cond:
-                while len(done) < len(order) and not token.cancelled and not grace.expired():
+                while len(done) < len(order) and not ctx.cancelled and not grace.expired():
                     cond.wait(max(0.05, grace.remaining()))
                 done = dict(done)
         finally:
-            token.remove(handle)
-        token.check()
+            ctx.token.remove(handle)
+        ctx.check()
         attempts, lists, how = [], {}, {}
         for name in order:
             results, record, applied = done.get(name) or (None, attempt_record(
@@ -9014,24 +9047,6 @@ GET_SOURCES_OUTPUT = {
     }),
     "required": ["status", "partial", "error"],
 }
-
-
-def mcp_words(name, value=None):
-    """A tool or argument ``name`` as an MCP caller writes it, with ``value``: ``start_index=100``."""
-    return name if value is None else "%s=%s" % (name, value)
-
-
-class Call:
-    """One tools/call in progress: its cancel token, progress sink, and how its caller names tools and
-    arguments in the hints of the text (``say``: :func:`mcp_words`, or the command line's words)."""
-
-    __slots__ = ("token", "progress", "request_id", "say")
-
-    def __init__(self, token, progress=None, say=mcp_words):
-        self.token = token
-        self.progress = progress
-        self.request_id = new_id("req_")
-        self.say = say
 
 
 def issue(path, code, message, suggestion):
@@ -9895,13 +9910,13 @@ class SearchTools:
                           values.get("end_date"), values.get("page"), values.get("lang_tag"))
         key = ("web_search", query, num, vendor or "", mode, filters.key(), self.config.vendors)
 
-        def work(flight_token, emit):
-            deadline = Deadline(self.config.deadline_s, self._clock)
+        def work(flight):
+            ctx = flight.within(self.config.deadline_s, self._clock)
             if mode == "fanout":
-                result = self.ring.fanout(query, num, flight_token, deadline, emit, filters)
+                result = self.ring.fanout(query, num, ctx, filters)
             else:
-                result = self.ring.search(query, num, vendor, flight_token, deadline, emit, filters)
-            if result["ok"] and not flight_token.cancelled:
+                result = self.ring.search(query, num, vendor, ctx, filters)
+            if result["ok"] and not flight.cancelled:
                 self.cache.put(key, (result, self._clock()))
             return result
 
@@ -9913,8 +9928,8 @@ class SearchTools:
             return None
         if cached is None:
             try:
-                value, how = self.coalescer.run(key, work, call.token, Deadline(
-                    self.config.deadline_s + 5.0, self._clock), call.progress, lookup)
+                value, how = self.coalescer.run(key, work, call.within(self.config.deadline_s + 5.0, self._clock),
+                                                lookup)
             except DeadlineExceeded as exc:
                 s = status_fields("error", "deadline_exceeded", error_detail(
                     "deadline_exceeded", str(exc), "web_search", retryable=True))
@@ -9942,23 +9957,23 @@ class SearchTools:
         else:
             s.update(self._failure(outcome["attempts"], vendor))
         if outcome["ok"] and values["include_content"] and self.pages is not None:
-            self._attach_content(s, values["include_content"], values["content_chars"], call,
-                                 Deadline(max(1.0, self.config.deadline_s - (self._clock() - started)), self._clock))
+            self._attach_content(s, values["include_content"], values["content_chars"], call.within(
+                max(1.0, self.config.deadline_s - (self._clock() - started)), self._clock))
         s["select"] = values["select"]
         s["results"] = project_results(s["results"], values["select"])
         s["duration_ms"] = round((self._clock() - started) * 1000.0, 2)
         text, s["truncated"] = render_search_text(s, self.config.max_chars, call.say)
         return s, text, s["status"] == "error"
 
-    def _attach_content(self, s, count, chars, call, deadline):
+    def _attach_content(self, s, count, chars, ctx):
         """The pages of the first ``count`` results, read at once through web_fetch's providers,
-        cache and coalescing within what is left of the search deadline: each result gets
+        cache and coalescing within the deadline of ``ctx`` (what is left of the search's): each result gets
         ``content`` (the first ``chars`` characters of its Markdown), ``content_status`` and
         ``next_start_index`` (web_fetch goes on from there without fetching again). A page that
         fails leaves its result, and the search, as they are."""
         results = [dict(r) for r in s["results"]]
         top = results[:count]
-        pages = self.pages.fetch_many([r["url"] for r in top], "markdown", 0, chars, call, deadline)
+        pages = self.pages.fetch_many([r["url"] for r in top], "markdown", 0, chars, ctx)
         for result, (page, _, is_error) in zip(top, pages):
             result.update({"content": None if is_error else page["content"],
                            "content_status": page["error"] if is_error else "success",
@@ -10049,24 +10064,25 @@ class PageTools:
             result = self._fetch_pages(values["urls"], fmt, start, length, call, started)
         return with_adjustments(result, adjustments)
 
-    def fetch_many(self, urls, fmt, start, length, call, deadline=None, on_done=None):
+    def fetch_many(self, urls, fmt, start, length, ctx, on_done=None):
         """``[(structured, text, is_error)]`` of one page of each URL, fetched at once (the upstream
-        slots bound the concurrency) through the cache and coalescing; ``on_done(n)`` after each.
+        slots bound the concurrency) through the cache and coalescing, each caller waiting until the
+        deadline of ``ctx`` (if it has one); ``on_done(n)`` after each.
         A fetch that ends without a result (its shared fetch was cancelled) is a ``fetch_failed``."""
         results = [None] * len(urls)
         done, lock = [0], threading.Lock()
-        served, prior = self._extract_together(urls, fmt, call, deadline)
+        served, prior = self._extract_together(urls, fmt, ctx)
 
         def one(i):
             try:
-                results[i] = self._fetch_page(urls[i], fmt, start, length, Call(call.token), self._clock(),
-                                              deadline=deadline, served=served.get(urls[i]),
-                                              prior=prior.get(urls[i], ()))
+                page_ctx = CallContext(ctx.token, ctx.deadline, say=ctx.say)     # progress: one note per page
+                results[i] = self._fetch_page(urls[i], fmt, start, length, page_ctx, self._clock(),
+                                              served=served.get(urls[i]), prior=prior.get(urls[i], ()))
             except Cancelled:
                 return
             except Exception as exc:         # one page's bug must not lose the others
                 self.log.unexpected("web_fetch of %s" % urls[i], exc)
-                results[i] = self._fetch_error(call, urls[i], fmt, "internal_error", "%s: %s" % (
+                results[i] = self._fetch_error(ctx, urls[i], fmt, "internal_error", "%s: %s" % (
                     type(exc).__name__, exc), [], self._clock(), False)
             with lock:
                 done[0] += 1
@@ -10079,11 +10095,11 @@ class PageTools:
         one(0)
         for thread in threads:
             thread.join()
-        call.token.check()
-        return [r or self._fetch_error(call, url, fmt, "fetch_failed", "the fetch was cancelled", [],
+        ctx.check()
+        return [r or self._fetch_error(ctx, url, fmt, "fetch_failed", "the fetch was cancelled", [],
                                        self._clock(), True) for r, url in zip(results, urls)]
 
-    def _extract_together(self, urls, fmt, call, deadline):
+    def _extract_together(self, urls, fmt, ctx):
         """With Tavily Extract first, the pages not in the cache go to it in one request (then into
         the cache): ``({url: attempts of the page it served}, {url: attempts of its failure})``.
         A failed shared request leaves every page to its own provider chain."""
@@ -10092,10 +10108,10 @@ class PageTools:
             return {}, {}
         began = self._clock()
         try:
-            docs, reasons = self.fetcher.tavily_extract(missing, fmt, call.token, deadline or Deadline(
-                self.config.deadline_s, self._clock))
+            docs, reasons = self.fetcher.tavily_extract(missing, fmt, ctx if ctx.deadline is not None else
+                                                        ctx.within(self.config.deadline_s, self._clock))
         except UpstreamError as exc:
-            call.token.check()
+            ctx.check()
             self.log.info("Tavily Extract of %d pages failed: %s (%s)", len(missing), exc.outcome, exc.code)
             return {}, {}
         elapsed = self._clock() - began
@@ -10110,8 +10126,7 @@ class PageTools:
         """web_fetch with ``urls``: one result each, ``partial_success`` when some fail, a progress
         note per page done."""
         def on_done(n):
-            if call.progress is not None:
-                call.progress(n, len(urls), "%d of %d pages fetched" % (n, len(urls)))
+            call.report(n, len(urls), "%d of %d pages fetched" % (n, len(urls)))
         results = self.fetch_many(urls, fmt, start, length, call, on_done=on_done)
         pages = []
         for (s, _, _), url in zip(results, urls):
@@ -10135,18 +10150,17 @@ class PageTools:
             blocks.append("=== %d. %s (%s) ===\n%s" % (i, page["url"], page["status"], text))
         return s, "\n\n".join(blocks), failed == len(pages)
 
-    def _fetch_page(self, url, fmt, start, length, call, started, inline=False, deadline=None, served=None,
-                    prior=()):
+    def _fetch_page(self, url, fmt, start, length, call, started, inline=False, served=None, prior=()):
         """One page of one document: from the cache, or fetched once however many ask at the same time.
-        ``deadline`` bounds this caller's wait (the fetch itself goes on for others and the cache);
+        The deadline of ``call`` bounds this caller's wait (the fetch itself goes on for others and the
+        cache; without one, the wait is the configured deadline and a little more);
         ``served``: the attempts of a shared request that just put the page in the cache; ``prior``:
         attempts already made for it (see :meth:`Fetcher.fetch`)."""
         key = ("web_fetch", url, fmt)
 
-        def work(flight_token, emit):
-            deadline = Deadline(self.config.deadline_s, self._clock)
-            doc, attempts = self.fetcher.fetch(url, fmt, flight_token, deadline, prior)
-            if doc is not None and doc.content.strip() and not flight_token.cancelled:
+        def work(flight):
+            doc, attempts = self.fetcher.fetch(url, fmt, flight.within(self.config.deadline_s, self._clock), prior)
+            if doc is not None and doc.content.strip() and not flight.cancelled:
                 self.documents.put(key, doc)
             return doc, attempts
 
@@ -10159,8 +10173,8 @@ class PageTools:
             if inline:
                 return None
             try:
-                (doc, attempts), how = self.coalescer.run(key, work, call.token, deadline or Deadline(
-                    self.config.deadline_s + 5.0, self._clock), call.progress, lookup)
+                wait = call if call.deadline is not None else call.within(self.config.deadline_s + 5.0, self._clock)
+                (doc, attempts), how = self.coalescer.run(key, work, wait, lookup)
             except DeadlineExceeded as exc:
                 return self._fetch_error(call, url, fmt, "deadline_exceeded", str(exc), [], started, True)
         if how == "cached" and served is not None:
@@ -10226,10 +10240,10 @@ class PageTools:
         return with_adjustments(self._map(values.pop("url"), values, call, started), adjustments)
 
     def _map(self, url, values, call, started):
-        deadline = Deadline(values["timeout"], self._clock)
+        ctx = call.within(values["timeout"], self._clock)
         attempts, urls, provider, stats = [], None, None, {}
         for name in self.config.map_providers:
-            call.token.check()
+            ctx.check()
             if name == "tavily" and not (self.mapper.tavily.keyed and self.config.tavily_enabled):
                 attempts.append(attempt_record("tavily", "skipped", 0.0, code="not_usable",
                                                message="no Tavily key (TAVILY_API_KEY or TAVILY_API_KEYS)"))
@@ -10237,12 +10251,11 @@ class PageTools:
             began = self._clock()
             try:
                 if name == "tavily":
-                    urls, stats = self.mapper.via_tavily(url, values, call.token, deadline)
+                    urls, stats = self.mapper.via_tavily(url, values, ctx)
                 else:
-                    urls, stats = self.mapper.direct(url, values, call.token, deadline, call.progress)
+                    urls, stats = self.mapper.direct(url, values, ctx)
             except UpstreamError as exc:
-                if call.token.cancelled:
-                    raise Cancelled(call.token.reason or "cancelled") from None
+                ctx.check()
                 attempts.append(attempt_record(name, exc.outcome, self._clock() - began, code=exc.code,
                                                http_status=exc.status, message=exc.message))
                 if exc.code in ("private_address", "bad_url"):
@@ -10387,7 +10400,7 @@ class AnswerTools:
         self.coalescer = coalescer
         self.log = logger
         self._clock = clock             # every budget, queue wait and attempt deadline reads this clock
-        self._sleep = sleep or _sleep   # backoff: sleep(token, seconds), ended early by a cancellation
+        self._sleep = sleep or _sleep   # backoff: sleep(ctx, seconds), ended early by a cancellation
         self._rng = rng or _random.Random()
         self.slots = Slots(config.grok_concurrency, "answer", on_queue=lambda s: logger.info(
             "all %d answer slots busy (GROK_MAX_CONCURRENCY); question queued", s.limit))
@@ -10438,20 +10451,20 @@ class AnswerTools:
         key = ("web_answer", query, platform, model, extra)
         try:
             outcome, how = self.coalescer.run(
-                key, lambda token, emit: self._answer(query, platform, model, protocol, extra, token, emit),
-                call.token, Deadline(self.config.answer_budget_s + 10.0, self._clock), call.progress)
+                key, lambda flight: self._answer(query, platform, model, protocol, extra, flight),
+                call.within(self.config.answer_budget_s + 10.0, self._clock))
         except DeadlineExceeded as exc:
             outcome, how = {"result": None, "error": answer_error("timeout", "deadline", str(exc)),
                             "evidence_error": None, "diagnostics": {"termination": "total_budget_exhausted"}}, "own"
         return with_adjustments(self._answer_result(call, query, model, protocol, outcome, how == "shared",
                                                     started), adjustments)
 
-    def _answer(self, query, platform, model, protocol, extra, token, emit):
+    def _answer(self, query, platform, model, protocol, extra, flight):
         """The shared work of one question: evidence, queue, attempts with backoff, all in one budget."""
-        budget = Deadline(self.config.answer_budget_s, self._clock)
+        budget = flight.within(self.config.answer_budget_s, self._clock)
         began = self._clock()
         state = {"phase": "starting", "chars": 0, "attempt": 0, "attempts": self.config.grok_max_attempts}
-        ticker = _ProgressTicker(emit, state, self._clock)
+        ticker = _ProgressTicker(flight.progress, state, self._clock)
         state["tick"] = ticker.tick
         ticker.start()
         diagnostics = {"termination": None, "configured_attempts": self.config.grok_max_attempts, "attempts": 0,
@@ -10461,7 +10474,8 @@ class AnswerTools:
         try:
             if extra:
                 state["phase"] = "searching"
-                found = self.ring.search(query, extra, None, token, budget.child(self.config.deadline_s))
+                quiet = CallContext(flight.token, budget.deadline.child(self.config.deadline_s))   # no progress
+                found = self.ring.search(query, extra, None, quiet)
                 if found["ok"]:
                     known = self.log.redact.known      # a key a page echoed is not passed on to the model
                     evidence = [{"title": known(r["title"]), "url": known(r["url"]),
@@ -10473,7 +10487,7 @@ class AnswerTools:
             state["phase"] = "queued"
             queued_at = self._clock()
             try:
-                self.slots.acquire(token, budget)
+                self.slots.acquire(budget)
                 if budget.remaining() < MIN_ATTEMPT_S:     # a slot this late leaves no time to answer
                     self.slots.release()
                     raise DeadlineExceeded("slot freed too late")
@@ -10487,7 +10501,7 @@ class AnswerTools:
                         "diagnostics": diagnostics}
             diagnostics["queue_wait_s"] = round(self._clock() - queued_at, 3)
             try:
-                result, error = self._attempts(model, protocol, system, user, token, budget, state, diagnostics)
+                result, error = self._attempts(model, protocol, system, user, budget, state, diagnostics)
             finally:
                 self.slots.release()
         finally:
@@ -10496,10 +10510,10 @@ class AnswerTools:
         return {"result": result, "error": error, "evidence": evidence, "evidence_error": evidence_error,
                 "diagnostics": diagnostics}
 
-    def _attempts(self, model, protocol, system, user, token, budget, state, diagnostics):
+    def _attempts(self, model, protocol, system, user, budget, state, diagnostics):
         error = None
         for attempt in range(1, self.config.grok_max_attempts + 1):
-            token.check()
+            budget.check()
             if budget.remaining() < MIN_ATTEMPT_S:
                 diagnostics["termination"] = "total_budget_exhausted"
                 break
@@ -10509,14 +10523,14 @@ class AnswerTools:
 
             def on_text(n):
                 state["chars"] += n
-            attempt_deadline = budget.child(self.config.grok_attempt_timeout_s)
+            attempt_ctx = budget.within(self.config.grok_attempt_timeout_s)
             try:
-                result = stream_answer(self.transport, self.config, protocol, model, system, user, token,
-                                       attempt_deadline, attempt_deadline.remaining(), on_text)
+                result = stream_answer(self.transport, self.config, protocol, model, system, user, attempt_ctx,
+                                       attempt_ctx.remaining(), on_text)
                 diagnostics["termination"] = "completed"
                 return result, None
             except UpstreamError as exc:
-                token.check()
+                budget.check()
                 error = exc
                 diagnostics["errors"].append(dict(exc.as_dict(), attempt=attempt))
                 self.log.info("answer attempt %d failed: %s/%s (%s)", attempt, exc.outcome, exc.code, exc.message[:200])
@@ -10535,7 +10549,7 @@ class AnswerTools:
                     break
                 state.update(phase="backoff", error=exc.message[:120], wait=wait)
                 state["tick"]()
-                self._sleep(token, wait)
+                self._sleep(budget, wait)
         if diagnostics["termination"] is None:
             diagnostics["termination"] = "total_budget_exhausted"
         return None, error or answer_error("timeout", "budget", "the answer budget ran out", retryable=True)
@@ -10625,7 +10639,7 @@ class AnswerTools:
                     "needs": self.config.requirement(v), "health": health[v]} for v in KNOWN_VENDORS]
         keys = self.ring.tavily.pool.describe() if self.ring.tavily.keyed else {
             "mode": "keyless" if self.config.tavily_enabled else "disabled", "keys": []}
-        test = self._connection_test(model, call.token)
+        test = self._connection_test(model, call)
         s = status_fields("success" if not problems else "partial_success",
                           None if not problems else "configuration_problems")
         s.update({"version": __version__, "configuration": self.config.masked(), "problems": problems,
@@ -10649,7 +10663,7 @@ class AnswerTools:
         lines += ["problem: " + p["message"] for p in problems] or ["no configuration problems"]
         return s, "\n".join(lines), False
 
-    def _connection_test(self, model, token):
+    def _connection_test(self, model, ctx):
         """GET /models on the answer endpoint; a good catalogue is reused for five minutes, failures never."""
         if not self.config.grok_key:
             return {"status": "skipped", "message": "skipped: GROK_API_KEY is unset"}
@@ -10661,7 +10675,7 @@ class AnswerTools:
             started = self._clock()
             try:
                 resp = call_upstream("answer", self.transport, "GET", self.config.grok_url + "/models",
-                                     token=token, deadline=Deadline(15.0, self._clock), timeout_s=15.0,
+                                     ctx=ctx.within(15.0, self._clock), timeout_s=15.0,
                                      headers={"Authorization": "Bearer " + self.config.grok_key,
                                               "Accept": "application/json"})
             except UpstreamError as exc:
@@ -11305,7 +11319,7 @@ class Server:
                 return _DEFER
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
         progress = self._progress_sink(meta.get("progressToken"), token)
-        call = Call(token, progress)
+        call = CallContext(token, progress=progress)
         try:
             answer = handler(args, call)
             if answer is None:
@@ -11464,7 +11478,7 @@ def _cli_parser():
 
 
 def cli_words(words):
-    """The ``say`` of a command-line call (see :class:`Call`): ``start_index`` is ``--start 100``."""
+    """The ``say`` of a command-line call (see :class:`CallContext`): ``start_index`` is ``--start 100``."""
     def say(name, value=None):
         word = words.get(name, name)
         if value is None:
@@ -11533,7 +11547,7 @@ def run_cli(argv, env):
             _emit("  ... " + message, sys.stderr)
     say = cli_words(words)
     tool = _CLI_TOOLS[opts.command]
-    call = Call(token, None if opts.json or not sys.stderr.isatty() else progress, say)
+    call = CallContext(token, progress=None if opts.json or not sys.stderr.isatty() else progress, say=say)
     try:
         structured, text, is_error = server.tool_handlers[tool](args, call)
     except KeyboardInterrupt:
@@ -11559,8 +11573,8 @@ def cli_check(server, as_json=False):
     results, lock = [], threading.Lock()
 
     def probe(name):
-        record = server.ring._attempt(name, "websearch-ring connectivity check", 3, NO_FILTERS, CancelToken(),
-                                      Deadline(min(config.timeout_s, 15.0)))[1]
+        record = server.ring._attempt(name, "websearch-ring connectivity check", 3, NO_FILTERS,
+                                      CallContext().within(min(config.timeout_s, 15.0)))[1]
         with lock:
             results.append(record)
 
@@ -11571,7 +11585,7 @@ def cli_check(server, as_json=False):
         t.join(min(config.timeout_s, 15.0) + 5.0)
     keys = server.ring.tavily
     model, source = server.answer_tools.current_model()
-    test = server.answer_tools._connection_test(model, CancelToken())
+    test = server.answer_tools._connection_test(model, CallContext())
     by_name = {r["vendor"]: r for r in results}
     ok = any(r["outcome"] == "success" for r in results)
     if as_json:
