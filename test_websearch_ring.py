@@ -1981,7 +1981,48 @@ def test_the_doctests_of_the_module_pass(ring):
 # ----------------------------------------------------------------------------------------------
 # §2 Errors
 # ----------------------------------------------------------------------------------------------
-# Unit tests of the RingError families go here (use the `ring` fixture).
+
+def test_an_outcome_outside_the_vocabulary_is_refused(ring):
+    with pytest.raises(ValueError):
+        ring.UpstreamError("brave", "rate_limit", "rate_limited", "HTTP 429")
+    with pytest.raises(ValueError):
+        ring.TransportError("timed_out", "timeout", "no answer")
+    with pytest.raises(ValueError):
+        ring.attempt_record("brave", "failed", 0.1)
+    assert ring.UpstreamError("brave", "rate_limited", "rate_limited", "HTTP 429").outcome == "rate_limited"
+    assert ring.attempt_record("brave", "skipped_cooldown", 0.0)["outcome"] == "skipped_cooldown"
+
+
+def _outcome_literals(tree):
+    """Every string literal the module passes as an outcome or compares an outcome with."""
+    position = {"UpstreamError": 1, "TransportError": 0, "answer_error": 0, "attempt_record": 1}
+    found = []
+
+    def strings(node):
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)]
+
+    def names_outcome(node):
+        if isinstance(node, ast.Subscript):
+            return isinstance(node.slice, ast.Constant) and node.slice.value == "outcome"
+        return getattr(node, "id", getattr(node, "attr", None)) == "outcome"
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in position:
+            at = position[node.func.id]
+            if len(node.args) > at:
+                found += strings(node.args[at])
+        elif isinstance(node, ast.Compare) and names_outcome(node.left):
+            for comparator in node.comparators:
+                found += strings(comparator)
+    return found
+
+
+@needs_server
+def test_every_outcome_the_module_writes_is_in_the_vocabulary(ring):
+    found = _outcome_literals(ast.parse(SERVER_PATH.read_text(encoding="utf-8")))
+    assert len(found) > 150
+    assert set(found) <= set(ring.ATTEMPT_OUTCOMES) | {"cancelled"}, set(found) - set(ring.ATTEMPT_OUTCOMES)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -150,14 +150,6 @@ class RingError(Exception):
     """Root of every error this module raises on purpose."""
 
 
-class ConfigError(RingError):
-    """Configuration problems, all of them at once (``problems`` is a list)."""
-
-    def __init__(self, problems):
-        self.problems = list(problems)
-        super().__init__("; ".join(p.message for p in self.problems))
-
-
 class Cancelled(RingError):
     """The request was cancelled by the client (``notifications/cancelled``)."""
 
@@ -195,6 +187,10 @@ OUTCOMES = (
     "blocked",           # refused on purpose: a bot challenge, a non-public address, robots.txt
     "busy",              # our own limit: every upstream slot was taken until the deadline
 )
+_OUTCOME_SET = frozenset(OUTCOMES)
+# An entry of a result's attempts[] has a failure outcome or one of these.
+ATTEMPT_OUTCOMES = ("success", "skipped", "skipped_cooldown") + OUTCOMES
+_ATTEMPT_OUTCOME_SET = frozenset(ATTEMPT_OUTCOMES)
 
 
 class UpstreamError(RingError):
@@ -207,6 +203,8 @@ class UpstreamError(RingError):
 
     def __init__(self, service, outcome, code, message, *, status=None,
                  retryable=True, retry_after_s=None, upstream_code=None, diagnostics=None):
+        if outcome not in _OUTCOME_SET:
+            raise ValueError("outcome %r is not one of OUTCOMES" % (outcome,))
         self.diagnostics = diagnostics
         self.service = service
         self.outcome = outcome
@@ -6705,9 +6703,6 @@ class HealthBoard:
 # §15 Cache and coalescing
 # ---------------------------------------------------------------------------
 
-_MISS = object()
-
-
 class TTLCache:
     """Least-recently-used map whose entries expire ``ttl_s`` after they were written.
 
@@ -7010,7 +7005,9 @@ def _date_epoch(day):
 
 
 def attempt_record(vendor, outcome, elapsed_s, *, code=None, http_status=None, message=None):
-    """One entry of ``attempts[]``."""
+    """One entry of ``attempts[]``; ``outcome`` is one of :data:`ATTEMPT_OUTCOMES`."""
+    if outcome not in _ATTEMPT_OUTCOME_SET:
+        raise ValueError("outcome %r is not one of ATTEMPT_OUTCOMES" % (outcome,))
     return {"vendor": vendor, "outcome": outcome, "code": code, "http_status": http_status,
             "elapsed_ms": round(elapsed_s * 1000.0, 1), "message": message}
 
