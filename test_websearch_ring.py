@@ -7161,6 +7161,23 @@ def test_the_key_hint_is_given_only_when_the_key_is_what_hides_a_tool(ring):
     assert {t["tool"]: t["enable"] for t in info["unlisted_tools"]}["web_answer"] == "add it to WEBSEARCH_TOOLS"
 
 
+def test_the_tool_table_names_every_tool_once_with_a_handler_and_its_command(ring):
+    """One row per tool, in the order the configuration knows them (WEBSEARCH_TOOLS); every row's
+    handler is a method of the server, and each command-line form names a tool of its own."""
+    names = [tool.name for tool in ring.TOOLS]
+    assert names == list(ring.CORE_TOOLS + ring.PLAN_TOOL_NAMES)
+    assert [tool.listing["name"] for tool in ring.TOOLS] == names
+    config = ring.Config.from_env({"WEBSEARCH_TOOLS": "all"})
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    assert list(server.handlers) == names and list(server.tool_handlers) == names
+    assert sorted(server.inline_handlers) == ["get_sources", "web_fetch", "web_search"]
+    assert {tool.inline for tool in ring.TOOLS} == {None, "always", "try"}
+    commands = {tool.command.name: tool.name for tool in ring.TOOLS if tool.command}
+    assert commands == {"search": "web_search", "answer": "web_answer", "fetch": "web_fetch", "map": "web_map",
+                        "check": "get_config_info"}
+    assert {tool for tool, _ in ring.INSTRUCTIONS if tool} <= set(names)
+
+
 def test_debug_lines_never_carry_a_query_string(ring):
     assert ring._log_url("https://api.example/v1/search?q=secret+words&api_key=AIzaXYZ") == \
         "https://api.example/v1/search?(2 parameters)"
@@ -7212,8 +7229,8 @@ def test_every_limit_in_the_listed_schemas_is_what_the_tools_enforce(ring):
                "web_map": {"url": "https://example.org/"}, "web_answer": {"query": "q"},
                "switch_model": {"model": "m"}}
     checked = 0
-    for tool in ring.ALL_TOOLS:
-        name, schema = tool["name"], tool["inputSchema"]
+    for tool in ring.TOOLS:
+        name, schema = tool.name, tool.listing["inputSchema"]
         base = dict(minimal.get(name, {}))
         for k in schema.get("required", ()):
             spec = schema["properties"][k]

@@ -9624,55 +9624,136 @@ def tool_entry(name, title, description, input_schema, output_schema, *, read_on
                             "idempotentHint": idempotent, "openWorldHint": open_world}}
 
 
+def _option(*flags, **settings):
+    """A command-line option as a :class:`Command` lists it: ``(flags, argparse add_argument settings)``."""
+    return flags, settings
+
+
+# A tool's command-line form, ``python websearch_ring.py NAME ARGUMENT [options]``: ``argument`` is how
+# the usage text names the positional argument, ``positional`` its ``(dest, add_argument settings)``;
+# each option is made by _option, and its longest flag is how the texts name that argument.
+Command = collections.namedtuple("Command", "name argument summary positional options", defaults=(None, ()))
+
+
+class Tool:
+    """One tool, the single source of everything about it: its tools/list entry (``listing``), the
+    method that serves it, whether a call may be answered on the stdin reader's thread, and its command.
+
+    ``handler`` is ``"component.method"``: a tool component of the server (``search_tools``,
+    ``page_tools``, ``answer_tools``, ``plan_tools``) and its method, called as
+    ``method(*bound, args, call)`` and returning ``(structured, text, is_error)``.  ``inline``: None, the
+    call runs on a worker thread; ``"always"``, the method runs on the reader thread (it never waits
+    for an upstream); ``"try"``, the method is first asked with ``inline=True`` there, answers what needs
+    no upstream (invalid arguments, a cache hit) and returns None for the rest, which goes to a worker.
+    ``command``: its :class:`Command`, or None when the command line does not offer it.
+    """
+
+    __slots__ = ("name", "listing", "handler", "bound", "inline", "command")
+
+    def __init__(self, name, title, description, input_schema, output_schema, handler, *, read_only=True,
+                 idempotent=True, open_world=True, inline=None, command=None, bound=()):
+        self.name = name
+        self.listing = tool_entry(name, title, description, input_schema, output_schema, read_only=read_only,
+                                  idempotent=idempotent, open_world=open_world)
+        self.handler = handler
+        self.bound = bound
+        self.inline = inline
+        self.command = command
+
+
+_SEARCH_COMMAND = Command(
+    "search", "QUERY", "ranked results from the ring of search engines",
+    ("query", {"nargs": "+", "help": "what to search for (quotes are optional)"}), (
+        _option("-n", "--num", type=int, dest="numResults", metavar="N", help="how many results, 1-20 (default 8)"),
+        _option("--vendor", help="ask only this engine"),
+        _option("--mode", choices=("failover", "fanout"), help="failover (default) or fanout (every engine)"),
+        _option("--lang", help="language of the results, e.g. en, de, pt-BR"),
+        _option("--country", help="country of the results, e.g. US, DE"),
+        _option("--safesearch", choices=("off", "moderate", "strict")),
+        _option("--topic", choices=("general", "news")),
+        _option("--time-range", dest="time_range", choices=tuple(TIME_RANGES)),
+        _option("--from", dest="start_date", metavar="YYYY-MM-DD", help="published on or after this day"),
+        _option("--to", dest="end_date", metavar="YYYY-MM-DD", help="published on or before this day"),
+        _option("--include", action="append", dest="include_domains", metavar="DOMAIN",
+               help="only these domains: repeat it, or separate them with commas"),
+        _option("--exclude", action="append", dest="exclude_domains", metavar="DOMAIN",
+               help="no results from these domains: repeat it, or separate them with commas"),
+        _option("--per-domain", type=int, dest="max_results_per_domain", metavar="N",
+               help="at most N results per site"),
+        _option("--page", type=int, help="further results: page 2 to %d" % MAX_PAGE),
+        _option("--content", type=int, dest="include_content", metavar="N",
+               help="also read the top N pages (0-%d)" % MAX_INCLUDE_CONTENT)))
+
+_ANSWER_COMMAND = Command(
+    "answer", "QUESTION", "a researched answer with its sources (needs GROK_API_KEY)",
+    ("query", {"nargs": "+", "help": "the question (quotes are optional)"}), (
+        _option("--platform", help="where to focus, e.g. GitHub, Reddit"),
+        _option("--model", help="model for this question only"),
+        _option("--extra-sources", type=int, dest="extra_sources", metavar="N",
+               help="search first and give the model N results (0-20)")))
+
+_FETCH_COMMAND = Command(
+    "fetch", "URL", "a page as Markdown, text or HTML, in pieces",
+    ("url", {"help": "an http:// or https:// URL"}), (
+        _option("--start", type=int, dest="start_index", metavar="N", help="character to start from (default 0)"),
+        _option("--max", type=int, dest="max_length", metavar="N",
+               help="characters to show (default %d)" % DEFAULT_FETCH_LENGTH),
+        _option("--format", choices=("markdown", "text", "html"))))
+
+_MAP_COMMAND = Command(
+    "map", "URL", "the URLs of a site",
+    ("url", {"help": "an http:// or https:// URL"}), (
+        _option("--depth", type=int, dest="max_depth", metavar="N", help="links deep, 1-5 (default 1)"),
+        _option("--breadth", type=int, dest="max_breadth", metavar="N", help="links followed per page (default 20)"),
+        _option("--limit", type=int, metavar="N", help="most URLs returned (default 50)"),
+        _option("--timeout", type=float, metavar="S", help="seconds in all (default 60)"),
+        _option("--instructions", help="focus for the Tavily mapper")))
+
+_CHECK_COMMAND = Command("check", "", "configuration problems, then one timed probe of every configured backend")
+
 TOOLS = (
-    tool_entry(
-        "web_search", "Web search (failover ring)",
-        ("Search the web and get ranked results (title, URL, snippet, date when known). "
-         "Engines are tried in turn until one answers (keyed engines first, then exa, tavily, bing, "
-         "duckduckgo), so a dead or rate-limited engine does not fail the search; the result names the "
-         "engine that served it and every failed attempt. Filters (lang, time_range, include_domains, "
-         "exclude_domains, max_results_per_domain) survive failover. mode=fanout asks every healthy "
-         "engine at once and fuses the rankings. Use it first for any question that needs current or "
-         "external information; identical searches are cached for a while."),
-        WEB_SEARCH_INPUT, WEB_SEARCH_OUTPUT),
-    tool_entry(
-        "web_answer", "Researched answer with citations",
-        ("Ask an LLM with live web search (xAI Grok or any OpenAI-compatible model) to research a question "
-         "and answer it with cited sources. Use it for questions that need synthesis across several sources; "
-         "use web_search for plain lookups. Slower (seconds to minutes; progress is reported). platform "
-         "focuses the search (GitHub, Reddit, X ...); extra_sources first runs web_search and gives the "
-         "results to the model as evidence. The source list stays available through get_sources."),
-        WEB_ANSWER_INPUT, WEB_ANSWER_OUTPUT, idempotent=False),
-    tool_entry(
-        "get_sources", "Sources of an earlier call",
-        ("Return the full source list (titles and URLs) of an earlier web_search or web_answer call, by "
-         "the session_id that call returned. Sessions are kept for one hour (256 at most)."),
-        GET_SOURCES_INPUT, GET_SOURCES_OUTPUT, open_world=False),
-    tool_entry(
-        "web_fetch", "Fetch a page as Markdown",
-        ("Fetch one web page (http/https) and return its main content as clean Markdown (or plain text or "
-         "raw HTML), paged: long documents come in pieces of max_length characters; call again with "
-         "start_index = next_start_index for the next piece (served from cache, no refetch). Use it after "
-         "web_search to read a result in full; pass urls (up to %d) instead of url to read several pages in "
-         "one call. Uses Tavily Extract when a key is set, else a built-in extractor that refuses private "
-         "network addresses." % MAX_FETCH_URLS),
-        WEB_FETCH_INPUT, WEB_FETCH_OUTPUT),
-    tool_entry(
-        "web_map", "Map a site's URLs",
-        ("List the URLs of a website (its sitemap and a same-origin crawl honouring robots.txt, or Tavily "
-         "Map with a key), to find the right page to fetch. Use it when you know the site but not the page."),
-        WEB_MAP_INPUT, WEB_MAP_OUTPUT),
-    tool_entry(
-        "get_config_info", "Configuration and health",
-        ("Show the server's configuration (keys masked), every configuration problem, each search vendor's "
-         "health and cooldown, the Tavily key pool, and a connection test of the answer endpoint (its model "
-         "catalogue). Use it when searches or answers fail, to see why."),
-        GET_CONFIG_INFO_INPUT, GET_CONFIG_INFO_OUTPUT),
-    tool_entry(
-        "switch_model", "Switch the answer model",
-        ("Set the model web_answer uses from now on and save it in the config file. Use it when the user asks "
-         "for another model or the current one is unavailable (get_config_info shows the catalogue)."),
-        SWITCH_MODEL_INPUT, SWITCH_MODEL_OUTPUT, read_only=False, open_world=False),
+    Tool("web_search", "Web search (failover ring)",
+         ("Search the web and get ranked results (title, URL, snippet, date when known). "
+          "Engines are tried in turn until one answers (keyed engines first, then exa, tavily, bing, "
+          "duckduckgo), so a dead or rate-limited engine does not fail the search; the result names the "
+          "engine that served it and every failed attempt. Filters (lang, time_range, include_domains, "
+          "exclude_domains, max_results_per_domain) survive failover. mode=fanout asks every healthy "
+          "engine at once and fuses the rankings. Use it first for any question that needs current or "
+          "external information; identical searches are cached for a while."),
+         WEB_SEARCH_INPUT, WEB_SEARCH_OUTPUT, "search_tools.web_search", inline="try", command=_SEARCH_COMMAND),
+    Tool("web_answer", "Researched answer with citations",
+         ("Ask an LLM with live web search (xAI Grok or any OpenAI-compatible model) to research a question "
+          "and answer it with cited sources. Use it for questions that need synthesis across several sources; "
+          "use web_search for plain lookups. Slower (seconds to minutes; progress is reported). platform "
+          "focuses the search (GitHub, Reddit, X ...); extra_sources first runs web_search and gives the "
+          "results to the model as evidence. The source list stays available through get_sources."),
+         WEB_ANSWER_INPUT, WEB_ANSWER_OUTPUT, "answer_tools.web_answer", idempotent=False,
+         command=_ANSWER_COMMAND),
+    Tool("get_sources", "Sources of an earlier call",
+         ("Return the full source list (titles and URLs) of an earlier web_search or web_answer call, by "
+          "the session_id that call returned. Sessions are kept for one hour (256 at most)."),
+         GET_SOURCES_INPUT, GET_SOURCES_OUTPUT, "search_tools.get_sources", open_world=False, inline="always"),
+    Tool("web_fetch", "Fetch a page as Markdown",
+         ("Fetch one web page (http/https) and return its main content as clean Markdown (or plain text or "
+          "raw HTML), paged: long documents come in pieces of max_length characters; call again with "
+          "start_index = next_start_index for the next piece (served from cache, no refetch). Use it after "
+          "web_search to read a result in full; pass urls (up to %d) instead of url to read several pages in "
+          "one call. Uses Tavily Extract when a key is set, else a built-in extractor that refuses private "
+          "network addresses." % MAX_FETCH_URLS),
+         WEB_FETCH_INPUT, WEB_FETCH_OUTPUT, "page_tools.web_fetch", inline="try", command=_FETCH_COMMAND),
+    Tool("web_map", "Map a site's URLs",
+         ("List the URLs of a website (its sitemap and a same-origin crawl honouring robots.txt, or Tavily "
+          "Map with a key), to find the right page to fetch. Use it when you know the site but not the page."),
+         WEB_MAP_INPUT, WEB_MAP_OUTPUT, "page_tools.web_map", command=_MAP_COMMAND),
+    Tool("get_config_info", "Configuration and health",
+         ("Show the server's configuration (keys masked), every configuration problem, each search vendor's "
+          "health and cooldown, the Tavily key pool, and a connection test of the answer endpoint (its model "
+          "catalogue). Use it when searches or answers fail, to see why."),
+         GET_CONFIG_INFO_INPUT, GET_CONFIG_INFO_OUTPUT, "answer_tools.get_config_info", command=_CHECK_COMMAND),
+    Tool("switch_model", "Switch the answer model",
+         ("Set the model web_answer uses from now on and save it in the config file. Use it when the user asks "
+          "for another model or the current one is unavailable (get_config_info shows the catalogue)."),
+         SWITCH_MODEL_INPUT, SWITCH_MODEL_OUTPUT, "answer_tools.switch_model", read_only=False, open_world=False),
 )
 
 _PLANNABLE_TOOLS = ("web_search", "web_answer", "web_fetch", "web_map", "get_sources")
@@ -9780,36 +9861,50 @@ _PLAN_DESCRIPTIONS = {
                  "returns the executable plan.",
 }
 
-PLAN_TOOLS = tuple(
-    tool_entry("plan_" + phase, "Search plan: " + phase.replace("_", " "), _PLAN_DESCRIPTIONS[phase],
-               PLAN_INPUTS[phase], PLAN_OUTPUT, read_only=False, idempotent=False, open_world=False)
+# The planning tools close the table: a row per phase, each served by PlanTools.record(phase, ...).
+TOOLS += tuple(
+    Tool("plan_" + phase, "Search plan: " + phase.replace("_", " "), _PLAN_DESCRIPTIONS[phase], PLAN_INPUTS[phase],
+         PLAN_OUTPUT, "plan_tools.record", read_only=False, idempotent=False, open_world=False, bound=(phase,))
     for phase in PLAN_PHASES)
-ALL_TOOLS = TOOLS + PLAN_TOOLS
+
+
+def listed_tools(names):
+    """The rows of the tools named in ``names`` (the configured WEBSEARCH_TOOLS), in the table's order."""
+    return [tool for tool in TOOLS if tool.name in names]
+
+
+def hidden_for_want_of_key(name, config):
+    """True when the tool ``name`` is not listed only because GROK_API_KEY is unset (and WEBSEARCH_TOOLS too)."""
+    return name in ANSWER_TOOLS and not config.grok_key and "tools" not in config.sources
 
 
 def tools_reference_markdown():
     """The README's tool reference, generated from the schemas the server lists."""
     out = []
-    for tool in ALL_TOOLS:
-        schema = tool["inputSchema"]
+    for tool in TOOLS:
+        entry, schema = tool.listing, tool.listing["inputSchema"]
         required = set(schema.get("required") or ())
-        out += ["### `%s`%s" % (tool["name"], "" if tool["name"] in CORE_TOOLS else " (with WEBSEARCH_TOOLS=plan)"),
-                "", tool["description"], ""]
+        out += ["### `%s`%s" % (tool.name, "" if tool.name in CORE_TOOLS else " (with WEBSEARCH_TOOLS=plan)"),
+                "", entry["description"], ""]
         if schema["properties"]:
             out += ["| argument | type | meaning |", "|---|---|---|"]
-            for name, spec in schema["properties"].items():
-                kind = spec.get("type", "object")
-                if "enum" in spec:
-                    kind += ": " + " / ".join("`%s`" % v for v in spec["enum"])
-                if "default" in spec:
-                    kind += ", default `%s`" % json.dumps(spec["default"])
-                if name in required:
-                    kind += ", required"
-                out.append("| `%s` | %s | %s |" % (name, kind, spec.get("description", "").replace("|", "\\|")))
+            out += [_argument_row(name, spec, name in required) for name, spec in schema["properties"].items()]
         else:
             out.append("No arguments.")
         out.append("")
     return "\n".join(out)
+
+
+def _argument_row(name, spec, required):
+    """One argument of the tool reference: ``| `name` | type: enum, default, required | meaning |``."""
+    kind = spec.get("type", "object")
+    if "enum" in spec:
+        kind += ": " + " / ".join("`%s`" % v for v in spec["enum"])
+    if "default" in spec:
+        kind += ", default `%s`" % json.dumps(spec["default"])
+    if required:
+        kind += ", required"
+    return "| `%s` | %s | %s |" % (name, kind, spec.get("description", "").replace("|", "\\|"))
 
 
 # ---------------------------------------------------------------------------
@@ -10625,40 +10720,63 @@ class AnswerTools:
         if issues:
             return validation_result("get_config_info", issues)
         model, source = self.current_model()
+        problems = self._problems()
+        s = status_fields("success" if not problems else "partial_success",
+                          None if not problems else "configuration_problems")
+        s.update({"version": __version__, "configuration": self.config.masked(), "problems": problems,
+                  "answer": self._answer_setup(model, source), "vendors": self._vendors(), "keys": self._keys(),
+                  "connection_test": self._connection_test(model, call),
+                  "tools": [tool.name for tool in listed_tools(self.config.tools)],
+                  "unlisted_tools": self._unlisted_tools()})
+        return s, self._config_text(s), False
+
+    def _problems(self):
+        """Every configuration problem, the config file's included."""
         problems = [p.as_dict() for p in self.config.problems]
         _, file_problem = self.model_file.load()
         if file_problem:
             problems.append({"variable": "WEBSEARCH_CONFIG_FILE", "value": self.config.config_file,
                              "expected": "a JSON object such as {\"model\": \"grok-4-fast\"}",
                              "message": file_problem + "; the model falls back to the next source"})
+        return problems
+
+    def _answer_setup(self, model, source):
+        return {"model": model, "model_source": source, "protocol": self._effective(model)[1],
+                "url": self.config.grok_url, "key": fingerprint(self.config.grok_key) if self.config.grok_key else None,
+                "config_file": self.config.config_file}
+
+    def _vendors(self):
+        """Each known vendor: configured, in the ring, what it needs, its health."""
         health = self.ring.health.snapshot(KNOWN_VENDORS)
-        vendors = [{"vendor": v, "configured": self.config.is_configured(v), "in_ring": v in self.config.vendors,
-                    "needs": self.config.requirement(v), "health": health[v]} for v in KNOWN_VENDORS]
-        keys = self.ring.tavily.pool.describe() if self.ring.tavily.keyed else {
-            "mode": "keyless" if self.config.tavily_enabled else "disabled", "keys": []}
-        test = self._connection_test(model, call)
-        s = status_fields("success" if not problems else "partial_success",
-                          None if not problems else "configuration_problems")
-        s.update({"version": __version__, "configuration": self.config.masked(), "problems": problems,
-                  "answer": {"model": model, "model_source": source, "protocol": self._effective(model)[1],
-                             "url": self.config.grok_url, "key": fingerprint(self.config.grok_key)
-                             if self.config.grok_key else None, "config_file": self.config.config_file},
-                  "vendors": vendors, "keys": keys, "connection_test": test,
-                  "tools": list(self.config.tools), "unlisted_tools": [
-                      {"tool": t, "enable": "set GROK_API_KEY (and GROK_API_URL for a relay or OpenRouter)"
-                       if t in ANSWER_TOOLS and not self.config.grok_key and "tools" not in self.config.sources else
-                       "add it to WEBSEARCH_TOOLS"} for t in CORE_TOOLS if t not in self.config.tools]})
+        return [{"vendor": v, "configured": self.config.is_configured(v), "in_ring": v in self.config.vendors,
+                 "needs": self.config.requirement(v), "health": health[v]} for v in KNOWN_VENDORS]
+
+    def _keys(self):
+        if self.ring.tavily.keyed:
+            return self.ring.tavily.pool.describe()
+        return {"mode": "keyless" if self.config.tavily_enabled else "disabled", "keys": []}
+
+    def _unlisted_tools(self):
+        """The core tools not listed, each with how to list it."""
+        return [{"tool": tool.name, "enable": "set GROK_API_KEY (and GROK_API_URL for a relay or OpenRouter)"
+                 if hidden_for_want_of_key(tool.name, self.config) else "add it to WEBSEARCH_TOOLS"}
+                for tool in TOOLS if tool.name in CORE_TOOLS and tool.name not in self.config.tools]
+
+    @staticmethod
+    def _config_text(s):
+        """The readable text of a get_config_info result."""
+        answer, test = s["answer"], s["connection_test"]
         lines = ["websearch-ring %s" % __version__,
-                 "answer model: %s (from %s), protocol %s, endpoint %s" % (model, source, s["answer"]["protocol"],
-                                                                         self.config.grok_url),
+                 "answer model: %s (from %s), protocol %s, endpoint %s" % (
+                     answer["model"], answer["model_source"], answer["protocol"], answer["url"]),
                  "connection test: %s" % test.get("message", test["status"]),
                  "search ring: " + ", ".join("%s (%s)" % (v["vendor"], v["health"]["state"])
-                                             for v in vendors if v["in_ring"])]
-        if keys.get("keys"):
-            lines.append("tavily keys: " + ", ".join("%s %s" % (k["key"], k["state"]) for k in keys["keys"]))
+                                             for v in s["vendors"] if v["in_ring"])]
+        if s["keys"].get("keys"):
+            lines.append("tavily keys: " + ", ".join("%s %s" % (k["key"], k["state"]) for k in s["keys"]["keys"]))
         lines += ["not listed: %s (%s)" % (t["tool"], t["enable"]) for t in s["unlisted_tools"]]
-        lines += ["problem: " + p["message"] for p in problems] or ["no configuration problems"]
-        return s, "\n".join(lines), False
+        lines += ["problem: " + p["message"] for p in s["problems"]] or ["no configuration problems"]
+        return "\n".join(lines)
 
     def _connection_test(self, model, ctx):
         """GET /models on the answer endpoint; a good catalogue is reused for five minutes, failures never."""
@@ -10752,9 +10870,6 @@ class PlanTools:
         self.sessions = sessions
         self._clock = clock
         self._lock = threading.Lock()
-
-    def handler(self, phase):
-        return lambda args, call: self.record(phase, args, call)
 
     def record(self, phase, args, call):
         args, issues, _ = check_args(PLAN_INPUTS[phase], args)
@@ -10946,24 +11061,33 @@ class Server:
                                         self.log, clock, pages=self.page_tools)
         self.answer_tools = AnswerTools(config, self.transport, self.ring, self.sessions, self.coalescer,
                                         self.log, clock)
-        self.handlers = {"web_search": self.search_tools.web_search,
-                         "web_answer": self.answer_tools.web_answer,
-                         "get_sources": self.search_tools.get_sources,
-                         "web_fetch": self.page_tools.web_fetch,
-                         "web_map": self.page_tools.web_map,
-                         "get_config_info": self.answer_tools.get_config_info,
-                         "switch_model": self.answer_tools.switch_model}
         self.plan_tools = PlanTools(TTLCache(SESSION_MAX, SESSION_TTL_S, clock), clock)
-        self.handlers.update({"plan_" + phase: self.plan_tools.handler(phase) for phase in PLAN_PHASES})
-        # Tools not listed (WEBSEARCH_TOOLS, or no GROK_API_KEY) answer as unknown tools; the CLI has them all.
-        self.tool_handlers = self.handlers
-        self.handlers = {name: fn for name, fn in self.handlers.items() if name in config.tools}
-        self.tools = [dict(t) for t in ALL_TOOLS if t["name"] in config.tools]
-        # Handlers that can answer on the reader thread, or return None to defer.
-        self.inline_handlers = {"web_search": lambda args, call: self.search_tools.web_search(args, call, True),
-                                "web_fetch": lambda args, call: self.page_tools.web_fetch(args, call, True),
-                                "get_sources": self.search_tools.get_sources}
+        # Every tool answers through the CLI; only the listed ones (WEBSEARCH_TOOLS, or no GROK_API_KEY)
+        # through tools/call, where the others are unknown tools.
+        self.tool_handlers = {tool.name: self._handler(tool) for tool in TOOLS}
+        listed = listed_tools(config.tools)
+        self.tools = [dict(tool.listing) for tool in listed]
+        self.handlers = {tool.name: self.tool_handlers[tool.name] for tool in listed}
+        # What can answer on the reader thread, or return None to defer to a worker.
+        self.inline_handlers = {tool.name: self._inline_handler(tool) for tool in listed if tool.inline}
+        self.instructions = instructions_for([tool.name for tool in listed])
         self.log.listeners.append(self._forward_log)
+
+    def _handler(self, tool):
+        """The callable ``(args, call)`` that serves ``tool``: its component's method (see :class:`Tool`)."""
+        component, name = tool.handler.split(".")
+        method = getattr(getattr(self, component), name)
+        if not tool.bound:
+            return method
+        bound = tool.bound
+        return lambda args, call: method(*bound, args, call)
+
+    def _inline_handler(self, tool):
+        """``tool``'s handler on the reader thread: the whole method, or the method asked with ``inline``."""
+        handler = self.tool_handlers[tool.name]
+        if tool.inline == "always":
+            return handler
+        return lambda args, call: handler(args, call, inline=True)
 
     # -- output ---------------------------------------------------------------
 
@@ -11201,11 +11325,16 @@ class Server:
         except RpcError as exc:
             return rpc_error(msg_id, exc.code, exc.message, exc.data)
         if modern or method == "server/discover":
-            result = dict(result, resultType="complete")
-            meta = dict(result.get("_meta") or {})
-            meta[_META_SERVER] = self._server_info()
-            result["_meta"] = meta
+            result = self._complete(result)
         return rpc_result(msg_id, result)
+
+    def _complete(self, result):
+        """A result of the stateless revision: ``resultType`` and the server's info in ``_meta``."""
+        result = dict(result, resultType="complete")
+        meta = dict(result.get("_meta") or {})
+        meta[_META_SERVER] = self._server_info()
+        result["_meta"] = meta
+        return result
 
     def _check_modern(self, params):
         """True for a request of the stateless revision (its version in ``_meta``)."""
@@ -11231,7 +11360,7 @@ class Server:
             return self._initialize(params)
         if method == "server/discover":
             return {"supportedVersions": list(reversed(ALL_VERSIONS)), "capabilities": self._capabilities(),
-                    "instructions": instructions_for(self.config.tools), "ttlMs": TOOLS_LIST_TTL_MS,
+                    "instructions": self.instructions, "ttlMs": TOOLS_LIST_TTL_MS,
                     "cacheScope": "public"}
         if method == "ping":
             return {}
@@ -11261,7 +11390,7 @@ class Server:
         self.log.info("initialize from %s %s: protocol %s", client.get("name", "?"), client.get("version", ""),
                       version)
         return {"protocolVersion": version, "capabilities": self._capabilities(),
-                "serverInfo": self._server_info(), "instructions": instructions_for(self.config.tools)}
+                "serverInfo": self._server_info(), "instructions": self.instructions}
 
     def _notification(self, method, params):
         if method == "notifications/cancelled" and isinstance(params, dict):
@@ -11291,57 +11420,62 @@ class Server:
 
     def _run_call(self, message, token, inline=False):
         msg_id = message["id"]
-        params = message.get("params")
-        if not isinstance(params, dict):
-            return rpc_error(msg_id, INVALID_PARAMS, "tools/call needs params with a tool name")
         try:
-            modern = self._check_modern(params)
+            name, args, meta, modern = self._read_call(message.get("params"))
         except RpcError as exc:
             return rpc_error(msg_id, exc.code, exc.message, exc.data)
+        handler = self.inline_handlers.get(name) if inline else self.handlers[name]
+        if handler is None:
+            return _DEFER
+        answer = self._invoke(name, handler, args, CallContext(token, progress=self._progress_sink(
+            meta.get("progressToken"), token)))
+        if answer is None or answer is _DEFER:
+            return answer
+        return rpc_result(msg_id, self._tool_result(*answer, modern))
+
+    def _read_call(self, params):
+        """``(name, arguments, _meta, modern)`` of a tools/call; RpcError unless it calls a listed tool."""
+        if not isinstance(params, dict):
+            raise RpcError(INVALID_PARAMS, "tools/call needs params with a tool name")
+        modern = self._check_modern(params)
         name = params.get("name")
         args = params.get("arguments", {})
         if args is None:
             args = {}
         if not isinstance(name, str) or name not in self.handlers:
-            hint = " (listed when GROK_API_KEY is set)" if name in ANSWER_TOOLS and not self.config.grok_key \
-                and "tools" not in self.config.sources else ""
-            return rpc_error(msg_id, INVALID_PARAMS, "Unknown tool: %s%s" % (name, hint),
-                             {"available": list(self.handlers)})
+            hint = " (listed when GROK_API_KEY is set)" if hidden_for_want_of_key(name, self.config) else ""
+            raise RpcError(INVALID_PARAMS, "Unknown tool: %s%s" % (name, hint), {"available": list(self.handlers)})
         if not isinstance(args, dict):
-            return rpc_error(msg_id, INVALID_PARAMS, "tools/call arguments must be an object, got %s" % _json_type(args))
-        handler = self.handlers[name]
-        if inline:
-            handler = self.inline_handlers.get(name)
-            if handler is None:
-                return _DEFER
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-        progress = self._progress_sink(meta.get("progressToken"), token)
-        call = CallContext(token, progress=progress)
+            raise RpcError(INVALID_PARAMS, "tools/call arguments must be an object, got %s" % _json_type(args))
+        meta = params.get("_meta")
+        return name, args, meta if isinstance(meta, dict) else {}, modern
+
+    def _invoke(self, name, handler, args, call):
+        """``(structured, text, is_error)`` of one tool call: None when it was cancelled, ``_DEFER`` when
+        an inline handler needs a worker.  A bug in a tool is its ``internal_error`` result."""
         try:
             answer = handler(args, call)
-            if answer is None:
-                return _DEFER
-            structured, text, is_error = answer
         except Cancelled:
             return None
         except Exception as exc:
-            if token.cancelled:
+            if call.cancelled:
                 return None
             self.log.unexpected("tool %s failed internally" % name, exc)
-            structured = status_fields("error", "internal_error", error_detail(
-                "internal_error", "%s: %s" % (type(exc).__name__, exc), name))
-            text, is_error = "Internal error in %s: %s" % (name, exc), True
-        if token.cancelled:
-            return None
+            answer = (status_fields("error", "internal_error", error_detail(
+                "internal_error", "%s: %s" % (type(exc).__name__, exc), name)),
+                "Internal error in %s: %s" % (name, exc), True)
+        if answer is None:
+            return _DEFER
+        return None if call.cancelled else answer
+
+    def _tool_result(self, structured, text, is_error, modern):
+        """The tools/call result: the text block, the structured content, every configuration problem."""
         if self.config.problems:
             structured = dict(structured, config_problems=[p.as_dict() for p in self.config.problems])
             text = "\n".join("Configuration problem: " + p.message for p in self.config.problems) + "\n\n" + text
         result = {"content": [{"type": "text", "text": text}],
                   "structuredContent": structured, "isError": bool(is_error)}
-        if modern:
-            result["resultType"] = "complete"
-            result["_meta"] = {_META_SERVER: self._server_info()}
-        return rpc_result(msg_id, result)
+        return self._complete(result) if modern else result
 
     def _progress_sink(self, progress_token, cancel_token):
         """A function sending notifications/progress for this call, or None without a token."""
@@ -11375,16 +11509,11 @@ def _valid_id(value):
 # §24 Command line
 # ---------------------------------------------------------------------------
 
+# The one command that is not a tool's: its client argument and options are the parser's own.
+_CONFIG_COMMAND = Command("config", "[CLIENT]", "a ready-to-paste snippet for an MCP client (without CLIENT: the "
+                                                "clients and where each snippet goes)")
 # The commands, as the usage text and each command's --help describe them.
-_COMMANDS = (
-    ("search", "QUERY", "ranked results from the ring of search engines"),
-    ("answer", "QUESTION", "a researched answer with its sources (needs GROK_API_KEY)"),
-    ("fetch", "URL", "a page as Markdown, text or HTML, in pieces"),
-    ("map", "URL", "the URLs of a site"),
-    ("check", "", "configuration problems, then one timed probe of every configured backend"),
-    ("config", "[CLIENT]", "a ready-to-paste snippet for an MCP client (without CLIENT: the clients and "
-                           "where each snippet goes)"),
-)
+_COMMANDS = tuple(tool.command for tool in TOOLS if tool.command) + (_CONFIG_COMMAND,)
 
 USAGE = """usage: python websearch_ring.py [COMMAND ...] [--json]
 
@@ -11401,10 +11530,10 @@ options:
 
 Results go to stdout; errors, progress and configuration problems to stderr.
 exit status: 0 success, 1 tool error, 2 bad usage or configuration.
-""" % "\n".join("  %-18s%s" % (("%s %s" % (name, arg)).strip(), text) for name, arg, text in _COMMANDS)
+""" % "\n".join("  %-18s%s" % (("%s %s" % (c.name, c.argument)).strip(), c.summary) for c in _COMMANDS)
 
-_CLI_TOOLS = {"search": "web_search", "answer": "web_answer", "fetch": "web_fetch", "map": "web_map",
-              "check": "get_config_info"}
+# The tool each command calls (check is get_config_info's, though it runs a check of its own).
+_CLI_TOOLS = {tool.command.name: tool.name for tool in TOOLS if tool.command}
 
 
 def _cli_parser():
@@ -11413,65 +11542,27 @@ def _cli_parser():
     parser = _argparse.ArgumentParser(prog="python websearch_ring.py", add_help=False)
     sub = parser.add_subparsers(dest="command")
     words = {tool: command for command, tool in _CLI_TOOLS.items()}
+    for command in _COMMANDS:
+        p = sub.add_parser(command.name, prog="python websearch_ring.py " + command.name,
+                           description=command.summary, help=command.summary)
+        if command is _CONFIG_COMMAND:
+            _config_arguments(p)
+            continue
+        p.add_argument("--json", action="store_true", help="print the structured result instead of the text")
+        if command.positional:
+            p.add_argument(command.positional[0], **command.positional[1])
+        for flags, settings in command.options:
+            action = p.add_argument(*flags, **settings)
+            words.setdefault(action.dest, max(flags, key=len))
+    return parser, words
 
-    def command(name):
-        arg, text = next((a, t) for n, a, t in _COMMANDS if n == name)
-        p = sub.add_parser(name, prog="python websearch_ring.py " + name, description=text, help=text)
-        if name != "config":
-            p.add_argument("--json", action="store_true", help="print the structured result instead of the text")
-        return p
 
-    def option(p, *flags, **kwargs):
-        action = p.add_argument(*flags, **kwargs)
-        words.setdefault(action.dest, max(flags, key=len))
-
-    p = command("search")
-    p.add_argument("query", nargs="+", help="what to search for (quotes are optional)")
-    option(p, "-n", "--num", type=int, dest="numResults", metavar="N", help="how many results, 1-20 (default 8)")
-    option(p, "--vendor", help="ask only this engine")
-    option(p, "--mode", choices=("failover", "fanout"), help="failover (default) or fanout (every engine)")
-    option(p, "--lang", help="language of the results, e.g. en, de, pt-BR")
-    option(p, "--country", help="country of the results, e.g. US, DE")
-    option(p, "--safesearch", choices=("off", "moderate", "strict"))
-    option(p, "--topic", choices=("general", "news"))
-    option(p, "--time-range", dest="time_range", choices=tuple(TIME_RANGES))
-    option(p, "--from", dest="start_date", metavar="YYYY-MM-DD", help="published on or after this day")
-    option(p, "--to", dest="end_date", metavar="YYYY-MM-DD", help="published on or before this day")
-    option(p, "--include", action="append", dest="include_domains", metavar="DOMAIN",
-           help="only these domains: repeat it, or separate them with commas")
-    option(p, "--exclude", action="append", dest="exclude_domains", metavar="DOMAIN",
-           help="no results from these domains: repeat it, or separate them with commas")
-    option(p, "--per-domain", type=int, dest="max_results_per_domain", metavar="N", help="at most N results per site")
-    option(p, "--page", type=int, help="further results: page 2 to %d" % MAX_PAGE)
-    option(p, "--content", type=int, dest="include_content", metavar="N",
-           help="also read the top N pages (0-%d)" % MAX_INCLUDE_CONTENT)
-    p = command("answer")
-    p.add_argument("query", nargs="+", help="the question (quotes are optional)")
-    option(p, "--platform", help="where to focus, e.g. GitHub, Reddit")
-    option(p, "--model", help="model for this question only")
-    option(p, "--extra-sources", type=int, dest="extra_sources", metavar="N",
-           help="search first and give the model N results (0-20)")
-    p = command("fetch")
-    p.add_argument("url", help="an http:// or https:// URL")
-    option(p, "--start", type=int, dest="start_index", metavar="N", help="character to start from (default 0)")
-    option(p, "--max", type=int, dest="max_length", metavar="N", help="characters to show (default %d)"
-           % DEFAULT_FETCH_LENGTH)
-    option(p, "--format", choices=("markdown", "text", "html"))
-    p = command("map")
-    p.add_argument("url", help="an http:// or https:// URL")
-    option(p, "--depth", type=int, dest="max_depth", metavar="N", help="links deep, 1-5 (default 1)")
-    option(p, "--breadth", type=int, dest="max_breadth", metavar="N", help="links followed per page (default 20)")
-    option(p, "--limit", type=int, metavar="N", help="most URLs returned (default 50)")
-    option(p, "--timeout", type=float, metavar="S", help="seconds in all (default 60)")
-    option(p, "--instructions", help="focus for the Tavily mapper")
-    command("check")
-    p = command("config")
+def _config_arguments(p):
     p.add_argument("client", nargs="?", help="one of: " + ", ".join(CLIENTS))
     p.add_argument("--module", action="store_true",
                    help="run as python -m websearch_ring with PYTHONPATH (reuses cached bytecode)")
     p.add_argument("--scope", choices=("local", "user", "project"),
                    help="claude-code: this project only for you (default), every project, or the shared .mcp.json")
-    return parser, words
 
 
 def cli_words(words):
@@ -11799,7 +11890,7 @@ def main(argv=None, env=None):
     if argv and argv[0] in ("-V", "--version"):
         sys.stdout.write("websearch-ring %s\n" % __version__)
         return 0
-    commands = [name for name, _, _ in _COMMANDS]
+    commands = [command.name for command in _COMMANDS]
     if argv and argv[0] in commands:
         return run_cli(argv, env)
     if argv:
