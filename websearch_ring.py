@@ -9927,51 +9927,76 @@ def _attempt_note(a, fanout):
 
 def render_search_text(s, max_chars, say=mcp_words):
     """The readable text of a web_search result; returns ``(text, truncated)``."""
+    lines = _search_failure_lines(s) if s["status"] == "error" else _search_lines(s, say)
+    return _cap_text("\n".join(lines), max_chars)
+
+
+def _search_failure_lines(s):
+    """A failed search: why, then each attempt."""
+    lines = ["Search failed for %s: %s" % (json.dumps(s.get("query", ""), ensure_ascii=False),
+                                           s["error_detail"]["message"])]
+    for a in s.get("attempts") or []:
+        lines.append("- %s: %s%s%s" % (a["vendor"], a["outcome"],
+                                        " (HTTP %s)" % a["http_status"] if a.get("http_status") else "",
+                                        ": " + a["message"] if a.get("message") else ""))
+    return lines
+
+
+def _search_lines(s, say):
+    """A search with results: how it was served, its notes, then each result."""
     fanout = s.get("mode") == "fanout"
-    if s["status"] == "error":
-        lines = ["Search failed for %s: %s" % (json.dumps(s.get("query", ""), ensure_ascii=False),
-                                               s["error_detail"]["message"])]
-        for a in s.get("attempts") or []:
-            lines.append("- %s: %s%s%s" % (a["vendor"], a["outcome"],
-                                            " (HTTP %s)" % a["http_status"] if a.get("http_status") else "",
-                                            ": " + a["message"] if a.get("message") else ""))
-        text = "\n".join(lines)
-    else:
-        how = ["fan-out via " + ", ".join(s["vendors"])] if fanout else ["via " + (s["vendor"] or "?")]
-        if s["cached"]:
-            how.append("cached")
-        if s["coalesced"]:
-            how.append("shared with a concurrent call")
-        n = len(s["results"])
-        lines = ["%d result%s for %s (%s)" % (n, "" if n == 1 else "s",
-                                             json.dumps(s["query"], ensure_ascii=False), ", ".join(how))]
-        notes = [_attempt_note(a, fanout) for a in s["attempts"] if a["outcome"] != "success"]
-        notes += ["%s %s -> %s (%s)" % (say(a["path"][1:].split("/")[0]), json.dumps(a["received"]),
-                                        json.dumps(a["used"]), a["reason"]) for a in s.get("adjustments") or []]
-        notes += ["%s: %s" % (k, v) for k, v in (s.get("filters_applied") or {}).items()]
-        if notes:
-            lines.append("Note: " + "; ".join(notes) + ".")
-        for number, r in enumerate(s["results"], 1):      # only the selected fields are shown
-            head = (r["title"] or url_host(r.get("url") or "")) if "title" in r else ""
-            lines.append("")
-            lines.append(("%d. %s%s%s" % (r.get("rank", number), head or r.get("url") or "",
-                                          " [%s]" % ", ".join(r["vendors"]) if fanout and "vendors" in r else "",
-                                          " (%s)" % r["language"] if r.get("language") else "")).rstrip())
-            if head and r.get("url"):
-                lines.append("   " + r["url"])
-            if r.get("published"):
-                lines.append("   Published: " + r["published"])
-            if r.get("snippet"):
-                lines.append("   " + r["snippet"])
-            if "content_status" in r:
-                more = r.get("next_start_index")
-                lines.append("   Page content%s:" % (" (first %d characters; %s %s for more)" % (
-                    more, say("web_fetch"), say("start_index", more)) if more else "") if r["content"] is not None else
-                             "   Page content: not available (%s)" % r["content_status"])
-                if r["content"]:
-                    lines += ["   | " + line for line in r["content"].split("\n")]
-        text = "\n".join(lines)
-    return _cap_text(text, max_chars)
+    how = ["fan-out via " + ", ".join(s["vendors"])] if fanout else ["via " + (s["vendor"] or "?")]
+    if s["cached"]:
+        how.append("cached")
+    if s["coalesced"]:
+        how.append("shared with a concurrent call")
+    n = len(s["results"])
+    lines = ["%d result%s for %s (%s)" % (n, "" if n == 1 else "s", json.dumps(s["query"], ensure_ascii=False),
+                                         ", ".join(how))]
+    notes = _search_notes(s, fanout, say)
+    if notes:
+        lines.append("Note: " + "; ".join(notes) + ".")
+    for number, r in enumerate(s["results"], 1):
+        lines += _result_lines(r, number, fanout, say)
+    return lines
+
+
+def _search_notes(s, fanout, say):
+    """Failed attempts, adjusted arguments and how each filter was applied."""
+    notes = [_attempt_note(a, fanout) for a in s["attempts"] if a["outcome"] != "success"]
+    notes += ["%s %s -> %s (%s)" % (say(a["path"][1:].split("/")[0]), json.dumps(a["received"]),
+                                    json.dumps(a["used"]), a["reason"]) for a in s.get("adjustments") or []]
+    notes += ["%s: %s" % (k, v) for k, v in (s.get("filters_applied") or {}).items()]
+    return notes
+
+
+def _result_lines(r, number, fanout, say):
+    """One result, a blank line first; only the selected fields are shown."""
+    head = (r["title"] or url_host(r.get("url") or "")) if "title" in r else ""
+    lines = ["", ("%d. %s%s%s" % (r.get("rank", number), head or r.get("url") or "",
+                                  " [%s]" % ", ".join(r["vendors"]) if fanout and "vendors" in r else "",
+                                  " (%s)" % r["language"] if r.get("language") else "")).rstrip()]
+    if head and r.get("url"):
+        lines.append("   " + r["url"])
+    if r.get("published"):
+        lines.append("   Published: " + r["published"])
+    if r.get("snippet"):
+        lines.append("   " + r["snippet"])
+    if "content_status" in r:
+        lines += _content_lines(r, say)
+    return lines
+
+
+def _content_lines(r, say):
+    """The page content include_content read for a result, or why there is none."""
+    if r["content"] is None:
+        return ["   Page content: not available (%s)" % r["content_status"]]
+    more = r.get("next_start_index")
+    lines = ["   Page content%s:" % (" (first %d characters; %s %s for more)" % (
+        more, say("web_fetch"), say("start_index", more)) if more else "")]
+    if r["content"]:
+        lines += ["   | " + line for line in r["content"].split("\n")]
+    return lines
 
 
 class SearchTools:
@@ -9995,59 +10020,20 @@ class SearchTools:
         if issues:
             return validation_result("web_search", issues, {"request_id": call.request_id,
                                                             "duration_ms": 0.0})
-        query, num, vendor, mode = values["query"], values["numResults"], values.get("vendor"), values["mode"]
         filters = Filters(values.get("lang"), values.get("time_range"), values["include_domains"],
                           values["exclude_domains"], values.get("max_results_per_domain"), values.get("country"),
                           values.get("safesearch"), values.get("topic"), values.get("start_date"),
                           values.get("end_date"), values.get("page"), values.get("lang_tag"))
-        key = ("web_search", query, num, vendor or "", mode, filters.key(), self.config.vendors)
-
-        def work(flight):
-            ctx = flight.within(self.config.deadline_s, self._clock)
-            if mode == "fanout":
-                result = self.ring.fanout(query, num, ctx, filters)
-            else:
-                result = self.ring.search(query, num, vendor, ctx, filters)
-            if result["ok"] and not flight.cancelled:
-                self.cache.put(key, (result, self._clock()))
-            return result
-
-        def lookup():
-            return self.cache.get(key)
-
-        cached, how = lookup(), "cached"
-        if (cached is None or values["include_content"]) and inline:
+        key = ("web_search", values["query"], values["numResults"], values.get("vendor") or "", values["mode"],
+               filters.key(), self.config.vendors)
+        cached = self.cache.get(key)
+        if inline and (cached is None or values["include_content"]):
             return None
-        if cached is None:
-            try:
-                value, how = self.coalescer.run(key, work, call.within(self.config.deadline_s + 5.0, self._clock),
-                                                lookup)
-            except DeadlineExceeded as exc:
-                s = status_fields("error", "deadline_exceeded", error_detail(
-                    "deadline_exceeded", str(exc), "web_search", retryable=True))
-                s.update({"request_id": call.request_id, "query": query, "results": [], "attempts": []})
-                return s, "Search for %s timed out: %s" % (json.dumps(query, ensure_ascii=False), exc), True
-            cached, outcome = (value, None) if how == "cached" else (None, value)
-        if cached is not None:
-            outcome = cached[0]
-            self.log.info("cache hit for web_search %r (age %.0f s)", query[:80], self._clock() - cached[1])
-        elif how == "shared":
-            self.log.info("web_search %r shared a concurrent call", query[:80])
-        s = status_fields("partial_success" if outcome.get("partial") else "success")
-        s.update({"request_id": call.request_id, "duration_ms": 0.0, "session_id": None, "query": query,
-                  "mode": mode, "vendor": outcome["vendor"], "vendors": outcome["vendors"],
-                  "cached": how == "cached", "coalesced": how == "shared", "results": outcome["results"],
-                  "attempts": [] if how == "cached" else outcome["attempts"],
-                  "filters_applied": outcome["filters_applied"], "truncated": False, "adjustments": adjustments,
-                  "health": self.ring.health.snapshot(self.ring.order(vendor))})
-        if mode == "fanout":
-            s["duplicates_removed"] = outcome.get("duplicates_removed", 0)
-        if outcome["ok"]:
-            s["session_id"] = self._remember("web_search", query, outcome["results"])
-            if s["status"] == "partial_success":
-                s["error"] = "some_vendors_failed"
-        else:
-            s.update(self._failure(outcome["attempts"], vendor))
+        try:
+            outcome, how = self._outcome(key, values, filters, cached, call)
+        except DeadlineExceeded as exc:
+            return self._timed_out(call, values["query"], exc)
+        s = self._result(call, values, outcome, how, adjustments)
         if outcome["ok"] and values["include_content"] and self.pages is not None:
             self._attach_content(s, values["include_content"], values["content_chars"], call.within(
                 max(1.0, self.config.deadline_s - (self._clock() - started)), self._clock))
@@ -10056,6 +10042,60 @@ class SearchTools:
         s["duration_ms"] = round((self._clock() - started) * 1000.0, 2)
         text, s["truncated"] = render_search_text(s, self.config.max_chars, call.say)
         return s, text, s["status"] == "error"
+
+    def _outcome(self, key, values, filters, cached, call):
+        """``(ring outcome, how)``: ``cached`` (a ``(outcome, stored_at)`` pair), else the ring asked
+        once however many ask at the same time (``how``: cached, own or shared)."""
+        how = "cached"
+        if cached is None:
+            value, how = self.coalescer.run(key, lambda flight: self._ask_ring(flight, key, values, filters),
+                                            call.within(self.config.deadline_s + 5.0, self._clock),
+                                            lambda: self.cache.get(key))
+            if how != "cached":
+                if how == "shared":
+                    self.log.info("web_search %r shared a concurrent call", values["query"][:80])
+                return value, how
+            cached = value
+        self.log.info("cache hit for web_search %r (age %.0f s)", values["query"][:80], self._clock() - cached[1])
+        return cached[0], how
+
+    def _ask_ring(self, flight, key, values, filters):
+        """The ring's outcome for one search (a success goes into the cache)."""
+        ctx = flight.within(self.config.deadline_s, self._clock)
+        if values["mode"] == "fanout":
+            result = self.ring.fanout(values["query"], values["numResults"], ctx, filters)
+        else:
+            result = self.ring.search(values["query"], values["numResults"], values.get("vendor"), ctx, filters)
+        if result["ok"] and not flight.cancelled:
+            self.cache.put(key, (result, self._clock()))
+        return result
+
+    @staticmethod
+    def _timed_out(call, query, exc):
+        s = status_fields("error", "deadline_exceeded", error_detail(
+            "deadline_exceeded", str(exc), "web_search", retryable=True))
+        s.update({"request_id": call.request_id, "query": query, "results": [], "attempts": []})
+        return s, "Search for %s timed out: %s" % (json.dumps(query, ensure_ascii=False), exc), True
+
+    def _result(self, call, values, outcome, how, adjustments):
+        """The structured result of a search the ring answered (results not yet projected)."""
+        vendor = values.get("vendor")
+        s = status_fields("partial_success" if outcome.get("partial") else "success")
+        s.update({"request_id": call.request_id, "duration_ms": 0.0, "session_id": None, "query": values["query"],
+                  "mode": values["mode"], "vendor": outcome["vendor"], "vendors": outcome["vendors"],
+                  "cached": how == "cached", "coalesced": how == "shared", "results": outcome["results"],
+                  "attempts": [] if how == "cached" else outcome["attempts"],
+                  "filters_applied": outcome["filters_applied"], "truncated": False, "adjustments": adjustments,
+                  "health": self.ring.health.snapshot(self.ring.order(vendor))})
+        if values["mode"] == "fanout":
+            s["duplicates_removed"] = outcome.get("duplicates_removed", 0)
+        if outcome["ok"]:
+            s["session_id"] = self._remember("web_search", values["query"], outcome["results"])
+            if s["status"] == "partial_success":
+                s["error"] = "some_vendors_failed"
+        else:
+            s.update(self._failure(outcome["attempts"], vendor))
+        return s
 
     def _attach_content(self, s, count, chars, ctx):
         """The pages of the first ``count`` results, read at once through web_fetch's providers,
@@ -10123,6 +10163,11 @@ class SearchTools:
             {"title": r["title"], "url": r["url"], "snippet": r["snippet"], "published": r["published"],
              "vendors": r["vendors"]} for r in results]})
         return sid
+
+
+# The codes of a failed fetch that a provider's last attempt passes on (the rest are fetch_failed).
+_FETCH_CODES = ("private_address", "bad_url", "unsupported_content_type", "body_too_large", "too_many_redirects",
+                "pdf_encrypted", "pdf_no_text", "pdf_damaged", "not_found", "extraction_timeout")
 
 
 class PageTools:
@@ -10243,60 +10288,24 @@ class PageTools:
         return s, "\n\n".join(blocks), failed == len(pages)
 
     def _fetch_page(self, url, fmt, start, length, call, started, inline=False, served=None, prior=()):
-        """One page of one document: from the cache, or fetched once however many ask at the same time.
-        The deadline of ``call`` bounds this caller's wait (the fetch itself goes on for others and the
-        cache; without one, the wait is the configured deadline and a little more);
-        ``served``: the attempts of a shared request that just put the page in the cache; ``prior``:
-        attempts already made for it (see :meth:`Fetcher.fetch`)."""
-        key = ("web_fetch", url, fmt)
-
-        def work(flight):
-            doc, attempts = self.fetcher.fetch(url, fmt, flight.within(self.config.deadline_s, self._clock), prior)
-            if doc is not None and doc.content.strip() and not flight.cancelled:
-                self.documents.put(key, doc)
-            return doc, attempts
-
-        def lookup():
-            cached = self.documents.get(key)
-            return None if cached is None else (cached, [])
-
-        doc, how, attempts = self.documents.get(key), "cached", []
-        if doc is None:
-            if inline:
-                return None
-            try:
-                wait = call if call.deadline is not None else call.within(self.config.deadline_s + 5.0, self._clock)
-                (doc, attempts), how = self.coalescer.run(key, work, wait, lookup)
-            except DeadlineExceeded as exc:
-                return self._fetch_error(call, url, fmt, "deadline_exceeded", str(exc), [], started, True)
-        if how == "cached" and served is not None:
-            how, attempts = "own", served
+        """One page of one document (see :meth:`_document`); None when ``inline`` and it is not cached."""
+        try:
+            found = self._document(url, fmt, call, inline, served, prior)
+        except DeadlineExceeded as exc:
+            return self._fetch_error(call, url, fmt, "deadline_exceeded", str(exc), [], started, True)
+        if found is None:
+            return None
+        doc, how, attempts = found
         if how == "cached":
             self.log.info("fetch cache hit for %s (start_index %d)", url[:120], start)
         if doc is None:
-            last = next((a for a in reversed(attempts) if a["outcome"] != "skipped"), None)
-            code = last["code"] if last and last["code"] in (
-                "private_address", "bad_url", "unsupported_content_type", "body_too_large", "too_many_redirects",
-                "pdf_encrypted", "pdf_no_text", "pdf_damaged",
-                "not_found", "extraction_timeout") else "fetch_failed"
-            message = "could not fetch %s: %s" % (url, "; ".join(
-                "%s: %s" % (a["vendor"], a["message"] or a["outcome"]) for a in attempts
-                if a["outcome"] != "skipped" or a is attempts[-1]) or "no provider usable")
-            return self._fetch_error(call, url, fmt, code, message, attempts, started,
-                                     any(a["outcome"] in ("timeout", "network_error", "rate_limited") for a in attempts))
+            return self._fetch_failure(call, url, fmt, attempts, started)
         total = len(doc.content)
         if not doc.content.strip():
             return self._fetch_error(call, url, fmt, "empty_page", "%s has no readable content" % url, attempts,
                                      started, False)
         if start >= total:
-            s = status_fields("error", "start_index_past_end", error_detail(
-                "start_index_past_end", "start_index %d is past the end of the document (%d characters)" % (
-                    start, total), "web_fetch", diagnostics={"total_length": total}))
-            s.update({"request_id": call.request_id, "url": url, "total_length": total, "start_index": start,
-                      "next_start_index": None, "validation": {"issues": [issue(
-                          "/start_index", "past_end", "the document has %d characters" % total,
-                          "pass a start_index below %d, or 0 for the beginning" % total)]}})
-            return s, "start_index %d is past the end of %s (%d characters)." % (start, url, total), True
+            return self._past_end(call, url, start, total)
         page = doc.content[start:start + length]
         end = start + len(page)
         s = status_fields("success")
@@ -10306,14 +10315,71 @@ class PageTools:
                   "provider": doc.provider, "fallback": doc.fallback, "content_type": doc.content_type,
                   "cached": how == "cached",
                   "coalesced": how == "shared", "attempts": attempts})
+        return s, self._page_text(s, call.say), False
+
+    def _document(self, url, fmt, call, inline, served, prior):
+        """``(document or None, how, attempts)``: from the cache, or fetched once however many ask at the
+        same time (``how``: cached, own or shared).  The deadline of ``call`` bounds this caller's wait
+        (the fetch itself goes on for others and the cache; without one, the wait is the configured
+        deadline and a little more); ``served``: the attempts of a shared request that just put the
+        page in the cache; ``prior``: attempts already made for it (see :meth:`Fetcher.fetch`)."""
+        key = ("web_fetch", url, fmt)
+        doc, how, attempts = self.documents.get(key), "cached", []
+        if doc is None:
+            if inline:
+                return None
+            wait = call if call.deadline is not None else call.within(self.config.deadline_s + 5.0, self._clock)
+            (doc, attempts), how = self.coalescer.run(key, lambda flight: self._fetch_upstream(flight, key, prior),
+                                                      wait, lambda: self._cached_document(key))
+        if how == "cached" and served is not None:
+            return doc, "own", served
+        return doc, how, attempts
+
+    def _fetch_upstream(self, flight, key, prior):
+        """``(document or None, attempts)`` through the providers (a readable one goes into the cache)."""
+        _, url, fmt = key
+        doc, attempts = self.fetcher.fetch(url, fmt, flight.within(self.config.deadline_s, self._clock), prior)
+        if doc is not None and doc.content.strip() and not flight.cancelled:
+            self.documents.put(key, doc)
+        return doc, attempts
+
+    def _cached_document(self, key):
+        cached = self.documents.get(key)
+        return None if cached is None else (cached, [])
+
+    def _fetch_failure(self, call, url, fmt, attempts, started):
+        """No provider could read the page: the last provider's own code when it tells the caller more."""
+        last = next((a for a in reversed(attempts) if a["outcome"] != "skipped"), None)
+        code = last["code"] if last and last["code"] in _FETCH_CODES else "fetch_failed"
+        message = "could not fetch %s: %s" % (url, "; ".join(
+            "%s: %s" % (a["vendor"], a["message"] or a["outcome"]) for a in attempts
+            if a["outcome"] != "skipped" or a is attempts[-1]) or "no provider usable")
+        return self._fetch_error(call, url, fmt, code, message, attempts, started,
+                                 any(a["outcome"] in ("timeout", "network_error", "rate_limited") for a in attempts))
+
+    @staticmethod
+    def _past_end(call, url, start, total):
+        s = status_fields("error", "start_index_past_end", error_detail(
+            "start_index_past_end", "start_index %d is past the end of the document (%d characters)" % (
+                start, total), "web_fetch", diagnostics={"total_length": total}))
+        s.update({"request_id": call.request_id, "url": url, "total_length": total, "start_index": start,
+                  "next_start_index": None, "validation": {"issues": [issue(
+                      "/start_index", "past_end", "the document has %d characters" % total,
+                      "pass a start_index below %d, or 0 for the beginning" % total)]}})
+        return s, "start_index %d is past the end of %s (%d characters)." % (start, url, total), True
+
+    @staticmethod
+    def _page_text(s, say):
+        """A page's text: title, where it came from, the characters shown, then how to read on."""
+        start, total = s["start_index"], s["total_length"]
+        end = start + len(s["content"])
         head = "%s\n%s (%s via %s%s, characters %d-%d of %d)" % (
-            doc.title or doc.final_url, doc.final_url, fmt, doc.provider, ", cached" if how == "cached" else "",
-            start, end, total)
-        if doc.fallback:
-            head += "\nRead through %s because %s" % (doc.provider, doc.fallback)
-        tail = "\n\n[more: call %s with %s]" % (call.say("web_fetch"), call.say("start_index", end)) \
-            if end < total else ""
-        return s, head + "\n\n" + page + tail, False
+            s["title"] or s["final_url"], s["final_url"], s["format"], s["provider"],
+            ", cached" if s["cached"] else "", start, end, total)
+        if s["fallback"]:
+            head += "\nRead through %s because %s" % (s["provider"], s["fallback"])
+        tail = "\n\n[more: call %s with %s]" % (say("web_fetch"), say("start_index", end)) if end < total else ""
+        return head + "\n\n" + s["content"] + tail
 
     def _fetch_error(self, call, url, fmt, code, message, attempts, started, retryable):
         s = status_fields("error", code, error_detail(code, message, "web_fetch", retryable=retryable,
@@ -10332,51 +10398,12 @@ class PageTools:
         return with_adjustments(self._map(values.pop("url"), values, call, started), adjustments)
 
     def _map(self, url, values, call, started):
-        ctx = call.within(values["timeout"], self._clock)
-        attempts, urls, provider, stats = [], None, None, {}
-        for name in self.config.map_providers:
-            ctx.check()
-            if name == "tavily" and not (self.mapper.tavily.keyed and self.config.tavily_enabled):
-                attempts.append(attempt_record("tavily", "skipped", 0.0, code="not_usable",
-                                               message="no Tavily key (TAVILY_API_KEY or TAVILY_API_KEYS)"))
-                continue
-            began = self._clock()
-            try:
-                if name == "tavily":
-                    urls, stats = self.mapper.via_tavily(url, values, ctx)
-                else:
-                    urls, stats = self.mapper.direct(url, values, ctx)
-            except UpstreamError as exc:
-                ctx.check()
-                attempts.append(attempt_record(name, exc.outcome, self._clock() - began, code=exc.code,
-                                               http_status=exc.status, message=exc.message))
-                if exc.code in ("private_address", "bad_url"):
-                    break
-                continue
-            attempts.append(attempt_record(name, "success", self._clock() - began))
-            provider = name
-            if urls:
-                break
-        good, ignored = [], []
-        for item in urls or []:
-            if isinstance(item, str) and re.match(r"^https?://[^\s/]+", item.strip()):
-                if item.strip() not in good:
-                    good.append(item.strip())
-            else:
-                ignored.append({"item": item if isinstance(item, (str, int, float)) else json.dumps(item)[:200],
-                                "reason": "not an absolute http(s) URL"})
-        good = good[:values["limit"]]
+        urls, provider, stats, attempts = self._map_urls(url, values, call.within(values["timeout"], self._clock))
+        good, ignored = _absolute_urls(urls or [], values["limit"])
         lastmod = stats.pop("lastmod", None) or {}
         s = status_fields("success" if good and not ignored else "partial_success" if good else "error")
         if not good:
-            last = next((a for a in reversed(attempts) if a["outcome"] not in ("skipped", "success")), None)
-            code = last["code"] if last and last["code"] in ("robots_unavailable", "private_address") else \
-                "site_unreachable" if last and last["outcome"] == "network_error" and last["code"] != "bad_url" \
-                else "no_urls"
-            message = "could not reach %s: %s" % (url, last["message"]) if code == "site_unreachable" else \
-                last["message"] if last and code != "no_urls" else \
-                "no URLs found for %s (%s)" % (url, "; ".join("%s: %s" % (a["vendor"], a["message"] or a["outcome"])
-                                                            for a in attempts))
+            code, message = _map_failure(url, attempts)
             s.update(status_fields("error", code, error_detail(code, message, "web_map", retryable=code in (
                 "robots_unavailable", "site_unreachable"))))
         elif ignored:
@@ -10389,9 +10416,61 @@ class PageTools:
             return s, "Map failed: " + s["error_detail"]["message"], True
         lines = ["%d URLs for %s (via %s%s)" % (len(good), url, provider,
                                                  ", %d items ignored" % len(ignored) if ignored else "")]
-        lines += good
-        text, _ = _cap_text("\n".join(lines), self.config.max_chars)
+        text, _ = _cap_text("\n".join(lines + good), self.config.max_chars)
         return s, text, False
+
+    def _map_urls(self, url, values, ctx):
+        """``(urls, provider, stats, attempts)``: the map providers in turn until one finds URLs (a
+        private or malformed URL stops them all)."""
+        attempts, urls, provider, stats = [], None, None, {}
+        for name in self.config.map_providers:
+            ctx.check()
+            if name == "tavily" and not (self.mapper.tavily.keyed and self.config.tavily_enabled):
+                attempts.append(attempt_record("tavily", "skipped", 0.0, code="not_usable",
+                                               message="no Tavily key (TAVILY_API_KEY or TAVILY_API_KEYS)"))
+                continue
+            began = self._clock()
+            try:
+                urls, stats = (self.mapper.via_tavily if name == "tavily" else self.mapper.direct)(url, values, ctx)
+            except UpstreamError as exc:
+                ctx.check()
+                attempts.append(attempt_record(name, exc.outcome, self._clock() - began, code=exc.code,
+                                               http_status=exc.status, message=exc.message))
+                if exc.code in ("private_address", "bad_url"):
+                    break
+                continue
+            attempts.append(attempt_record(name, "success", self._clock() - began))
+            provider = name
+            if urls:
+                break
+        return urls, provider, stats, attempts
+
+
+_ABSOLUTE_URL = LazyPattern(r"^https?://[^\s/]+")
+
+
+def _absolute_urls(items, limit):
+    """``(urls, ignored)``: the absolute http(s) URLs among a mapper's ``items`` (stripped, each once,
+    at most ``limit``), and the other items, each with why."""
+    good, ignored = {}, []
+    for item in items:
+        if isinstance(item, str) and _ABSOLUTE_URL.match(item.strip()):
+            good.setdefault(item.strip())
+        else:
+            ignored.append({"item": item if isinstance(item, (str, int, float)) else json.dumps(item)[:200],
+                            "reason": "not an absolute http(s) URL"})
+    return list(good)[:limit], ignored
+
+
+def _map_failure(url, attempts):
+    """``(code, message)`` of a map that found no URLs, from the last provider that failed."""
+    last = next((a for a in reversed(attempts) if a["outcome"] not in ("skipped", "success")), None)
+    if last and last["code"] in ("robots_unavailable", "private_address"):
+        return last["code"], last["message"]
+    if last and last["outcome"] == "network_error" and last["code"] != "bad_url":
+        return "site_unreachable", "could not reach %s: %s" % (url, last["message"])
+    return "no_urls", "no URLs found for %s (%s)" % (url, "; ".join(
+        "%s: %s" % (a["vendor"], a["message"] or a["outcome"]) for a in attempts))
 
 
 # ---------------------------------------------------------------------------
@@ -10561,46 +10640,52 @@ class AnswerTools:
         ticker.start()
         diagnostics = {"termination": None, "configured_attempts": self.config.grok_max_attempts, "attempts": 0,
                        "budget_s": self.config.answer_budget_s, "queue_wait_s": 0.0, "errors": []}
-        result = error = evidence_error = None
-        evidence = []
+        outcome = {"result": None, "error": None, "evidence": [], "evidence_error": None, "diagnostics": diagnostics}
         try:
             if extra:
                 state["phase"] = "searching"
-                quiet = CallContext(flight.token, budget.deadline.child(self.config.deadline_s))   # no progress
-                found = self.ring.search(query, extra, None, quiet)
-                if found["ok"]:
-                    known = self.log.redact.known      # a key a page echoed is not passed on to the model
-                    evidence = [{"title": known(r["title"]), "url": known(r["url"]),
-                                 "snippet": known(r["snippet"][:500])} for r in found["results"]]
-                else:
-                    evidence_error = "the search ring found no evidence (%s)" % ", ".join(
-                        "%s: %s" % (a["vendor"], a["outcome"]) for a in found["attempts"])
-            system, user = answer_prompt(query, platform, evidence)
+                outcome["evidence"], outcome["evidence_error"] = self._evidence(query, extra, flight, budget)
+            system, user = answer_prompt(query, platform, outcome["evidence"])
             state["phase"] = "queued"
-            queued_at = self._clock()
-            try:
-                self.slots.acquire(budget)
-                if budget.remaining() < MIN_ATTEMPT_S:     # a slot this late leaves no time to answer
+            outcome["error"] = self._take_slot(budget, diagnostics)
+            if outcome["error"] is None:
+                try:
+                    outcome["result"], outcome["error"] = self._attempts(model, protocol, system, user, budget, state,
+                                                                         diagnostics)
+                finally:
                     self.slots.release()
-                    raise DeadlineExceeded("slot freed too late")
-            except DeadlineExceeded:
-                diagnostics["queue_wait_s"] = round(self._clock() - queued_at, 3)
-                diagnostics["termination"] = "concurrency_queue_timeout"
-                error = answer_error("busy", "answer_slots", "waited for one of %d answer slots until the budget of "
-                                     "%d s ran out" % (self.config.grok_concurrency, self.config.answer_budget_s),
-                                     retryable=True)
-                return {"result": None, "error": error, "evidence": evidence, "evidence_error": evidence_error,
-                        "diagnostics": diagnostics}
-            diagnostics["queue_wait_s"] = round(self._clock() - queued_at, 3)
-            try:
-                result, error = self._attempts(model, protocol, system, user, budget, state, diagnostics)
-            finally:
-                self.slots.release()
         finally:
             ticker.stop()
             diagnostics["elapsed_s"] = round(self._clock() - began, 3)
-        return {"result": result, "error": error, "evidence": evidence, "evidence_error": evidence_error,
-                "diagnostics": diagnostics}
+        return outcome
+
+    def _evidence(self, query, extra, flight, budget):
+        """``(evidence, why there is none)``: the ring's first ``extra`` results for the question."""
+        quiet = CallContext(flight.token, budget.deadline.child(self.config.deadline_s))   # no progress
+        found = self.ring.search(query, extra, None, quiet)
+        if not found["ok"]:
+            return [], "the search ring found no evidence (%s)" % ", ".join(
+                "%s: %s" % (a["vendor"], a["outcome"]) for a in found["attempts"])
+        known = self.log.redact.known      # a key a page echoed is not passed on to the model
+        return [{"title": known(r["title"]), "url": known(r["url"]), "snippet": known(r["snippet"][:500])}
+                for r in found["results"]], None
+
+    def _take_slot(self, budget, diagnostics):
+        """Wait for an answer slot within the budget: None once one is held, else the ``busy`` error."""
+        queued_at = self._clock()
+        try:
+            self.slots.acquire(budget)
+            if budget.remaining() < MIN_ATTEMPT_S:     # a slot this late leaves no time to answer
+                self.slots.release()
+                raise DeadlineExceeded("slot freed too late")
+        except DeadlineExceeded:
+            diagnostics["queue_wait_s"] = round(self._clock() - queued_at, 3)
+            diagnostics["termination"] = "concurrency_queue_timeout"
+            return answer_error("busy", "answer_slots", "waited for one of %d answer slots until the budget of "
+                                "%d s ran out" % (self.config.grok_concurrency, self.config.answer_budget_s),
+                                retryable=True)
+        diagnostics["queue_wait_s"] = round(self._clock() - queued_at, 3)
+        return None
 
     def _attempts(self, model, protocol, system, user, budget, state, diagnostics):
         error = None
@@ -10626,18 +10711,9 @@ class AnswerTools:
                 error = exc
                 diagnostics["errors"].append(dict(exc.as_dict(), attempt=attempt))
                 self.log.info("answer attempt %d failed: %s/%s (%s)", attempt, exc.outcome, exc.code, exc.message[:200])
-                if not exc.retryable:
-                    diagnostics["termination"] = "non_retryable_error"
-                    break
-                if attempt == self.config.grok_max_attempts:
-                    diagnostics["termination"] = "max_attempts_exhausted"
-                    break
-                wait = min(self.config.grok_retry_max_wait_s, self.config.grok_retry_multiplier * 2 ** (attempt - 1))
-                wait *= 0.5 + self._rng.random() / 2.0
-                if exc.retry_after_s:
-                    wait = max(wait, exc.retry_after_s)
-                if wait + MIN_ATTEMPT_S > budget.remaining():
-                    diagnostics["termination"] = "total_budget_exhausted"
+                wait, termination = self._retry_wait(exc, attempt, budget)
+                if termination:
+                    diagnostics["termination"] = termination
                     break
                 state.update(phase="backoff", error=exc.message[:120], wait=wait)
                 state["tick"]()
@@ -10646,23 +10722,30 @@ class AnswerTools:
             diagnostics["termination"] = "total_budget_exhausted"
         return None, error or answer_error("timeout", "budget", "the answer budget ran out", retryable=True)
 
+    def _retry_wait(self, exc, attempt, budget):
+        """``(seconds to wait before the next attempt, None)``, or ``(None, why there is none)``:
+        exponential backoff with jitter, at least the upstream's Retry-After, within the budget."""
+        if not exc.retryable:
+            return None, "non_retryable_error"
+        if attempt == self.config.grok_max_attempts:
+            return None, "max_attempts_exhausted"
+        wait = min(self.config.grok_retry_max_wait_s, self.config.grok_retry_multiplier * 2 ** (attempt - 1))
+        wait *= 0.5 + self._rng.random() / 2.0
+        if exc.retry_after_s:
+            wait = max(wait, exc.retry_after_s)
+        if wait + MIN_ATTEMPT_S > budget.remaining():
+            return None, "total_budget_exhausted"
+        return wait, None
+
     def _answer_result(self, call, query, model, protocol, outcome, shared, started):
-        result, error = outcome["result"], outcome["error"]
+        result = outcome["result"]
         diagnostics = dict(outcome["diagnostics"])
         s = status_fields("success")
         s.update({"request_id": call.request_id, "session_id": None, "content": "", "model": model,
                   "protocol": protocol, "sources_count": 0, "sources": [], "coalesced": shared,
                   "diagnostics": diagnostics, "grok_error": None})
         if result is None:
-            termination = diagnostics.get("termination") or "failed"
-            code = "answer_failed" if termination != "concurrency_queue_timeout" else termination
-            s.update(status_fields("error", code, error_detail(
-                code, "no answer (%s): %s" % (termination, error.message if error else "unknown"), "web_answer",
-                retryable=bool(error and error.retryable), http_status=error.status if error else None,
-                upstream_code=error.upstream_code if error else None, diagnostics=diagnostics)))
-            s["grok_error"] = dict(error.as_dict() if error else {}, termination=termination)
-            s["duration_ms"] = round((self._clock() - started) * 1000.0, 2)
-            return s, "Answer failed (%s): %s" % (termination, error.message if error else "unknown"), True
+            return self._answer_failure(s, outcome["error"], diagnostics, started)
         sources = answer_sources(result)
         s.update({"content": result.content, "model": result.model or model, "sources": sources,
                   "sources_count": len(sources)})
@@ -10672,18 +10755,35 @@ class AnswerTools:
             s.update(status_fields("partial_success", "extra_sources_failed", error_detail(
                 "extra_sources_failed", outcome["evidence_error"], "web_answer", retryable=True)))
         s["duration_ms"] = round((self._clock() - started) * 1000.0, 2)
-        lines = [result.content.strip(), ""]
-        if sources:
+        text, _ = _cap_text(self._answer_text(s, outcome.get("evidence_error")), max(self.config.max_chars, 4000))
+        return s, text, False
+
+    def _answer_failure(self, s, error, diagnostics, started):
+        termination = diagnostics.get("termination") or "failed"
+        code = "answer_failed" if termination != "concurrency_queue_timeout" else termination
+        why = error.message if error else "unknown"
+        s.update(status_fields("error", code, error_detail(
+            code, "no answer (%s): %s" % (termination, why), "web_answer",
+            retryable=bool(error and error.retryable), http_status=error.status if error else None,
+            upstream_code=error.upstream_code if error else None, diagnostics=diagnostics)))
+        s["grok_error"] = dict(error.as_dict() if error else {}, termination=termination)
+        s["duration_ms"] = round((self._clock() - started) * 1000.0, 2)
+        return s, "Answer failed (%s): %s" % (termination, why), True
+
+    @staticmethod
+    def _answer_text(s, note):
+        """An answer's text: the answer, its numbered sources, the model, and a note on missing evidence."""
+        lines = [s["content"].strip(), ""]
+        if s["sources"]:
             lines.append("Sources:")
             lines += ["%d. %s%s" % (i, src["url"], " (%s)" % src["title"] if src["title"] else "")
-                      for i, src in enumerate(sources, 1)]
-        lines.append("(model %s via %s%s; session_id %s)" % (s["model"], protocol,
-                                                              ", shared with a concurrent call" if shared else "",
-                                                              s["session_id"]))
+                      for i, src in enumerate(s["sources"], 1)]
+        lines.append("(model %s via %s%s; session_id %s)" % (s["model"], s["protocol"],
+                                                              ", shared with a concurrent call" if s["coalesced"]
+                                                              else "", s["session_id"]))
         if s["status"] == "partial_success":
-            lines.append("Note: " + outcome["evidence_error"])
-        text, _ = _cap_text("\n".join(lines), max(self.config.max_chars, 4000))
-        return s, text, False
+            lines.append("Note: " + note)
+        return "\n".join(lines)
 
     # -- switch_model and get_config_info ----------------------------------------------------------
 
@@ -10784,39 +10884,45 @@ class AnswerTools:
             return {"status": "skipped", "message": "skipped: GROK_API_KEY is unset"}
         with self._lock:
             cached = self._catalogue
-        if cached and self._clock() - cached[0] < self.MODELS_TTL_S:
-            ids, cached_flag, latency = cached[1], True, cached[2]
-        else:
-            started = self._clock()
-            try:
-                resp = call_upstream("answer", self.transport, "GET", self.config.grok_url + "/models",
-                                     ctx=ctx.within(15.0, self._clock), timeout_s=15.0,
-                                     headers={"Authorization": "Bearer " + self.config.grok_key,
-                                              "Accept": "application/json"})
-            except UpstreamError as exc:
-                return {"status": "error", "message": "error: " + exc.message, "code": exc.code}
-            latency = round((self._clock() - started) * 1000.0, 1)
-            if resp.status != 200:
-                return {"status": "error", "http_status": resp.status, "latency_ms": latency,
-                        "message": "error: " + status_message(self.config.grok_url, resp)}
-            try:
-                data = resp.json()
-            except ValueError:
-                data = None
-            items = (data.get("data") or data.get("models")) if isinstance(data, dict) else None
-            if not isinstance(items, list):
-                return {"status": "error", "http_status": 200, "latency_ms": latency,
-                        "message": "error: /models did not return a model list"}
-            ids = [m.get("id") for m in items if isinstance(m, dict) and isinstance(m.get("id"), str)]
-            cached_flag = False
-            with self._lock:
-                self._catalogue = (self._clock(), ids, latency)
-        base = model.split(":", 1)[0]
-        present = base in ids or model in ids
+        from_cache = bool(cached) and self._clock() - cached[0] < self.MODELS_TTL_S
+        catalogue = cached if from_cache else self._fetch_catalogue(ctx)
+        if isinstance(catalogue, dict):         # the request failed: that is the test's result
+            return catalogue
+        _, ids, latency = catalogue
+        present = model.split(":", 1)[0] in ids or model in ids
         return {"status": "ok", "latency_ms": latency, "models_count": len(ids), "models": ids[:200],
-                "cached": cached_flag, "current_model_listed": present,
+                "cached": from_cache, "current_model_listed": present,
                 "message": "ok, %d models%s; %s is %s the catalogue" % (
-                    len(ids), " (cached)" if cached_flag else "", model, "in" if present else "NOT in")}
+                    len(ids), " (cached)" if from_cache else "", model, "in" if present else "NOT in")}
+
+    def _fetch_catalogue(self, ctx):
+        """``(fetched_at, model ids, latency_ms)`` of the endpoint's /models (kept for the next tests),
+        or the failed test's result."""
+        started = self._clock()
+        try:
+            resp = call_upstream("answer", self.transport, "GET", self.config.grok_url + "/models",
+                                 ctx=ctx.within(15.0, self._clock), timeout_s=15.0,
+                                 headers={"Authorization": "Bearer " + self.config.grok_key,
+                                          "Accept": "application/json"})
+        except UpstreamError as exc:
+            return {"status": "error", "message": "error: " + exc.message, "code": exc.code}
+        latency = round((self._clock() - started) * 1000.0, 1)
+        if resp.status != 200:
+            return {"status": "error", "http_status": resp.status, "latency_ms": latency,
+                    "message": "error: " + status_message(self.config.grok_url, resp)}
+        try:
+            data = resp.json()
+        except ValueError:
+            data = None
+        items = (data.get("data") or data.get("models")) if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            return {"status": "error", "http_status": 200, "latency_ms": latency,
+                    "message": "error: /models did not return a model list"}
+        ids = [m.get("id") for m in items if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        catalogue = (self._clock(), ids, latency)
+        with self._lock:
+            self._catalogue = catalogue
+        return catalogue
 
 
 class _ProgressTicker:
@@ -10872,24 +10978,15 @@ class PlanTools:
         self._lock = threading.Lock()
 
     def record(self, phase, args, call):
+        """Record one phase of a plan (``plan_<phase>``), creating the plan at ``intent``."""
         args, issues, _ = check_args(PLAN_INPUTS[phase], args)
         if issues:
             return validation_result("plan_" + phase, issues)
         revision = args["is_revision"]
         with self._lock:
-            if phase == "intent" and not args.get("session_id"):
-                sid = new_id("plan_")
-                plan = {"phases": {}, "order": [], "sub_queries": {}, "search_terms": [], "tool_mappings": [],
-                        "revisions": 0}
-            else:
-                sid = args.get("session_id") or ""
-                plan = self.sessions.get(sid)
-                if plan is None:
-                    s = status_fields("error", "session_id_not_found_or_expired", error_detail(
-                        "session_id_not_found_or_expired", "no plan %r: it never existed or was idle for more than an "
-                        "hour; start again with plan_intent" % sid, "plan_" + phase))
-                    s["session_id"] = sid
-                    return s, "Unknown or expired plan session %r: start a new plan with plan_intent." % sid, True
+            sid, plan = self._session(phase, args)
+            if plan is None:
+                return self._unknown_session(phase, sid)
             problem = self._check_order(plan, phase, args, revision)
             if problem:
                 code, message = problem
@@ -10908,42 +11005,73 @@ class PlanTools:
             text = "Plan %s: recorded %s; next: %s." % (sid, phase, ", ".join(out["phases_remaining"]) or "-")
         return s, text, False
 
+    def _session(self, phase, args):
+        """``(session_id, plan)``: a new plan for an intent without a session_id, else the stored one
+        (None when it never existed or expired)."""
+        if phase == "intent" and not args.get("session_id"):
+            return new_id("plan_"), {"phases": {}, "order": [], "sub_queries": {}, "search_terms": [],
+                                     "tool_mappings": [], "revisions": 0}
+        sid = args.get("session_id") or ""
+        return sid, self.sessions.get(sid)
+
+    @staticmethod
+    def _unknown_session(phase, sid):
+        s = status_fields("error", "session_id_not_found_or_expired", error_detail(
+            "session_id_not_found_or_expired", "no plan %r: it never existed or was idle for more than an "
+            "hour; start again with plan_intent" % sid, "plan_" + phase))
+        s["session_id"] = sid
+        return s, "Unknown or expired plan session %r: start a new plan with plan_intent." % sid, True
+
     @staticmethod
     def _check_order(plan, phase, args, revision):
         """``(code, message)`` when the phase may not be recorded now, else None."""
+        check = PlanTools._check_revision if revision else PlanTools._check_sequence
+        return check(plan, phase, args) or PlanTools._check_references(plan, phase, args)
+
+    @staticmethod
+    def _check_revision(plan, phase, args):
+        """A revision replaces what was recorded: the phase (and the sub-query) must exist."""
+        if phase not in plan["order"]:
+            return "revision_of_missing_phase", "cannot revise %s: it was never recorded" % phase
+        if phase == "sub_query" and args["id"] not in plan["sub_queries"]:
+            return "revision_of_missing_phase", "cannot revise sub-query %r: it does not exist" % args["id"]
+        return None
+
+    @staticmethod
+    def _check_sequence(plan, phase, args):
+        """A new answer: once per phase (per item for the repeatable ones), in order, and only the
+        phases the complexity level needs."""
         done = plan["order"]
-        index = PLAN_PHASES.index(phase)
-        repeatable = phase in ("sub_query", "search_term", "tool_mapping")
-        if revision:
-            if phase not in done:
-                return "revision_of_missing_phase", "cannot revise %s: it was never recorded" % phase
-            if phase == "sub_query" and args["id"] not in plan["sub_queries"]:
-                return "revision_of_missing_phase", "cannot revise sub-query %r: it does not exist" % args["id"]
-        else:
-            if phase in done and not repeatable:
-                return "phase_already_recorded", "%s is already recorded; pass is_revision=true to replace it" % phase
-            level = plan["phases"].get("complexity", {}).get("level")
-            if level is not None and phase not in PLAN_REQUIRED[level]:
-                return "phase_not_needed", "complexity level %d does not use %s (it needs: %s)" % (
-                    level, phase, ", ".join(PLAN_REQUIRED[level]))
-            missing = [p for p in PLAN_PHASES[:index]
-                       if p not in done and (level is None or p in PLAN_REQUIRED[level])]
-            if missing:
-                return "phase_out_of_order", "record %s before %s" % (missing[0], phase)
-            if phase == "sub_query" and args["id"] in plan["sub_queries"]:
-                return "duplicate_sub_query", "sub-query %r exists; pass is_revision=true to replace it" % args["id"]
-        if phase in ("search_term", "tool_mapping") and args["sub_query_id"] not in plan["sub_queries"]:
-            return "unknown_sub_query", "no sub-query %r (known: %s)" % (
-                args["sub_query_id"], ", ".join(plan["sub_queries"]) or "none")
+        if phase in done and phase not in ("sub_query", "search_term", "tool_mapping"):
+            return "phase_already_recorded", "%s is already recorded; pass is_revision=true to replace it" % phase
+        level = plan["phases"].get("complexity", {}).get("level")
+        if level is not None and phase not in PLAN_REQUIRED[level]:
+            return "phase_not_needed", "complexity level %d does not use %s (it needs: %s)" % (
+                level, phase, ", ".join(PLAN_REQUIRED[level]))
+        missing = [p for p in PLAN_PHASES[:PLAN_PHASES.index(phase)]
+                   if p not in done and (level is None or p in PLAN_REQUIRED[level])]
+        if missing:
+            return "phase_out_of_order", "record %s before %s" % (missing[0], phase)
+        if phase == "sub_query" and args["id"] in plan["sub_queries"]:
+            return "duplicate_sub_query", "sub-query %r exists; pass is_revision=true to replace it" % args["id"]
+        return None
+
+    @staticmethod
+    def _check_references(plan, phase, args):
+        """Every sub-query id the answer names must exist."""
+        known = plan["sub_queries"]
+        if phase in ("search_term", "tool_mapping") and args["sub_query_id"] not in known:
+            return "unknown_sub_query", "no sub-query %r (known: %s)" % (args["sub_query_id"],
+                                                                         ", ".join(known) or "none")
         if phase == "sub_query":
-            unknown = [d for d in args.get("depends_on") or [] if d not in plan["sub_queries"]]
-            if unknown:
-                return "unknown_sub_query", "depends_on names unknown sub-queries: " + ", ".join(unknown)
-        if phase == "execution":
-            listed = [i for group in args["parallel_groups"] for i in group]
-            unknown = [i for i in listed if i not in plan["sub_queries"]]
-            if unknown:
-                return "unknown_sub_query", "parallel_groups names unknown sub-queries: " + ", ".join(unknown)
+            field, named = "depends_on", args.get("depends_on") or []
+        elif phase == "execution":
+            field, named = "parallel_groups", [i for group in args["parallel_groups"] for i in group]
+        else:
+            return None
+        unknown = [i for i in named if i not in known]
+        if unknown:
+            return "unknown_sub_query", "%s names unknown sub-queries: %s" % (field, ", ".join(unknown))
         return None
 
     @staticmethod
