@@ -11739,31 +11739,12 @@ def run_cli(argv, env):
     config = Config.from_env(env)
     if opts.command == "config":
         return cli_config(opts.client, env, opts.module, opts.scope)
-    redact = Redactor.for_config(config)
-    for problem in config.problems:
-        _emit(redact("configuration problem: " + problem.message), sys.stderr)
-    # A person at a terminal sees warnings and worse, unless a log level was asked for.
-    level = config.log_level if "log_level" in config.sources or config.debug else "warning"
-    server = Server(config, logger=Logger(level, redact=redact, log_dir=config.log_dir or None))
+    server = _cli_server(config)
     if opts.command == "check":
         return cli_check(server, opts.json)
-    args = {k: v for k, v in vars(opts).items() if k not in ("command", "json") and v is not None}
-    if "query" in args:
-        args["query"] = " ".join(args["query"])
-    for name in ("include_domains", "exclude_domains"):
-        if name in args:
-            spec = WEB_SEARCH_INPUT["properties"][name]
-            args[name] = [d for given in args[name] for d in listed_values(given, spec)]
+    tool, args, say = _CLI_TOOLS[opts.command], _cli_arguments(opts), cli_words(words)
     token = CancelToken()
-    shown_last = []
-
-    def progress(done, total=None, message=None):
-        if message and shown_last[-1:] != [message]:
-            shown_last[:] = [message]
-            _emit("  ... " + message, sys.stderr)
-    say = cli_words(words)
-    tool = _CLI_TOOLS[opts.command]
-    call = CallContext(token, progress=None if opts.json or not sys.stderr.isatty() else progress, say=say)
+    call = CallContext(token, progress=None if opts.json or not sys.stderr.isatty() else _cli_progress(), say=say)
     try:
         structured, text, is_error = server.tool_handlers[tool](args, call)
     except KeyboardInterrupt:
@@ -11771,20 +11752,72 @@ def run_cli(argv, env):
         return 130
     except Cancelled:
         return 130
-    if structured.get("validation"):
-        text = cli_validation_text(tool, structured["validation"]["issues"], say)
+    invalid = structured.get("validation")
+    if invalid:
+        text = cli_validation_text(tool, invalid["issues"], say)
     shown = server.redact.outgoing({"structuredContent": structured, "content": [{"type": "text", "text": text}]})
     if opts.json:
         _emit(_json_text(shown["structuredContent"]))
     else:
         _emit(shown["content"][0]["text"], sys.stderr if is_error else sys.stdout)
-    if structured.get("validation"):
+    if invalid:
         return 2
     return 1 if is_error else (2 if config.problems else 0)
 
 
+def _cli_server(config):
+    """The server of a command, its configuration problems told first."""
+    redact = Redactor.for_config(config)
+    for problem in config.problems:
+        _emit(redact("configuration problem: " + problem.message), sys.stderr)
+    # A person at a terminal sees warnings and worse, unless a log level was asked for.
+    level = config.log_level if "log_level" in config.sources or config.debug else "warning"
+    return Server(config, logger=Logger(level, redact=redact, log_dir=config.log_dir or None))
+
+
+def _cli_arguments(opts):
+    """The tool arguments of a command: its options given, the words of the query joined, and the
+    domains of --include and --exclude (repeated, or separated by commas) as one list each."""
+    args = {k: v for k, v in vars(opts).items() if k not in ("command", "json") and v is not None}
+    if "query" in args:
+        args["query"] = " ".join(args["query"])
+    for name in ("include_domains", "exclude_domains"):
+        if name in args:
+            spec = WEB_SEARCH_INPUT["properties"][name]
+            args[name] = [d for given in args[name] for d in listed_values(given, spec)]
+    return args
+
+
+def _cli_progress():
+    """A progress sink showing each new message once on stderr."""
+    shown_last = []
+
+    def progress(done, total=None, message=None):
+        if message and shown_last[-1:] != [message]:
+            shown_last[:] = [message]
+            _emit("  ... " + message, sys.stderr)
+    return progress
+
+
 def cli_check(server, as_json=False):
     """Print configuration problems and probe every configured backend once; 0 when search can be served."""
+    results = _probe_vendors(server)
+    model, source = server.answer_tools.current_model()
+    answer = {"model": model, "model_source": source, "url": server.config.grok_url,
+              "connection_test": server.answer_tools._connection_test(model, CallContext())}
+    ok = any(r["outcome"] == "success" for r in results)
+    if as_json:
+        _emit(_json_text(server.redact.outgoing(_check_report(server.config, server.ring.tavily, results, ok,
+                                                              answer))))
+    else:
+        for line in _check_lines(server, results, ok, answer):
+            _emit(server.redact(line))
+    return 0 if ok else 1
+
+
+def _probe_vendors(server):
+    """One search of each configured vendor, all at once: their attempt records (a vendor that has
+    not answered in time has none)."""
     config = server.config
     results, lock = [], threading.Lock()
 
@@ -11799,21 +11832,26 @@ def cli_check(server, as_json=False):
         t.start()
     for t in threads:
         t.join(min(config.timeout_s, 15.0) + 5.0)
-    keys = server.ring.tavily
-    model, source = server.answer_tools.current_model()
-    test = server.answer_tools._connection_test(model, CallContext())
+    return results
+
+
+def _check_report(config, keys, results, ok, answer):
+    """``check --json``."""
     by_name = {r["vendor"]: r for r in results}
-    ok = any(r["outcome"] == "success" for r in results)
-    if as_json:
-        _emit(_json_text(server.redact.outgoing({
-            "version": __version__, "search_available": ok, "problems": [p.as_dict() for p in config.problems],
+    return {"version": __version__, "search_available": ok, "problems": [p.as_dict() for p in config.problems],
             "vendors": [by_name.get(n) or attempt_record(n, "timeout", 0.0, message="no answer")
                         for n in config.vendors],
             "tavily": keys.pool.describe() if keys.keyed else {"mode": "keyless" if config.tavily_enabled
                                                                else "disabled"},
             "fetch_providers": list(config.fetch_providers), "map_providers": list(config.map_providers),
-            "answer": {"model": model, "model_source": source, "url": config.grok_url, "connection_test": test}})))
-        return 0 if ok else 1
+            "answer": answer}
+
+
+def _check_lines(server, results, ok, answer):
+    """``check``: the version, configuration problems, each vendor's probe, the providers and the answer
+    endpoint's connection test."""
+    config, keys, test = server.config, server.ring.tavily, answer["connection_test"]
+    by_name = {r["vendor"]: r for r in results}
     lines = ["websearch-ring %s, Python %s" % (__version__, sys.version.split()[0]),
              "configuration: " + ("%d problem(s)" % len(config.problems) if config.problems else "ok")]
     lines += ["  - " + problem.message for problem in config.problems]
@@ -11826,13 +11864,12 @@ def cli_check(server, as_json=False):
                                "keyless mode" if config.tavily_enabled else "disabled"))
     lines.append("fetch providers: %s; map providers: %s" % (", ".join(config.fetch_providers),
                                                              ", ".join(config.map_providers)))
-    lines.append("answers: model %s (from %s) at %s: %s" % (model, source, config.grok_url, test["message"]))
+    lines.append("answers: model %s (from %s) at %s: %s" % (answer["model"], answer["model_source"], answer["url"],
+                                                           test["message"]))
     if any(TLS_HINT in (r["message"] or "") for r in results) or TLS_HINT in (test["message"] or ""):
         lines.append("TLS certificates could not be verified: " + TLS_HINT)
     lines.append("search: " + ("available" if ok else "NOT available: no vendor answered"))
-    for line in lines:
-        _emit(server.redact(line))
-    return 0 if ok else 1
+    return lines
 
 
 def _json_text(value):
@@ -11918,84 +11955,137 @@ def cli_config(client, env, module=False, scope=None):
                                                           ", ".join(CLIENTS)), sys.stderr)
         return 2
     style, where, merge = CLIENTS[client]
-    path = os.path.abspath(__file__)
-    exe = sys.executable or "python3"
     if module and style == "goose":
         _emit("goose does not pass PYTHONPATH to a server: printing the script form", sys.stderr)
         module = False
-    args = ["-m", "websearch_ring"] if module else [path]
-    variables, secrets = {}, []
-    for var in VARIABLES:
-        for name in (var.name,) + var.aliases:
-            value = env.get(name)
-            if value is not None and value.strip() and name.upper() == name:
-                hidden = var.secret or (var.kind in ("url", "proxy") and "?" in value)   # ?key=... may be a key
-                variables[name] = "<your %s>" % name if hidden else (
-                    mask_url_credentials(value, "<password>") if var.kind in ("url", "proxy") else value)
-                if hidden:
-                    secrets.append(name)
-                break
-    if module:
-        variables["PYTHONPATH"] = os.path.dirname(path)
-    name = "websearch-ring"
-    entry = {"command": exe, "args": args}
-    if variables:
-        entry["env"] = variables
-    if style == "claude":
-        parts = ["claude", "mcp", "add"] + ["-e %s=%s" % (k, _shell_quote(v)) for k, v in variables.items()]
-        text = " ".join(parts + ["--scope", scope or "local", name, "--", _shell_quote(exe)]
-                        + [_shell_quote(a) for a in args])
-    elif style == "codex":
-        lines = ["[mcp_servers.%s]" % name, "command = %s" % _quoted(exe),
-                 "args = [%s]" % ", ".join(_quoted(a) for a in args), "tool_timeout_sec = 300"]
-        if variables:
-            lines += ["", "[mcp_servers.%s.env]" % name] + ["%s = %s" % (k, _quoted(v)) for k, v in variables.items()]
-        text = "\n".join(lines)
-    elif style == "hermes":
-        lines = ["mcp_servers:", "  %s:" % name, "    command: %s" % _quoted(exe),
-                 "    args: [%s]" % ", ".join(_quoted(a) for a in args)]
-        if variables:
-            lines += ["    env:"] + _yaml_map(variables, 6)
-        text = "\n".join(lines)
-    elif style == "goose":
-        lines = ["extensions:", "  %s:" % name, "    name: %s" % name, "    type: stdio", "    enabled: true",
-                 "    cmd: %s" % _quoted(exe), "    args: [%s]" % ", ".join(_quoted(a) for a in args),
-                 "    timeout: 300"]
-        if variables:
-            lines += ["    envs:"] + _yaml_map(variables, 6)
-        text = "\n".join(lines)
-    elif style == "continue":
-        lines = ["name: %s" % name, "version: 0.0.1", "schema: v1", "mcpServers:", "  - name: %s" % name,
-                 "    type: stdio", "    command: %s" % _quoted(exe),
-                 "    args: [%s]" % ", ".join(_quoted(a) for a in args)]
-        if variables:
-            lines += ["    env:"] + _yaml_map(variables, 6)
-        text = "\n".join(lines)
-    elif style == "opencode":
-        item = {"type": "local", "command": [exe] + args, "enabled": True}
-        if variables:
-            item["environment"] = variables
-        text = json.dumps({"$schema": "https://opencode.ai/config.json", "mcp": {name: item}}, indent=2)
-    elif style == "vscode":
-        inputs = [{"type": "promptString", "id": k.lower().replace("_", "-"), "description": k, "password": True}
-                  for k in secrets]
-        if variables:
-            entry["env"] = dict(variables, **{k: "${input:%s}" % k.lower().replace("_", "-") for k in secrets})
-        document = {"servers": {name: dict({"type": "stdio"}, **entry)}}
-        if inputs:
-            document = dict({"inputs": inputs}, **document)
-        text = json.dumps(document, indent=2)
-    elif style == "zed":
-        text = json.dumps({"context_servers": {name: entry}}, indent=2)
-    else:          # mcpServers, and Cherry Studio's import, which wants the transport named
-        text = json.dumps({"mcpServers": {name: dict({"type": "stdio"}, **entry) if style == "cherry" else entry}},
-                          indent=2)
-    _emit(text)
+    _emit(_SNIPPETS[style](_Launch(env, module, scope)))
     places = dict.fromkeys(where)
     _emit("# %s: %s; %s" % (client, "; ".join("%s (%s)" % (p, ", ".join(
         os_name for os_name, q in zip(("Linux", "macOS", "Windows"), where) if q == p)) for p in places)
         if len(places) > 1 else where[0], merge), sys.stderr)
     return 0
+
+
+class _Launch:
+    """How a client starts the server: ``exe`` with ``args``, and the ``variables`` of its environment
+    (each the user has set; a secret as a placeholder, its name in ``secrets``); claude-code's ``scope``."""
+
+    __slots__ = ("exe", "args", "variables", "secrets", "scope")
+    NAME = "websearch-ring"     # the server's name in every client's configuration
+
+    def __init__(self, env, module, scope):
+        path = os.path.abspath(__file__)
+        self.exe = sys.executable or "python3"
+        self.args = ["-m", "websearch_ring"] if module else [path]
+        self.variables, self.secrets = {}, []
+        for var in VARIABLES:
+            self._take(var, env)
+        if module:
+            self.variables["PYTHONPATH"] = os.path.dirname(path)
+        self.scope = scope
+
+    def _take(self, var, env):
+        """The first of the variable's names set in ``env`` (upper case, not blank), if any."""
+        for name in (var.name,) + var.aliases:
+            value = env.get(name)
+            if value is not None and value.strip() and name.upper() == name:
+                hidden = var.secret or (var.kind in ("url", "proxy") and "?" in value)   # ?key=... may be a key
+                self.variables[name] = "<your %s>" % name if hidden else (
+                    mask_url_credentials(value, "<password>") if var.kind in ("url", "proxy") else value)
+                if hidden:
+                    self.secrets.append(name)
+                return
+
+    def entry(self):
+        """The entry most clients take: command, args, and env when there is one."""
+        entry = {"command": self.exe, "args": self.args}
+        if self.variables:
+            entry["env"] = self.variables
+        return entry
+
+    def yaml(self, lines, env_key):
+        """A YAML entry: ``lines``, then the environment under ``env_key``."""
+        if self.variables:
+            lines += ["    %s:" % env_key] + _yaml_map(self.variables, 6)
+        return "\n".join(lines)
+
+    def quoted_args(self):
+        return ", ".join(_quoted(a) for a in self.args)
+
+
+# One snippet per client format (CLIENTS names each client's): what `config CLIENT` prints.
+
+def _claude_snippet(launch):
+    """A ``claude mcp add`` command line."""
+    parts = ["claude", "mcp", "add"] + ["-e %s=%s" % (k, _shell_quote(v)) for k, v in launch.variables.items()]
+    return " ".join(parts + ["--scope", launch.scope or "local", launch.NAME, "--", _shell_quote(launch.exe)]
+                    + [_shell_quote(a) for a in launch.args])
+
+
+def _codex_snippet(launch):
+    """Codex's TOML tables."""
+    lines = ["[mcp_servers.%s]" % launch.NAME, "command = %s" % _quoted(launch.exe),
+             "args = [%s]" % launch.quoted_args(), "tool_timeout_sec = 300"]
+    if launch.variables:
+        lines += ["", "[mcp_servers.%s.env]" % launch.NAME] + ["%s = %s" % (k, _quoted(v))
+                                                              for k, v in launch.variables.items()]
+    return "\n".join(lines)
+
+
+def _hermes_snippet(launch):
+    return launch.yaml(["mcp_servers:", "  %s:" % launch.NAME, "    command: %s" % _quoted(launch.exe),
+                        "    args: [%s]" % launch.quoted_args()], "env")
+
+
+def _goose_snippet(launch):
+    return launch.yaml(["extensions:", "  %s:" % launch.NAME, "    name: %s" % launch.NAME, "    type: stdio",
+                        "    enabled: true", "    cmd: %s" % _quoted(launch.exe),
+                        "    args: [%s]" % launch.quoted_args(), "    timeout: 300"], "envs")
+
+
+def _continue_snippet(launch):
+    return launch.yaml(["name: %s" % launch.NAME, "version: 0.0.1", "schema: v1", "mcpServers:",
+                        "  - name: %s" % launch.NAME, "    type: stdio", "    command: %s" % _quoted(launch.exe),
+                        "    args: [%s]" % launch.quoted_args()], "env")
+
+
+def _opencode_snippet(launch):
+    item = {"type": "local", "command": [launch.exe] + launch.args, "enabled": True}
+    if launch.variables:
+        item["environment"] = launch.variables
+    return json.dumps({"$schema": "https://opencode.ai/config.json", "mcp": {launch.NAME: item}}, indent=2)
+
+
+def _vscode_snippet(launch):
+    """VS Code's mcp.json: each secret is an input VS Code asks for once."""
+    entry = launch.entry()
+    inputs = [{"type": "promptString", "id": k.lower().replace("_", "-"), "description": k, "password": True}
+              for k in launch.secrets]
+    if launch.variables:
+        entry["env"] = dict(launch.variables, **{k: "${input:%s}" % k.lower().replace("_", "-")
+                                                 for k in launch.secrets})
+    document = {"servers": {launch.NAME: dict({"type": "stdio"}, **entry)}}
+    if inputs:
+        document = dict({"inputs": inputs}, **document)
+    return json.dumps(document, indent=2)
+
+
+def _zed_snippet(launch):
+    return json.dumps({"context_servers": {launch.NAME: launch.entry()}}, indent=2)
+
+
+def _mcp_servers_snippet(launch):
+    return json.dumps({"mcpServers": {launch.NAME: launch.entry()}}, indent=2)
+
+
+def _cherry_snippet(launch):
+    """The mcpServers form for Cherry Studio's import, which wants the transport named."""
+    return json.dumps({"mcpServers": {launch.NAME: dict({"type": "stdio"}, **launch.entry())}}, indent=2)
+
+
+_SNIPPETS = {"claude": _claude_snippet, "codex": _codex_snippet, "hermes": _hermes_snippet, "goose": _goose_snippet,
+             "continue": _continue_snippet, "opencode": _opencode_snippet, "vscode": _vscode_snippet,
+             "zed": _zed_snippet, "mcpServers": _mcp_servers_snippet, "cherry": _cherry_snippet}
 
 
 def _shell_quote(text):
@@ -12009,25 +12099,41 @@ def main(argv=None, env=None):
     """Entry point: serve MCP on stdio, or print help; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     env = os.environ if env is None else env
-    if argv and argv[0] in ("-h", "--help", "help"):
+    if argv:
+        return _command(argv, env)
+    server = Server(Config.from_env(env))
+    _greet_a_terminal()
+    _stop_on_signals()
+    try:
+        return server.serve()
+    except KeyboardInterrupt:
+        server.shutdown("interrupted")
+        return 130
+    except Stop:              # SIGTERM while the end of stdin was already shutting the server down
+        return 0
+
+
+def _command(argv, env):
+    """A help text, a command, or the usage after a word that is neither: the exit status."""
+    if argv[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
         return 0
-    if argv and argv[0] == "--help-env":
+    if argv[0] == "--help-env":
         sys.stdout.write(help_env_text())
         return 0
-    if argv and argv[0] in ("-V", "--version"):
+    if argv[0] in ("-V", "--version"):
         sys.stdout.write("websearch-ring %s\n" % __version__)
         return 0
     commands = [command.name for command in _COMMANDS]
-    if argv and argv[0] in commands:
+    if argv[0] in commands:
         return run_cli(argv, env)
-    if argv:
-        guess = closest(argv[0], commands + ["--help", "--help-env", "--version"])
-        sys.stderr.write("unknown command %r%s\n\n%s" % (
-            argv[0], "; did you mean %r?" % guess if guess else "", USAGE))
-        return 2
-    config = Config.from_env(env)
-    server = Server(config)
+    guess = closest(argv[0], commands + ["--help", "--help-env", "--version"])
+    sys.stderr.write("unknown command %r%s\n\n%s" % (argv[0], "; did you mean %r?" % guess if guess else "", USAGE))
+    return 2
+
+
+def _greet_a_terminal():
+    """A person who started the server in a terminal learns that it waits for a client, and what to try."""
     try:
         if sys.stdin.isatty():
             sys.stderr.write(
@@ -12039,14 +12145,6 @@ def main(argv=None, env=None):
                     __version__, sys.argv[0], sys.argv[0]))
     except (AttributeError, ValueError):
         pass
-    _stop_on_signals()
-    try:
-        return server.serve()
-    except KeyboardInterrupt:
-        server.shutdown("interrupted")
-        return 130
-    except Stop:              # SIGTERM while the end of stdin was already shutting the server down
-        return 0
 
 
 def _stop_on_signals():
