@@ -11168,7 +11168,7 @@ class Server:
         self._stdout = stdout if stdout is not None else sys.stdout.buffer
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
-        self._calls = {}          # json.dumps(request id) -> CancelToken, for notifications/cancelled
+        self._calls = {}          # _call_key(request id) -> CancelToken, for notifications/cancelled
         self._workers = set()
         self._sweeper = None
         self._stdout_broken = False
@@ -11324,20 +11324,23 @@ class Server:
             self._handle_batch(message)
             return
         if self._is_call(message):
-            token = self._register(message["id"])
-            if isinstance(token, dict):
-                self.send(token)
-                return
-            # What needs no upstream (a cache hit, invalid arguments) is answered
-            # here on the reader thread; the rest goes to a worker thread.
-            response = self._call_response(message, token, inline=True)
-            if response is _DEFER:
-                self._spawn(self._answer_call, message, token)
-            elif response is not None:
-                self.send(response)
+            self._handle_call(message)
             return
         response = self.dispatch(message)
         if response is not None:
+            self.send(response)
+
+    def _handle_call(self, message):
+        """A tools/call: what needs no upstream (a cache hit, invalid arguments) is answered here on
+        the reader thread; the rest goes to a worker thread."""
+        token = self._register(message["id"])
+        if isinstance(token, dict):
+            self.send(token)
+            return
+        response = self._call_response(message, token, inline=True)
+        if response is _DEFER:
+            self._spawn(self._answer_call, message, token)
+        elif response is not None:
             self.send(response)
 
     def _handle_batch(self, batch):
@@ -11348,29 +11351,33 @@ class Server:
         if not batch:
             self.send(rpc_error(None, INVALID_REQUEST, "empty batch"))
             return
-        # initialize must not be part of a batch: that element is refused, the others answered.
-        tokens = [rpc_error(m.get("id") if _valid_id(m.get("id")) else None, INVALID_REQUEST,
-                            "initialize must not be part of a batch")
-                  if isinstance(m, dict) and m.get("method") == "initialize" and "id" in m
-                  else self._register(m["id"]) if self._is_call(m) else None for m in batch]
+        self._spawn(self._run_batch, batch, [self._batch_token(m) for m in batch])
 
-        def run_batch():
-            results = [None] * len(batch)
+    def _batch_token(self, m):
+        """A batch element's cancel token (a call), its error response, or None (answered by dispatch)."""
+        if isinstance(m, dict) and m.get("method") == "initialize" and "id" in m:
+            # initialize must not be part of a batch: that element is refused, the others answered.
+            return rpc_error(m.get("id") if _valid_id(m.get("id")) else None, INVALID_REQUEST,
+                             "initialize must not be part of a batch")
+        return self._register(m["id"]) if self._is_call(m) else None
 
-            def one(i):
-                if isinstance(tokens[i], CancelToken):
-                    results[i] = self._call_response(batch[i], tokens[i])
-                else:
-                    results[i] = tokens[i] or self.dispatch(batch[i])
-            threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(batch))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            answers = [r for r in results if r is not None]
-            if answers:
-                self.send(answers)
-        self._spawn(run_batch)
+    def _run_batch(self, batch, tokens):
+        """Every element of a batch answered at once; the answers sent together."""
+        results = [None] * len(batch)
+
+        def one(i):
+            if isinstance(tokens[i], CancelToken):
+                results[i] = self._call_response(batch[i], tokens[i])
+            else:
+                results[i] = tokens[i] or self.dispatch(batch[i])
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(batch))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        answers = [r for r in results if r is not None]
+        if answers:
+            self.send(answers)
 
     @staticmethod
     def _is_call(message):
@@ -11411,10 +11418,10 @@ class Server:
         """
         if not _valid_id(msg_id):
             return rpc_error(None, INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
-        key = json.dumps(msg_id)
+        key = _call_key(msg_id)
         with self._state_lock:
             if key in self._calls:
-                return rpc_error(msg_id, INVALID_REQUEST, "request id %s is already in use" % key)
+                return rpc_error(msg_id, INVALID_REQUEST, "request id %s is already in use" % json.dumps(msg_id))
             token = self._calls[key] = CancelToken()
         return token
 
@@ -11525,7 +11532,7 @@ class Server:
             request_id = params.get("requestId")
             if _valid_id(request_id):
                 with self._state_lock:
-                    token = self._calls.get(json.dumps(request_id))
+                    token = self._calls.get(_call_key(request_id))
                 if token is not None:
                     self.log.info("request %s cancelled by the client", json.dumps(request_id))
                     token.cancel(str(params.get("reason") or "cancelled by the client"))
@@ -11544,7 +11551,7 @@ class Server:
         finally:
             if response is not _DEFER:
                 with self._state_lock:
-                    self._calls.pop(json.dumps(message["id"]), None)
+                    self._calls.pop(_call_key(message["id"]), None)
 
     def _run_call(self, message, token, inline=False):
         msg_id = message["id"]
@@ -11631,6 +11638,12 @@ _DEFER = object()   # a tools/call that needs a worker thread
 
 def _valid_id(value):
     return (isinstance(value, (str, int)) and not isinstance(value, bool))
+
+
+def _call_key(msg_id):
+    """The key of a request id among the calls in flight: 7 and "7" are two requests (as their JSON
+    texts are, at a fraction of json.dumps's cost on every call)."""
+    return isinstance(msg_id, str), msg_id
 
 
 # ---------------------------------------------------------------------------
