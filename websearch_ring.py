@@ -1946,10 +1946,6 @@ def _render_table(rows, plain):
     return "\n".join(lines)
 
 
-def _classes(attrs):
-    return set((dict(attrs).get("class") or "").split())
-
-
 # ---------------------------------------------------------------------------
 # §5 PDF: filters and encryption
 # ---------------------------------------------------------------------------
@@ -5472,8 +5468,8 @@ def body_text_message(body, status, limit=300):
             if isinstance(value, list) and value:
                 return collapse_ws(json.dumps(value, ensure_ascii=False))[:limit]
     if "<" in text:
-        title = re.search(r"<title[^>]*>(.*?)</title>", text, re.I | re.S)
-        text = title.group(1) if title else re.sub(r"<[^>]+>", " ", text)
+        page = html_tree(text)
+        text = page.title if page.title is not None else html_text(page.root, " ")
     return collapse_ws(text)[:limit] or ("HTTP %d" % status)
 
 
@@ -7306,7 +7302,7 @@ class Vendor:
         """A result page, not a "no results" one, from which nothing could be read: the markup
         changed (or a rate limit hides in prose). Users must learn that the parser broke, not that
         the web is empty."""
-        text = collapse_ws(re.sub(r"<[^>]{0,2000}>", " ", html[:200000]))
+        text = collapse_ws(html_text(html_tree(html[:200000]).root, " "))
         if _RATE_LIMIT_PROSE.search(text[:5000]):
             raise UpstreamError(self.name, "rate_limited", "rate_limit_prose", text[:300], status=200)
         raise UpstreamError(self.name, "bad_response", "parser_mismatch",
@@ -7764,141 +7760,47 @@ def split_leading_date(snippet):
 
 
 def parse_bing_html(html):
-    """Organic results of a Bing result page (ads skipped, ``ck/a`` links decoded)."""
+    """Organic results of a Bing result page (ads skipped, ``ck/a`` links decoded).
 
-    class BingParser(_html_parser.HTMLParser):
-        def __init__(self):
-            super().__init__(convert_charrefs=True)
-            self.items = []
-            self.item = None
-            self.li_depth = 0
-            self.in_h2 = self.in_a = self.in_p = False
-            self.skip = 0          # depth inside span.algoSlug_icon
-            self.in_date = False
-
-        def handle_starttag(self, tag, attrs):
-            if self.item is None:
-                if tag == "li" and "b_algo" in _classes(attrs):
-                    self.item = {"href": None, "title": [], "snippet": [], "date": []}
-                    self.li_depth = 1
-                return
-            if tag == "li":
-                self.li_depth += 1
-            elif tag == "h2":
-                self.in_h2 = True
-            elif tag == "a" and self.in_h2 and self.item["href"] is None:
-                self.item["href"] = dict(attrs).get("href") or ""
-                self.in_a = True
-            elif tag == "p":
-                self.in_p = True
-            elif tag == "span" and self.in_p:
-                cls = _classes(attrs)
-                if "algoSlug_icon" in cls or self.skip:
-                    self.skip += 1
-                elif "news_dt" in cls:
-                    self.in_date = True
-
-        def handle_endtag(self, tag):
-            if self.item is None:
-                return
-            if tag == "li":
-                self.li_depth -= 1
-                if self.li_depth == 0:
-                    self.items.append(self.item)
-                    self.item = None
-            elif tag == "h2":
-                self.in_h2 = self.in_a = False
-            elif tag == "a":
-                self.in_a = False
-            elif tag == "p":
-                self.in_p = False
-                self.item["snippet"].append(" ")
-            elif tag == "span":
-                if self.skip:
-                    self.skip -= 1
-                self.in_date = False
-
-        def handle_data(self, data):
-            if self.item is None:
-                return
-            if self.in_a:
-                self.item["title"].append(data)
-            elif self.in_p and not self.skip:
-                (self.item["date"] if self.in_date else self.item["snippet"]).append(data)
-
-    parser = BingParser()
-    parser.feed(html)
-    parser.close()
-    if parser.item is not None:
-        parser.items.append(parser.item)
+    A result is an ``li.b_algo``: its title is the first link in a heading,
+    its snippet the text of its paragraphs less the slug icon and the date
+    (``span.news_dt``), which becomes ``published``.
+    """
     results = []
-    for item in parser.items:
-        url = decode_bing_url(item["href"])
-        title = collapse_ws("".join(item["title"]))
+    for item in html_find(html_tree(html).root, "li", "b_algo"):
+        link = next((a for h2 in html_find(item, "h2") for a in html_find(h2, "a")), None)
+        if link is None:
+            continue
+        url = decode_bing_url(link.attr("href"))
+        title = collapse_ws(html_text(link))
         if not url or not title:
             continue
-        published, snippet = split_leading_date("".join(item["snippet"]))
-        published = collapse_ws("".join(item["date"])) or published
+        paragraphs = html_find(item, "p")
+        icons = [span for p in paragraphs for span in html_find(p, "span", "algoSlug_icon")]
+        dates = [span for p in paragraphs for span in html_find(p, "span", "news_dt")]
+        hidden = {link, *icons, *dates}
+        published, snippet = split_leading_date("".join(html_text(p, skip=hidden) + " " for p in paragraphs))
+        published = collapse_ws("".join(html_text(span) for span in dates)) or published
         results.append(make_result(title, url, re.sub(r"^\u00b7\s*", "", snippet), published))
     return results
 
 
 def parse_ddg_html(html):
-    """Organic results of a DuckDuckGo HTML page (ads skipped, ``uddg`` links decoded)."""
+    """Organic results of a DuckDuckGo HTML page (ads skipped, ``uddg`` links decoded).
 
-    class DdgParser(_html_parser.HTMLParser):
-        def __init__(self):
-            super().__init__(convert_charrefs=True)
-            self.items = []
-            self.item = None
-            self.depth = 0
-            self.field = None
-            self.field_tag = None
-
-        def handle_starttag(self, tag, attrs):
-            if self.item is None:
-                if tag == "div":
-                    cls = _classes(attrs)
-                    if "result" in cls and "web-result" in cls and "result--ad" not in cls:
-                        self.item = {"href": None, "title": [], "snippet": []}
-                        self.depth = 1
-                return
-            if tag == "div":
-                self.depth += 1
-            cls = _classes(attrs)
-            if tag == "a" and "result__a" in cls and self.item["href"] is None:
-                self.item["href"] = dict(attrs).get("href") or ""
-                self.field, self.field_tag = "title", "a"
-            elif "result__snippet" in cls and not self.item["snippet"]:
-                self.field, self.field_tag = "snippet", tag
-
-        def handle_endtag(self, tag):
-            if self.item is None:
-                return
-            if self.field and tag == self.field_tag:
-                self.field = None
-            if tag == "div":
-                self.depth -= 1
-                if self.depth == 0:
-                    self.items.append(self.item)
-                    self.item = None
-                    self.field = None
-
-        def handle_data(self, data):
-            if self.item is not None and self.field:
-                self.item[self.field].append(data)
-
-    parser = DdgParser()
-    parser.feed(html)
-    parser.close()
-    if parser.item is not None:
-        parser.items.append(parser.item)
+    A result is a ``div.result.web-result`` (not ``.result--ad``): its title is
+    its first ``a.result__a``, its snippet the first ``.result__snippet`` with text.
+    """
     results = []
-    for item in parser.items:
-        url = decode_ddg_url(item["href"])
-        title = collapse_ws("".join(item["title"]))
+    for item in html_find(html_tree(html).root, "div", "web-result"):
+        links = html_find(item, "a", "result__a")
+        if not links or not item.has_class("result") or item.has_class("result--ad"):
+            continue
+        url = decode_ddg_url(links[0].attr("href"))
+        title = collapse_ws(html_text(links[0]))
         if url and title:
-            published, snippet = split_leading_date("".join(item["snippet"]))
+            snippets = [html_text(node) for node in html_find(item, None, "result__snippet")]
+            published, snippet = split_leading_date(next((text for text in snippets if text), ""))
             results.append(make_result(title, url, snippet, published))
     return results
 
@@ -7998,7 +7900,8 @@ def strip_tags(text):
     >>> strip_tags("With <strong>server-sent events</strong> &amp; more")
     'With server-sent events & more'
     """
-    return _html.unescape(re.sub(r"<[^>]+>", "", text or ""))
+    text = text or ""
+    return html_text(html_tree(text).root) if "<" in text else _html.unescape(text)
 
 
 class BraveVendor(Vendor):
