@@ -8531,7 +8531,19 @@ class CrawlPacer:
         return {"crawl_delay_s": self.requested_s, "crawl_delay_applied_s": self.delay_s,
                 "crawl_delay_waited_s": round(self.waited_s, 3)}
 
-_HREF = LazyPattern(r"""<a\s[^<>]*?\bhref\s*=\s*(?:"([^"<>]*)"|'([^'<>]*)'|([^\s"'<>]+))""", re.I)
+
+def _page_links(html, token, deadline):
+    """The ``href`` of every link of a page, in document order, read by the extractor's parser.
+
+    The parse checks for cancellation every few hundred tags and ends at the
+    deadline with the links read so far.
+    """
+    def stop():
+        token.check()
+        return deadline.expired()
+    return html_links(html_tree(html, stop))
+
+
 MAP_SITEMAPS_MAX = 20      # sitemap files read per map (index files point to more)
 
 
@@ -8681,12 +8693,11 @@ class SiteMapper:
                 continue
             html = decode_page(resp.body, resp.headers.get("content-type", ""))
             taken = 0
-            for n, match in enumerate(_HREF.finditer(html)):
+            for n, href in enumerate(_page_links(html, token, deadline)):
                 if n % 256 == 255:
                     token.check()
                     if deadline.expired():
                         break
-                href = next(g for g in match.groups() if g is not None)
                 if href.startswith(("javascript:", "mailto:", "#", "tel:")):
                     continue
                 target = absolute_url(resp.url, href)
