@@ -1075,13 +1075,17 @@ def html_to_markdown(html, base_url="", plain=False, *, check=None):
     ('T', '# Hi\\n\\na **b**')
     """
     large = len(html) > _GC_DEFER_CHARS
-    builder = _tree_builder(check)
+    tree = _TreeBuilder(check)
     with _cyclic_gc_deferred(large):
         try:
-            return _html_to_markdown(html, builder, base_url, plain, check)
+            tree.parse(html)
+            root = _choose_content(tree.nodes, check)
+            converter = _MarkdownConverter(base_url, plain, check, max(_MIN_OUTPUT_CAP, 3 * len(html)))
+            _render_tree(root, converter)
+            return collapse_ws(tree.title or ""), converter.result()
         finally:
             if large:
-                _dismantle(builder.nodes)
+                _dismantle(tree.nodes)
 
 
 def _dismantle(nodes):
@@ -1098,116 +1102,243 @@ def _dismantle(nodes):
         time.sleep(0)
 
 
-def _html_to_markdown(html, builder, base_url, plain, check):
-    # "<![" starts a marked section that html.parser (3.9-3.13) fails on with an AssertionError
-    # unless a known keyword follows; "<!x[" is a bogus comment up to the next ">", which is
-    # what a browser makes of "<![" in HTML content (CDATA included).
-    html = html.replace("<![", "<!x[")
-    try:
-        builder.feed(html)
-        builder.close()
-    except RingError:
-        raise
-    except Exception:             # html.parser's own failure on broken markup: keep what was read
-        pass
-    root, kept = _choose_content(builder.nodes, check=check)
-    if kept < _MIN_CONTENT:       # chrome rules that ate the article: again, more leniently
-        root, kept = _choose_content(builder.nodes, lenient=True, check=check)
-    converter = _markdown_converter(base_url, plain, check, max(_MIN_OUTPUT_CAP, 3 * len(html)))
-    _render_tree(root, converter)
-    converter.title = [builder.title or ""]
-    return converter.result()
-
-
 class _Node:
-    """An element of the content tree: children are nodes and text strings."""
+    """An element of the page tree (children are nodes and text strings), and the one record the
+    content chooser keeps per element: what it measured below the element, and its verdicts."""
 
-    __slots__ = ("tag", "attrs", "parent", "children", "text", "links", "score", "marks", "shape")
+    __slots__ = ("tag", "attrs", "parent", "children", "silent", "own", "text", "links", "score", "paragraph",
+                 "has_prose", "blocky", "tables", "cells", "block_cells", "width", "shape", "chrome", "clean",
+                 "prose", "marks")
 
     def __init__(self, tag, attrs, parent):
         self.tag = tag
         self.attrs = attrs
         self.parent = parent
         self.children = []
+        # Inside an element whose content never reaches the page text.
+        self.silent = tag in _SILENT_TAGS or parent is not None and parent.silent
+        # Measured once by _score_paragraphs, children before parents.
+        self.own = 0              # characters of the element's own text strings
         self.text = 0             # characters of text below, silent elements left out
         self.links = 0            # of which inside links
         self.score = 0.0          # paragraph evidence gathered from below
-        self.marks = None         # set by _choose_content: True when skipped
+        self.paragraph = None     # a paragraph-like block: its text outside links
+        self.has_prose = False    # it or an element below it is a paragraph-like block
+        self.blocky = False       # holds a block element (a table whose cells mostly do is for layout)
+        self.tables = self.cells = self.block_cells = self.width = 0   # tables, cells, block cells, widest row
         self.shape = None         # tables only: True for a layout table
+        # Decided by each pass of _choose_content.
+        self.chrome = False       # page chrome, or inside it or a silent element
+        self.clean = 0            # characters of text below, chrome left out
+        self.prose = 0            # of which in paragraph-like blocks outside links
+        self.marks = None         # True when skipped
+
+    def attr(self, name):
+        """The value of attribute ``name``, or None (see :func:`_attr`)."""
+        return _attr(self.attrs, name)
+
+    def has_class(self, token):
+        """True when ``token`` is one of the element's classes."""
+        return token in (self.attr("class") or "").split()
 
 
-def _tree_builder(check=None):
-    """An html.parser subclass that builds a :class:`_Node` tree in linear time.
+class _ParseStopped(Exception):
+    """Raised inside the parser when ``check`` asks to end the parse early."""
+
+
+class _TreeBuilder:
+    """The element tree of an HTML page or fragment, built in linear time from html.parser's events.
 
     ``nodes`` lists every element in document order (so parents come before
-    their children); ``nodes[0]`` is the document itself.
+    their children); ``nodes[0]`` is the document itself.  ``title`` is the
+    text of the first ``<title>``.  Elements close the way the parser's end
+    tags say: an end tag closes every element opened after its match, and
+    one with no open match is ignored.  The parser is html.parser's own
+    class, whose hooks are pointed at this object (so html.parser is only
+    imported when the first page is parsed).
     """
 
-    class TreeBuilder(_html_parser.HTMLParser):
-        def __init__(self):
-            super().__init__(convert_charrefs=True)
-            self.nodes = [_Node("#document", {}, None)]
-            self.current = self.nodes[0]
-            self.open = collections.Counter()   # open elements by tag: unmatched end tags cost O(1)
-            self.ticks = 0
-            self.title = None
-            self.title_parts = None
+    def __init__(self, check=None):
+        self.check = check
+        self.nodes = [_Node("#document", [], None)]
+        self.current = self.nodes[0]
+        self.open = collections.Counter()   # open elements by tag: unmatched end tags cost O(1)
+        self.ticks = 0
+        self.title = None
+        self.title_node = None
+        self.title_parts = None
 
-        def tick(self):
-            self.ticks += 1
-            if check is not None and self.ticks % _CHECK_EVERY == 0:
-                check()
+    @property
+    def root(self):
+        """The ``#document`` node."""
+        return self.nodes[0]
 
-        def handle_starttag(self, tag, attrs):
-            self.tick()
-            if self.title_parts is not None:
-                self._end_title()
-            if tag == "a" and self.open["a"]:
-                self.handle_endtag("a")   # links do not nest: a new <a> ends the open one
-            node = _Node(tag, attrs, self.current)
-            self.current.children.append(node)
-            self.nodes.append(node)
-            if tag in _VOID_TAGS:
+    def parse(self, html):
+        """Read ``html`` into the tree; returns self.  ``check`` (every few hundred tags) may raise
+        to abandon the parse, or return True to end it keeping what was read."""
+        parser = _html_parser.HTMLParser(convert_charrefs=True)
+        parser.handle_starttag = self.handle_starttag
+        parser.handle_startendtag = self.handle_startendtag
+        parser.handle_endtag = self.handle_endtag
+        parser.handle_data = self.handle_data
+        # "<![" starts a marked section that html.parser (3.9-3.13) fails on with an AssertionError
+        # unless a known keyword follows; "<!x[" is a bogus comment up to the next ">", which is
+        # what a browser makes of "<![" in HTML content (CDATA included).
+        try:
+            parser.feed(html.replace("<![", "<!x["))
+            _close_parser(parser)
+        except RingError:
+            raise
+        except Exception:          # html.parser's own failure on broken markup, or a stop: keep what was read
+            pass
+        return self
+
+    def tick(self):
+        self.ticks += 1
+        if self.check is not None and self.ticks % _CHECK_EVERY == 0 and self.check():
+            raise _ParseStopped
+
+    def handle_starttag(self, tag, attrs):
+        self.tick()
+        if self.title_parts is not None:
+            self._end_title()
+        if tag == "a" and self.open["a"]:
+            self.handle_endtag("a")   # links do not nest: a new <a> ends the open one
+        node = _Node(tag, attrs, self.current)
+        self.current.children.append(node)
+        self.nodes.append(node)
+        if tag in _VOID_TAGS:
+            return
+        if tag == "title" and self.title is None:
+            self.title_parts = []
+            self.title_node = node
+        self.open[tag] += 1
+        self.current = node
+
+    def handle_startendtag(self, tag, attrs):
+        self.handle_starttag(tag, attrs)
+        if tag not in _VOID_TAGS:
+            self.handle_endtag(tag)
+
+    def handle_endtag(self, tag):
+        self.tick()
+        if self.title_parts is not None and tag == "title":
+            self._end_title()
+        if not self.open[tag]:
+            return
+        while True:
+            node = self.current
+            self.current = node.parent
+            self.open[node.tag] -= 1
+            if node.tag == tag:
                 return
-            if tag == "title" and self.title is None:
-                self.title_parts = []
-            self.open[tag] += 1
-            self.current = node
 
-        def handle_startendtag(self, tag, attrs):
-            self.handle_starttag(tag, attrs)
-            if tag not in _VOID_TAGS:
-                self.handle_endtag(tag)
+    def _end_title(self):
+        self.title = collapse_ws("".join(self.title_parts))
+        self.title_parts = None
 
-        def handle_endtag(self, tag):
-            self.tick()
-            if self.title_parts is not None and tag == "title":
-                self._end_title()
-            if not self.open[tag]:
-                return
-            while True:
-                node = self.current
-                self.current = node.parent
-                self.open[node.tag] -= 1
-                if node.tag == tag:
-                    return
+    def handle_data(self, data):
+        self.tick()
+        if self.title_parts is not None:
+            self.title_parts.append(data)
+            if self.current is not self.title_node:
+                return            # "</head>" closed the title element early: still title text, not page text
+        self.current.children.append(data)
 
-        def _end_title(self):
-            self.title = collapse_ws("".join(self.title_parts))
-            self.title_parts = None
 
-        def handle_data(self, data):
-            self.tick()
-            if self.title_parts is not None:
-                self.title_parts.append(data)
-            else:
-                self.current.children.append(data)
+def _close_parser(parser):
+    """``close()`` for an html.parser parser, linear however the input ends.
 
-        def close(self):
-            _close_parser(self, super())
+    html.parser rescans an unfinished construct at the end of its input once per
+    "<" after it: quadratic (``<a b='x' `` 40,000 times took 477 s).  Such
+    constructs are skipped here a few times, as its own close() would, and what
+    is still left after that is dropped.
+    """
+    budget = 2 * len(parser.rawdata)      # characters re-read: each round reads the whole tail
+    for _ in range(_TAIL_ROUNDS):
+        tail = parser.rawdata
+        if len(tail) <= _TAIL_LIMIT or len(tail) > budget or not tail.startswith("<"):
+            break                 # a text tail (held back for an "&"): close() reads it in linear time
+        budget -= len(tail)
+        parser.rawdata = ""
+        if parser.cdata_elem is not None or tail.startswith("<!--"):
+            break                 # an unclosed script, style or comment runs to the end
+        end = tail.find(">", 1)
+        if end < 0:
+            end = tail.find("<", 1) - 1
+        if end < 0:
+            break
+        parser.feed(tail[end + 1:])
+    rest = parser.rawdata
+    if (len(rest) > _TAIL_LIMIT and rest.startswith("<")) or parser.cdata_elem is not None:
+        parser.rawdata = ""
+        parser.clear_cdata_mode()
+    parser.close()
 
-    return TreeBuilder()
 
+# -- Reading a tree: the helpers the search-engine parsers and the site mapper share with the extractor --
+
+_CODE_TAGS = frozenset({"script", "style"})   # their content is code, not text
+
+
+def html_tree(html, check=None):
+    """The element tree of an HTML page or fragment (see :class:`_TreeBuilder`): ``.root``, ``.nodes``
+    in document order and ``.title``.  Linear in the size of ``html``, whatever its markup."""
+    return _TreeBuilder(check).parse(html)
+
+
+def html_find(node, tag=None, cls=None):
+    """The elements below ``node`` with ``tag`` (any tag when None) and class token ``cls``, in
+    document order; the elements inside one that matches are not searched.
+
+    >>> [n.attr("id") for n in html_find(html_tree("<p id=a><p id=b></p></p><p id=c>").root, "p")]
+    ['a', 'c']
+    """
+    found = []
+    stack = [child for child in reversed(node.children) if child.__class__ is not str]
+    while stack:
+        element = stack.pop()
+        if (tag is None or element.tag == tag) and (cls is None or element.has_class(cls)):
+            found.append(element)
+        else:
+            stack.extend(child for child in reversed(element.children) if child.__class__ is not str)
+    return found
+
+
+def html_text(node, sep="", skip=()):
+    """The text below ``node`` in document order, its pieces joined by ``sep``; scripts, styles
+    and the elements in ``skip`` (with all below them) are left out.
+
+    >>> html_text(html_tree("<p>a <b>b</b>&amp;<i>c</i><script>x()</script></p>").root)
+    'a b&c'
+    """
+    parts = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if item.__class__ is str:
+            parts.append(item)
+        elif item not in skip and item.tag not in _CODE_TAGS:
+            stack.extend(reversed(item.children))
+    return sep.join(parts)
+
+
+def html_links(tree):
+    """The ``href`` of every ``<a>`` in ``tree``, in document order (an ``<a>`` without one is left out).
+
+    >>> html_links(html_tree("<a href='/a?x=1&amp;y=2'>A</a><a name=n></a><!-- <a href=/c> --><A HREF=/b>"))
+    ['/a?x=1&y=2', '/b']
+    """
+    hrefs = []
+    for node in tree.nodes:
+        if node.tag == "a":
+            href = node.attr("href")
+            if href is not None:
+                hrefs.append(href)
+    return hrefs
+
+
+# -- Choosing the main content ------------------------------------------------------------------------
 
 def _chrome_level(node):
     """How surely an element is page chrome: 0 not, 1 likely, 2 surely.
@@ -1231,10 +1362,8 @@ def _chrome_level(node):
     return 2 if any(m and m.group(1) for m in matches) else 1
 
 
-def _choose_content(nodes, lenient=False, check=None):
-    """``(root, kept)``: the element holding the page's main text, with its chrome marked as
-    skipped, and the characters of text it keeps (``_MIN_CONTENT`` when a lenient pass could
-    keep no more).
+def _choose_content(nodes, check=None):
+    """The element holding the page's main text, with the chrome inside it marked as skipped.
 
     Each paragraph-like block scores by its length and commas and passes the
     score to its parent, half to its grandparent, less further up (the way
@@ -1242,160 +1371,220 @@ def _choose_content(nodes, lenient=False, check=None):
     density is the content, widened to an ancestor while it holds most of that
     ancestor's text.  Chrome (navigation, asides, banners, comments, related
     links by tag, role or whole class token; link lists) inside it is skipped,
-    except an element holding at least half of the text.
+    except an element holding at least half of the text.  When that keeps
+    less than ``_MIN_CONTENT`` characters and a more lenient reading of the
+    chrome rules would keep more, the choice is made again with it.
     """
-    doc = nodes[0]
-    for node in nodes:
-        node.text = node.links = 0
-        node.score = 0.0
-        node.marks = None
-    dead = set()                  # ids of silent elements and of everything inside them
-    for node in nodes[1:]:
-        if id(node.parent) in dead or node.tag in _SILENT_TAGS:
-            dead.add(id(node))
-    direct = {}
-    shapes, blocky, has_prose = {}, set(), set()
-    plain_text = {}               # text of paragraph-like elements outside links
+    _score_paragraphs(nodes, check)
+    root, kept = _select_content(nodes, lenient=False)
+    if kept < _MIN_CONTENT:       # chrome rules that ate the article: again, more leniently
+        root, kept = _select_content(nodes, lenient=True)
+    return root
+
+
+def _score_paragraphs(nodes, check=None):
+    """Measure every element, children before parents: its text and link text, paragraph score,
+    whether prose lies below it, and the shape of the tables below it."""
     for count, node in enumerate(reversed(nodes)):
         if check is not None and count % (16 * _CHECK_EVERY) == 0:
             check()
-        if id(node) in dead:
+        if node.silent:
             continue
         own = commas = 0
         for child in node.children:
             if child.__class__ is str:
                 own += len(child.strip())
                 commas += child.count(",") + child.count("\uff0c") + child.count("\u3001")
+        node.own = own
         node.text += own
-        direct[id(node)] = own
         if node.tag == "a":
             node.links = node.text
         length = node.text if node.tag in _PARAGRAPH_TAGS else (own if node.tag in _CONTAINER_TAGS else 0)
         if length >= 25:
-            plain_text[id(node)] = max(0, length - node.links)
-            points = 1.0 + commas + min(length / 100.0, 3.0)
-            up, level = node.parent, 0
-            while up is not None and level < 5:
-                up.score += points / (1 if level == 0 else (2 if level == 1 else level * 3))
-                up, level = up.parent, level + 1
-        if node.parent is not None:
-            node.parent.text += node.text
-            node.parent.links += node.links
-            if id(node) in plain_text or id(node) in has_prose:
-                has_prose.add(id(node.parent))
-        # Table shape: [tables, cells, cells holding blocks, widest row] below this element.
-        shape = shapes.pop(id(node), None) or [0, 0, 0, 0]
-        if node.tag == "tr":
-            shape[3] = max(shape[3], sum(1 for c in node.children if c.__class__ is not str
-                                         and c.tag in ("td", "th")))
-        elif node.tag in ("td", "th"):
-            shape[1] += 1
-            shape[2] += id(node) in blocky
-        elif node.tag == "table":
-            node.shape = shape[0] > 0 or shape[3] < 2 or shape[2] * 2 > shape[1]
-            shape[0] += 1
-        elif node.tag in _LAYOUT_BLOCKS and node.parent is not None:
-            blocky.add(id(node.parent))
-        if id(node) in blocky and node.tag not in ("td", "th", "table") and node.parent is not None:
-            blocky.add(id(node.parent))
-        if node.parent is not None:
-            up = shapes.setdefault(id(node.parent), [0, 0, 0, 0])
-            up[0] += shape[0]
-            up[1] += shape[1]
-            up[2] += shape[2]
-            up[3] = max(up[3], shape[3]) if node.tag != "table" else up[3]
-    total = doc.text or 1
-    chrome = set()
-    vetoable = False              # would the lenient pass keep some chrome this one drops?
-    for node in nodes[1:]:
-        if id(node) in dead or id(node.parent) in chrome:
-            chrome.add(id(node))
-        else:
-            level = _chrome_level(node)
-            if level and (level == 2 and not lenient or node.text * 2 < total
-                          or not (id(node) in has_prose or id(node) in plain_text)):
-                chrome.add(id(node))
-                vetoable = vetoable or node.text * 2 >= total
-    clean = {}                    # text outside chrome, by element
-    prose = {}                    # paragraph text outside chrome and links, by element
-    for node in reversed(nodes):
-        if id(node) not in chrome:
-            key = id(node)
-            clean[key] = clean.get(key, 0) + direct.get(key, 0)
-            prose[key] = prose.get(key, 0) + plain_text.get(key, 0)
-            if node.parent is not None:
-                up = id(node.parent)
-                clean[up] = clean.get(up, 0) + clean[key]
-                prose[up] = prose.get(up, 0) + (prose[key] if key not in plain_text else plain_text[key])
+            node.paragraph = max(0, length - node.links)
+            node.has_prose = True
+            _pass_score_up(node, 1.0 + commas + min(length / 100.0, 3.0))
+        parent = node.parent
+        if parent is not None:
+            parent.text += node.text
+            parent.links += node.links
+            parent.has_prose = parent.has_prose or node.has_prose
+            _measure_table_shape(node, parent)
 
-    def final(node):
-        return node.score * (1.0 - node.links / float(node.text or 1))
 
-    ranked = sorted((node for node in nodes[1:] if node.score > 0 and id(node) not in chrome),
-                    key=final, reverse=True)[:5]
-    if not ranked:
-        root = doc
-    else:
-        best = ranked[0]
-        best_score = final(best)
-        # Content split into several blocks of similar weight: their common ancestor holds it all.
-        rivals = [node for node in ranked[1:] if final(node) >= 0.75 * best_score]
-        root = best
-        if len(rivals) >= 2:
-            lines = []            # the ancestors of each rival: one walk each, not one per level
-            for rival in rivals:
-                line, probe = set(), rival.parent
-                while probe is not None:
-                    line.add(id(probe))
-                    probe = probe.parent
-                lines.append(line)
-            up = best.parent
-            while up is not None and up.parent is not None:
-                if sum(id(up) in line for line in lines) >= 2:
-                    root = up
-                    break
-                up = up.parent
-        while root.parent is not None and clean.get(id(root), 0) >= _CLIMB * clean.get(id(root.parent), 0):
-            root = root.parent
-        # Siblings that carry text of their own join the content (Readability does the same).
-        if root.parent is not None:
-            threshold = max(_SIBLING_MIN, _SIBLING_SHARE * prose.get(id(root), 0))
-            kept = 0
-            for sibling in root.parent.children:
-                if sibling.__class__ is str or sibling is root:
-                    continue
-                same = sibling.tag == root.tag and dict(sibling.attrs).get("class") == dict(root.attrs).get("class")
-                text = prose.get(id(sibling), 0)
-                if id(sibling) not in chrome and (text >= (25 if same else threshold) or (
-                        sibling.tag == "p" and text >= 80 and sibling.links < 0.25 * sibling.text)):
-                    kept += 1
-                else:
-                    sibling.marks = True
-            if kept:
-                root = root.parent
-            else:
-                for sibling in root.parent.children:
-                    if sibling.__class__ is not str:
-                        sibling.marks = None
-    keep_total = root.text or 1
-    protected = set()             # the best candidate and its ancestors are content by definition
-    up = ranked[0] if ranked else None
-    while up is not None:
-        protected.add(id(up))
+_SCORE_SHARES = (1, 2, 6, 9, 12)   # a paragraph's score goes to five ancestors: all, half, then a third of the level
+
+
+def _pass_score_up(node, points):
+    up = node.parent
+    for share in _SCORE_SHARES:
+        if up is None:
+            return
+        up.score += points / share
         up = up.parent
-    in_best = {id(ranked[0])} if ranked else set()   # the best block's own lists are content
-    for node in nodes[1:]:
-        if id(node.parent) in in_best:
-            in_best.add(id(node))
-        if id(node) in protected:
-            continue
-        if id(node) in chrome:
-            node.marks = True
-        elif node.text and node.links > _LINK_LIST_DENSITY * node.text and node.tag in _LINK_LIST_TAGS \
-                and node.text * 4 < keep_total and id(node) not in in_best:
-            node.marks = True     # a block of links: menus, teasers, related stories, tag clouds
-    return root, clean.get(id(root), 0) if vetoable or lenient else _MIN_CONTENT
 
+
+def _measure_table_shape(node, parent):
+    """Add the table evidence below ``node`` to its parent's; a table is a layout table when it
+    holds tables, has rows of one cell, or has cells that mostly hold blocks."""
+    tag = node.tag
+    if tag == "tr":
+        node.width = max(node.width, sum(1 for c in node.children if c.__class__ is not str
+                                         and c.tag in ("td", "th")))
+    elif tag in ("td", "th"):
+        node.cells += 1
+        node.block_cells += node.blocky
+    elif tag == "table":
+        node.shape = node.tables > 0 or node.width < 2 or node.block_cells * 2 > node.cells
+        node.tables += 1
+    if (node.blocky or tag in _LAYOUT_BLOCKS) and tag not in ("td", "th", "table"):
+        parent.blocky = True
+    parent.tables += node.tables
+    parent.cells += node.cells
+    parent.block_cells += node.block_cells
+    if tag != "table" and node.width > parent.width:
+        parent.width = node.width
+
+
+def _select_content(nodes, lenient):
+    """``(root, kept)``: one choice of the content over measured elements, and the characters of
+    text it keeps (``_MIN_CONTENT`` when a lenient pass could keep no more)."""
+    vetoable = _mark_chrome(nodes, lenient)
+    _measure_clean_text(nodes)
+    ranked = _rank_candidates(nodes)
+    root = _select_best_candidate(ranked) if ranked else nodes[0]
+    _prune(nodes, root, ranked[0] if ranked else None)
+    return root, root.clean if vetoable or lenient else _MIN_CONTENT
+
+
+def _mark_chrome(nodes, lenient):
+    """Mark chrome and all inside it (silent elements too), and reset the pass's other verdicts.
+
+    Likely chrome, and sure chrome in a lenient pass, stays content when it
+    holds at least half of the page's text and some prose.  Returns whether
+    the lenient pass would keep some chrome this one drops.
+    """
+    total = nodes[0].text or 1
+    vetoable = False
+    for node in nodes:
+        node.marks = None
+        node.clean = node.prose = 0
+        parent = node.parent
+        if parent is None:
+            continue
+        if node.silent or parent.chrome:
+            node.chrome = True
+            continue
+        level = _chrome_level(node)
+        node.chrome = bool(level) and (level == 2 and not lenient or node.text * 2 < total or not node.has_prose)
+        vetoable = vetoable or node.chrome and node.text * 2 >= total
+    return vetoable
+
+
+def _measure_clean_text(nodes):
+    """Each element's text outside chrome, and its prose: paragraph text outside chrome and links."""
+    for node in reversed(nodes):
+        if node.chrome:
+            continue
+        node.clean += node.own
+        node.prose += node.paragraph or 0
+        parent = node.parent
+        if parent is not None:
+            parent.clean += node.clean
+            parent.prose += node.prose if node.paragraph is None else node.paragraph
+
+
+def _link_density(node):
+    return node.links / float(node.text or 1)
+
+
+def _weighted_score(node):
+    return node.score * (1.0 - _link_density(node))
+
+
+def _rank_candidates(nodes):
+    """The five best elements outside chrome by score weighted against link density, best first."""
+    candidates = [node for node in nodes[1:] if node.score > 0 and not node.chrome]
+    return sorted(candidates, key=_weighted_score, reverse=True)[:5]
+
+
+def _ancestors(node):
+    node = node.parent
+    while node is not None:
+        yield node
+        node = node.parent
+
+
+def _select_best_candidate(ranked):
+    """The best candidate, or the ancestor holding it and its rivals of similar weight; widened to
+    an ancestor while it holds most of that ancestor's clean text; joined by siblings with prose."""
+    best = ranked[0]
+    floor = 0.75 * _weighted_score(best)
+    rivals = [node for node in ranked[1:] if _weighted_score(node) >= floor]
+    root = _shared_ancestor(best, rivals) if len(rivals) >= 2 else best
+    while root.parent is not None and root.clean >= _CLIMB * root.parent.clean:
+        root = root.parent
+    return _join_siblings(root)
+
+
+def _shared_ancestor(best, rivals):
+    """Content split into several blocks of similar weight: the nearest ancestor of ``best`` (not
+    the document) that also holds two of ``rivals``, else ``best``."""
+    lines = [set(_ancestors(rival)) for rival in rivals]   # one walk per rival, not one per level
+    for up in _ancestors(best):
+        if up.parent is None:
+            break
+        if sum(up in line for line in lines) >= 2:
+            return up
+    return best
+
+
+def _join_siblings(root):
+    """``root``'s parent when a sibling carries text of its own (Readability does the same); the
+    siblings that do not are then marked as skipped."""
+    parent = root.parent
+    if parent is None:
+        return root
+    threshold = max(_SIBLING_MIN, _SIBLING_SHARE * root.prose)
+    siblings = [node for node in parent.children if node.__class__ is not str and node is not root]
+    joining = {node for node in siblings if _is_related_sibling(node, root, threshold)}
+    if not joining:
+        return root
+    for node in siblings:
+        if node not in joining:
+            node.marks = True
+    return parent
+
+
+def _is_related_sibling(node, root, threshold):
+    if node.chrome:
+        return False
+    same = node.tag == root.tag and node.attr("class") == root.attr("class")
+    return node.prose >= (25 if same else threshold) or (
+        node.tag == "p" and node.prose >= 80 and node.links < 0.25 * node.text)
+
+
+def _prune(nodes, root, best):
+    """Mark as skipped the chrome and the link lists (menus, teasers, related stories, tag clouds)
+    below ``root``; the best candidate, its ancestors and the lists inside it are content."""
+    keep_total = root.text or 1
+    protected = {best, *_ancestors(best)} if best is not None else set()
+    in_best = {best} if best is not None else set()
+    for node in nodes[1:]:
+        if node.parent in in_best:
+            in_best.add(node)
+        if node in protected:
+            continue
+        if node.chrome or _is_link_list(node, keep_total) and node not in in_best:
+            node.marks = True
+
+
+def _is_link_list(node, keep_total):
+    return node.text and node.links > _LINK_LIST_DENSITY * node.text and node.tag in _LINK_LIST_TAGS \
+        and node.text * 4 < keep_total
+
+
+# -- Markdown ---------------------------------------------------------------------------------------
 
 def _render_tree(root, converter):
     """Replay the kept part of the tree into ``converter`` as parser events, without recursion.
@@ -1434,282 +1623,313 @@ def _render_tree(root, converter):
             stack.append(child if child.__class__ is str else (child, None, in_layout))
 
 
-def _close_parser(parser, base):
-    """``close()`` for an html.parser subclass, linear however the input ends.
+_SPACE_RUN = LazyPattern(r"[ \t\r\n\f\v]+")
+_EMPHASIS = {"strong": "**", "b": "**", "em": "*", "i": "*"}
 
-    html.parser rescans an unfinished construct at the end of its input once per
-    "<" after it: quadratic (``<a b='x' `` 40,000 times took 477 s).  Such
-    constructs are skipped here a few times, as its own close() would, and what
-    is still left after that is dropped.
+
+class _MarkdownConverter:
+    """Markdown from the parser events that :func:`_render_tree` replays (never fed raw HTML).
+
+    Each family of tags (blocks, headings, quotes, lists, items, code blocks,
+    inline code, emphasis, links, tables, rows, cells, images, rules and line
+    breaks) has its handlers, found in the ``_START``, ``_END`` and ``_VOID``
+    tables; any other element only passes its text on.  Once the output
+    reaches ``max_chars`` nothing more is kept.
     """
-    budget = 2 * len(parser.rawdata)      # characters re-read: each round reads the whole tail
-    for _ in range(_TAIL_ROUNDS):
-        tail = parser.rawdata
-        if len(tail) <= _TAIL_LIMIT or len(tail) > budget or not tail.startswith("<"):
-            break                 # a text tail (held back for an "&"): close() reads it in linear time
-        budget -= len(tail)
-        parser.rawdata = ""
-        if parser.cdata_elem is not None or tail.startswith("<!--"):
-            break                 # an unclosed script, style or comment runs to the end
-        end = tail.find(">", 1)
-        if end < 0:
-            end = tail.find("<", 1) - 1
-        if end < 0:
-            break
-        base.feed(tail[end + 1:])
-    rest = parser.rawdata
-    if (len(rest) > _TAIL_LIMIT and rest.startswith("<")) or parser.cdata_elem is not None:
-        parser.rawdata = ""
-        parser.clear_cdata_mode()
-    base.close()
 
+    def __init__(self, base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
+        self.base_url = base_url
+        self.plain = plain
+        self.check = check
+        self.max_chars = max_chars
+        self.open = collections.Counter()   # open elements by tag: unmatched end tags cost O(1)
+        self.ticks = 0
+        self.size = 0             # characters in self.blocks
+        self.pending = 0          # characters added since the last flush
+        self.full = False         # the output cap was reached: nothing more is kept
+        self.blocks = []          # finished Markdown blocks; None ends a top-level list
+        self.inline = []          # text of the block being built
+        self.stack = []           # open elements' tags
+        self.pre = None           # text parts inside <pre>
+        self.pre_lang = ""
+        self.lists = []           # [kind, counter] per open list
+        self.links = []           # [href, start index in inline] per open link
+        self.table = None         # rows of cells while inside a table
+        self.row = None
+        self.cell = None          # text parts of the open cell
+        self.quote = 0
 
-def _markdown_converter(base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
+    # -- output ------------------------------------------------------------------
+    def tick(self):
+        self.ticks += 1
+        if self.check is not None and self.ticks % _CHECK_EVERY == 0:
+            self.check()
 
-    class MarkdownConverter:
-        """Markdown from parser events that _render_tree replays (never fed raw HTML)."""
+    def emit(self, block):
+        self.blocks.append(block)
+        self.pending = 0
+        self.size += len(block)
+        if self.size > self.max_chars:
+            self.full = True
 
-        def __init__(self):
-            self.open = collections.Counter()   # open elements by tag: unmatched end tags cost O(1)
-            self.ticks = 0
-            self.size = 0             # characters in self.blocks
-            self.pending = 0          # characters added since the last flush
-            self.full = False         # the output cap was reached: nothing more is kept
-            self.blocks = []          # finished Markdown blocks
-            self.inline = []          # text of the block being built
-            self.stack = []           # open elements' tags
-            self.title = []
-            self.pre = None           # [lang, text parts] inside <pre>
-            self.lists = []           # [kind, counter] per open list
-            self.links = []           # [href, start index in inline] per open link
-            self.table = None         # rows of cells while inside a table
-            self.quote = 0
+    def flush(self, prefix=""):
+        text = "".join(self.inline)
+        self.inline = []
+        self.pending = 0
+        text = _SPACE_RUN.sub(" ", text).strip().replace(_BR, "\n").strip()
+        if not text or self.table is not None:
+            return
+        if self.quote and not self.plain:
+            text = "\n".join("> " + line for line in text.split("\n"))
+        self.emit(prefix + text)
 
-        # -- output ------------------------------------------------------------
-        def emitting(self):
-            return not self.full
+    def add(self, text):
+        self.pending += len(text)         # a block's text counts against the cap as it arrives
+        if self.size + self.pending > self.max_chars:
+            self.full = True
+            return
+        if self.pre is not None:
+            self.pre.append(text)
+        elif self.table is not None and self.cell is not None:
+            self.cell.append(text)
+        else:
+            self.inline.append(text)
 
-        def tick(self):
-            self.ticks += 1
-            if check is not None and self.ticks % _CHECK_EVERY == 0:
-                check()
+    def _list_prefix(self):
+        if not self.lists:
+            return ""
+        kind, count = self.lists[-1]
+        indent = "  " * min(len(self.lists) - 1, _MAX_LIST_INDENT)
+        if self.plain:     # plain text has no markup: an item is a line, nesting is its indent
+            return indent
+        return indent + ("%d. " % count if kind == "ol" else "- ")
 
-        def emit(self, block):
-            self.blocks.append(block)
-            self.pending = 0
-            self.size += len(block)
-            if self.size > max_chars:
-                self.full = True
-
-        def flush(self, prefix=""):
-            text = "".join(self.inline)
-            self.inline = []
-            self.pending = 0
-            text = re.sub(r"[ \t\r\n\f\v]+", " ", text).strip().replace(_BR, "\n").strip()
-            if not text or self.table is not None:
-                return
-            if self.quote and not plain:
-                text = "\n".join("> " + line for line in text.split("\n"))
-            self.emit(prefix + text)
-
-        def add(self, text):
-            self.pending += len(text)         # a block's text counts against the cap as it arrives
-            if self.size + self.pending > max_chars:
-                self.full = True
-                return
-            if self.pre is not None:
-                self.pre[1].append(text)
-            elif self.table is not None and self.table["cell"] is not None:
-                self.table["cell"].append(text)
+    def result(self):
+        """The Markdown of everything replayed so far."""
+        while self.stack:
+            self._close(self.stack.pop())
+        self.flush()
+        # Items of one list sit on consecutive lines; other blocks are paragraphs.
+        out, in_list = [], False
+        for block in self.blocks:
+            if block is None:         # the end of a top-level list
+                in_list = False
+                continue
+            item = bool(_LIST_ITEM.match(block))
+            if in_list and item:
+                out[-1].append(block)
             else:
-                self.inline.append(text)
+                out.append([block])
+            in_list = item
+        return "\n\n".join("\n".join(lines) for lines in out).strip()
 
-        # -- parser hooks ------------------------------------------------------------
-        def handle_starttag(self, tag, attrs):
-            self.tick()
-            if tag in _VOID_TAGS:
-                self.handle_startendtag(tag, attrs)
+    # -- parser events -------------------------------------------------------------
+    def handle_starttag(self, tag, attrs):
+        self.tick()
+        if tag in _VOID_TAGS:
+            handler = self._VOID.get(tag)
+            if handler is not None and not self.full:
+                handler(self, attrs)
+            return
+        self.stack.append(tag)
+        self.open[tag] += 1
+        handler = self._START.get(tag)
+        if handler is not None and not self.full:
+            handler(self, tag, attrs)
+
+    def handle_endtag(self, tag):
+        # Close up to the matching open element (HTML leaves many tags unclosed); an end tag
+        # with no open element is ignored without a scan of the stack.
+        self.tick()
+        if not self.open[tag]:
+            return
+        while True:
+            entry = self.stack.pop()
+            self._close(entry)
+            if entry == tag:
                 return
-            a = dict(attrs)
-            self.stack.append(tag)
-            self.open[tag] += 1
-            if not self.emitting():
-                return
-            if tag in _HEADINGS or tag in _BLOCK_TAGS or tag in ("ul", "ol", "li", "table", "pre"):
-                if self.table is None or tag == "table":
-                    self.flush(self._list_prefix() if tag != "li" else "")
-            if tag == "blockquote":
-                self.quote += 1
-            elif tag in ("ul", "ol"):
-                self.lists.append([tag, 0])
-            elif tag == "li":
-                if self.lists:
-                    self.lists[-1][1] += 1
-            elif tag == "pre":
-                self.pre = [_code_lang(a), []]
-            elif tag == "code" and self.pre is not None and not self.pre[0]:
-                self.pre[0] = _code_lang(a)
-            elif tag == "code" and not plain:
-                self.add("`")
-            elif tag in ("strong", "b") and not plain:
-                self.add("**")
-            elif tag in ("em", "i") and not plain:
-                self.add("*")
-            elif tag == "a":
-                href = a.get("href") or ""
-                if href and not href.startswith(("javascript:", "#", "mailto:")):
-                    self.links.append([absolute_url(base_url, href), len(self.inline)])
-                else:
-                    self.links.append([None, len(self.inline)])
-            elif tag == "table":
-                self.table = {"rows": [], "row": None, "cell": None, "head": False}
-            elif tag == "tr" and self.table is not None:
-                self.table["row"] = []
-                self.table["rows"].append(self.table["row"])
-            elif tag in ("td", "th") and self.table is not None:
-                self.table["cell"] = []
-                if tag == "th" and len(self.table["rows"]) == 1:
-                    self.table["head"] = True
 
-        def handle_startendtag(self, tag, attrs):
-            if not self.emitting():
-                return
-            a = dict(attrs)
-            if tag == "br":
-                self.add("\n" if self.pre is not None else _BR)
-            elif tag == "hr":
-                self.flush()
-                if not plain:
-                    self.emit("---")
-            elif tag == "img":
-                alt = collapse_ws(a.get("alt") or "")
-                if plain and _FILE_NAME_ALT.match(alt):
-                    alt = ""              # "0225-lupita-getty-01" names a file, it describes nothing
-                if alt:
-                    src = a.get("src") or ""
-                    src = "" if plain or src.startswith("data:") else absolute_url(base_url, src)
-                    if not src:
-                        self.add(" %s " % alt)
-                    else:
-                        alt = alt.replace("[", "\\[").replace("]", "\\]")
-                        self.add("![%s](%s)" % (alt, src))
-            elif tag not in _VOID_TAGS:
-                self.handle_starttag(tag, attrs)
-                self.handle_endtag(tag)
+    def _close(self, tag):
+        self.open[tag] -= 1
+        handler = self._END.get(tag)
+        if handler is not None and not self.full:
+            handler(self, tag)
 
-        def handle_endtag(self, tag):
-            # Close up to the matching open element (HTML leaves many tags unclosed); an end tag
-            # with no open element is ignored without a scan of the stack.
-            self.tick()
-            if not self.open[tag]:
-                return
-            while True:
-                entry = self.stack.pop()
-                self._close(entry)
-                if entry == tag:
-                    return
+    def handle_data(self, data):
+        self.tick()
+        if self.full:
+            return
+        if self.pre is None and self.table is None and not self.inline and not data.strip():
+            return
+        self.add(data)
 
-        def _close(self, tag):
-            self.open[tag] -= 1
-            if self.emitting():
-                self._close_emitting(tag)
+    # -- blocks, headings and quotes ------------------------------------------------
+    def _start_block(self, tag, attrs):
+        if self.table is None:
+            self.flush(self._list_prefix())
 
-        def _close_emitting(self, tag):
-            if tag in _HEADINGS:
-                level = _HEADINGS[tag]
-                self.flush("" if plain else "#" * level + " ")
-            elif tag == "li":
-                self.flush(self._list_prefix())
-            elif tag in ("ul", "ol"):
-                self.flush(self._list_prefix())
-                if self.lists:
-                    self.lists.pop()
-                if not self.lists:
-                    self.blocks.append(None)
-            elif tag == "pre" and self.pre is not None:
-                lang, parts = self.pre
-                self.pre = None
-                code = "".join(parts).strip("\n")
-                if code.strip():
-                    self.flush()
-                    self.emit(code if plain else "```%s\n%s\n```" % (lang, code))
-            elif tag == "code" and self.pre is None and not plain:
-                self.add("`")
-            elif tag in ("strong", "b") and not plain:
-                self.add("**")
-            elif tag in ("em", "i") and not plain:
-                self.add("*")
-            elif tag == "a" and self.links:
-                href, start = self.links.pop()
-                target = self.inline if self.table is None or self.table["cell"] is None else self.table["cell"]
-                if href and not plain and self.pre is None:
-                    text = collapse_ws("".join(target[start:])) if target is self.inline else None
-                    if target is self.inline:
-                        del target[start:]
-                        target.append("[%s](%s)" % (text or href, href))
-                    else:
-                        target.append(" (%s)" % href)
-            elif tag in ("td", "th") and self.table is not None and self.table["cell"] is not None:
-                cell = collapse_ws("".join(self.table["cell"]).replace(_BR, " "))
-                cell = cell if plain else cell.replace("|", "\\|")
-                if self.table["row"] is None:
-                    self.table["row"] = []
-                    self.table["rows"].append(self.table["row"])
-                self.table["row"].append(cell)
-                self.table["cell"] = None
-            elif tag == "table" and self.table is not None:
-                rows = [r for r in self.table["rows"] if any(c for c in r)]
-                self.table = None
-                if rows:
-                    self.emit(_render_table(rows, plain))
-            elif tag == "blockquote":
-                self.flush()
-                self.quote -= 1
-            elif tag in _BLOCK_TAGS or tag == "table":
-                self.flush(self._list_prefix())
+    def _end_block(self, tag):
+        self.flush(self._list_prefix())
 
-        def _list_prefix(self):
-            if not self.lists:
-                return ""
-            kind, count = self.lists[-1]
-            indent = "  " * min(len(self.lists) - 1, _MAX_LIST_INDENT)
-            if plain:          # plain text has no markup: an item is a line, nesting is its indent
-                return indent
-            return indent + ("%d. " % count if kind == "ol" else "- ")
+    def _end_heading(self, tag):
+        self.flush("" if self.plain else "#" * _HEADINGS[tag] + " ")
 
-        def handle_data(self, data):
-            self.tick()
-            if not self.emitting():
-                return
-            if self.pre is None and self.table is None and not self.inline and not data.strip():
-                return
-            self.add(data)
+    def _start_quote(self, tag, attrs):
+        self._start_block(tag, attrs)
+        self.quote += 1
 
-        def result(self):
-            while self.stack:
-                self._close(self.stack.pop())
+    def _end_quote(self, tag):
+        self.flush()
+        self.quote -= 1
+
+    # -- lists ----------------------------------------------------------------------
+    def _start_list(self, tag, attrs):
+        self._start_block(tag, attrs)
+        self.lists.append([tag, 0])
+
+    def _end_list(self, tag):
+        self.flush(self._list_prefix())
+        if self.lists:
+            self.lists.pop()
+        if not self.lists:
+            self.blocks.append(None)
+
+    def _start_item(self, tag, attrs):
+        if self.table is None:
             self.flush()
-            # Items of one list sit on consecutive lines; other blocks are paragraphs.
-            out, in_list = [], False
-            for block in self.blocks:
-                if block is None:         # the end of a top-level list
-                    in_list = False
-                    continue
-                item = bool(_LIST_ITEM.match(block))
-                if in_list and item:
-                    out[-1].append(block)
-                else:
-                    out.append([block])
-                in_list = item
-            text = "\n\n".join("\n".join(lines) for lines in out).strip()
-            return collapse_ws("".join(self.title)), text
+        if self.lists:
+            self.lists[-1][1] += 1
 
-    return MarkdownConverter()
+    # -- code -----------------------------------------------------------------------
+    def _start_pre(self, tag, attrs):
+        self._start_block(tag, attrs)
+        self.pre = []
+        self.pre_lang = _code_lang(attrs)
+
+    def _end_pre(self, tag):
+        if self.pre is None:
+            return
+        code = "".join(self.pre).strip("\n")
+        self.pre = None
+        if code.strip():
+            self.flush()
+            self.emit(code if self.plain else "```%s\n%s\n```" % (self.pre_lang, code))
+
+    def _start_code(self, tag, attrs):
+        if self.pre is not None and not self.pre_lang:
+            self.pre_lang = _code_lang(attrs)
+        elif not self.plain:
+            self.add("`")
+
+    def _end_code(self, tag):
+        if self.pre is None and not self.plain:
+            self.add("`")
+
+    # -- emphasis, links, images, rules, line breaks --------------------------------------
+    def _emphasis(self, tag, attrs=None):
+        if not self.plain:
+            self.add(_EMPHASIS[tag])
+
+    def _start_link(self, tag, attrs):
+        href = _attr(attrs, "href") or ""
+        url = None
+        if href and not href.startswith(("javascript:", "#", "mailto:")):
+            url = absolute_url(self.base_url, href)
+        self.links.append([url, len(self.inline)])
+
+    def _end_link(self, tag):
+        if not self.links:
+            return
+        href, start = self.links.pop()
+        if not href or self.plain or self.pre is not None:
+            return
+        if self.table is not None and self.cell is not None:
+            self.cell.append(" (%s)" % href)
+            return
+        text = collapse_ws("".join(self.inline[start:]))
+        del self.inline[start:]
+        self.inline.append("[%s](%s)" % (text or href, href))
+
+    def _image(self, attrs):
+        alt = collapse_ws(_attr(attrs, "alt") or "")
+        if self.plain and _FILE_NAME_ALT.match(alt):
+            alt = ""              # "0225-lupita-getty-01" names a file, it describes nothing
+        if not alt:
+            return
+        src = _attr(attrs, "src") or ""
+        src = "" if self.plain or src.startswith("data:") else absolute_url(self.base_url, src)
+        if not src:
+            self.add(" %s " % alt)
+        else:
+            self.add("![%s](%s)" % (alt.replace("[", "\\[").replace("]", "\\]"), src))
+
+    def _rule(self, attrs):
+        self.flush()
+        if not self.plain:
+            self.emit("---")
+
+    def _line_break(self, attrs):
+        self.add("\n" if self.pre is not None else _BR)
+
+    # -- tables ---------------------------------------------------------------------
+    def _start_table(self, tag, attrs):
+        self.flush(self._list_prefix())
+        self.table = []
+        self.row = self.cell = None
+
+    def _end_table(self, tag):
+        if self.table is None:    # a nested table ended it already
+            self.flush(self._list_prefix())
+            return
+        rows = [row for row in self.table if any(row)]
+        self.table = None
+        if rows:
+            self.emit(_render_table(rows, self.plain))
+
+    def _start_row(self, tag, attrs):
+        if self.table is not None:
+            self.row = []
+            self.table.append(self.row)
+
+    def _start_cell(self, tag, attrs):
+        if self.table is not None:
+            self.cell = []
+
+    def _end_cell(self, tag):
+        if self.table is None or self.cell is None:
+            return
+        cell = collapse_ws("".join(self.cell).replace(_BR, " "))
+        if self.row is None:
+            self.row = []
+            self.table.append(self.row)
+        self.row.append(cell if self.plain else cell.replace("|", "\\|"))
+        self.cell = None
+
+    _START = dict.fromkeys(_BLOCK_TAGS.union(_HEADINGS), _start_block)
+    _START.update(dict.fromkeys(_EMPHASIS, _emphasis))
+    _START.update({"blockquote": _start_quote, "ul": _start_list, "ol": _start_list, "li": _start_item,
+                   "pre": _start_pre, "code": _start_code, "a": _start_link, "table": _start_table,
+                   "tr": _start_row, "td": _start_cell, "th": _start_cell})
+    _END = dict.fromkeys(_BLOCK_TAGS, _end_block)
+    _END.update(dict.fromkeys(_HEADINGS, _end_heading))
+    _END.update(dict.fromkeys(_EMPHASIS, _emphasis))
+    _END.update({"blockquote": _end_quote, "ul": _end_list, "ol": _end_list, "li": _end_block,
+                 "pre": _end_pre, "code": _end_code, "a": _end_link, "table": _end_table,
+                 "td": _end_cell, "th": _end_cell})
+    _VOID = {"img": _image, "hr": _rule, "br": _line_break}
+
+
+def _attr(attrs, name):
+    """``dict(attrs).get(name)`` without building the dict: the last of repeated attributes wins."""
+    for key, value in reversed(attrs):
+        if key == name:
+            return value
+    return None
 
 
 def _code_lang(attrs):
     """``python`` from ``class="language-python"`` / ``lang-python`` / ``highlight-python``."""
-    match = re.search(r"(?:language|lang|highlight)-([\w+#.-]+)", attrs.get("class") or "")
+    match = re.search(r"(?:language|lang|highlight)-([\w+#.-]+)", _attr(attrs, "class") or "")
     return match.group(1) if match else ""
 
 
@@ -1722,10 +1942,6 @@ def _render_table(rows, plain):
     lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * width]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     return "\n".join(lines)
-
-
-def _classes(attrs):
-    return set((dict(attrs).get("class") or "").split())
 
 
 # ---------------------------------------------------------------------------
@@ -5310,8 +5526,8 @@ def body_text_message(body, status, limit=300):
             if isinstance(value, list) and value:
                 return collapse_ws(json.dumps(value, ensure_ascii=False))[:limit]
     if "<" in text:
-        title = re.search(r"<title[^>]*>(.*?)</title>", text, re.I | re.S)
-        text = title.group(1) if title else re.sub(r"<[^>]+>", " ", text)
+        page = html_tree(text)
+        text = page.title if page.title is not None else html_text(page.root, " ")
     return collapse_ws(text)[:limit] or ("HTTP %d" % status)
 
 
@@ -7121,7 +7337,7 @@ class Vendor:
         """A result page, not a "no results" one, from which nothing could be read: the markup
         changed (or a rate limit hides in prose). Users must learn that the parser broke, not that
         the web is empty."""
-        text = collapse_ws(re.sub(r"<[^>]{0,2000}>", " ", html[:200000]))
+        text = collapse_ws(html_text(html_tree(html[:200000]).root, " "))
         if _RATE_LIMIT_PROSE.search(text[:5000]):
             raise UpstreamError(self.name, "rate_limited", "rate_limit_prose", text[:300], status=200)
         raise UpstreamError(self.name, "bad_response", "parser_mismatch",
@@ -7578,141 +7794,47 @@ def split_leading_date(snippet):
 
 
 def parse_bing_html(html):
-    """Organic results of a Bing result page (ads skipped, ``ck/a`` links decoded)."""
+    """Organic results of a Bing result page (ads skipped, ``ck/a`` links decoded).
 
-    class BingParser(_html_parser.HTMLParser):
-        def __init__(self):
-            super().__init__(convert_charrefs=True)
-            self.items = []
-            self.item = None
-            self.li_depth = 0
-            self.in_h2 = self.in_a = self.in_p = False
-            self.skip = 0          # depth inside span.algoSlug_icon
-            self.in_date = False
-
-        def handle_starttag(self, tag, attrs):
-            if self.item is None:
-                if tag == "li" and "b_algo" in _classes(attrs):
-                    self.item = {"href": None, "title": [], "snippet": [], "date": []}
-                    self.li_depth = 1
-                return
-            if tag == "li":
-                self.li_depth += 1
-            elif tag == "h2":
-                self.in_h2 = True
-            elif tag == "a" and self.in_h2 and self.item["href"] is None:
-                self.item["href"] = dict(attrs).get("href") or ""
-                self.in_a = True
-            elif tag == "p":
-                self.in_p = True
-            elif tag == "span" and self.in_p:
-                cls = _classes(attrs)
-                if "algoSlug_icon" in cls or self.skip:
-                    self.skip += 1
-                elif "news_dt" in cls:
-                    self.in_date = True
-
-        def handle_endtag(self, tag):
-            if self.item is None:
-                return
-            if tag == "li":
-                self.li_depth -= 1
-                if self.li_depth == 0:
-                    self.items.append(self.item)
-                    self.item = None
-            elif tag == "h2":
-                self.in_h2 = self.in_a = False
-            elif tag == "a":
-                self.in_a = False
-            elif tag == "p":
-                self.in_p = False
-                self.item["snippet"].append(" ")
-            elif tag == "span":
-                if self.skip:
-                    self.skip -= 1
-                self.in_date = False
-
-        def handle_data(self, data):
-            if self.item is None:
-                return
-            if self.in_a:
-                self.item["title"].append(data)
-            elif self.in_p and not self.skip:
-                (self.item["date"] if self.in_date else self.item["snippet"]).append(data)
-
-    parser = BingParser()
-    parser.feed(html)
-    parser.close()
-    if parser.item is not None:
-        parser.items.append(parser.item)
+    A result is an ``li.b_algo``: its title is the first link in a heading,
+    its snippet the text of its paragraphs less the slug icon and the date
+    (``span.news_dt``), which becomes ``published``.
+    """
     results = []
-    for item in parser.items:
-        url = decode_bing_url(item["href"])
-        title = collapse_ws("".join(item["title"]))
+    for item in html_find(html_tree(html).root, "li", "b_algo"):
+        link = next((a for h2 in html_find(item, "h2") for a in html_find(h2, "a")), None)
+        if link is None:
+            continue
+        url = decode_bing_url(link.attr("href"))
+        title = collapse_ws(html_text(link))
         if not url or not title:
             continue
-        published, snippet = split_leading_date("".join(item["snippet"]))
-        published = collapse_ws("".join(item["date"])) or published
+        paragraphs = html_find(item, "p")
+        icons = [span for p in paragraphs for span in html_find(p, "span", "algoSlug_icon")]
+        dates = [span for p in paragraphs for span in html_find(p, "span", "news_dt")]
+        hidden = {link, *icons, *dates}
+        published, snippet = split_leading_date("".join(html_text(p, skip=hidden) + " " for p in paragraphs))
+        published = collapse_ws("".join(html_text(span) for span in dates)) or published
         results.append(make_result(title, url, re.sub(r"^\u00b7\s*", "", snippet), published))
     return results
 
 
 def parse_ddg_html(html):
-    """Organic results of a DuckDuckGo HTML page (ads skipped, ``uddg`` links decoded)."""
+    """Organic results of a DuckDuckGo HTML page (ads skipped, ``uddg`` links decoded).
 
-    class DdgParser(_html_parser.HTMLParser):
-        def __init__(self):
-            super().__init__(convert_charrefs=True)
-            self.items = []
-            self.item = None
-            self.depth = 0
-            self.field = None
-            self.field_tag = None
-
-        def handle_starttag(self, tag, attrs):
-            if self.item is None:
-                if tag == "div":
-                    cls = _classes(attrs)
-                    if "result" in cls and "web-result" in cls and "result--ad" not in cls:
-                        self.item = {"href": None, "title": [], "snippet": []}
-                        self.depth = 1
-                return
-            if tag == "div":
-                self.depth += 1
-            cls = _classes(attrs)
-            if tag == "a" and "result__a" in cls and self.item["href"] is None:
-                self.item["href"] = dict(attrs).get("href") or ""
-                self.field, self.field_tag = "title", "a"
-            elif "result__snippet" in cls and not self.item["snippet"]:
-                self.field, self.field_tag = "snippet", tag
-
-        def handle_endtag(self, tag):
-            if self.item is None:
-                return
-            if self.field and tag == self.field_tag:
-                self.field = None
-            if tag == "div":
-                self.depth -= 1
-                if self.depth == 0:
-                    self.items.append(self.item)
-                    self.item = None
-                    self.field = None
-
-        def handle_data(self, data):
-            if self.item is not None and self.field:
-                self.item[self.field].append(data)
-
-    parser = DdgParser()
-    parser.feed(html)
-    parser.close()
-    if parser.item is not None:
-        parser.items.append(parser.item)
+    A result is a ``div.result.web-result`` (not ``.result--ad``): its title is
+    its first ``a.result__a``, its snippet the first ``.result__snippet`` with text.
+    """
     results = []
-    for item in parser.items:
-        url = decode_ddg_url(item["href"])
-        title = collapse_ws("".join(item["title"]))
+    for item in html_find(html_tree(html).root, "div", "web-result"):
+        links = html_find(item, "a", "result__a")
+        if not links or not item.has_class("result") or item.has_class("result--ad"):
+            continue
+        url = decode_ddg_url(links[0].attr("href"))
+        title = collapse_ws(html_text(links[0]))
         if url and title:
-            published, snippet = split_leading_date("".join(item["snippet"]))
+            snippets = [html_text(node) for node in html_find(item, None, "result__snippet")]
+            published, snippet = split_leading_date(next((text for text in snippets if text), ""))
             results.append(make_result(title, url, snippet, published))
     return results
 
@@ -7812,7 +7934,8 @@ def strip_tags(text):
     >>> strip_tags("With <strong>server-sent events</strong> &amp; more")
     'With server-sent events & more'
     """
-    return _html.unescape(re.sub(r"<[^>]+>", "", text or ""))
+    text = text or ""
+    return html_text(html_tree(text).root) if "<" in text else _html.unescape(text)
 
 
 class BraveVendor(Vendor):
@@ -8441,7 +8564,19 @@ class CrawlPacer:
         return {"crawl_delay_s": self.requested_s, "crawl_delay_applied_s": self.delay_s,
                 "crawl_delay_waited_s": round(self.waited_s, 3)}
 
-_HREF = LazyPattern(r"""<a\s[^<>]*?\bhref\s*=\s*(?:"([^"<>]*)"|'([^'<>]*)'|([^\s"'<>]+))""", re.I)
+
+def _page_links(html, token, deadline):
+    """The ``href`` of every link of a page, in document order, read by the extractor's parser.
+
+    The parse checks for cancellation every few hundred tags and ends at the
+    deadline with the links read so far.
+    """
+    def stop():
+        token.check()
+        return deadline.expired()
+    return html_links(html_tree(html, stop))
+
+
 MAP_SITEMAPS_MAX = 20      # sitemap files read per map (index files point to more)
 
 
@@ -8590,12 +8725,11 @@ class SiteMapper:
                 continue
             html = decode_page(resp.body, resp.headers.get("content-type", ""))
             taken = 0
-            for n, match in enumerate(_HREF.finditer(html)):
+            for n, href in enumerate(_page_links(html, token, deadline)):
                 if n % 256 == 255:
                     ctx.check()
                     if ctx.expired():
                         break
-                href = next(g for g in match.groups() if g is not None)
                 if href.startswith(("javascript:", "mailto:", "#", "tel:")):
                     continue
                 target = absolute_url(resp.url, href)
