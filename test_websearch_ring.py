@@ -3663,7 +3663,7 @@ def test_html_to_markdown_renders_layout_and_nested_tables_as_blocks(ring):
 
 def test_page_title_and_link_pattern_do_not_backtrack(ring):
     def page_links(html):
-        return ring._page_links(html, ring.CancelToken(), ring.Deadline(60.0))
+        return ring._page_links(html, ring.CallContext(deadline=ring.Deadline(60.0)))
     assert ring.page_title("<html><head><TITLE data-x=1>Hello\n world</title>") == "Hello world"
     started = time.monotonic()
     assert ring.page_title("<title>" * 20000) == ""

@@ -8565,15 +8565,15 @@ class CrawlPacer:
                 "crawl_delay_waited_s": round(self.waited_s, 3)}
 
 
-def _page_links(html, token, deadline):
+def _page_links(html, ctx):
     """The ``href`` of every link of a page, in document order, read by the extractor's parser.
 
     The parse checks for cancellation every few hundred tags and ends at the
-    deadline with the links read so far.
+    deadline of ``ctx`` with the links read so far.
     """
     def stop():
-        token.check()
-        return deadline.expired()
+        ctx.check()
+        return ctx.expired()
     return html_links(html_tree(html, stop))
 
 
@@ -8725,7 +8725,7 @@ class SiteMapper:
                 continue
             html = decode_page(resp.body, resp.headers.get("content-type", ""))
             taken = 0
-            for n, href in enumerate(_page_links(html, token, deadline)):
+            for n, href in enumerate(_page_links(html, ctx)):
                 if n % 256 == 255:
                     ctx.check()
                     if ctx.expired():
