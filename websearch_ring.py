@@ -4394,19 +4394,380 @@ def iter_sitemap(body, base_url=None):
 # §10 Configuration
 # ---------------------------------------------------------------------------
 
+class ValueKind:
+    """One kind of value people give as text: how it is read and how it is described.
+
+    The configuration reads an environment variable by its ``Var.kind``; check_args
+    reads a tool argument by its schema ``type`` or ``format``.  Where the two are
+    one idea (an integer, a number, a boolean, text, a list, a choice, a URL) one
+    row serves both, so people see it described in the same words.
+
+    ``words`` name a value of the kind ("an integer"); ``template`` is the form an
+    environment value takes, from ``{words}``, ``{span}`` (the bounds) and
+    ``{choices}``.  ``parse(text, var)`` reads an environment value or raises
+    ValueError with a reason; ``empty`` is the value of an unset variable without
+    a default.  ``fits(value)`` tests a JSON argument of the type;
+    ``from_text(text, spec)`` reads one given as a string where the intent is
+    plain (else None), an adjustment for ``reason``; ``check(text, label)`` reads
+    a string argument of the format or raises _BadArgument.
+    """
+
+    __slots__ = ("names", "words", "template", "parse", "empty", "fits", "from_text", "reason", "check")
+
+    def __init__(self, names, words, template="{words}", *, parse=None, empty="", fits=None, from_text=None,
+                 reason=None, check=None):
+        self.names = names
+        self.words = words
+        self.template = template
+        self.parse = parse
+        self.empty = empty
+        self.fits = fits
+        self.from_text = from_text
+        self.reason = reason
+        self.check = check
+
+    def describe(self, low=None, high=None, choices=()):
+        """The form a value takes, in words.
+
+        >>> VALUE_KINDS["int"].describe(1, 20), VALUE_KINDS["integer"].describe(low=0)
+        ('an integer from 1 to 20', 'an integer at least 0')
+        >>> VALUE_KINDS["choice"].describe(choices=("off", "on"))
+        'one of: off, on'
+        """
+        span = "" if low is None and high is None else _span(low, high)
+        return self.template.format(words=self.words, span=span, choices=", ".join(choices))
+
+
+def _span(low, high):
+    """``from 1 to 20``, ``at least 1`` or ``at most 20``."""
+    if low is not None and high is not None:
+        return "from %s to %s" % (_number_words(low), _number_words(high))
+    if low is not None:
+        return "at least %s" % _number_words(low)
+    return "at most %s" % _number_words(high)
+
+
+def _number_words(number):
+    return "%g" % number if isinstance(number, float) else str(number)
+
+
+def _split(text, separators):
+    """The parts of ``text`` between ``separators`` (a pattern), stripped, blank ones left out."""
+    return [part.strip() for part in re.split(separators, text) if part.strip()]
+
+
+def split_keys(text):
+    """The keys of a list separated by commas, semicolons or newlines."""
+    return _split(text, r"[,;\n]+")
+
+
+# Readers of environment text: ``parse(text, var)`` of a row, ``text`` stripped.
+
+def _parse_int(text, var):
+    if not re.fullmatch(r"[+-]?\d+", text):
+        raise ValueError("not an integer")
+    value = int(text)
+    if not var.lo <= value <= var.hi:
+        raise ValueError("out of range")
+    return value * var.scale if var.scale != 1.0 else value
+
+
+def _parse_float(text, var):
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("not a number") from None
+    if not (value == value and var.lo <= value <= var.hi):
+        raise ValueError("out of range")
+    return value
+
+
+_TRUE_WORDS = ("1", "true", "yes", "on")
+_FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def _parse_bool(text, var):
+    word = text.lower()
+    if word in _TRUE_WORDS:
+        return True
+    if word in _FALSE_WORDS:
+        return False
+    raise ValueError("not a boolean")
+
+
+def _parse_text(text, var):
+    return text
+
+
+def _parse_list(text, var):
+    return tuple(dict.fromkeys(split_keys(text)))
+
+
+def _parse_choice(text, var):
+    if text.lower() not in var.choices:
+        raise ValueError("unknown value")
+    return text.lower()
+
+
+def _parse_level(text, var):
+    if text.lower() not in var.choices:
+        raise ValueError("unknown level")
+    return text.lower()
+
+
+def _parse_choices(text, var):
+    names = [name.lower() for name in split_keys(text)]
+    _refuse_unknown(names, var.choices, "")
+    return tuple(dict.fromkeys(names))
+
+
+def _parse_vendors(text, var):
+    return _parse_names(text, var.choices, "vendor ")
+
+
+def _parse_providers(text, var):
+    return _parse_names(text, var.choices, "provider ")
+
+
+def _parse_names(text, choices, noun):
+    """The ``choices`` named in ``text`` (any case, separated by commas or spaces), in order, each once."""
+    names = [name.lower() for name in _split(text, r"[,\s]+")]
+    _refuse_unknown(names, choices, noun)
+    if not names:
+        raise ValueError("empty list")
+    return tuple(dict.fromkeys(names))
+
+
+def _refuse_unknown(names, choices, noun):
+    unknown = [name for name in names if name not in choices]
+    if unknown:
+        raise ValueError("unknown " + noun + ", ".join(repr(name) for name in unknown))
+
+
+def _parse_tools(text, var):
+    """The tools named in ``text`` (all and plan name groups), in the order they are listed."""
+    known = CORE_TOOLS + PLAN_TOOL_NAMES
+    chosen = []
+    for name in (word.lower() for word in _split(text, r"[,\s]+")):
+        group = {"all": known, "plan": PLAN_TOOL_NAMES}.get(name, (name,))
+        unknown = [n for n in group if n not in known]
+        if unknown:
+            raise ValueError("unknown tool %r" % unknown[0])
+        chosen.extend(group)
+    if not chosen:
+        raise ValueError("empty list")
+    return tuple(n for n in known if n in chosen)
+
+
+def _parse_country(text, var):
+    if not re.fullmatch(r"[A-Za-z]{2}", text):
+        raise ValueError("not a two-letter country code")
+    return text.upper()
+
+
+def _parse_url(text, var):
+    try:
+        parts = _urllib_parse.urlsplit(text)
+    except ValueError:
+        raise ValueError("not a URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) URL")
+    return text.rstrip("/")
+
+
+def _parse_proxy(text, var=None):
+    """A proxy URL from how people write one; raises ValueError with a reason.
+
+    A value without a scheme is an HTTP proxy; SOCKS needs more than the standard library has.
+
+    >>> _parse_proxy("127.0.0.1:3128"), _parse_proxy("HTTP://proxy.corp:8080/")
+    ('http://127.0.0.1:3128', 'http://proxy.corp:8080')
+    >>> _parse_proxy("socks5://127.0.0.1:1080")
+    Traceback (most recent call last):
+    ValueError: SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); use an http:// proxy
+    """
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        parts = _urllib_parse.urlsplit(text)
+        parts.port
+    except ValueError:
+        raise ValueError("not a host:port or URL") from None
+    scheme = parts.scheme.lower()
+    if scheme.startswith("socks"):
+        raise ValueError("SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); "
+                         "use an http:// proxy")
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) proxy")
+    return scheme + text[len(parts.scheme):].rstrip("/")
+
+
+# Readers of tool arguments: ``fits(value)``, ``from_text(text, spec)`` and ``check(text, label)`` of a row.
+
+def _is_integer(value):
+    return _is_number(value) and value == int(value)
+
+
+def _is_bool(value):
+    return isinstance(value, bool)
+
+
+def _is_str(value):
+    return isinstance(value, str)
+
+
+def _is_list(value):
+    return isinstance(value, list)
+
+
+def _is_dict(value):
+    return isinstance(value, dict)
+
+
+def _number_in_text(text, spec):
+    if re.fullmatch(r"-?\d{1,15}(\.\d{1,15})?", text):
+        return float(text) if "." in text else int(text)
+    return None
+
+
+def _bool_in_text(text, spec):
+    """JSON's own two words only (an environment variable also takes 1, yes, on ...)."""
+    word = text.lower()
+    return word == "true" if word in ("true", "false") else None
+
+
+def _enum_in_text(text, spec):
+    """The value of ``spec``'s enum that ``text`` names in another case."""
+    if "enum" in spec and text not in spec["enum"]:
+        folded = [choice for choice in spec["enum"] if choice.lower() == text.lower()]
+        return folded[0] if folded else None
+    return None
+
+
+def _list_in_text(text, spec):
+    return listed_values(text, spec) if text else None
+
+
+def listed_values(text, spec):
+    """One string given where ``spec`` wants a list: its comma-separated parts for host names, else itself."""
+    if spec.get("items", {}).get("format") == "hostname":
+        return [part for part in re.split(r"[,\s]+", text) if part]
+    return [text]
+
+
+class _BadArgument(ValueError):
+    """A tool argument that does not fit its schema; ``args`` are the issue's code, message and suggestion."""
+
+
+_DAY_WORDS = "a day as YYYY-MM-DD"
+_DOMAIN_WORDS = "a bare domain"
+_URL_WORDS = "an http:// or https:// URL"
+
+
+def _check_date(text, label):
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+        try:
+            return datetime.date(*map(int, text.split("-"))).isoformat()
+        except ValueError:      # no such day: 2026-02-30
+            pass
+    raise _BadArgument("format", "%s must be %s, got %s" % (label, _DAY_WORDS, json.dumps(text[:100])),
+                       "e.g. 2026-01-31")
+
+
+def _bare_domain(item):
+    """``example.com`` for a domain entry (case and ``www.`` folded), None when it is not one."""
+    if not isinstance(item, str):
+        return None
+    text = item.strip().lower()
+    if not is_domain(text):
+        return None
+    return text[4:] if text.startswith("www.") else text
+
+
+def _check_hostname(text, label):
+    domain = _bare_domain(text)
+    if domain is not None:
+        return domain
+    raw = text.lower()
+    host = url_host(raw if "//" in raw else "//" + raw)
+    raise _BadArgument("not_a_domain", "%s is not %s (no scheme, path or port)" % (
+        json.dumps(text[:200]), _DOMAIN_WORDS), "use the bare domain %r" % host if host and is_domain(host) else
+        "give a domain such as example.com")
+
+
+def _check_uri(url, label):
+    """An absolute http(s) URL without credentials, in URI form."""
+    if len(url) > 4096:
+        raise _BadArgument("too_long", "%s is longer than 4096 characters" % label, "shorten the URL")
+    try:
+        parts = _urllib_parse.urlsplit(url)
+        parts.port
+    except ValueError as exc:
+        raise _BadArgument("invalid", "%s is not a valid URL (%s)" % (label, exc), "check the URL") from None
+    if not parts.scheme and not parts.netloc:
+        raise _BadArgument("relative", "%r is a relative URL" % url[:200],
+                           "pass an absolute URL such as https://%s" % url[:200].lstrip("/"))
+    if parts.scheme not in ("http", "https"):
+        local = len(parts.scheme) == 1 or parts.scheme == "file"      # C:\\docs\\a.html, file:///etc/passwd
+        raise _BadArgument("scheme", "only http and https URLs can be fetched, not %s:%s" % (
+            parts.scheme[:20], " (local files cannot be read)" if local else ""), "use " + _URL_WORDS)
+    if not parts.hostname:
+        raise _BadArgument("no_host", "%r has no host" % url[:200], "pass a URL such as https://example.com/")
+    if parts.username is not None or parts.password is not None:
+        raise _BadArgument("credentials", "URLs with a user name or password are refused",
+                           "remove the user:password@ part")
+    try:
+        return iri_to_uri(url)
+    except ValueError as exc:
+        raise _BadArgument("invalid", "%s is not a valid URL (%s)" % (label, exc), "check the host name") from None
+
+
+# Every kind of value read from text: by the configuration (Var.kind, "secret" for a key) and by check_args
+# (a schema's type, or a string's format). One row where both read the same idea.
+_VALUE_KIND_ROWS = (
+    ValueKind(("int", "integer"), "an integer", "{words} {span}", parse=_parse_int,
+              fits=_is_integer, from_text=_number_in_text, reason="a number given as a string"),
+    ValueKind(("float", "number"), "a number", "{words} {span}", parse=_parse_float,
+              fits=_is_number, from_text=_number_in_text, reason="a number given as a string"),
+    ValueKind(("bool", "boolean"), "true or false", "/".join(_TRUE_WORDS) + " or " + "/".join(_FALSE_WORDS),
+              parse=_parse_bool, fits=_is_bool, from_text=_bool_in_text, reason="a boolean given as a string"),
+    ValueKind(("str", "string"), "a string", "any text", parse=_parse_text,
+              fits=_is_str, from_text=_enum_in_text, reason="matched case-insensitively"),
+    ValueKind(("list", "array"), "an array", "a comma-separated list", parse=_parse_list, empty=(),
+              fits=_is_list, from_text=_list_in_text, reason="one string where a list is expected"),
+    ValueKind(("object",), "an object", fits=_is_dict),
+    ValueKind(("choice", "enum"), "one of", "{words}: {choices}", parse=_parse_choice),
+    ValueKind(("url", "uri"), _URL_WORDS, parse=_parse_url, check=_check_uri),
+    ValueKind(("date",), _DAY_WORDS, check=_check_date),
+    ValueKind(("hostname",), _DOMAIN_WORDS, check=_check_hostname),
+    ValueKind(("level",), "one of", "{words}: {choices}", parse=_parse_level),
+    ValueKind(("choices",), "a comma-separated list of", "{words}: {choices}", parse=_parse_choices, empty=()),
+    ValueKind(("vendors",), "a comma-separated list of", "{words}: {choices}", parse=_parse_vendors, empty=()),
+    ValueKind(("providers",), "a comma-separated list of", "{words}: {choices}", parse=_parse_providers),
+    ValueKind(("tools",), "all, plan, or a comma-separated list of tool names (%s, plan_*)" % ", ".join(CORE_TOOLS),
+              parse=_parse_tools, empty=()),
+    ValueKind(("country",), "a two-letter ISO 3166-1 country code such as US or DE", parse=_parse_country),
+    ValueKind(("proxy",), "an HTTP proxy: host:port or http://[user:pass@]host:port", parse=_parse_proxy),
+    ValueKind(("secret",), "the key itself as the vendor issued it (no quotes, spaces or placeholder)",
+              parse=_parse_text),
+)
+VALUE_KINDS = {name: kind for kind in _VALUE_KIND_ROWS for name in kind.names}
+
+
 class Var:
     """One configuration variable: the single source for parsing, --help-env and the README."""
 
     __slots__ = ("name", "field", "kind", "default", "lo", "hi", "help", "aliases", "secret", "scale", "choices",
-                 "label")
+                 "label", "value_kind")
 
     def __init__(self, name, field, kind, default, help, *, lo=None, hi=None,
                  aliases=(), secret=False, scale=1.0, choices=(), label=None):
         self.label = label or default or "unset"   # the default as people read it
-        self.choices = choices    # allowed words for kind "choice" (one) and "choices" (a list)
+        self.choices = choices    # allowed words for the kinds choice, level (one) and choices, vendors, providers
         self.name = name
         self.field = field
-        self.kind = kind          # int, str, url, vendors, level, bool
+        self.kind = kind          # a name in VALUE_KINDS: int, str, url, vendors, level, bool ...
+        self.value_kind = VALUE_KINDS["secret" if secret else kind]
         self.default = default    # as the user would write it ("" for none)
         self.lo = lo
         self.hi = hi
@@ -4417,35 +4778,7 @@ class Var:
 
     def expected(self):
         """The form a valid value takes, in words."""
-        if self.secret:
-            return "the key itself as the vendor issued it (no quotes, spaces or placeholder)"
-        if self.kind == "int":
-            return "an integer from %d to %d" % (self.lo, self.hi)
-        if self.kind == "float":
-            return "a number from %g to %g" % (self.lo, self.hi)
-        if self.kind == "choice":
-            return "one of: " + ", ".join(self.choices)
-        if self.kind == "choices":
-            return "a comma-separated list of: " + ", ".join(self.choices)
-        if self.kind == "list":
-            return "a comma-separated list"
-        if self.kind == "url":
-            return "an http:// or https:// URL"
-        if self.kind == "proxy":
-            return "an HTTP proxy: host:port or http://[user:pass@]host:port"
-        if self.kind == "vendors":
-            return "a comma-separated list of: " + ", ".join(KNOWN_VENDORS)
-        if self.kind == "providers":
-            return "a comma-separated list of: " + ", ".join(self.choices)
-        if self.kind == "tools":
-            return "all, plan, or a comma-separated list of tool names (%s, plan_*)" % ", ".join(CORE_TOOLS)
-        if self.kind == "country":
-            return "a two-letter ISO 3166-1 country code such as US or DE"
-        if self.kind == "level":
-            return "one of: " + ", ".join(Logger.LEVELS)
-        if self.kind == "bool":
-            return "1/true/yes/on or 0/false/no/off"
-        return "any text"
+        return self.value_kind.describe(self.lo, self.hi, self.choices)
 
 
 # Order is the order of --help-env and the README table.
@@ -4453,7 +4786,7 @@ VARIABLES = (
     Var("WEBSEARCH_VENDORS", "vendors", "vendors", "",
         "Ring order for web_search, comma-separated. Unset: the keyed vendors that have a key "
         "(brave, serper, yep), then searxng when SEARXNG_URL is set, then exa,tavily,bing,duckduckgo.",
-        label="the default ring"),
+        choices=KNOWN_VENDORS, label="the default ring"),
     Var("WEBSEARCH_TOOLS", "tools", "tools", "",
         "Tools to list: all, the group plan (the six plan_* tools), or names, comma-separated "
         "(e.g. web_search,web_fetch,plan). Unset: the seven core tools.", label="the seven core tools"),
@@ -4607,17 +4940,13 @@ VARIABLES = (
         label="<config folder>/websearch-ring/config.json"),
     Var("WEBSEARCH_LOG_LEVEL", "log_level", "level", "info",
         "Least severe stderr log level: debug, info, notice, warning, error, critical (the command line "
-        "shows warnings and worse unless this is set).", aliases=("GROK_LOG_LEVEL",)),
+        "shows warnings and worse unless this is set).", choices=Logger.LEVELS, aliases=("GROK_LOG_LEVEL",)),
     Var("GROK_DEBUG", "debug", "bool", "0", "1 turns on debug logging (same as WEBSEARCH_LOG_LEVEL=debug): each "
         "upstream request and attempt, and the traceback of any unexpected error."),
     Var("WEBSEARCH_LOG_DIR", "log_dir", "str", "",
         "Folder for a websearch-ring.log copy of the stderr log (at 5 MB it becomes websearch-ring.log.1). "
         "Unset: stderr only.", aliases=("GROK_LOG_DIR",)),
 )
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
 
 class Problem:
     """One invalid configuration value: which variable, what it held, what was expected."""
@@ -4635,41 +4964,9 @@ class Problem:
                 "expected": self.expected, "message": self.message}
 
 
-def _parse_proxy(text):
-    """A proxy URL from how people write one; raises ValueError with a reason.
-
-    A value without a scheme is an HTTP proxy; SOCKS needs more than the standard library has.
-
-    >>> _parse_proxy("127.0.0.1:3128"), _parse_proxy("HTTP://proxy.corp:8080/")
-    ('http://127.0.0.1:3128', 'http://proxy.corp:8080')
-    >>> _parse_proxy("socks5://127.0.0.1:1080")
-    Traceback (most recent call last):
-    ValueError: SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); use an http:// proxy
-    """
-    if "://" not in text:
-        text = "http://" + text
-    try:
-        parts = _urllib_parse.urlsplit(text)
-        parts.port
-    except ValueError:
-        raise ValueError("not a host:port or URL") from None
-    scheme = parts.scheme.lower()
-    if scheme.startswith("socks"):
-        raise ValueError("SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); "
-                         "use an http:// proxy")
-    if scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("not an http(s) proxy")
-    return scheme + text[len(parts.scheme):].rstrip("/")
-
-
 # Values people paste instead of a key: what config and the README print, and the usual stand-ins.
 _PLACEHOLDER_KEY = LazyPattern(r"(x{3,}|\*{3,}|(your|insert|enter|paste|put)[\W_].*|change[\W_]?me|replace[\W_]?me"
                                r"|placeholder|none|null|todo|tbd|undefined|(api[\W_]?)?key|secret|token)$", re.I)
-
-
-def split_keys(text):
-    """The keys of a list separated by commas, semicolons or newlines."""
-    return [k.strip() for k in re.split(r"[,;\n]+", text) if k.strip()]
 
 
 def key_problem(raw):
@@ -4694,86 +4991,9 @@ def key_problem(raw):
 
 def _parse_value(var, raw):
     """Parse one raw string; returns the value or raises ValueError with a reason."""
-    if var.secret and key_problem(raw):
+    if var.secret and key_problem(raw):      # a key is judged as written: spaces around it are the mistake
         raise ValueError(key_problem(raw))
-    text = raw.strip()
-    if var.kind == "int":
-        if not re.fullmatch(r"[+-]?\d+", text):
-            raise ValueError("not an integer")
-        value = int(text)
-        if not var.lo <= value <= var.hi:
-            raise ValueError("out of range")
-        return value * var.scale if var.scale != 1.0 else value
-    if var.kind == "url":
-        try:
-            parts = _urllib_parse.urlsplit(text)
-        except ValueError:
-            raise ValueError("not a URL") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("not an http(s) URL")
-        return text.rstrip("/")
-    if var.kind == "proxy":
-        return _parse_proxy(text)
-    if var.kind == "vendors":
-        names = [n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()]
-        unknown = [n for n in names if n not in KNOWN_VENDORS]
-        if unknown:
-            raise ValueError("unknown vendor " + ", ".join(repr(n) for n in unknown))
-        if not names:
-            raise ValueError("empty list")
-        return tuple(dict.fromkeys(names))
-    if var.kind == "float":
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError("not a number") from None
-        if not (value == value and var.lo <= value <= var.hi):
-            raise ValueError("out of range")
-        return value
-    if var.kind == "choice":
-        if text.lower() not in var.choices:
-            raise ValueError("unknown value")
-        return text.lower()
-    if var.kind in ("choices", "list"):
-        names = [n.strip() for n in re.split(r"[,;\n]+", text) if n.strip()]
-        if var.kind == "choices":
-            names = [n.lower() for n in names]
-            unknown = [n for n in names if n not in var.choices]
-            if unknown:
-                raise ValueError("unknown " + ", ".join(repr(n) for n in unknown))
-        return tuple(dict.fromkeys(names))
-    if var.kind == "tools":
-        chosen = []
-        for name in (n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()):
-            group = {"all": CORE_TOOLS + PLAN_TOOL_NAMES, "plan": PLAN_TOOL_NAMES}.get(name, (name,))
-            unknown = [n for n in group if n not in CORE_TOOLS + PLAN_TOOL_NAMES]
-            if unknown:
-                raise ValueError("unknown tool %r" % unknown[0])
-            chosen.extend(group)
-        if not chosen:
-            raise ValueError("empty list")
-        return tuple(n for n in CORE_TOOLS + PLAN_TOOL_NAMES if n in chosen)
-    if var.kind == "providers":
-        names = [n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()]
-        unknown = [n for n in names if n not in var.choices]
-        if unknown or not names:
-            raise ValueError("unknown provider " + ", ".join(repr(n) for n in unknown) if unknown else "empty list")
-        return tuple(dict.fromkeys(names))
-    if var.kind == "country":
-        if not re.fullmatch(r"[A-Za-z]{2}", text):
-            raise ValueError("not a two-letter country code")
-        return text.upper()
-    if var.kind == "level":
-        if text.lower() not in Logger.LEVELS:
-            raise ValueError("unknown level")
-        return text.lower()
-    if var.kind == "bool":
-        if text.lower() in _TRUE:
-            return True
-        if text.lower() in _FALSE:
-            return False
-        raise ValueError("not a boolean")
-    return text
+    return var.value_kind.parse(raw.strip(), var)
 
 
 def default_config_file(env):
@@ -9062,8 +9282,6 @@ def error_detail(code, message, service, *, retryable=False, http_status=None, u
 
 
 _INVALID = object()     # a value the checker refused (its issue is recorded)
-_TYPE_WORDS = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "true or false",
-               "array": "an array", "object": "an object"}
 
 
 def check_args(schema, args, *, defaults=None, clamp=None):
@@ -9115,84 +9333,97 @@ def check_args(schema, args, *, defaults=None, clamp=None):
 
 def _check_value(path, value, spec, issues, adjustments, clamp=None):
     """``value`` read against ``spec`` (see :func:`check_args`), or _INVALID with its issue recorded."""
-    kind, label = spec.get("type"), _label(path)
-    read = _lenient(value, spec)
-    if read is not value:
-        adjustments.append({"path": path, "received": value, "used": read, "reason": {
-            "array": "one string where a list is expected", "boolean": "a boolean given as a string",
-            "string": "matched case-insensitively"}.get(kind, "a number given as a string")})
-        value = read
-    if not _has_type(value, kind) and not (clamp and _is_number(value)):
+    kind = VALUE_KINDS.get(spec.get("type"))
+    if kind is None or kind.fits is None:       # no type the checker tests: any value
+        return value
+    if isinstance(value, str) and kind.from_text is not None:
+        read = kind.from_text(value.strip(), spec)
+        if read is not None:
+            adjustments.append({"path": path, "received": value, "used": read, "reason": kind.reason})
+            value = read
+    if not kind.fits(value) and not (clamp and _is_number(value)):
         got = "%r" % value if isinstance(value, float) and not _is_number(value) else _json_type(value)
-        issues.append(issue(path, "type", "%s must be %s, got %s" % (label, _TYPE_WORDS.get(kind, kind), got),
-                            _about(spec)))
+        issues.append(issue(path, "type", "%s must be %s, got %s" % (_label(path), kind.words, got), _about(spec)))
         return _INVALID
-    if kind == "string":
-        return _check_string(path, label, value.strip(), spec, issues)
-    if kind in ("integer", "number"):
-        if clamp:
-            used = min(clamp[1], max(clamp[0], int(value)))
-            if used != value:
-                adjustments.append({"path": path, "received": value, "used": used, "reason": (
-                    "clamped to %d-%d" % clamp) if used != int(value) else "non-integer truncated"})
-            return used
-        low, high = spec.get("minimum"), spec.get("maximum")
-        if low is not None and value < low or high is not None and value > high:
-            span = "from %s to %s" % (low, high) if low is not None and high is not None else (
-                "at least %s" % low if low is not None else "at most %s" % high)
-            issues.append(issue(path, "range", "%s must be %s %s, got %s" % (
-                label, _TYPE_WORDS[kind], span, json.dumps(value)), "pass %s %s, or leave it out" % (
-                _TYPE_WORDS[kind], span)))
-            return _INVALID
-        return int(value) if kind == "integer" else value
-    if kind == "array":
-        return _check_array(path, label, value, spec, issues, adjustments)
+    if spec["type"] == "string":
+        return _check_string(path, value.strip(), spec, issues)
+    if spec["type"] in ("integer", "number"):
+        return _clamped(path, value, clamp, adjustments) if clamp else _check_range(path, value, spec, kind, issues)
+    if spec["type"] == "array":
+        return _check_array(path, value, spec, issues, adjustments)
     return value
 
 
-def _check_string(path, label, text, spec, issues):
-    if "enum" in spec:
-        if text not in spec["enum"]:
-            guess = closest(text, spec["enum"]) if len(text) <= 100 else None
-            issues.append(issue(path, "enum", "%s must be one of %s, got %s" % (
-                label, ", ".join(spec["enum"]), json.dumps(text[:100])),
-                ("did you mean %r?" % guess) if guess else "one of: " + ", ".join(spec["enum"])))
-            return _INVALID
+def _clamped(path, value, clamp, adjustments):
+    used = min(clamp[1], max(clamp[0], int(value)))
+    if used != value:
+        adjustments.append({"path": path, "received": value, "used": used, "reason": (
+            "clamped to %d-%d" % clamp) if used != int(value) else "non-integer truncated"})
+    return used
+
+
+def _check_range(path, value, spec, kind, issues):
+    low, high = spec.get("minimum"), spec.get("maximum")
+    if low is not None and value < low or high is not None and value > high:
+        form = kind.describe(low, high)
+        issues.append(issue(path, "range", "%s must be %s, got %s" % (_label(path), form, json.dumps(value)),
+                            "pass %s, or leave it out" % form))
+        return _INVALID
+    return int(value) if spec["type"] == "integer" else value
+
+
+def _check_string(path, text, spec, issues):
+    """``text`` (without surrounding whitespace) read against the string rules of ``spec``."""
+    try:
+        if "enum" in spec:
+            return _read_enum(path, text, spec["enum"])
+        _check_text(path, text, spec)
+        if "pattern" in spec and not re.search(spec["pattern"], text):
+            raise _BadArgument("pattern", "%s does not have the expected form, got %s" % (
+                _label(path), json.dumps(text[:100])), _about(spec))
+        if "format" in spec:
+            return VALUE_KINDS[spec["format"]].check(text, _label(path))
         return text
+    except _BadArgument as bad:
+        issues.append(issue(path, *bad.args))
+        return _INVALID
+
+
+def _read_enum(path, text, choices):
+    if text in choices:
+        return text
+    guess = closest(text, choices) if len(text) <= 100 else None
+    kind = VALUE_KINDS["enum"]
+    raise _BadArgument("enum", "%s must be %s %s, got %s" % (
+        _label(path), kind.words, ", ".join(choices), json.dumps(text[:100])),
+        ("did you mean %r?" % guess) if guess else kind.describe(choices=choices))
+
+
+def _check_text(path, text, spec):
+    """Raises _BadArgument for text that is empty, too long or too short, or not Unicode."""
     if not text and spec.get("minLength"):
-        issues.append(issue(path, "empty", "%s is empty or only whitespace" % label, _about(spec)))
-        return _INVALID
+        raise _BadArgument("empty", "%s is empty or only whitespace" % _label(path), _about(spec))
     if len(text) > spec.get("maxLength", len(text)):
-        issues.append(issue(path, "too_long", "%s has %d characters; the limit is %d" % (
-            label, len(text), spec["maxLength"]), "shorten it to at most %d characters" % spec["maxLength"]))
-        return _INVALID
+        raise _BadArgument("too_long", "%s has %d characters; the limit is %d" % (
+            _label(path), len(text), spec["maxLength"]), "shorten it to at most %d characters" % spec["maxLength"])
     if len(text) < spec.get("minLength", 0):
-        issues.append(issue(path, "too_short", "%s has %d characters; at least %d are needed" % (
-            label, len(text), spec["minLength"]), _about(spec)))
-        return _INVALID
+        raise _BadArgument("too_short", "%s has %d characters; at least %d are needed" % (
+            _label(path), len(text), spec["minLength"]), _about(spec))
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        issues.append(issue(path, "invalid", "%s contains an unpaired surrogate (not Unicode text)" % label,
-                            "send the text as valid UTF-8"))
-        return _INVALID
-    if "pattern" in spec and not re.search(spec["pattern"], text):
-        issues.append(issue(path, "pattern", "%s does not have the expected form, got %s" % (
-            label, json.dumps(text[:100])), _about(spec)))
-        return _INVALID
-    if "format" in spec:
-        return _FORMATS[spec["format"]](path, label, text, issues)
-    return text
+        raise _BadArgument("invalid", "%s contains an unpaired surrogate (not Unicode text)" % _label(path),
+                           "send the text as valid UTF-8") from None
 
 
-def _check_array(path, label, value, spec, issues, adjustments):
+def _check_array(path, value, spec, issues, adjustments):
     if len(value) > spec.get("maxItems", len(value)):
         issues.append(issue(path, "too_many", "%s has %d entries; the limit is %d" % (
-            label, len(value), spec["maxItems"]), "keep the %d most important" % spec["maxItems"]))
+            _label(path), len(value), spec["maxItems"]), "keep the %d most important" % spec["maxItems"]))
         return _INVALID
     if len(value) < spec.get("minItems", 0):
         issues.append(issue(path, "too_few", "%s needs at least %d entr%s" % (
-            label, spec["minItems"], "y" if spec["minItems"] == 1 else "ies"), _about(spec)))
+            _label(path), spec["minItems"], "y" if spec["minItems"] == 1 else "ies"), _about(spec)))
         return _INVALID
     items, item_spec = [], spec.get("items", {})
     for index, item in enumerate(value):
@@ -9204,112 +9435,15 @@ def _check_array(path, label, value, spec, issues, adjustments):
 
 def _about(spec):
     """The suggestion for a value that does not fit ``spec``: what the argument wants."""
-    return "pass %s: %s" % (_TYPE_WORDS.get(spec.get("type"), "a value"), spec.get("description") or
-                            "see the tool's input schema")
+    kind = VALUE_KINDS.get(spec.get("type"))
+    return "pass %s: %s" % (kind.words if kind is not None and kind.fits is not None else "a value",
+                            spec.get("description") or "see the tool's input schema")
 
 
 def _label(path):
     """``urls[1]`` for the pointer ``/urls/1``: how messages name an argument."""
     name, *rest = path[1:].split("/")
     return name + "".join("[%s]" % part for part in rest)
-
-
-def _lenient(value, spec):
-    """``value`` read as ``spec`` wants it where the intent is plain, else ``value`` itself."""
-    kind = spec.get("type")
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if kind in ("integer", "number") and re.fullmatch(r"-?\d{1,15}(\.\d{1,15})?", text):
-        return float(text) if "." in text else int(text)
-    if kind == "boolean" and text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    if kind == "array" and text:
-        return listed_values(text, spec)
-    if kind == "string" and "enum" in spec and text not in spec["enum"]:
-        folded = [choice for choice in spec["enum"] if choice.lower() == text.lower()]
-        return folded[0] if folded else value
-    return value
-
-
-def listed_values(text, spec):
-    """One string given where ``spec`` wants a list: its comma-separated parts for host names, else itself."""
-    if spec.get("items", {}).get("format") == "hostname":
-        return [part for part in re.split(r"[,\s]+", text) if part]
-    return [text]
-
-
-def _has_type(value, kind):
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "integer":
-        return _is_number(value) and value == int(value)
-    if kind == "number":
-        return _is_number(value)
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "array":
-        return isinstance(value, list)
-    if kind == "object":
-        return isinstance(value, dict)
-    return True
-
-
-def _format_date(path, label, text, issues):
-    try:
-        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
-            raise ValueError(text)
-        return datetime.date(*map(int, text.split("-"))).isoformat()
-    except ValueError:
-        issues.append(issue(path, "format", "%s must be a day as YYYY-MM-DD, got %s" % (label, json.dumps(text[:100])),
-                            "e.g. 2026-01-31"))
-        return _INVALID
-
-
-def _format_hostname(path, label, text, issues):
-    domain = _bare_domain(text)
-    if domain is not None:
-        return domain
-    raw = text.lower()
-    host = url_host(raw if "//" in raw else "//" + raw)
-    issues.append(issue(path, "not_a_domain", "%s is not a bare domain (no scheme, path or port)" % json.dumps(
-        text[:200]), "use the bare domain %r" % host if host and is_domain(host) else
-        "give a domain such as example.com"))
-    return _INVALID
-
-
-def _format_url(path, label, url, issues):
-    """An absolute http(s) URL without credentials, in URI form."""
-    if len(url) > 4096:
-        issues.append(issue(path, "too_long", "%s is longer than 4096 characters" % label, "shorten the URL"))
-        return _INVALID
-    try:
-        parts = _urllib_parse.urlsplit(url)
-        parts.port
-    except ValueError as exc:
-        issues.append(issue(path, "invalid", "%s is not a valid URL (%s)" % (label, exc), "check the URL"))
-        return _INVALID
-    if not parts.scheme and not parts.netloc:
-        issues.append(issue(path, "relative", "%r is a relative URL" % url[:200],
-                            "pass an absolute URL such as https://%s" % url[:200].lstrip("/")))
-    elif parts.scheme not in ("http", "https"):
-        local = len(parts.scheme) == 1 or parts.scheme == "file"      # C:\\docs\\a.html, file:///etc/passwd
-        issues.append(issue(path, "scheme", "only http and https URLs can be fetched, not %s:%s" % (
-            parts.scheme[:20], " (local files cannot be read)" if local else ""), "use an http:// or https:// URL"))
-    elif not parts.hostname:
-        issues.append(issue(path, "no_host", "%r has no host" % url[:200], "pass a URL such as https://example.com/"))
-    elif parts.username is not None or parts.password is not None:
-        issues.append(issue(path, "credentials", "URLs with a user name or password are refused",
-                            "remove the user:password@ part"))
-    else:
-        try:
-            return iri_to_uri(url)
-        except ValueError as exc:
-            issues.append(issue(path, "invalid", "%s is not a valid URL (%s)" % (label, exc), "check the host name"))
-    return _INVALID
-
-
-_FORMATS = {"date": _format_date, "hostname": _format_hostname, "uri": _format_url}
 
 
 def validate_search_args(args, config=None):
@@ -9406,16 +9540,6 @@ def project_results(results, select):
     """Each result with only the ``select`` fields (a language nobody reported is null)."""
     keep = [part for field in select for part in _FIELD_PARTS.get(field, (field,))]
     return [{name: r.get(name) for name in keep if name in r or name == "language"} for r in results]
-
-
-def _bare_domain(item):
-    """``example.com`` for a domain entry (case and ``www.`` folded), None when it is not one."""
-    if not isinstance(item, str):
-        return None
-    text = item.strip().lower()
-    if not is_domain(text):
-        return None
-    return text[4:] if text.startswith("www.") else text
 
 
 def _escape_pointer(name):
