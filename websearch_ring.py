@@ -4398,27 +4398,29 @@ class ValueKind:
     """One kind of value people give as text: how it is read and how it is described.
 
     The configuration reads an environment variable by its ``Var.kind``; check_args
-    reads a tool argument by its schema ``type`` or ``format``.  Where the two are
-    one idea (an integer, a number, a boolean, text, a list, a choice, a URL) one
-    row serves both, so people see it described in the same words.
+    reads a tool argument by its schema ``type``, and a string by its ``format``.
+    Where the two are one idea (an integer, a number, a boolean, text, a list, a
+    choice, a URL) one row serves both, so people see it described in the same words.
 
-    ``words`` name a value of the kind ("an integer"); ``template`` is the form an
-    environment value takes, from ``{words}``, ``{span}`` (the bounds) and
-    ``{choices}``.  ``parse(text, var)`` reads an environment value or raises
-    ValueError with a reason; ``empty`` is the value of an unset variable without
-    a default.  ``fits(value)`` tests a JSON argument of the type;
-    ``from_text(text, spec)`` reads one given as a string where the intent is
-    plain (else None), an adjustment for ``reason``; ``check(text, label)`` reads
-    a string argument of the format or raises _BadArgument.
+    ``words`` name a value of the kind ("an integer", "one of"), followed by its
+    bounds or its choices where it has them (:meth:`describe`).  For the
+    configuration: ``form`` is how a value is written where that is not the words
+    (a variable takes "1/true/yes/on or 0/false/no/off" for "true or false");
+    ``parse(text, var)`` returns the value or raises ValueError with a reason;
+    ``empty`` is the value of an unset variable without a default.  For
+    check_args: ``fits(value)`` tests a JSON value of the type; ``from_text(text,
+    spec)`` reads one given as a string where the intent is plain (else None),
+    listed as an adjustment with ``reason``; ``check(text, label)`` reads a string
+    of the format or raises _BadArgument.
     """
 
-    __slots__ = ("names", "words", "template", "parse", "empty", "fits", "from_text", "reason", "check")
+    __slots__ = ("names", "words", "form", "parse", "empty", "fits", "from_text", "reason", "check")
 
-    def __init__(self, names, words, template="{words}", *, parse=None, empty="", fits=None, from_text=None,
+    def __init__(self, names, words, form=None, *, parse=None, empty="", fits=None, from_text=None,
                  reason=None, check=None):
         self.names = names
         self.words = words
-        self.template = template
+        self.form = form or words
         self.parse = parse
         self.empty = empty
         self.fits = fits
@@ -4427,15 +4429,18 @@ class ValueKind:
         self.check = check
 
     def describe(self, low=None, high=None, choices=()):
-        """The form a value takes, in words.
+        """The form a value takes, in words: the words with its bounds or its choices, if it has any.
 
         >>> VALUE_KINDS["int"].describe(1, 20), VALUE_KINDS["integer"].describe(low=0)
         ('an integer from 1 to 20', 'an integer at least 0')
-        >>> VALUE_KINDS["choice"].describe(choices=("off", "on"))
-        'one of: off, on'
+        >>> VALUE_KINDS["choice"].describe(choices=("off", "on")), VALUE_KINDS["bool"].describe()
+        ('one of: off, on', '1/true/yes/on or 0/false/no/off')
         """
-        span = "" if low is None and high is None else _span(low, high)
-        return self.template.format(words=self.words, span=span, choices=", ".join(choices))
+        if low is not None or high is not None:
+            return "%s %s" % (self.words, _span(low, high))
+        if choices:
+            return "%s: %s" % (self.words, ", ".join(choices))
+        return self.form
 
 
 def _span(low, high):
@@ -4608,20 +4613,10 @@ def _is_integer(value):
     return _is_number(value) and value == int(value)
 
 
-def _is_bool(value):
-    return isinstance(value, bool)
-
-
-def _is_str(value):
-    return isinstance(value, str)
-
-
-def _is_list(value):
-    return isinstance(value, list)
-
-
-def _is_dict(value):
-    return isinstance(value, dict)
+def _instance_of(cls):
+    def fits(value):
+        return isinstance(value, cls)
+    return fits
 
 
 def _number_in_text(text, spec):
@@ -4725,25 +4720,26 @@ def _check_uri(url, label):
 # Every kind of value read from text: by the configuration (Var.kind, "secret" for a key) and by check_args
 # (a schema's type, or a string's format). One row where both read the same idea.
 _VALUE_KIND_ROWS = (
-    ValueKind(("int", "integer"), "an integer", "{words} {span}", parse=_parse_int,
+    ValueKind(("int", "integer"), "an integer", parse=_parse_int,
               fits=_is_integer, from_text=_number_in_text, reason="a number given as a string"),
-    ValueKind(("float", "number"), "a number", "{words} {span}", parse=_parse_float,
+    ValueKind(("float", "number"), "a number", parse=_parse_float,
               fits=_is_number, from_text=_number_in_text, reason="a number given as a string"),
     ValueKind(("bool", "boolean"), "true or false", "/".join(_TRUE_WORDS) + " or " + "/".join(_FALSE_WORDS),
-              parse=_parse_bool, fits=_is_bool, from_text=_bool_in_text, reason="a boolean given as a string"),
+              parse=_parse_bool, fits=_instance_of(bool), from_text=_bool_in_text,
+              reason="a boolean given as a string"),
     ValueKind(("str", "string"), "a string", "any text", parse=_parse_text,
-              fits=_is_str, from_text=_enum_in_text, reason="matched case-insensitively"),
+              fits=_instance_of(str), from_text=_enum_in_text, reason="matched case-insensitively"),
     ValueKind(("list", "array"), "an array", "a comma-separated list", parse=_parse_list, empty=(),
-              fits=_is_list, from_text=_list_in_text, reason="one string where a list is expected"),
-    ValueKind(("object",), "an object", fits=_is_dict),
-    ValueKind(("choice", "enum"), "one of", "{words}: {choices}", parse=_parse_choice),
+              fits=_instance_of(list), from_text=_list_in_text, reason="one string where a list is expected"),
+    ValueKind(("object",), "an object", fits=_instance_of(dict)),
+    ValueKind(("choice", "enum"), "one of", parse=_parse_choice),
     ValueKind(("url", "uri"), _URL_WORDS, parse=_parse_url, check=_check_uri),
     ValueKind(("date",), _DAY_WORDS, check=_check_date),
     ValueKind(("hostname",), _DOMAIN_WORDS, check=_check_hostname),
-    ValueKind(("level",), "one of", "{words}: {choices}", parse=_parse_level),
-    ValueKind(("choices",), "a comma-separated list of", "{words}: {choices}", parse=_parse_choices, empty=()),
-    ValueKind(("vendors",), "a comma-separated list of", "{words}: {choices}", parse=_parse_vendors, empty=()),
-    ValueKind(("providers",), "a comma-separated list of", "{words}: {choices}", parse=_parse_providers),
+    ValueKind(("level",), "one of", parse=_parse_level),
+    ValueKind(("choices",), "a comma-separated list of", parse=_parse_choices, empty=()),
+    ValueKind(("vendors",), "a comma-separated list of", parse=_parse_vendors, empty=()),
+    ValueKind(("providers",), "a comma-separated list of", parse=_parse_providers),
     ValueKind(("tools",), "all, plan, or a comma-separated list of tool names (%s, plan_*)" % ", ".join(CORE_TOOLS),
               parse=_parse_tools, empty=()),
     ValueKind(("country",), "a two-letter ISO 3166-1 country code such as US or DE", parse=_parse_country),
@@ -5014,6 +5010,68 @@ def _field_var(field):
     return next(v for v in VARIABLES if v.field == field)
 
 
+def _raw_value(env, var):
+    """``(raw, name)``: the first of the variable's names that ``env`` sets to more than blanks, else None."""
+    for name in (var.name,) + var.aliases:
+        candidate = env.get(name)
+        if candidate is not None and candidate.strip():
+            return candidate, name
+    return None, var.name
+
+
+def _invalid_value(var, used, raw, exc):
+    """The Problem of an invalid value: shown without secrets, with what is used instead."""
+    shown = "<hidden>" if var.secret else (
+        mask_url_credentials(raw.strip()) if var.kind in ("url", "proxy") else raw)
+    if var.kind == "proxy":   # going direct instead would bypass the proxy the user asked for
+        fallback = "requests that would use it fail instead of going direct"
+    elif var.secret:
+        fallback = "the key is not used"
+    else:
+        fallback = "using the default (%s)" % var.label
+    return Problem(used, shown, var.expected(),
+                   "%s=%r is invalid (%s); expected %s; %s" % (used, shown, exc, var.expected(), fallback))
+
+
+def _complete_values(values, problems, sources, env):
+    """The values that follow from others: debug logging, the /v1 root, the default file, tools and ring."""
+    if values["debug"]:
+        values["log_level"] = "debug"
+    if not re.search(r"/v\d+[a-z]*$", values["grok_url"]):
+        fixed = values["grok_url"] + "/v1"
+        problems.append(Problem(sources.get("grok_url", "GROK_API_URL"), values["grok_url"],
+                                "an API root ending in /v1, such as https://api.x.ai/v1",
+                                "GROK_API_URL=%r has no /v1 root; using %r" % (values["grok_url"], fixed)))
+        values["grok_url"] = fixed
+    if not values["config_file"]:
+        values["config_file"] = default_config_file(env)
+    if not values["tools"]:
+        values["tools"] = tuple(t for t in CORE_TOOLS if values["grok_key"] or t not in ANSWER_TOOLS)
+    keys = split_keys(values["tavily_api_keys"])
+    values["tavily_keys"] = tuple(dict.fromkeys(keys or ([values["tavily_api_key"]]
+                                                         if values["tavily_api_key"] else [])))
+    values["vendors"] = _ring_vendors(values, problems)
+    if not values["user_agent"]:
+        values["user_agent"] = DEFAULT_UA
+
+
+def _ring_vendors(values, problems):
+    """The ring: WEBSEARCH_VENDORS without the vendors whose credentials are unset (each a problem), else
+    the default ring of the configured vendors."""
+    configured = {name: bool(values[field]) for name, field in _VENDOR_CREDENTIALS.items()}
+    configured["tavily"] = values["tavily_enabled"]
+    listed = values["vendors"]
+    missing = [n for n in listed if not configured.get(n, True)]
+    for name in missing:
+        var = _field_var(_VENDOR_CREDENTIALS.get(name, "tavily_enabled"))
+        problems.append(Problem(
+            "WEBSEARCH_VENDORS", ",".join(listed), "vendors whose credentials are set",
+            "WEBSEARCH_VENDORS names %s but %s is %s; %s is left out of the ring" % (
+                name, var.name, "0" if var.kind == "bool" else "unset", name)))
+    ring = tuple(n for n in listed if n not in missing)
+    return ring or tuple(n for n in KEYED_VENDORS + RING_VENDORS if configured.get(n, True))
+
+
 class Config:
     """Frozen configuration built by :meth:`from_env` from any mapping.
 
@@ -5039,63 +5097,18 @@ class Config:
         """Parse ``env`` (a mapping such as ``os.environ``); never raises."""
         values, problems, sources, broken = {}, [], {}, {}
         for var in VARIABLES:
-            raw, used = None, var.name
-            for name in (var.name,) + var.aliases:
-                candidate = env.get(name)
-                if candidate is not None and candidate.strip():
-                    raw, used = candidate, name
-                    break
-            default = _parse_value(var, var.default) if var.default else (
-                () if var.kind in ("vendors", "choices", "list", "tools") else "")
+            raw, used = _raw_value(env, var)
+            values[var.field] = _parse_value(var, var.default) if var.default else var.value_kind.empty
             if raw is None:
-                values[var.field] = default
                 continue
             try:
                 values[var.field] = _parse_value(var, raw)
                 sources[var.field] = used
             except ValueError as exc:
-                shown = "<hidden>" if var.secret else (
-                    mask_url_credentials(raw.strip()) if var.kind in ("url", "proxy") else raw)
-                fallback = "using the default (%s)" % var.label
-                if var.secret:
-                    fallback = "the key is not used"
-                if var.kind == "proxy":   # going direct instead would bypass the proxy the user asked for
-                    fallback = "requests that would use it fail instead of going direct"
-                    broken[var.field] = "%s=%r is invalid (%s)" % (used, shown, exc)
-                problems.append(Problem(
-                    used, shown, var.expected(),
-                    "%s=%r is invalid (%s); expected %s; %s" % (used, shown, exc, var.expected(), fallback)))
-                values[var.field] = default
-        if values["debug"]:
-            values["log_level"] = "debug"
-        if not re.search(r"/v\d+[a-z]*$", values["grok_url"]):
-            fixed = values["grok_url"] + "/v1"
-            problems.append(Problem(sources.get("grok_url", "GROK_API_URL"), values["grok_url"],
-                                    "an API root ending in /v1, such as https://api.x.ai/v1",
-                                    "GROK_API_URL=%r has no /v1 root; using %r" % (values["grok_url"], fixed)))
-            values["grok_url"] = fixed
-        if not values["config_file"]:
-            values["config_file"] = default_config_file(env)
-        if not values["tools"]:
-            values["tools"] = tuple(t for t in CORE_TOOLS if values["grok_key"] or t not in ANSWER_TOOLS)
-        keys = split_keys(values["tavily_api_keys"])
-        values["tavily_keys"] = tuple(dict.fromkeys(keys or ([values["tavily_api_key"]]
-                                                             if values["tavily_api_key"] else [])))
-        configured = {name: bool(values[field]) for name, field in _VENDOR_CREDENTIALS.items()}
-        configured["tavily"] = values["tavily_enabled"]
-        if values["vendors"]:
-            missing = [n for n in values["vendors"] if not configured.get(n, True)]
-            for name in missing:
-                var = _field_var(_VENDOR_CREDENTIALS.get(name, "tavily_enabled"))
-                problems.append(Problem(
-                    "WEBSEARCH_VENDORS", ",".join(values["vendors"]), "vendors whose credentials are set",
-                    "WEBSEARCH_VENDORS names %s but %s is %s; %s is left out of the ring" % (
-                        name, var.name, "0" if var.kind == "bool" else "unset", name)))
-            values["vendors"] = tuple(n for n in values["vendors"] if n not in missing)
-        if not values["vendors"]:
-            values["vendors"] = tuple(n for n in KEYED_VENDORS + RING_VENDORS if configured.get(n, True))
-        if not values["user_agent"]:
-            values["user_agent"] = DEFAULT_UA
+                problems.append(_invalid_value(var, used, raw, exc))
+                if var.kind == "proxy":
+                    broken[var.field] = "%s=%r is invalid (%s)" % (used, problems[-1].value, exc)
+        _complete_values(values, problems, sources, env)
         values["broken_proxies"] = broken
         return cls(values, problems, sources)
 
@@ -9336,14 +9349,9 @@ def _check_value(path, value, spec, issues, adjustments, clamp=None):
     kind = VALUE_KINDS.get(spec.get("type"))
     if kind is None or kind.fits is None:       # no type the checker tests: any value
         return value
-    if isinstance(value, str) and kind.from_text is not None:
-        read = kind.from_text(value.strip(), spec)
-        if read is not None:
-            adjustments.append({"path": path, "received": value, "used": read, "reason": kind.reason})
-            value = read
+    value = _lenient(path, value, spec, kind, adjustments)
     if not kind.fits(value) and not (clamp and _is_number(value)):
-        got = "%r" % value if isinstance(value, float) and not _is_number(value) else _json_type(value)
-        issues.append(issue(path, "type", "%s must be %s, got %s" % (_label(path), kind.words, got), _about(spec)))
+        issues.append(_type_issue(path, value, spec, kind))
         return _INVALID
     if spec["type"] == "string":
         return _check_string(path, value.strip(), spec, issues)
@@ -9352,6 +9360,21 @@ def _check_value(path, value, spec, issues, adjustments, clamp=None):
     if spec["type"] == "array":
         return _check_array(path, value, spec, issues, adjustments)
     return value
+
+
+def _lenient(path, value, spec, kind, adjustments):
+    """``value`` read as ``kind`` where a string says it plainly (an adjustment), else ``value`` itself."""
+    if isinstance(value, str) and kind.from_text is not None:
+        read = kind.from_text(value.strip(), spec)
+        if read is not None:
+            adjustments.append({"path": path, "received": value, "used": read, "reason": kind.reason})
+            return read
+    return value
+
+
+def _type_issue(path, value, spec, kind):
+    got = "%r" % value if isinstance(value, float) and not _is_number(value) else _json_type(value)
+    return issue(path, "type", "%s must be %s, got %s" % (_label(path), kind.words, got), _about(spec))
 
 
 def _clamped(path, value, clamp, adjustments):
@@ -9374,46 +9397,51 @@ def _check_range(path, value, spec, kind, issues):
 
 def _check_string(path, text, spec, issues):
     """``text`` (without surrounding whitespace) read against the string rules of ``spec``."""
-    try:
-        if "enum" in spec:
-            return _read_enum(path, text, spec["enum"])
-        _check_text(path, text, spec)
-        if "pattern" in spec and not re.search(spec["pattern"], text):
-            raise _BadArgument("pattern", "%s does not have the expected form, got %s" % (
-                _label(path), json.dumps(text[:100])), _about(spec))
-        if "format" in spec:
+    if "enum" in spec:
+        return _check_enum(path, text, spec["enum"], issues)
+    problem = _text_problem(path, text, spec)
+    if problem is None and "format" in spec:
+        try:
             return VALUE_KINDS[spec["format"]].check(text, _label(path))
+        except _BadArgument as bad:
+            problem = bad.args
+    if problem is None:
         return text
-    except _BadArgument as bad:
-        issues.append(issue(path, *bad.args))
-        return _INVALID
+    issues.append(issue(path, *problem))
+    return _INVALID
 
 
-def _read_enum(path, text, choices):
+def _check_enum(path, text, choices, issues):
     if text in choices:
         return text
     guess = closest(text, choices) if len(text) <= 100 else None
     kind = VALUE_KINDS["enum"]
-    raise _BadArgument("enum", "%s must be %s %s, got %s" % (
+    issues.append(issue(path, "enum", "%s must be %s %s, got %s" % (
         _label(path), kind.words, ", ".join(choices), json.dumps(text[:100])),
-        ("did you mean %r?" % guess) if guess else kind.describe(choices=choices))
+        ("did you mean %r?" % guess) if guess else kind.describe(choices=choices)))
+    return _INVALID
 
 
-def _check_text(path, text, spec):
-    """Raises _BadArgument for text that is empty, too long or too short, or not Unicode."""
+def _text_problem(path, text, spec):
+    """``(code, message, suggestion)`` for text that is empty, too long or too short, not Unicode or not of
+    the pattern; None for text that is none of these."""
     if not text and spec.get("minLength"):
-        raise _BadArgument("empty", "%s is empty or only whitespace" % _label(path), _about(spec))
+        return "empty", "%s is empty or only whitespace" % _label(path), _about(spec)
     if len(text) > spec.get("maxLength", len(text)):
-        raise _BadArgument("too_long", "%s has %d characters; the limit is %d" % (
-            _label(path), len(text), spec["maxLength"]), "shorten it to at most %d characters" % spec["maxLength"])
+        return "too_long", "%s has %d characters; the limit is %d" % (
+            _label(path), len(text), spec["maxLength"]), "shorten it to at most %d characters" % spec["maxLength"]
     if len(text) < spec.get("minLength", 0):
-        raise _BadArgument("too_short", "%s has %d characters; at least %d are needed" % (
-            _label(path), len(text), spec["minLength"]), _about(spec))
+        return "too_short", "%s has %d characters; at least %d are needed" % (
+            _label(path), len(text), spec["minLength"]), _about(spec)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise _BadArgument("invalid", "%s contains an unpaired surrogate (not Unicode text)" % _label(path),
-                           "send the text as valid UTF-8") from None
+        return "invalid", "%s contains an unpaired surrogate (not Unicode text)" % _label(path), \
+            "send the text as valid UTF-8"
+    if "pattern" in spec and not re.search(spec["pattern"], text):
+        return "pattern", "%s does not have the expected form, got %s" % (
+            _label(path), json.dumps(text[:100])), _about(spec)
+    return None
 
 
 def _check_array(path, value, spec, issues, adjustments):
@@ -9454,39 +9482,62 @@ def validate_search_args(args, config=None):
     domains both included and excluded, windows that contradict each other,
     and a vendor that is not configured.
     """
-    defaults = {}
-    if config is not None:
-        defaults = {"numResults": config.default_results, "lang": config.default_lang or None,
-                    "country": config.default_country or None, "safesearch": config.default_safesearch or None}
     if isinstance(args.get("query"), str):          # the engines get the query with its whitespace collapsed
         args = dict(args, query=collapse_ws(args["query"]))
-    values, issues, adjustments = check_args(WEB_SEARCH_INPUT, args, defaults=defaults,
+    values, issues, adjustments = check_args(WEB_SEARCH_INPUT, args, defaults=_search_defaults(config),
                                              clamp={"numResults": (MIN_RESULTS, MAX_RESULTS),
                                                     "limit": (MIN_RESULTS, MAX_RESULTS)})
+    _merge_limit(args, values, adjustments)
+    _normalize_select(args, values, issues, adjustments)
+    if "numResults" in args and args["numResults"] is None:
+        adjustments.append({"path": "/numResults", "received": None, "used": values["numResults"],
+                            "reason": "null means the default"})
+    _normalize_lang(args, values, adjustments)
+    if values.get("country"):
+        values["country"] = values["country"].upper()
+    for name in ("include_domains", "exclude_domains"):
+        values.setdefault(name, [])
+    _check_domain_conflicts(args, values, issues)
+    _check_window(values, issues)
+    _check_vendor(values, config, issues)
+    return values, issues, adjustments
+
+
+def _search_defaults(config):
+    """The defaults the environment sets for web_search arguments."""
+    if config is None:
+        return {}
+    return {"numResults": config.default_results, "lang": config.default_lang or None,
+            "country": config.default_country or None, "safesearch": config.default_safesearch or None}
+
+
+def _merge_limit(args, values, adjustments):
+    """limit is another name for numResults: numResults wins when both are given."""
     if "limit" in values:
         if args.get("numResults") is None:
             values["numResults"] = values["limit"]
         elif values["limit"] != values["numResults"]:
             adjustments.append({"path": "/limit", "received": args["limit"], "used": values["numResults"],
                                 "reason": "numResults and limit name the same count: numResults wins"})
-    _normalize_select(args, values, issues, adjustments)
-    if "numResults" in args and args["numResults"] is None:
-        adjustments.append({"path": "/numResults", "received": None, "used": values["numResults"],
-                            "reason": "null means the default"})
+
+
+def _normalize_lang(args, values, adjustments):
+    """``values["lang"]``: the language of a BCP 47 tag, the whole tag kept as ``lang_tag``."""
     lang = values.get("lang")
-    if lang:
-        subtags = re.split(r"[-_]", lang)
-        values["lang"] = subtags[0].lower()
-        if subtags[1:]:       # script Title-cased, region upper-cased: zh-Hant, pt-BR
-            values["lang_tag"] = "-".join([values["lang"]] + [
-                s.title() if len(s) == 4 else s.upper() if len(s) == 2 else s.lower() for s in subtags[1:]])
-        if values["lang"] != lang and args.get("lang") is not None:
-            adjustments.append({"path": "/lang", "received": args["lang"], "used": values["lang"],
-                                "reason": "the engines take the language of a BCP 47 tag"})
-    if values.get("country"):
-        values["country"] = values["country"].upper()
-    for name in ("include_domains", "exclude_domains"):
-        values.setdefault(name, [])
+    if not lang:
+        return
+    subtags = re.split(r"[-_]", lang)
+    values["lang"] = subtags[0].lower()
+    if subtags[1:]:       # script Title-cased, region upper-cased: zh-Hant, pt-BR
+        values["lang_tag"] = "-".join([values["lang"]] + [
+            s.title() if len(s) == 4 else s.upper() if len(s) == 2 else s.lower() for s in subtags[1:]])
+    if values["lang"] != lang and args.get("lang") is not None:
+        adjustments.append({"path": "/lang", "received": args["lang"], "used": values["lang"],
+                            "reason": "the engines take the language of a BCP 47 tag"})
+
+
+def _check_domain_conflicts(args, values, issues):
+    """An issue for each excluded domain that is also included."""
     excluded = args.get("exclude_domains")
     if isinstance(excluded, str):
         excluded = listed_values(excluded, WEB_SEARCH_INPUT["properties"]["exclude_domains"])
@@ -9495,11 +9546,19 @@ def validate_search_args(args, config=None):
         if domain is not None and domain in values["include_domains"]:
             issues.append(issue("/exclude_domains/%d" % index, "conflict", "%s is both included and excluded" %
                                 domain, "remove it from one of the two lists"))
+
+
+def _check_window(values, issues):
+    """Issues for a publication window that contradicts itself or is set twice."""
     if values.get("start_date") and values.get("end_date") and values["start_date"] > values["end_date"]:
         issues.append(issue("/end_date", "conflict", "end_date is before start_date", "swap the two days"))
     if values.get("time_range") and (values.get("start_date") or values.get("end_date")):
         issues.append(issue("/time_range", "conflict", "time_range and start_date/end_date both set a window",
                             "use one of them"))
+
+
+def _check_vendor(values, config, issues):
+    """An issue for a vendor that is not configured (then left out) or asked for with a fan-out."""
     vendor = values.get("vendor")
     if vendor is not None and config is not None and not config.is_configured(vendor):
         ready = [v for v in KNOWN_VENDORS if config.is_configured(v)]
@@ -9510,7 +9569,6 @@ def validate_search_args(args, config=None):
     elif vendor is not None and values.get("mode") == "fanout":
         issues.append(issue("/mode", "conflict", "vendor asks one engine; fanout asks all of them",
                             "leave out vendor for a fan-out, or mode for a single engine"))
-    return values, issues, adjustments
 
 
 def _normalize_select(args, values, issues, adjustments):
