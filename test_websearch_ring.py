@@ -7137,6 +7137,22 @@ def test_check_args_reads_every_rule_from_the_schema(ring):
     assert codes == {"/q": "too_long", "/hosts": "too_many", "/groups": "too_few"}
 
 
+def test_one_table_of_value_kinds_reads_variables_and_arguments_alike(ring):
+    kinds = ring.VALUE_KINDS
+    assert all(kinds[var.kind].parse for var in ring.VARIABLES)
+    specs = [tool["inputSchema"] for tool in ring.ALL_TOOLS]
+    while specs:
+        spec = specs.pop()
+        specs += list(spec.get("properties", {}).values()) + ([spec["items"]] if "items" in spec else [])
+        assert "type" not in spec or kinds[spec["type"]].fits, spec
+        assert "format" not in spec or kinds[spec["format"]].check, spec
+    assert kinds["int"] is kinds["integer"] and kinds["url"] is kinds["uri"] and kinds["choice"] is kinds["enum"]
+    [problem] = ring.Config.from_env({"WEBSEARCH_MAX_INFLIGHT": "0"}).problems
+    _, issues, _ = ring.check_args(ring.WEB_MAP_INPUT, {"url": "https://example.org/", "max_depth": 9})
+    assert (problem.expected, issues[0]["suggestion"]) == ("an integer from 1 to 1024",
+                                                           "pass an integer from 1 to 5, or leave it out")
+
+
 def test_argument_edge_cases_are_issues_not_crashes(ring):
     config = ring.Config.from_env({"WEBSEARCH_TOOLS": "all"})
     server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))

@@ -4610,19 +4610,376 @@ def iter_sitemap(body, base_url=None):
 # §10 Configuration
 # ---------------------------------------------------------------------------
 
+class ValueKind:
+    """One kind of value people give as text: how it is read and how it is described.
+
+    The configuration reads an environment variable by its ``Var.kind``; check_args
+    reads a tool argument by its schema ``type``, and a string by its ``format``.
+    Where the two are one idea (an integer, a number, a boolean, text, a list, a
+    choice, a URL) one row serves both, so people see it described in the same words.
+
+    ``words`` name a value of the kind ("an integer", "one of"), followed by its
+    bounds or its choices where it has them (:meth:`describe`).  For the
+    configuration: ``form`` is how a value is written where that is not the words
+    (a variable takes "1/true/yes/on or 0/false/no/off" for "true or false");
+    ``parse(text, var)`` returns the value or raises ValueError with a reason;
+    ``empty`` is the value of an unset variable without a default.  For
+    check_args: ``fits(value)`` tests a JSON value of the type; ``from_text(text,
+    spec)`` reads one given as a string where the intent is plain (else None),
+    listed as an adjustment with ``reason``; ``check(text, label)`` reads a string
+    of the format or raises _BadArgument.
+    """
+
+    __slots__ = ("names", "words", "form", "parse", "empty", "fits", "from_text", "reason", "check")
+
+    def __init__(self, names, words, form=None, *, parse=None, empty="", fits=None, from_text=None,
+                 reason=None, check=None):
+        self.names = names
+        self.words = words
+        self.form = form or words
+        self.parse = parse
+        self.empty = empty
+        self.fits = fits
+        self.from_text = from_text
+        self.reason = reason
+        self.check = check
+
+    def describe(self, low=None, high=None, choices=()):
+        """The form a value takes, in words: the words with its bounds or its choices, if it has any.
+
+        >>> VALUE_KINDS["int"].describe(1, 20), VALUE_KINDS["integer"].describe(low=0)
+        ('an integer from 1 to 20', 'an integer at least 0')
+        >>> VALUE_KINDS["choice"].describe(choices=("off", "on")), VALUE_KINDS["bool"].describe()
+        ('one of: off, on', '1/true/yes/on or 0/false/no/off')
+        """
+        if low is not None or high is not None:
+            return "%s %s" % (self.words, _span(low, high))
+        if choices:
+            return "%s: %s" % (self.words, ", ".join(choices))
+        return self.form
+
+
+def _span(low, high):
+    """``from 1 to 20``, ``at least 1`` or ``at most 20``."""
+    if low is not None and high is not None:
+        return "from %s to %s" % (_number_words(low), _number_words(high))
+    if low is not None:
+        return "at least %s" % _number_words(low)
+    return "at most %s" % _number_words(high)
+
+
+def _number_words(number):
+    return "%g" % number if isinstance(number, float) else str(number)
+
+
+def _split(text, separators):
+    """The parts of ``text`` between ``separators`` (a pattern), stripped, blank ones left out."""
+    return [part.strip() for part in re.split(separators, text) if part.strip()]
+
+
+def split_keys(text):
+    """The keys of a list separated by commas, semicolons or newlines."""
+    return _split(text, r"[,;\n]+")
+
+
+# Readers of environment text: ``parse(text, var)`` of a row, ``text`` stripped.
+
+def _parse_int(text, var):
+    if not re.fullmatch(r"[+-]?\d+", text):
+        raise ValueError("not an integer")
+    value = int(text)
+    if not var.lo <= value <= var.hi:
+        raise ValueError("out of range")
+    return value * var.scale if var.scale != 1.0 else value
+
+
+def _parse_float(text, var):
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("not a number") from None
+    if not (value == value and var.lo <= value <= var.hi):
+        raise ValueError("out of range")
+    return value
+
+
+_TRUE_WORDS = ("1", "true", "yes", "on")
+_FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def _parse_bool(text, var):
+    word = text.lower()
+    if word in _TRUE_WORDS:
+        return True
+    if word in _FALSE_WORDS:
+        return False
+    raise ValueError("not a boolean")
+
+
+def _parse_text(text, var):
+    return text
+
+
+def _parse_list(text, var):
+    return tuple(dict.fromkeys(split_keys(text)))
+
+
+def _parse_choice(text, var):
+    if text.lower() not in var.choices:
+        raise ValueError("unknown value")
+    return text.lower()
+
+
+def _parse_level(text, var):
+    if text.lower() not in var.choices:
+        raise ValueError("unknown level")
+    return text.lower()
+
+
+def _parse_choices(text, var):
+    names = [name.lower() for name in split_keys(text)]
+    _refuse_unknown(names, var.choices, "")
+    return tuple(dict.fromkeys(names))
+
+
+def _parse_vendors(text, var):
+    return _parse_names(text, var.choices, "vendor ")
+
+
+def _parse_providers(text, var):
+    return _parse_names(text, var.choices, "provider ")
+
+
+def _parse_names(text, choices, noun):
+    """The ``choices`` named in ``text`` (any case, separated by commas or spaces), in order, each once."""
+    names = [name.lower() for name in _split(text, r"[,\s]+")]
+    _refuse_unknown(names, choices, noun)
+    if not names:
+        raise ValueError("empty list")
+    return tuple(dict.fromkeys(names))
+
+
+def _refuse_unknown(names, choices, noun):
+    unknown = [name for name in names if name not in choices]
+    if unknown:
+        raise ValueError("unknown " + noun + ", ".join(repr(name) for name in unknown))
+
+
+def _parse_tools(text, var):
+    """The tools named in ``text`` (all and plan name groups), in the order they are listed."""
+    known = CORE_TOOLS + PLAN_TOOL_NAMES
+    chosen = []
+    for name in (word.lower() for word in _split(text, r"[,\s]+")):
+        group = {"all": known, "plan": PLAN_TOOL_NAMES}.get(name, (name,))
+        unknown = [n for n in group if n not in known]
+        if unknown:
+            raise ValueError("unknown tool %r" % unknown[0])
+        chosen.extend(group)
+    if not chosen:
+        raise ValueError("empty list")
+    return tuple(n for n in known if n in chosen)
+
+
+def _parse_country(text, var):
+    if not re.fullmatch(r"[A-Za-z]{2}", text):
+        raise ValueError("not a two-letter country code")
+    return text.upper()
+
+
+def _parse_url(text, var):
+    try:
+        parts = _urllib_parse.urlsplit(text)
+    except ValueError:
+        raise ValueError("not a URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) URL")
+    return text.rstrip("/")
+
+
+def _parse_proxy(text, var=None):
+    """A proxy URL from how people write one; raises ValueError with a reason.
+
+    A value without a scheme is an HTTP proxy; SOCKS needs more than the standard library has.
+
+    >>> _parse_proxy("127.0.0.1:3128"), _parse_proxy("HTTP://proxy.corp:8080/")
+    ('http://127.0.0.1:3128', 'http://proxy.corp:8080')
+    >>> _parse_proxy("socks5://127.0.0.1:1080")
+    Traceback (most recent call last):
+    ValueError: SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); use an http:// proxy
+    """
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        parts = _urllib_parse.urlsplit(text)
+        parts.port
+    except ValueError:
+        raise ValueError("not a host:port or URL") from None
+    scheme = parts.scheme.lower()
+    if scheme.startswith("socks"):
+        raise ValueError("SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); "
+                         "use an http:// proxy")
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) proxy")
+    return scheme + text[len(parts.scheme):].rstrip("/")
+
+
+# Readers of tool arguments: ``fits(value)``, ``from_text(text, spec)`` and ``check(text, label)`` of a row.
+
+def _is_integer(value):
+    return _is_number(value) and value == int(value)
+
+
+def _instance_of(cls):
+    def fits(value):
+        return isinstance(value, cls)
+    return fits
+
+
+def _number_in_text(text, spec):
+    if re.fullmatch(r"-?\d{1,15}(\.\d{1,15})?", text):
+        return float(text) if "." in text else int(text)
+    return None
+
+
+def _bool_in_text(text, spec):
+    """JSON's own two words only (an environment variable also takes 1, yes, on ...)."""
+    word = text.lower()
+    return word == "true" if word in ("true", "false") else None
+
+
+def _enum_in_text(text, spec):
+    """The value of ``spec``'s enum that ``text`` names in another case."""
+    if "enum" in spec and text not in spec["enum"]:
+        folded = [choice for choice in spec["enum"] if choice.lower() == text.lower()]
+        return folded[0] if folded else None
+    return None
+
+
+def _list_in_text(text, spec):
+    return listed_values(text, spec) if text else None
+
+
+def listed_values(text, spec):
+    """One string given where ``spec`` wants a list: its comma-separated parts for host names, else itself."""
+    if spec.get("items", {}).get("format") == "hostname":
+        return [part for part in re.split(r"[,\s]+", text) if part]
+    return [text]
+
+
+class _BadArgument(ValueError):
+    """A tool argument that does not fit its schema; ``args`` are the issue's code, message and suggestion."""
+
+
+_DAY_WORDS = "a day as YYYY-MM-DD"
+_DOMAIN_WORDS = "a bare domain"
+_URL_WORDS = "an http:// or https:// URL"
+
+
+def _check_date(text, label):
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+        try:
+            return datetime.date(*map(int, text.split("-"))).isoformat()
+        except ValueError:      # no such day: 2026-02-30
+            pass
+    raise _BadArgument("format", "%s must be %s, got %s" % (label, _DAY_WORDS, json.dumps(text[:100])),
+                       "e.g. 2026-01-31")
+
+
+def _bare_domain(item):
+    """``example.com`` for a domain entry (case and ``www.`` folded), None when it is not one."""
+    if not isinstance(item, str):
+        return None
+    text = item.strip().lower()
+    if not is_domain(text):
+        return None
+    return text[4:] if text.startswith("www.") else text
+
+
+def _check_hostname(text, label):
+    domain = _bare_domain(text)
+    if domain is not None:
+        return domain
+    raw = text.lower()
+    host = url_host(raw if "//" in raw else "//" + raw)
+    raise _BadArgument("not_a_domain", "%s is not %s (no scheme, path or port)" % (
+        json.dumps(text[:200]), _DOMAIN_WORDS), "use the bare domain %r" % host if host and is_domain(host) else
+        "give a domain such as example.com")
+
+
+def _check_uri(url, label):
+    """An absolute http(s) URL without credentials, in URI form."""
+    if len(url) > 4096:
+        raise _BadArgument("too_long", "%s is longer than 4096 characters" % label, "shorten the URL")
+    try:
+        parts = _urllib_parse.urlsplit(url)
+        parts.port
+    except ValueError as exc:
+        raise _BadArgument("invalid", "%s is not a valid URL (%s)" % (label, exc), "check the URL") from None
+    if not parts.scheme and not parts.netloc:
+        raise _BadArgument("relative", "%r is a relative URL" % url[:200],
+                           "pass an absolute URL such as https://%s" % url[:200].lstrip("/"))
+    if parts.scheme not in ("http", "https"):
+        local = len(parts.scheme) == 1 or parts.scheme == "file"      # C:\\docs\\a.html, file:///etc/passwd
+        raise _BadArgument("scheme", "only http and https URLs can be fetched, not %s:%s" % (
+            parts.scheme[:20], " (local files cannot be read)" if local else ""), "use " + _URL_WORDS)
+    if not parts.hostname:
+        raise _BadArgument("no_host", "%r has no host" % url[:200], "pass a URL such as https://example.com/")
+    if parts.username is not None or parts.password is not None:
+        raise _BadArgument("credentials", "URLs with a user name or password are refused",
+                           "remove the user:password@ part")
+    try:
+        return iri_to_uri(url)
+    except ValueError as exc:
+        raise _BadArgument("invalid", "%s is not a valid URL (%s)" % (label, exc), "check the host name") from None
+
+
+# Every kind of value read from text: by the configuration (Var.kind, "secret" for a key) and by check_args
+# (a schema's type, or a string's format). One row where both read the same idea.
+_VALUE_KIND_ROWS = (
+    ValueKind(("int", "integer"), "an integer", parse=_parse_int,
+              fits=_is_integer, from_text=_number_in_text, reason="a number given as a string"),
+    ValueKind(("float", "number"), "a number", parse=_parse_float,
+              fits=_is_number, from_text=_number_in_text, reason="a number given as a string"),
+    ValueKind(("bool", "boolean"), "true or false", "/".join(_TRUE_WORDS) + " or " + "/".join(_FALSE_WORDS),
+              parse=_parse_bool, fits=_instance_of(bool), from_text=_bool_in_text,
+              reason="a boolean given as a string"),
+    ValueKind(("str", "string"), "a string", "any text", parse=_parse_text,
+              fits=_instance_of(str), from_text=_enum_in_text, reason="matched case-insensitively"),
+    ValueKind(("list", "array"), "an array", "a comma-separated list", parse=_parse_list, empty=(),
+              fits=_instance_of(list), from_text=_list_in_text, reason="one string where a list is expected"),
+    ValueKind(("object",), "an object", fits=_instance_of(dict)),
+    ValueKind(("choice", "enum"), "one of", parse=_parse_choice),
+    ValueKind(("url", "uri"), _URL_WORDS, parse=_parse_url, check=_check_uri),
+    ValueKind(("date",), _DAY_WORDS, check=_check_date),
+    ValueKind(("hostname",), _DOMAIN_WORDS, check=_check_hostname),
+    ValueKind(("level",), "one of", parse=_parse_level),
+    ValueKind(("choices",), "a comma-separated list of", parse=_parse_choices, empty=()),
+    ValueKind(("vendors",), "a comma-separated list of", parse=_parse_vendors, empty=()),
+    ValueKind(("providers",), "a comma-separated list of", parse=_parse_providers),
+    ValueKind(("tools",), "all, plan, or a comma-separated list of tool names (%s, plan_*)" % ", ".join(CORE_TOOLS),
+              parse=_parse_tools, empty=()),
+    ValueKind(("country",), "a two-letter ISO 3166-1 country code such as US or DE", parse=_parse_country),
+    ValueKind(("proxy",), "an HTTP proxy: host:port or http://[user:pass@]host:port", parse=_parse_proxy),
+    ValueKind(("secret",), "the key itself as the vendor issued it (no quotes, spaces or placeholder)",
+              parse=_parse_text),
+)
+VALUE_KINDS = {name: kind for kind in _VALUE_KIND_ROWS for name in kind.names}
+
+
 class Var:
     """One configuration variable: the single source for parsing, --help-env and the README."""
 
     __slots__ = ("name", "field", "kind", "default", "lo", "hi", "help", "aliases", "secret", "scale", "choices",
-                 "label")
+                 "label", "value_kind")
 
     def __init__(self, name, field, kind, default, help, *, lo=None, hi=None,
                  aliases=(), secret=False, scale=1.0, choices=(), label=None):
         self.label = label or default or "unset"   # the default as people read it
-        self.choices = choices    # allowed words for kind "choice" (one) and "choices" (a list)
+        self.choices = choices    # allowed words for the kinds choice, level (one) and choices, vendors, providers
         self.name = name
         self.field = field
-        self.kind = kind          # int, str, url, vendors, level, bool
+        self.kind = kind          # a name in VALUE_KINDS: int, str, url, vendors, level, bool ...
+        self.value_kind = VALUE_KINDS["secret" if secret else kind]
         self.default = default    # as the user would write it ("" for none)
         self.lo = lo
         self.hi = hi
@@ -4633,35 +4990,7 @@ class Var:
 
     def expected(self):
         """The form a valid value takes, in words."""
-        if self.secret:
-            return "the key itself as the vendor issued it (no quotes, spaces or placeholder)"
-        if self.kind == "int":
-            return "an integer from %d to %d" % (self.lo, self.hi)
-        if self.kind == "float":
-            return "a number from %g to %g" % (self.lo, self.hi)
-        if self.kind == "choice":
-            return "one of: " + ", ".join(self.choices)
-        if self.kind == "choices":
-            return "a comma-separated list of: " + ", ".join(self.choices)
-        if self.kind == "list":
-            return "a comma-separated list"
-        if self.kind == "url":
-            return "an http:// or https:// URL"
-        if self.kind == "proxy":
-            return "an HTTP proxy: host:port or http://[user:pass@]host:port"
-        if self.kind == "vendors":
-            return "a comma-separated list of: " + ", ".join(KNOWN_VENDORS)
-        if self.kind == "providers":
-            return "a comma-separated list of: " + ", ".join(self.choices)
-        if self.kind == "tools":
-            return "all, plan, or a comma-separated list of tool names (%s, plan_*)" % ", ".join(CORE_TOOLS)
-        if self.kind == "country":
-            return "a two-letter ISO 3166-1 country code such as US or DE"
-        if self.kind == "level":
-            return "one of: " + ", ".join(Logger.LEVELS)
-        if self.kind == "bool":
-            return "1/true/yes/on or 0/false/no/off"
-        return "any text"
+        return self.value_kind.describe(self.lo, self.hi, self.choices)
 
 
 # Order is the order of --help-env and the README table.
@@ -4669,7 +4998,7 @@ VARIABLES = (
     Var("WEBSEARCH_VENDORS", "vendors", "vendors", "",
         "Ring order for web_search, comma-separated. Unset: the keyed vendors that have a key "
         "(brave, serper, yep), then searxng when SEARXNG_URL is set, then exa,tavily,bing,duckduckgo.",
-        label="the default ring"),
+        choices=KNOWN_VENDORS, label="the default ring"),
     Var("WEBSEARCH_TOOLS", "tools", "tools", "",
         "Tools to list: all, the group plan (the six plan_* tools), or names, comma-separated "
         "(e.g. web_search,web_fetch,plan). Unset: the seven core tools.", label="the seven core tools"),
@@ -4823,17 +5152,13 @@ VARIABLES = (
         label="<config folder>/websearch-ring/config.json"),
     Var("WEBSEARCH_LOG_LEVEL", "log_level", "level", "info",
         "Least severe stderr log level: debug, info, notice, warning, error, critical (the command line "
-        "shows warnings and worse unless this is set).", aliases=("GROK_LOG_LEVEL",)),
+        "shows warnings and worse unless this is set).", choices=Logger.LEVELS, aliases=("GROK_LOG_LEVEL",)),
     Var("GROK_DEBUG", "debug", "bool", "0", "1 turns on debug logging (same as WEBSEARCH_LOG_LEVEL=debug): each "
         "upstream request and attempt, and the traceback of any unexpected error."),
     Var("WEBSEARCH_LOG_DIR", "log_dir", "str", "",
         "Folder for a websearch-ring.log copy of the stderr log (at 5 MB it becomes websearch-ring.log.1). "
         "Unset: stderr only.", aliases=("GROK_LOG_DIR",)),
 )
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
 
 class Problem:
     """One invalid configuration value: which variable, what it held, what was expected."""
@@ -4851,41 +5176,9 @@ class Problem:
                 "expected": self.expected, "message": self.message}
 
 
-def _parse_proxy(text):
-    """A proxy URL from how people write one; raises ValueError with a reason.
-
-    A value without a scheme is an HTTP proxy; SOCKS needs more than the standard library has.
-
-    >>> _parse_proxy("127.0.0.1:3128"), _parse_proxy("HTTP://proxy.corp:8080/")
-    ('http://127.0.0.1:3128', 'http://proxy.corp:8080')
-    >>> _parse_proxy("socks5://127.0.0.1:1080")
-    Traceback (most recent call last):
-    ValueError: SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); use an http:// proxy
-    """
-    if "://" not in text:
-        text = "http://" + text
-    try:
-        parts = _urllib_parse.urlsplit(text)
-        parts.port
-    except ValueError:
-        raise ValueError("not a host:port or URL") from None
-    scheme = parts.scheme.lower()
-    if scheme.startswith("socks"):
-        raise ValueError("SOCKS proxies are not supported (the standard library speaks HTTP CONNECT only); "
-                         "use an http:// proxy")
-    if scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("not an http(s) proxy")
-    return scheme + text[len(parts.scheme):].rstrip("/")
-
-
 # Values people paste instead of a key: what config and the README print, and the usual stand-ins.
 _PLACEHOLDER_KEY = LazyPattern(r"(x{3,}|\*{3,}|(your|insert|enter|paste|put)[\W_].*|change[\W_]?me|replace[\W_]?me"
                                r"|placeholder|none|null|todo|tbd|undefined|(api[\W_]?)?key|secret|token)$", re.I)
-
-
-def split_keys(text):
-    """The keys of a list separated by commas, semicolons or newlines."""
-    return [k.strip() for k in re.split(r"[,;\n]+", text) if k.strip()]
 
 
 def key_problem(raw):
@@ -4910,86 +5203,9 @@ def key_problem(raw):
 
 def _parse_value(var, raw):
     """Parse one raw string; returns the value or raises ValueError with a reason."""
-    if var.secret and key_problem(raw):
+    if var.secret and key_problem(raw):      # a key is judged as written: spaces around it are the mistake
         raise ValueError(key_problem(raw))
-    text = raw.strip()
-    if var.kind == "int":
-        if not re.fullmatch(r"[+-]?\d+", text):
-            raise ValueError("not an integer")
-        value = int(text)
-        if not var.lo <= value <= var.hi:
-            raise ValueError("out of range")
-        return value * var.scale if var.scale != 1.0 else value
-    if var.kind == "url":
-        try:
-            parts = _urllib_parse.urlsplit(text)
-        except ValueError:
-            raise ValueError("not a URL") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("not an http(s) URL")
-        return text.rstrip("/")
-    if var.kind == "proxy":
-        return _parse_proxy(text)
-    if var.kind == "vendors":
-        names = [n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()]
-        unknown = [n for n in names if n not in KNOWN_VENDORS]
-        if unknown:
-            raise ValueError("unknown vendor " + ", ".join(repr(n) for n in unknown))
-        if not names:
-            raise ValueError("empty list")
-        return tuple(dict.fromkeys(names))
-    if var.kind == "float":
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError("not a number") from None
-        if not (value == value and var.lo <= value <= var.hi):
-            raise ValueError("out of range")
-        return value
-    if var.kind == "choice":
-        if text.lower() not in var.choices:
-            raise ValueError("unknown value")
-        return text.lower()
-    if var.kind in ("choices", "list"):
-        names = [n.strip() for n in re.split(r"[,;\n]+", text) if n.strip()]
-        if var.kind == "choices":
-            names = [n.lower() for n in names]
-            unknown = [n for n in names if n not in var.choices]
-            if unknown:
-                raise ValueError("unknown " + ", ".join(repr(n) for n in unknown))
-        return tuple(dict.fromkeys(names))
-    if var.kind == "tools":
-        chosen = []
-        for name in (n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()):
-            group = {"all": CORE_TOOLS + PLAN_TOOL_NAMES, "plan": PLAN_TOOL_NAMES}.get(name, (name,))
-            unknown = [n for n in group if n not in CORE_TOOLS + PLAN_TOOL_NAMES]
-            if unknown:
-                raise ValueError("unknown tool %r" % unknown[0])
-            chosen.extend(group)
-        if not chosen:
-            raise ValueError("empty list")
-        return tuple(n for n in CORE_TOOLS + PLAN_TOOL_NAMES if n in chosen)
-    if var.kind == "providers":
-        names = [n.strip().lower() for n in re.split(r"[,\s]+", text) if n.strip()]
-        unknown = [n for n in names if n not in var.choices]
-        if unknown or not names:
-            raise ValueError("unknown provider " + ", ".join(repr(n) for n in unknown) if unknown else "empty list")
-        return tuple(dict.fromkeys(names))
-    if var.kind == "country":
-        if not re.fullmatch(r"[A-Za-z]{2}", text):
-            raise ValueError("not a two-letter country code")
-        return text.upper()
-    if var.kind == "level":
-        if text.lower() not in Logger.LEVELS:
-            raise ValueError("unknown level")
-        return text.lower()
-    if var.kind == "bool":
-        if text.lower() in _TRUE:
-            return True
-        if text.lower() in _FALSE:
-            return False
-        raise ValueError("not a boolean")
-    return text
+    return var.value_kind.parse(raw.strip(), var)
 
 
 def default_config_file(env):
@@ -5008,6 +5224,68 @@ _VENDOR_CREDENTIALS = {"brave": "brave_api_key", "serper": "serper_api_key", "ye
 
 def _field_var(field):
     return next(v for v in VARIABLES if v.field == field)
+
+
+def _raw_value(env, var):
+    """``(raw, name)``: the first of the variable's names that ``env`` sets to more than blanks, else None."""
+    for name in (var.name,) + var.aliases:
+        candidate = env.get(name)
+        if candidate is not None and candidate.strip():
+            return candidate, name
+    return None, var.name
+
+
+def _invalid_value(var, used, raw, exc):
+    """The Problem of an invalid value: shown without secrets, with what is used instead."""
+    shown = "<hidden>" if var.secret else (
+        mask_url_credentials(raw.strip()) if var.kind in ("url", "proxy") else raw)
+    if var.kind == "proxy":   # going direct instead would bypass the proxy the user asked for
+        fallback = "requests that would use it fail instead of going direct"
+    elif var.secret:
+        fallback = "the key is not used"
+    else:
+        fallback = "using the default (%s)" % var.label
+    return Problem(used, shown, var.expected(),
+                   "%s=%r is invalid (%s); expected %s; %s" % (used, shown, exc, var.expected(), fallback))
+
+
+def _complete_values(values, problems, sources, env):
+    """The values that follow from others: debug logging, the /v1 root, the default file, tools and ring."""
+    if values["debug"]:
+        values["log_level"] = "debug"
+    if not re.search(r"/v\d+[a-z]*$", values["grok_url"]):
+        fixed = values["grok_url"] + "/v1"
+        problems.append(Problem(sources.get("grok_url", "GROK_API_URL"), values["grok_url"],
+                                "an API root ending in /v1, such as https://api.x.ai/v1",
+                                "GROK_API_URL=%r has no /v1 root; using %r" % (values["grok_url"], fixed)))
+        values["grok_url"] = fixed
+    if not values["config_file"]:
+        values["config_file"] = default_config_file(env)
+    if not values["tools"]:
+        values["tools"] = tuple(t for t in CORE_TOOLS if values["grok_key"] or t not in ANSWER_TOOLS)
+    keys = split_keys(values["tavily_api_keys"])
+    values["tavily_keys"] = tuple(dict.fromkeys(keys or ([values["tavily_api_key"]]
+                                                         if values["tavily_api_key"] else [])))
+    values["vendors"] = _ring_vendors(values, problems)
+    if not values["user_agent"]:
+        values["user_agent"] = DEFAULT_UA
+
+
+def _ring_vendors(values, problems):
+    """The ring: WEBSEARCH_VENDORS without the vendors whose credentials are unset (each a problem), else
+    the default ring of the configured vendors."""
+    configured = {name: bool(values[field]) for name, field in _VENDOR_CREDENTIALS.items()}
+    configured["tavily"] = values["tavily_enabled"]
+    listed = values["vendors"]
+    missing = [n for n in listed if not configured.get(n, True)]
+    for name in missing:
+        var = _field_var(_VENDOR_CREDENTIALS.get(name, "tavily_enabled"))
+        problems.append(Problem(
+            "WEBSEARCH_VENDORS", ",".join(listed), "vendors whose credentials are set",
+            "WEBSEARCH_VENDORS names %s but %s is %s; %s is left out of the ring" % (
+                name, var.name, "0" if var.kind == "bool" else "unset", name)))
+    ring = tuple(n for n in listed if n not in missing)
+    return ring or tuple(n for n in KEYED_VENDORS + RING_VENDORS if configured.get(n, True))
 
 
 class Config:
@@ -5035,63 +5313,18 @@ class Config:
         """Parse ``env`` (a mapping such as ``os.environ``); never raises."""
         values, problems, sources, broken = {}, [], {}, {}
         for var in VARIABLES:
-            raw, used = None, var.name
-            for name in (var.name,) + var.aliases:
-                candidate = env.get(name)
-                if candidate is not None and candidate.strip():
-                    raw, used = candidate, name
-                    break
-            default = _parse_value(var, var.default) if var.default else (
-                () if var.kind in ("vendors", "choices", "list", "tools") else "")
+            raw, used = _raw_value(env, var)
+            values[var.field] = _parse_value(var, var.default) if var.default else var.value_kind.empty
             if raw is None:
-                values[var.field] = default
                 continue
             try:
                 values[var.field] = _parse_value(var, raw)
                 sources[var.field] = used
             except ValueError as exc:
-                shown = "<hidden>" if var.secret else (
-                    mask_url_credentials(raw.strip()) if var.kind in ("url", "proxy") else raw)
-                fallback = "using the default (%s)" % var.label
-                if var.secret:
-                    fallback = "the key is not used"
-                if var.kind == "proxy":   # going direct instead would bypass the proxy the user asked for
-                    fallback = "requests that would use it fail instead of going direct"
-                    broken[var.field] = "%s=%r is invalid (%s)" % (used, shown, exc)
-                problems.append(Problem(
-                    used, shown, var.expected(),
-                    "%s=%r is invalid (%s); expected %s; %s" % (used, shown, exc, var.expected(), fallback)))
-                values[var.field] = default
-        if values["debug"]:
-            values["log_level"] = "debug"
-        if not re.search(r"/v\d+[a-z]*$", values["grok_url"]):
-            fixed = values["grok_url"] + "/v1"
-            problems.append(Problem(sources.get("grok_url", "GROK_API_URL"), values["grok_url"],
-                                    "an API root ending in /v1, such as https://api.x.ai/v1",
-                                    "GROK_API_URL=%r has no /v1 root; using %r" % (values["grok_url"], fixed)))
-            values["grok_url"] = fixed
-        if not values["config_file"]:
-            values["config_file"] = default_config_file(env)
-        if not values["tools"]:
-            values["tools"] = tuple(t for t in CORE_TOOLS if values["grok_key"] or t not in ANSWER_TOOLS)
-        keys = split_keys(values["tavily_api_keys"])
-        values["tavily_keys"] = tuple(dict.fromkeys(keys or ([values["tavily_api_key"]]
-                                                             if values["tavily_api_key"] else [])))
-        configured = {name: bool(values[field]) for name, field in _VENDOR_CREDENTIALS.items()}
-        configured["tavily"] = values["tavily_enabled"]
-        if values["vendors"]:
-            missing = [n for n in values["vendors"] if not configured.get(n, True)]
-            for name in missing:
-                var = _field_var(_VENDOR_CREDENTIALS.get(name, "tavily_enabled"))
-                problems.append(Problem(
-                    "WEBSEARCH_VENDORS", ",".join(values["vendors"]), "vendors whose credentials are set",
-                    "WEBSEARCH_VENDORS names %s but %s is %s; %s is left out of the ring" % (
-                        name, var.name, "0" if var.kind == "bool" else "unset", name)))
-            values["vendors"] = tuple(n for n in values["vendors"] if n not in missing)
-        if not values["vendors"]:
-            values["vendors"] = tuple(n for n in KEYED_VENDORS + RING_VENDORS if configured.get(n, True))
-        if not values["user_agent"]:
-            values["user_agent"] = DEFAULT_UA
+                problems.append(_invalid_value(var, used, raw, exc))
+                if var.kind == "proxy":
+                    broken[var.field] = "%s=%r is invalid (%s)" % (used, problems[-1].value, exc)
+        _complete_values(values, problems, sources, env)
         values["broken_proxies"] = broken
         return cls(values, problems, sources)
 
@@ -9196,8 +9429,6 @@ def error_detail(code, message, service, *, retryable=False, http_status=None, u
 
 
 _INVALID = object()     # a value the checker refused (its issue is recorded)
-_TYPE_WORDS = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "true or false",
-               "array": "an array", "object": "an object"}
 
 
 def check_args(schema, args, *, defaults=None, clamp=None):
@@ -9249,84 +9480,112 @@ def check_args(schema, args, *, defaults=None, clamp=None):
 
 def _check_value(path, value, spec, issues, adjustments, clamp=None):
     """``value`` read against ``spec`` (see :func:`check_args`), or _INVALID with its issue recorded."""
-    kind, label = spec.get("type"), _label(path)
-    read = _lenient(value, spec)
-    if read is not value:
-        adjustments.append({"path": path, "received": value, "used": read, "reason": {
-            "array": "one string where a list is expected", "boolean": "a boolean given as a string",
-            "string": "matched case-insensitively"}.get(kind, "a number given as a string")})
-        value = read
-    if not _has_type(value, kind) and not (clamp and _is_number(value)):
-        got = "%r" % value if isinstance(value, float) and not _is_number(value) else _json_type(value)
-        issues.append(issue(path, "type", "%s must be %s, got %s" % (label, _TYPE_WORDS.get(kind, kind), got),
-                            _about(spec)))
+    kind = VALUE_KINDS.get(spec.get("type"))
+    if kind is None or kind.fits is None:       # no type the checker tests: any value
+        return value
+    value = _lenient(path, value, spec, kind, adjustments)
+    if not kind.fits(value) and not (clamp and _is_number(value)):
+        issues.append(_type_issue(path, value, spec, kind))
         return _INVALID
-    if kind == "string":
-        return _check_string(path, label, value.strip(), spec, issues)
-    if kind in ("integer", "number"):
-        if clamp:
-            used = min(clamp[1], max(clamp[0], int(value)))
-            if used != value:
-                adjustments.append({"path": path, "received": value, "used": used, "reason": (
-                    "clamped to %d-%d" % clamp) if used != int(value) else "non-integer truncated"})
-            return used
-        low, high = spec.get("minimum"), spec.get("maximum")
-        if low is not None and value < low or high is not None and value > high:
-            span = "from %s to %s" % (low, high) if low is not None and high is not None else (
-                "at least %s" % low if low is not None else "at most %s" % high)
-            issues.append(issue(path, "range", "%s must be %s %s, got %s" % (
-                label, _TYPE_WORDS[kind], span, json.dumps(value)), "pass %s %s, or leave it out" % (
-                _TYPE_WORDS[kind], span)))
-            return _INVALID
-        return int(value) if kind == "integer" else value
-    if kind == "array":
-        return _check_array(path, label, value, spec, issues, adjustments)
+    if spec["type"] == "string":
+        return _check_string(path, value.strip(), spec, issues)
+    if spec["type"] in ("integer", "number"):
+        return _clamped(path, value, clamp, adjustments) if clamp else _check_range(path, value, spec, kind, issues)
+    if spec["type"] == "array":
+        return _check_array(path, value, spec, issues, adjustments)
     return value
 
 
-def _check_string(path, label, text, spec, issues):
+def _lenient(path, value, spec, kind, adjustments):
+    """``value`` read as ``kind`` where a string says it plainly (an adjustment), else ``value`` itself."""
+    if isinstance(value, str) and kind.from_text is not None:
+        read = kind.from_text(value.strip(), spec)
+        if read is not None:
+            adjustments.append({"path": path, "received": value, "used": read, "reason": kind.reason})
+            return read
+    return value
+
+
+def _type_issue(path, value, spec, kind):
+    got = "%r" % value if isinstance(value, float) and not _is_number(value) else _json_type(value)
+    return issue(path, "type", "%s must be %s, got %s" % (_label(path), kind.words, got), _about(spec))
+
+
+def _clamped(path, value, clamp, adjustments):
+    used = min(clamp[1], max(clamp[0], int(value)))
+    if used != value:
+        adjustments.append({"path": path, "received": value, "used": used, "reason": (
+            "clamped to %d-%d" % clamp) if used != int(value) else "non-integer truncated"})
+    return used
+
+
+def _check_range(path, value, spec, kind, issues):
+    low, high = spec.get("minimum"), spec.get("maximum")
+    if low is not None and value < low or high is not None and value > high:
+        form = kind.describe(low, high)
+        issues.append(issue(path, "range", "%s must be %s, got %s" % (_label(path), form, json.dumps(value)),
+                            "pass %s, or leave it out" % form))
+        return _INVALID
+    return int(value) if spec["type"] == "integer" else value
+
+
+def _check_string(path, text, spec, issues):
+    """``text`` (without surrounding whitespace) read against the string rules of ``spec``."""
     if "enum" in spec:
-        if text not in spec["enum"]:
-            guess = closest(text, spec["enum"]) if len(text) <= 100 else None
-            issues.append(issue(path, "enum", "%s must be one of %s, got %s" % (
-                label, ", ".join(spec["enum"]), json.dumps(text[:100])),
-                ("did you mean %r?" % guess) if guess else "one of: " + ", ".join(spec["enum"])))
-            return _INVALID
+        return _check_enum(path, text, spec["enum"], issues)
+    problem = _text_problem(path, text, spec)
+    if problem is None and "format" in spec:
+        try:
+            return VALUE_KINDS[spec["format"]].check(text, _label(path))
+        except _BadArgument as bad:
+            problem = bad.args
+    if problem is None:
         return text
+    issues.append(issue(path, *problem))
+    return _INVALID
+
+
+def _check_enum(path, text, choices, issues):
+    if text in choices:
+        return text
+    guess = closest(text, choices) if len(text) <= 100 else None
+    kind = VALUE_KINDS["enum"]
+    issues.append(issue(path, "enum", "%s must be %s %s, got %s" % (
+        _label(path), kind.words, ", ".join(choices), json.dumps(text[:100])),
+        ("did you mean %r?" % guess) if guess else kind.describe(choices=choices)))
+    return _INVALID
+
+
+def _text_problem(path, text, spec):
+    """``(code, message, suggestion)`` for text that is empty, too long or too short, not Unicode or not of
+    the pattern; None for text that is none of these."""
     if not text and spec.get("minLength"):
-        issues.append(issue(path, "empty", "%s is empty or only whitespace" % label, _about(spec)))
-        return _INVALID
+        return "empty", "%s is empty or only whitespace" % _label(path), _about(spec)
     if len(text) > spec.get("maxLength", len(text)):
-        issues.append(issue(path, "too_long", "%s has %d characters; the limit is %d" % (
-            label, len(text), spec["maxLength"]), "shorten it to at most %d characters" % spec["maxLength"]))
-        return _INVALID
+        return "too_long", "%s has %d characters; the limit is %d" % (
+            _label(path), len(text), spec["maxLength"]), "shorten it to at most %d characters" % spec["maxLength"]
     if len(text) < spec.get("minLength", 0):
-        issues.append(issue(path, "too_short", "%s has %d characters; at least %d are needed" % (
-            label, len(text), spec["minLength"]), _about(spec)))
-        return _INVALID
+        return "too_short", "%s has %d characters; at least %d are needed" % (
+            _label(path), len(text), spec["minLength"]), _about(spec)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        issues.append(issue(path, "invalid", "%s contains an unpaired surrogate (not Unicode text)" % label,
-                            "send the text as valid UTF-8"))
-        return _INVALID
+        return "invalid", "%s contains an unpaired surrogate (not Unicode text)" % _label(path), \
+            "send the text as valid UTF-8"
     if "pattern" in spec and not re.search(spec["pattern"], text):
-        issues.append(issue(path, "pattern", "%s does not have the expected form, got %s" % (
-            label, json.dumps(text[:100])), _about(spec)))
-        return _INVALID
-    if "format" in spec:
-        return _FORMATS[spec["format"]](path, label, text, issues)
-    return text
+        return "pattern", "%s does not have the expected form, got %s" % (
+            _label(path), json.dumps(text[:100])), _about(spec)
+    return None
 
 
-def _check_array(path, label, value, spec, issues, adjustments):
+def _check_array(path, value, spec, issues, adjustments):
     if len(value) > spec.get("maxItems", len(value)):
         issues.append(issue(path, "too_many", "%s has %d entries; the limit is %d" % (
-            label, len(value), spec["maxItems"]), "keep the %d most important" % spec["maxItems"]))
+            _label(path), len(value), spec["maxItems"]), "keep the %d most important" % spec["maxItems"]))
         return _INVALID
     if len(value) < spec.get("minItems", 0):
         issues.append(issue(path, "too_few", "%s needs at least %d entr%s" % (
-            label, spec["minItems"], "y" if spec["minItems"] == 1 else "ies"), _about(spec)))
+            _label(path), spec["minItems"], "y" if spec["minItems"] == 1 else "ies"), _about(spec)))
         return _INVALID
     items, item_spec = [], spec.get("items", {})
     for index, item in enumerate(value):
@@ -9338,112 +9597,15 @@ def _check_array(path, label, value, spec, issues, adjustments):
 
 def _about(spec):
     """The suggestion for a value that does not fit ``spec``: what the argument wants."""
-    return "pass %s: %s" % (_TYPE_WORDS.get(spec.get("type"), "a value"), spec.get("description") or
-                            "see the tool's input schema")
+    kind = VALUE_KINDS.get(spec.get("type"))
+    return "pass %s: %s" % (kind.words if kind is not None and kind.fits is not None else "a value",
+                            spec.get("description") or "see the tool's input schema")
 
 
 def _label(path):
     """``urls[1]`` for the pointer ``/urls/1``: how messages name an argument."""
     name, *rest = path[1:].split("/")
     return name + "".join("[%s]" % part for part in rest)
-
-
-def _lenient(value, spec):
-    """``value`` read as ``spec`` wants it where the intent is plain, else ``value`` itself."""
-    kind = spec.get("type")
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if kind in ("integer", "number") and re.fullmatch(r"-?\d{1,15}(\.\d{1,15})?", text):
-        return float(text) if "." in text else int(text)
-    if kind == "boolean" and text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    if kind == "array" and text:
-        return listed_values(text, spec)
-    if kind == "string" and "enum" in spec and text not in spec["enum"]:
-        folded = [choice for choice in spec["enum"] if choice.lower() == text.lower()]
-        return folded[0] if folded else value
-    return value
-
-
-def listed_values(text, spec):
-    """One string given where ``spec`` wants a list: its comma-separated parts for host names, else itself."""
-    if spec.get("items", {}).get("format") == "hostname":
-        return [part for part in re.split(r"[,\s]+", text) if part]
-    return [text]
-
-
-def _has_type(value, kind):
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "integer":
-        return _is_number(value) and value == int(value)
-    if kind == "number":
-        return _is_number(value)
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "array":
-        return isinstance(value, list)
-    if kind == "object":
-        return isinstance(value, dict)
-    return True
-
-
-def _format_date(path, label, text, issues):
-    try:
-        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
-            raise ValueError(text)
-        return datetime.date(*map(int, text.split("-"))).isoformat()
-    except ValueError:
-        issues.append(issue(path, "format", "%s must be a day as YYYY-MM-DD, got %s" % (label, json.dumps(text[:100])),
-                            "e.g. 2026-01-31"))
-        return _INVALID
-
-
-def _format_hostname(path, label, text, issues):
-    domain = _bare_domain(text)
-    if domain is not None:
-        return domain
-    raw = text.lower()
-    host = url_host(raw if "//" in raw else "//" + raw)
-    issues.append(issue(path, "not_a_domain", "%s is not a bare domain (no scheme, path or port)" % json.dumps(
-        text[:200]), "use the bare domain %r" % host if host and is_domain(host) else
-        "give a domain such as example.com"))
-    return _INVALID
-
-
-def _format_url(path, label, url, issues):
-    """An absolute http(s) URL without credentials, in URI form."""
-    if len(url) > 4096:
-        issues.append(issue(path, "too_long", "%s is longer than 4096 characters" % label, "shorten the URL"))
-        return _INVALID
-    try:
-        parts = _urllib_parse.urlsplit(url)
-        parts.port
-    except ValueError as exc:
-        issues.append(issue(path, "invalid", "%s is not a valid URL (%s)" % (label, exc), "check the URL"))
-        return _INVALID
-    if not parts.scheme and not parts.netloc:
-        issues.append(issue(path, "relative", "%r is a relative URL" % url[:200],
-                            "pass an absolute URL such as https://%s" % url[:200].lstrip("/")))
-    elif parts.scheme not in ("http", "https"):
-        local = len(parts.scheme) == 1 or parts.scheme == "file"      # C:\\docs\\a.html, file:///etc/passwd
-        issues.append(issue(path, "scheme", "only http and https URLs can be fetched, not %s:%s" % (
-            parts.scheme[:20], " (local files cannot be read)" if local else ""), "use an http:// or https:// URL"))
-    elif not parts.hostname:
-        issues.append(issue(path, "no_host", "%r has no host" % url[:200], "pass a URL such as https://example.com/"))
-    elif parts.username is not None or parts.password is not None:
-        issues.append(issue(path, "credentials", "URLs with a user name or password are refused",
-                            "remove the user:password@ part"))
-    else:
-        try:
-            return iri_to_uri(url)
-        except ValueError as exc:
-            issues.append(issue(path, "invalid", "%s is not a valid URL (%s)" % (label, exc), "check the host name"))
-    return _INVALID
-
-
-_FORMATS = {"date": _format_date, "hostname": _format_hostname, "uri": _format_url}
 
 
 def validate_search_args(args, config=None):
@@ -9454,39 +9616,62 @@ def validate_search_args(args, config=None):
     domains both included and excluded, windows that contradict each other,
     and a vendor that is not configured.
     """
-    defaults = {}
-    if config is not None:
-        defaults = {"numResults": config.default_results, "lang": config.default_lang or None,
-                    "country": config.default_country or None, "safesearch": config.default_safesearch or None}
     if isinstance(args.get("query"), str):          # the engines get the query with its whitespace collapsed
         args = dict(args, query=collapse_ws(args["query"]))
-    values, issues, adjustments = check_args(WEB_SEARCH_INPUT, args, defaults=defaults,
+    values, issues, adjustments = check_args(WEB_SEARCH_INPUT, args, defaults=_search_defaults(config),
                                              clamp={"numResults": (MIN_RESULTS, MAX_RESULTS),
                                                     "limit": (MIN_RESULTS, MAX_RESULTS)})
+    _merge_limit(args, values, adjustments)
+    _normalize_select(args, values, issues, adjustments)
+    if "numResults" in args and args["numResults"] is None:
+        adjustments.append({"path": "/numResults", "received": None, "used": values["numResults"],
+                            "reason": "null means the default"})
+    _normalize_lang(args, values, adjustments)
+    if values.get("country"):
+        values["country"] = values["country"].upper()
+    for name in ("include_domains", "exclude_domains"):
+        values.setdefault(name, [])
+    _check_domain_conflicts(args, values, issues)
+    _check_window(values, issues)
+    _check_vendor(values, config, issues)
+    return values, issues, adjustments
+
+
+def _search_defaults(config):
+    """The defaults the environment sets for web_search arguments."""
+    if config is None:
+        return {}
+    return {"numResults": config.default_results, "lang": config.default_lang or None,
+            "country": config.default_country or None, "safesearch": config.default_safesearch or None}
+
+
+def _merge_limit(args, values, adjustments):
+    """limit is another name for numResults: numResults wins when both are given."""
     if "limit" in values:
         if args.get("numResults") is None:
             values["numResults"] = values["limit"]
         elif values["limit"] != values["numResults"]:
             adjustments.append({"path": "/limit", "received": args["limit"], "used": values["numResults"],
                                 "reason": "numResults and limit name the same count: numResults wins"})
-    _normalize_select(args, values, issues, adjustments)
-    if "numResults" in args and args["numResults"] is None:
-        adjustments.append({"path": "/numResults", "received": None, "used": values["numResults"],
-                            "reason": "null means the default"})
+
+
+def _normalize_lang(args, values, adjustments):
+    """``values["lang"]``: the language of a BCP 47 tag, the whole tag kept as ``lang_tag``."""
     lang = values.get("lang")
-    if lang:
-        subtags = re.split(r"[-_]", lang)
-        values["lang"] = subtags[0].lower()
-        if subtags[1:]:       # script Title-cased, region upper-cased: zh-Hant, pt-BR
-            values["lang_tag"] = "-".join([values["lang"]] + [
-                s.title() if len(s) == 4 else s.upper() if len(s) == 2 else s.lower() for s in subtags[1:]])
-        if values["lang"] != lang and args.get("lang") is not None:
-            adjustments.append({"path": "/lang", "received": args["lang"], "used": values["lang"],
-                                "reason": "the engines take the language of a BCP 47 tag"})
-    if values.get("country"):
-        values["country"] = values["country"].upper()
-    for name in ("include_domains", "exclude_domains"):
-        values.setdefault(name, [])
+    if not lang:
+        return
+    subtags = re.split(r"[-_]", lang)
+    values["lang"] = subtags[0].lower()
+    if subtags[1:]:       # script Title-cased, region upper-cased: zh-Hant, pt-BR
+        values["lang_tag"] = "-".join([values["lang"]] + [
+            s.title() if len(s) == 4 else s.upper() if len(s) == 2 else s.lower() for s in subtags[1:]])
+    if values["lang"] != lang and args.get("lang") is not None:
+        adjustments.append({"path": "/lang", "received": args["lang"], "used": values["lang"],
+                            "reason": "the engines take the language of a BCP 47 tag"})
+
+
+def _check_domain_conflicts(args, values, issues):
+    """An issue for each excluded domain that is also included."""
     excluded = args.get("exclude_domains")
     if isinstance(excluded, str):
         excluded = listed_values(excluded, WEB_SEARCH_INPUT["properties"]["exclude_domains"])
@@ -9495,11 +9680,19 @@ def validate_search_args(args, config=None):
         if domain is not None and domain in values["include_domains"]:
             issues.append(issue("/exclude_domains/%d" % index, "conflict", "%s is both included and excluded" %
                                 domain, "remove it from one of the two lists"))
+
+
+def _check_window(values, issues):
+    """Issues for a publication window that contradicts itself or is set twice."""
     if values.get("start_date") and values.get("end_date") and values["start_date"] > values["end_date"]:
         issues.append(issue("/end_date", "conflict", "end_date is before start_date", "swap the two days"))
     if values.get("time_range") and (values.get("start_date") or values.get("end_date")):
         issues.append(issue("/time_range", "conflict", "time_range and start_date/end_date both set a window",
                             "use one of them"))
+
+
+def _check_vendor(values, config, issues):
+    """An issue for a vendor that is not configured (then left out) or asked for with a fan-out."""
     vendor = values.get("vendor")
     if vendor is not None and config is not None and not config.is_configured(vendor):
         ready = [v for v in KNOWN_VENDORS if config.is_configured(v)]
@@ -9510,7 +9703,6 @@ def validate_search_args(args, config=None):
     elif vendor is not None and values.get("mode") == "fanout":
         issues.append(issue("/mode", "conflict", "vendor asks one engine; fanout asks all of them",
                             "leave out vendor for a fan-out, or mode for a single engine"))
-    return values, issues, adjustments
 
 
 def _normalize_select(args, values, issues, adjustments):
@@ -9540,16 +9732,6 @@ def project_results(results, select):
     """Each result with only the ``select`` fields (a language nobody reported is null)."""
     keep = [part for field in select for part in _FIELD_PARTS.get(field, (field,))]
     return [{name: r.get(name) for name in keep if name in r or name == "language"} for r in results]
-
-
-def _bare_domain(item):
-    """``example.com`` for a domain entry (case and ``www.`` folded), None when it is not one."""
-    if not isinstance(item, str):
-        return None
-    text = item.strip().lower()
-    if not is_domain(text):
-        return None
-    return text[4:] if text.startswith("www.") else text
 
 
 def _escape_pointer(name):
