@@ -7140,7 +7140,7 @@ def test_check_args_reads_every_rule_from_the_schema(ring):
 def test_one_table_of_value_kinds_reads_variables_and_arguments_alike(ring):
     kinds = ring.VALUE_KINDS
     assert all(kinds[var.kind].parse for var in ring.VARIABLES)
-    specs = [tool["inputSchema"] for tool in ring.ALL_TOOLS]
+    specs = [tool.listing["inputSchema"] for tool in ring.TOOLS]
     while specs:
         spec = specs.pop()
         specs += list(spec.get("properties", {}).values()) + ([spec["items"]] if "items" in spec else [])
