@@ -8813,6 +8813,221 @@ def _page_links(html, ctx):
 MAP_SITEMAPS_MAX = 20      # sitemap files read per map (index files point to more)
 
 
+class _MapRun:
+    """One map in progress: the site, its robots.txt rules and request pacer, the URLs found so far
+    and the counters of ``stats``.
+
+    The phases (:meth:`read_robots`, :meth:`read_sitemaps`, :meth:`crawl_links`, :meth:`result`)
+    are built from pieces a crawler can reuse: :meth:`sitemap_pages` discovers the pages the
+    sitemaps list, :meth:`may_fetch` and :meth:`polite` gate each request to the site, :meth:`add`
+    takes a URL into the map, :meth:`fetch_page` and :meth:`page_links` read a page and its links.
+    """
+
+    __slots__ = ("mapper", "ctx", "start", "origin", "site", "limit", "robots", "pacer",
+                 "found", "seen", "lastmod", "stats")
+
+    def __init__(self, mapper, url, limit, ctx):
+        parts = _urllib_parse.urlsplit(url)
+        self.mapper = mapper
+        self.ctx = ctx
+        self.start = url
+        self.origin = "%s://%s" % (parts.scheme, parts.netloc)
+        self.site = _origin(url)     # robots.txt speaks for one scheme, host and port (RFC 9309 2.3)
+        self.limit = limit
+        self.robots = None
+        self.pacer = None
+        self.found, self.seen, self.lastmod = [], set(), {}
+        self.stats = {}
+
+    def read_robots(self):
+        """Read robots.txt (the first request to the site), then start the pacer and the counters."""
+        robots = self.robots = self.mapper._robots(self.origin, self.ctx)
+        self.pacer = CrawlPacer(robots.crawl_delay_s, clock=self.mapper._clock, wait=self.mapper._wait)
+        self.pacer.pause(self.ctx)          # robots.txt was the first request
+        self.stats = {"robots": "disallow_all" if robots.disallow_all else ("rules" if robots.rules else "allow_all"),
+                      "sitemaps_read": 0, "pages_crawled": 0, "skipped_by_robots": 0, "sitemaps_too_deep": 0}
+
+    def on_site(self, url):
+        return _origin(url) == self.site
+
+    def full(self):
+        return len(self.found) >= self.limit
+
+    def skip(self, reason):
+        """Count one URL (or sitemap) left out, under ``reason``, a key of ``stats``."""
+        self.stats[reason] = self.stats.get(reason, 0) + 1
+
+    def allowed(self, target):
+        """robots.txt's answer for the path ``target``; a refusal is counted."""
+        if self.robots.allowed(target):
+            return True
+        self.skip("skipped_by_robots")
+        return False
+
+    def may_fetch(self, page):
+        """True when robots.txt lets the crawler request ``page``."""
+        try:
+            target = robots_path(page)
+        except ValueError:
+            self.skip("bad_links")
+            return False
+        return self.allowed(target)
+
+    def polite(self):
+        """Wait out Crawl-delay before a request to the site; False when the deadline comes first."""
+        if self.pacer.pause(self.ctx):
+            return True
+        self.stats["stopped"] = "deadline_before_crawl_delay"
+        return False
+
+    def add(self, candidate, first=False, modified=None):
+        """Take ``candidate`` into the map (first, or last) when it is on the site, new and allowed by
+        robots.txt; False when it is not.  ``modified`` is the ``lastmod`` its sitemap gave."""
+        try:
+            candidate = iri_to_uri(candidate)
+            target = robots_path(candidate)
+        except ValueError:
+            self.skip("bad_links")
+            return False
+        if not self.on_site(candidate):
+            return False
+        url = candidate.split("#", 1)[0]
+        key = normalize_url(url)
+        if key in self.seen or not self.allowed(target):
+            return False
+        self.seen.add(key)
+        self.found.insert(0 if first else len(self.found), url)
+        if modified:
+            self.lastmod[url] = modified
+        self.ctx.report(len(self.found), self.limit, "%d URLs found" % len(self.found))
+        return True
+
+    def sitemap_queue(self):
+        """The sitemaps robots.txt names on the site (or /sitemap.xml), those elsewhere counted."""
+        listed = self.robots.sitemaps
+        self.stats["sitemaps_other_origin"] = sum(1 for s in listed if not self.on_site(s))
+        return [(s, 0) for s in listed if self.on_site(s)] or [(self.origin + "/sitemap.xml", 0)]
+
+    def sitemap_pages(self):
+        """The page entries of the site's sitemaps, in order: the files of :meth:`sitemap_queue`, then
+        those their index files name, breadth first (at most MAP_SITEMAPS_MAX files, index files
+        SITEMAP_INDEX_DEPTH_MAX levels deep), until the map is full or the deadline comes."""
+        queue = collections.deque(self.sitemap_queue())
+        queued = {s for s, _ in queue}
+        read = 0
+        while queue and read < MAP_SITEMAPS_MAX and not self.full() and not self.ctx.expired():
+            self.ctx.check()
+            sitemap, level = queue.popleft()
+            read += 1
+            if not self.polite():
+                return
+            for entry in self.sitemap_entries(sitemap):
+                if not entry.is_sitemap:
+                    yield entry
+                elif level >= SITEMAP_INDEX_DEPTH_MAX:
+                    self.skip("sitemaps_too_deep")
+                elif not self.on_site(entry.url):
+                    self.skip("sitemaps_other_origin")
+                elif entry.url not in queued:
+                    queued.add(entry.url)
+                    queue.append((entry.url, level + 1))
+
+    def sitemap_entries(self, sitemap):
+        """The entries of one sitemap file (gzip or not); none when it cannot be read."""
+        try:
+            resp = self.mapper._get(sitemap, self.ctx, truncate=True)
+            body = resp.body
+            if resp.status == 200 and body[:2] == b"\x1f\x8b":
+                body = _decompress(body, MAX_BODY_BYTES, truncate=True)
+        except UpstreamError as exc:
+            self.mapper.log.info("map: sitemap %s unreadable: %s", sitemap, exc.message)
+            return
+        if resp.status != 200:
+            return
+        self.stats["sitemaps_read"] += 1
+        for n, entry in enumerate(iter_sitemap(body, base_url=resp.url)):
+            if n % 512 == 511:
+                self.ctx.check()
+                if self.ctx.expired():
+                    return
+            yield entry
+
+    def read_sitemaps(self):
+        """Take the pages the sitemaps list, until the map is full."""
+        for entry in self.sitemap_pages():
+            if self.add(entry.url, modified=entry.lastmod) and self.full():
+                return
+
+    def fetch_page(self, page):
+        """The response of ``page`` when it is an HTML page that answered 200, else None.  The start
+        page joins the map (first) once it answered."""
+        try:
+            resp = self.mapper._get(page, self.ctx)
+        except UpstreamError:
+            return None
+        self.stats["pages_crawled"] += 1
+        if resp.status != 200:
+            return None
+        if page == self.start:
+            self.add(page, first=True)
+        if _media_type(resp.headers.get("content-type")) not in _MEDIA_HTML:
+            return None
+        return resp
+
+    def page_links(self, resp):
+        """The absolute URLs (without fragment) a page links to, in document order; a bad one is counted
+        and skipped, not fatal ("http://[::1")."""
+        html = decode_page(resp.body, resp.headers.get("content-type", ""))
+        for n, href in enumerate(_page_links(html, self.ctx)):
+            if n % 256 == 255:
+                self.ctx.check()
+                if self.ctx.expired():
+                    return
+            if href.startswith(("javascript:", "mailto:", "#", "tel:")):
+                continue
+            target = absolute_url(resp.url, href)
+            if target is None:
+                self.skip("bad_links")
+                continue
+            yield target.split("#", 1)[0]
+
+    def crawl_links(self, max_depth, max_breadth):
+        """Breadth first from the start page: the first ``max_breadth`` new links of each page join the
+        map and the frontier, down to ``max_depth``, until the map is full or the deadline comes."""
+        frontier = collections.deque([(self.start, 0)])
+        crawled = set()
+        while frontier and not self.full() and not self.ctx.expired():
+            self.ctx.check()
+            page, depth = frontier.popleft()
+            if depth >= max_depth or page in crawled:
+                continue
+            crawled.add(page)
+            if not self.may_fetch(page):
+                continue
+            if not self.polite():
+                return
+            resp = self.fetch_page(page)
+            if resp is None:
+                continue
+            taken = 0
+            for target in self.page_links(resp):
+                if self.add(target):
+                    frontier.append((target, depth + 1))
+                    taken += 1
+                    if taken >= max_breadth or self.full():
+                        break
+
+    def result(self):
+        """``(urls, stats)``: the URLs found (at most the limit) and the map's counters."""
+        robots, stats, urls = self.robots, self.stats, self.found[:self.limit]
+        stats.update(self.pacer.stats())
+        stats["robots_group"] = robots.group
+        if robots.truncated:
+            stats["robots_truncated"] = True      # only the first ROBOTS_MAX_BYTES were read (RFC 9309)
+        stats["lastmod"] = {u: self.lastmod[u] for u in urls if u in self.lastmod}
+        return urls, stats
+
+
 class SiteMapper:
     """The URLs of a site: robots.txt, its sitemaps (or /sitemap.xml), then a same-origin crawl."""
 
@@ -8846,141 +9061,11 @@ class SiteMapper:
         Requests to the site are spaced by robots.txt Crawl-delay (at most MAP_CRAWL_DELAY_MAX_S); a wait
         that would end past the deadline ends the map with what it has (``stats["stopped"]``).
         """
-        parts = _urllib_parse.urlsplit(url)
-        origin = "%s://%s" % (parts.scheme, parts.netloc)
-        site = _origin(url)     # robots.txt speaks for one scheme, host and port (RFC 9309 2.3)
-        robots = self._robots(origin, ctx)
-        pacer = CrawlPacer(robots.crawl_delay_s, clock=self._clock, wait=self._wait)
-        pacer.pause(ctx)          # robots.txt was the first request
-        limit = args["limit"]
-        found, seen, lastmod = [], set(), {}
-        stats = {"robots": "disallow_all" if robots.disallow_all else ("rules" if robots.rules else "allow_all"),
-                 "sitemaps_read": 0, "pages_crawled": 0, "skipped_by_robots": 0,
-                 "sitemaps_too_deep": 0}
-
-        def add(candidate, first=False, modified=None):
-            try:
-                candidate = iri_to_uri(candidate)
-                target = robots_path(candidate)
-            except ValueError:
-                stats["bad_links"] = stats.get("bad_links", 0) + 1
-                return False
-            if _origin(candidate) != site:
-                return False
-            key = normalize_url(candidate.split("#", 1)[0])
-            if key in seen:
-                return False
-            if not robots.allowed(target):
-                stats["skipped_by_robots"] += 1
-                return False
-            seen.add(key)
-            found.insert(0 if first else len(found), candidate.split("#", 1)[0])
-            if modified:
-                lastmod[candidate.split("#", 1)[0]] = modified
-            ctx.report(len(found), limit, "%d URLs found" % len(found))
-            return True
-
-        def polite(target_url):
-            """Wait out Crawl-delay before a request to the site; False when the deadline comes first."""
-            if pacer.pause(ctx):
-                return True
-            stats["stopped"] = "deadline_before_crawl_delay"
-            return False
-
-        queue = [(s, 0) for s in robots.sitemaps if _origin(s) == site] or [(origin + "/sitemap.xml", 0)]
-        queued = {s for s, _ in queue}
-        stats["sitemaps_other_origin"] = sum(1 for s in robots.sitemaps if _origin(s) != site)
-        read = 0
-        while queue and read < MAP_SITEMAPS_MAX and len(found) < limit and not ctx.expired():
-            ctx.check()
-            sitemap, level = queue.pop(0)
-            read += 1
-            if not polite(sitemap):
-                break
-            try:
-                resp = self._get(sitemap, ctx, truncate=True)
-            except UpstreamError as exc:
-                self.log.info("map: sitemap %s unreadable: %s", sitemap, exc.message)
-                continue
-            if resp.status != 200:
-                continue
-            body = resp.body
-            if body[:2] == b"\x1f\x8b":
-                try:
-                    body = _decompress(body, MAX_BODY_BYTES, truncate=True)
-                except TransportError as exc:
-                    self.log.info("map: sitemap %s unreadable: %s", sitemap, exc.message)
-                    continue
-            stats["sitemaps_read"] += 1
-            for n, entry in enumerate(iter_sitemap(body, base_url=resp.url)):
-                if n % 512 == 511:
-                    ctx.check()
-                    if ctx.expired():
-                        break
-                if not entry.is_sitemap:
-                    if add(entry.url, modified=entry.lastmod) and len(found) >= limit:
-                        break
-                elif level >= SITEMAP_INDEX_DEPTH_MAX:
-                    stats["sitemaps_too_deep"] += 1
-                elif _origin(entry.url) != site:
-                    stats["sitemaps_other_origin"] += 1
-                elif entry.url not in queued:
-                    queued.add(entry.url)
-                    queue.append((entry.url, level + 1))
-        frontier = [(url, 0)]
-        crawled = set()
-        while frontier and len(found) < limit and not ctx.expired():
-            ctx.check()
-            page, depth = frontier.pop(0)
-            if depth >= args["max_depth"] or page in crawled:
-                continue
-            crawled.add(page)
-            try:
-                target = robots_path(page)
-            except ValueError:
-                stats["bad_links"] = stats.get("bad_links", 0) + 1
-                continue
-            if not robots.allowed(target):
-                stats["skipped_by_robots"] += 1
-                continue
-            if not polite(page):
-                break
-            try:
-                resp = self._get(page, ctx)
-            except UpstreamError:
-                continue
-            stats["pages_crawled"] += 1
-            if resp.status != 200:
-                continue
-            if page == url:
-                add(url, first=True)      # the start page counts once it answered
-            if _media_type(resp.headers.get("content-type")) not in _MEDIA_HTML:
-                continue
-            html = decode_page(resp.body, resp.headers.get("content-type", ""))
-            taken = 0
-            for n, href in enumerate(_page_links(html, ctx)):
-                if n % 256 == 255:
-                    ctx.check()
-                    if ctx.expired():
-                        break
-                if href.startswith(("javascript:", "mailto:", "#", "tel:")):
-                    continue
-                target = absolute_url(resp.url, href)
-                if target is None:          # "http://[::1": a bad link is skipped, not fatal
-                    stats["bad_links"] = stats.get("bad_links", 0) + 1
-                    continue
-                target = target.split("#", 1)[0]
-                if add(target):
-                    frontier.append((target, depth + 1))
-                    taken += 1
-                    if taken >= args["max_breadth"] or len(found) >= limit:
-                        break
-        stats.update(pacer.stats())
-        stats["robots_group"] = robots.group
-        if robots.truncated:
-            stats["robots_truncated"] = True      # only the first ROBOTS_MAX_BYTES were read (RFC 9309)
-        stats["lastmod"] = {u: lastmod[u] for u in found[:limit] if u in lastmod}
-        return found[:limit], stats
+        run = _MapRun(self, url, args["limit"], ctx)
+        run.read_robots()
+        run.read_sitemaps()
+        run.crawl_links(args["max_depth"], args["max_breadth"])
+        return run.result()
 
     def _robots(self, origin, ctx):
         """robots.txt of ``origin``: 4xx allows everything, 5xx or no answer disallows everything."""
