@@ -3940,6 +3940,19 @@ def _product_token(value):
     return value[:end].lower()
 
 
+def _robots_delay(value):
+    """A Crawl-delay value in seconds, or None when it is not a finite number of at least 0.
+
+    >>> _robots_delay("2.5"), _robots_delay("-1"), _robots_delay("inf"), _robots_delay("soon")
+    (2.5, None, None, None)
+    """
+    try:
+        delay = float(value)
+    except ValueError:
+        return None
+    return delay if 0.0 <= delay < float("inf") else None
+
+
 class _RobotsRule:
     """One compiled Allow/Disallow pattern: literal pieces between ``*``, and whether ``$`` ends it."""
 
@@ -4037,9 +4050,24 @@ class RobotsRules:
         return text.lstrip("\ufeff")
 
     def _parse(self, text):
+        """Read the groups, choose those naming the agent (else the ``*`` ones), compile their lines."""
         own = self.AGENT.lower()
         mine, everyone = [], []                   # (key, value) lines of our groups and of "*" groups
         has_own = has_all = False
+        for is_own, is_all, lines in self._groups(text, own):
+            if is_own:
+                mine.extend(lines)
+                has_own = True
+            if is_all:
+                everyone.extend(lines)
+                has_all = True
+        self.group = own if has_own else ("*" if has_all else None)
+        self._compile(mine if has_own else everyone)
+
+    def _groups(self, text, own):
+        """``(is_own, is_all, lines)`` of each group of the file, in order: whether a User-agent line
+        names the product token ``own``, whether one is ``*``, and the group's other (key, value)
+        lines. Sitemap lines, which belong to no group, go to ``sitemaps`` on the way."""
         lines, is_own, is_all = None, False, False  # the open group: its lines, whom it names
         ends_agents = False                       # an Allow/Disallow was seen since the last User-agent
         for raw in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
@@ -4048,35 +4076,34 @@ class RobotsRules:
                 continue
             key, value = parsed
             if key == "sitemap":
-                if value and value not in self.sitemaps:
-                    self.sitemaps.append(value)
+                self._add_sitemap(value)
             elif key == "user-agent":
-                if lines is None or ends_agents:  # a new group; the lines of the last one go where it said
-                    if is_own:
-                        mine.extend(lines)
-                    if is_all:
-                        everyone.extend(lines)
+                if lines is None or ends_agents:  # a new group
+                    if lines is not None:
+                        yield is_own, is_all, lines
                     lines, is_own, is_all, ends_agents = [], False, False, False
                 if value == "*" or (value[:1] == "*" and value[1:2].isspace()):
-                    is_all = has_all = True
+                    is_all = True
                 elif own and _product_token(value) == own:
-                    is_own = has_own = True
+                    is_own = True
             elif lines is not None:               # lines before any User-agent belong to no group
                 ends_agents = ends_agents or key in ("allow", "disallow")
                 lines.append((key, value))
-        if is_own:
-            mine.extend(lines)
-        if is_all:
-            everyone.extend(lines)
-        self.group = own if has_own else ("*" if has_all else None)
+        if lines is not None:
+            yield is_own, is_all, lines
+
+    def _add_sitemap(self, url):
+        """A Sitemap line: its URL, once."""
+        if url and url not in self.sitemaps:
+            self.sitemaps.append(url)
+
+    def _compile(self, lines):
+        """The rules and the Crawl-delay (the largest valid one) of the chosen groups' ``lines``."""
         delays = []
-        for key, value in mine if has_own else everyone:
+        for key, value in lines:
             if key == "crawl-delay":
-                try:
-                    delay = float(value)
-                except ValueError:
-                    continue
-                if 0.0 <= delay < float("inf"):
+                delay = _robots_delay(value)
+                if delay is not None:
                     delays.append(delay)
             elif value and key in ("allow", "disallow"):
                 pattern = _percent_encode(value)
@@ -4125,6 +4152,13 @@ class RobotsRules:
             path = _PCT_ESCAPE.sub(lambda m: m.group(0).upper(), path)
         if path == "/robots.txt":
             return True                   # RFC 9309 §2.2.2: implicitly allowed
+        best, wild = self._literal_match(path)
+        return self._wildcard_match(path, wild, best)[1] if wild else best[1]
+
+    def _literal_match(self, path):
+        """Walk the prefix tree along ``path``: ``(best, wild)``, the best ``(priority, allow)`` of the
+        literal rules that are prefixes of it (``(-1, True)`` when none is), and ``(depth, buckets)``
+        of the wildcard rules whose literal head is."""
         best = (-1, True)                 # (priority, allow): no rule matched
         node, depth, wild = self._trie, 0, []
         while True:
@@ -4135,11 +4169,15 @@ class RobotsRules:
             if rules is not None:
                 wild.append((depth, rules))
             if depth == len(path):
-                break
+                return best, wild
             node = node.get(path[depth])
             if node is None:
-                break
+                return best, wild
             depth += 1
+
+    @staticmethod
+    def _wildcard_match(path, wild, best):
+        """``best`` improved by the wildcard rules of ``wild`` (see :meth:`_literal_match`) that match ``path``."""
         grams = None
         for start, buckets in wild:
             if len(buckets) > 2:          # look the path's own one- and two-character strings up instead
@@ -4148,12 +4186,13 @@ class RobotsRules:
                     grams.add(None)
                 keys = grams if len(grams) < len(buckets) else [k for k in buckets if k in grams]
             else:
-                keys = list(buckets)
+                keys = buckets
             for key in keys:
                 for rule in buckets.get(key, ()):
                     if (rule.priority, rule.allow) > best and rule.matches_after(path, start):
                         best = (rule.priority, rule.allow)
-        return best[1]
+        return best
+
 
 SitemapEntry = collections.namedtuple("SitemapEntry", "url lastmod is_sitemap")
 SitemapEntry.__doc__ = """One URL a sitemap lists: a page, or (``is_sitemap``) another sitemap to read."""
