@@ -3868,10 +3868,16 @@ _XML_NAME = LazyPattern(r"[A-Za-z_][\w.:-]*")
 _XML_NAMED = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
 # Characters a robots.txt value may carry as they are; anything else is percent-encoded as UTF-8.
 _ROBOTS_PLAIN = frozenset(chr(c) for c in range(0x21, 0x7F))
-# Elements the sitemap scanner reads: record elements, and the fields read inside them.
-_SITEMAP_RECORDS = {"url": False, "sitemap": True}          # name -> the record names a child sitemap
-_FEED_ROOTS = frozenset({"rss", "rdf", "feed", "channel"})
-_FEED_RECORDS = frozenset({"item", "entry"})
+# How a document is read, by its root element (any other root reads as a <urlset>). records: the
+# elements holding one entry -> whether that entry names another sitemap; bare_loc: what a <loc>
+# outside any record is (None: nothing; else whether it names a sitemap); link_href: whether an
+# entry's URL is <link href="..."/> (Atom) rather than <link>URL</link> (RSS).
+_SitemapFormat = collections.namedtuple("_SitemapFormat", "records bare_loc link_href")
+_SITEMAP_URLSET = _SitemapFormat({"url": False, "sitemap": True}, False, False)
+_SITEMAP_RSS = _SitemapFormat({"item": False, "entry": False}, None, False)
+_SITEMAP_FORMATS = {"sitemapindex": _SITEMAP_URLSET._replace(bare_loc=True), "rss": _SITEMAP_RSS,
+                    "rdf": _SITEMAP_RSS, "channel": _SITEMAP_RSS, "feed": _SITEMAP_RSS._replace(link_href=True)}
+# The fields read inside a record.
 _SITEMAP_FIELDS = frozenset({"loc", "lastmod", "link", "pubdate", "updated", "published", "date"})
 
 
@@ -4282,8 +4288,193 @@ def _iter_text_sitemap(text):
     """Entries of a plain-text sitemap: one absolute URL per line (sitemaps.org), other lines skipped."""
     for line in text.splitlines():
         url = line.strip()
-        if url[:8].lower().startswith(("http://", "https://")) and not any(c.isspace() for c in url):
+        if url[:8].lower().startswith(("http://", "https://")) and len(url.split()) == 1:   # no inner white space
             yield SitemapEntry(url, None, False)
+
+
+def _xml_section_end(text, lt, reader):
+    """Where the scan goes on after the CDATA section or comment at ``lt`` (one that never ends runs
+    to the end of ``text``); a CDATA section's text goes to ``reader``."""
+    cdata = text.startswith("<![CDATA[", lt)
+    start = lt + (9 if cdata else 4)
+    end = text.find("]]>" if cdata else "-->", start)
+    if end < 0:
+        end = len(text)
+    if cdata and end > start and reader.field is not None:
+        reader.keep(start, end)
+    return end + 3
+
+
+def _xml_declaration_end(text, lt, gt):
+    """Where the ``<!...>`` or ``<?...>`` at ``lt`` ends: its ``>`` at ``gt``, or past the internal
+    subset of a DOCTYPE, skipped unread (no entity is ever defined); -1 when it never ends."""
+    if text[lt + 1] == "!":
+        bracket = text.find("[", lt, gt)
+        if bracket >= 0:
+            close = text.find("]", bracket)
+            return text.find(">", close) if close >= 0 else -1
+    return gt
+
+
+def _xml_scan(text, reader):
+    """Reads an XML document for ``reader``, by a scan of ``str.find`` calls that never looks back,
+    and yields what the reader makes of it.
+
+    Tags go to ``reader.start_tag(prefix, name, lt, gt)`` and ``reader.end_tag(name)`` (lower-case
+    ``prefix`` and local ``name``; the tag is ``text[lt:gt + 1]``); what they return, when it is not
+    None, is yielded. While ``reader.field`` is set, character data (CDATA content included) goes to
+    ``reader.keep(start, end)``, and a ``<`` that opens no tag (another ``<`` comes before its ``>``)
+    to ``reader.keep_lt()``. Comments, processing instructions and DOCTYPE are skipped; a tag that
+    never closes ends the scan.
+    """
+    n = len(text)
+    gt = -1                      # position of the next ">" at or after i (cached: never searched twice)
+    name_at = _XML_NAME.match
+    i = 0
+    while i < n:
+        lt = text.find("<", i)
+        if lt < 0:
+            lt = n
+        if lt > i and reader.field is not None:
+            reader.keep(i, lt)
+        if lt >= n:
+            return
+        if text[lt + 1:lt + 2] == "!" and text.startswith(("<![CDATA[", "<!--"), lt):
+            i = _xml_section_end(text, lt, reader)
+            continue
+        if gt < lt:
+            gt = text.find(">", lt + 1)
+            if gt < 0:
+                return                              # a tag that never closes: nothing more to read
+        if text.find("<", lt + 1, gt) >= 0:      # "<" inside a tag: the first "<" was text
+            if reader.field is not None:
+                reader.keep_lt()
+            i = lt + 1
+            continue
+        if text[lt + 1] in "!?":
+            gt = _xml_declaration_end(text, lt, gt)
+            if gt < 0:
+                return
+            i = gt + 1
+            continue
+        i = gt + 1
+        closing = text[lt + 1] == "/"
+        m = name_at(text, lt + 2 if closing else lt + 1, gt)
+        if m is not None:
+            prefix, _, name = m.group(0).lower().rpartition(":")
+            entry = reader.end_tag(name) if closing else reader.start_tag(prefix, name, lt, gt)
+            if entry is not None:
+                yield entry
+
+
+class _SitemapReader:
+    """Makes entries of what :func:`_xml_scan` reads, in the format the root element names.
+
+    One record at a time (``[is_sitemap, url, lastmod, element]`` of the open ``<url>``,
+    ``<sitemap>``, ``<item>`` or ``<entry>``) and one field (an open ``<loc>``, ``<link>`` or date
+    element, whose text is kept up to SITEMAP_VALUE_MAX characters); a tag inside a field means it
+    was not plain text, and drops it. Start tags nested deeper than SITEMAP_NESTING_MAX are ignored.
+    """
+
+    def __init__(self, text, base_url):
+        self.text = text
+        self.base_url = base_url
+        self.format = None           # the _SitemapFormat the root element names; None before it
+        self.prefixes = ("",)        # field prefixes read: the root's and none (image:loc is not a loc)
+        self.depth = 0               # open elements
+        self.record = None
+        self.field = None            # the open field element's name
+        self.parts = []              # its text so far (always empty while no field is open)
+        self.size = 0                # its length, counted on past the cap
+
+    def keep(self, start, end):
+        """``text[start:end]`` is text of the open field."""
+        if self.size <= SITEMAP_VALUE_MAX:          # past the cap the value is dropped: stop keeping it
+            self.parts.append(self.text[start:end])
+        self.size += end - start
+
+    def keep_lt(self):
+        """A ``<`` that opens no tag is text of the open field (not counted toward the cap)."""
+        if self.size <= SITEMAP_VALUE_MAX:
+            self.parts.append("<")
+
+    def finish(self):
+        """The entry of the open record, which ends here; None when it gave no URL."""
+        record, self.record = self.record, None
+        if record is None or not record[1]:
+            return None
+        url = _absolute(record[1], self.base_url)
+        return SitemapEntry(url, record[2], record[0]) if url else None
+
+    def start_tag(self, prefix, name, lt, gt):
+        """A start tag: the root chooses the format; the others are read when they are in its
+        namespace (or none) and not too deep. Returns the entry that ends here, or None."""
+        empty = self.text[gt - 1] == "/"
+        if not empty:
+            self.depth += 1
+        if self.format is None:
+            self.format = _SITEMAP_FORMATS.get(name, _SITEMAP_URLSET)
+            self.prefixes = (prefix, "") if prefix else ("",)
+            return None
+        if self.depth > SITEMAP_NESTING_MAX:
+            return None
+        if self.field is not None:                  # a tag inside a field: the field was not plain text
+            self.field, self.parts, self.size = None, [], 0
+        if prefix in self.prefixes or prefix == "dc" and name == "date":
+            return self._start_element(name, lt, gt, empty)
+        return None
+
+    def _start_element(self, name, lt, gt, empty):
+        """A record element starts a record (and ends one left open), a field element opens a field."""
+        fmt = self.format
+        if name in fmt.records:
+            entry = self.finish()                   # the previous record was never closed
+            self.record = [fmt.records[name], None, None, name]
+            return entry
+        if name in _SITEMAP_FIELDS and self.record is not None or name == "loc" and fmt.bare_loc is not None:
+            if name == "link" and fmt.link_href:
+                self._link_href(self.text[lt + 1:gt])
+            elif not empty:
+                self.field = name
+        return None
+
+    def _link_href(self, tag):
+        """An Atom ``<link>``: its ``href`` is the entry's URL unless its ``rel`` names something else."""
+        rel = _attribute(tag, "rel")
+        href = _attribute(tag, "href")
+        if href and rel in ("", "alternate") and not self.record[1]:
+            self.record[1] = href
+
+    def end_tag(self, name):
+        """An end tag: it ends the open field, or else the open record. Returns the entry that ends here."""
+        if self.depth:
+            self.depth -= 1
+        if self.field is not None and name == self.field:
+            return self._end_field(name)
+        if self.record is not None and name == self.record[3]:
+            return self.finish()
+        return None
+
+    def _end_field(self, name):
+        """The field ``name`` ends: its value is the open record's URL or date (the first one given),
+        or, a ``<loc>`` outside any record, an entry of its own."""
+        value = _xml_unescape("".join(self.parts)).strip() if self.size <= SITEMAP_VALUE_MAX else ""
+        self.field, self.parts, self.size = None, [], 0
+        record = self.record
+        if not value:
+            return None
+        if record is None:
+            is_sitemap = self.format.bare_loc
+            if name != "loc" or is_sitemap is None:
+                return None
+            url = _absolute(value, self.base_url)
+            return SitemapEntry(url, None, is_sitemap) if url else None
+        if name in ("loc", "link"):
+            if not record[1]:
+                record[1] = value
+        elif not record[2]:
+            record[2] = _rss_date(value) if name == "pubdate" else value
+        return None
 
 
 def iter_sitemap(body, base_url=None):
@@ -4310,122 +4501,10 @@ def iter_sitemap(body, base_url=None):
     if not text.startswith("<"):
         yield from _iter_text_sitemap(text)
         return
-    n = len(text)
-    root = None                  # (prefix, local) of the first element
-    prefixes = ("",)             # field prefixes read: the root's and none (image:loc is not a loc)
-    feed = False
-    record = None                # [kind_is_sitemap, url, lastmod] of the open <url>/<sitemap>/<item>/<entry>
-    field, parts, size = None, [], 0    # the open field element and its text so far
-    depth = 0                    # open elements, for SITEMAP_NESTING_MAX
-    gt = -1                      # position of the next ">" at or after i (cached: never searched twice)
-    name_at = _XML_NAME.match
-    i = 0
-
-    def finish(rec):
-        if rec is None or not rec[1]:
-            return None
-        url = _absolute(rec[1], base_url)
-        return SitemapEntry(url, rec[2], rec[0]) if url else None
-
-    while i < n:
-        lt = text.find("<", i)
-        if lt < 0:
-            lt = n
-        if field is not None and lt > i:
-            if size <= SITEMAP_VALUE_MAX:           # past the cap the value is dropped: stop keeping it
-                parts.append(text[i:lt])
-            size += lt - i
-        if lt >= n:
-            break
-        special = text[lt + 1:lt + 2] in ("!", "?")
-        if special and text.startswith("<![CDATA[", lt):
-            end = text.find("]]>", lt + 9)
-            stop = n if end < 0 else end
-            if field is not None:
-                if size <= SITEMAP_VALUE_MAX:
-                    parts.append(text[lt + 9:stop])
-                size += stop - lt - 9
-            i = n if end < 0 else end + 3
-            continue
-        if special and text.startswith("<!--", lt):
-            end = text.find("-->", lt + 4)
-            i = n if end < 0 else end + 3
-            continue
-        if gt < lt:
-            gt = text.find(">", lt + 1)
-            if gt < 0:
-                break                               # a tag that never closes: nothing more to read
-        inner = text.find("<", lt + 1, gt)
-        if inner >= 0:                              # "<" inside a tag: the first "<" was text
-            if field is not None:
-                parts.append("<")
-            i = lt + 1
-            continue
-        if special:
-            if text[lt + 1] == "!":                 # DOCTYPE: skip it, internal subset and all, unread
-                bracket = text.find("[", lt, gt)
-                if bracket >= 0:
-                    close = text.find("]", bracket)
-                    gt = text.find(">", close) if close >= 0 else -1
-                    if gt < 0:
-                        break
-            i = gt + 1
-            continue
-        i = gt + 1
-        closing = text[lt + 1:lt + 2] == "/"
-        m = name_at(text, lt + 2 if closing else lt + 1, gt)
-        if m is None:
-            continue
-        prefix, _, name = m.group(0).lower().rpartition(":")
-        raw = text[lt + 1:gt]
-        if closing:
-            depth = max(0, depth - 1)
-            if field is not None and name == field:
-                value = _xml_unescape("".join(parts)).strip() if size <= SITEMAP_VALUE_MAX else ""
-                field, parts, size = None, [], 0
-                if record is not None and value:
-                    if name in ("loc", "link") and not record[1]:
-                        record[1] = value
-                    elif name in ("lastmod", "updated", "published", "pubdate", "date") and not record[2]:
-                        record[2] = _rss_date(value) if name == "pubdate" else value
-                elif record is None and name == "loc" and value and not feed:
-                    entry = finish([root is not None and root[1] == "sitemapindex", value, None])
-                    if entry:
-                        yield entry
-            elif record is not None and name == record[3]:
-                entry = finish(record)
-                record = None
-                if entry:
-                    yield entry
-            continue
-        if not raw.endswith("/"):
-            depth += 1
-        if root is None:
-            root = (prefix, name)
-            prefixes = (prefix, "") if prefix else ("",)
-            feed = name in _FEED_ROOTS
-            continue
-        if depth > SITEMAP_NESTING_MAX:
-            continue
-        field, parts, size = None, [], 0            # a tag inside a field: the field was not plain text
-        if prefix not in prefixes and not (prefix == "dc" and name == "date"):
-            continue
-        if (name in _SITEMAP_RECORDS and not feed) or (name in _FEED_RECORDS and feed):
-            entry = finish(record)
-            if entry:
-                yield entry                         # the previous record was never closed
-            record = [_SITEMAP_RECORDS.get(name, False), None, None, name]
-        elif name in _SITEMAP_FIELDS and record is not None or name == "loc" and not feed:
-            if name == "link" and feed and root[1] == "feed":
-                rel = _attribute(raw, "rel")
-                href = _attribute(raw, "href")
-                if record is not None and href and rel in ("", "alternate") and not record[1]:
-                    record[1] = href
-                continue
-            if not raw.endswith("/"):
-                field = name
-    entry = finish(record)
-    if entry:
+    reader = _SitemapReader(text, base_url)
+    yield from _xml_scan(text, reader)
+    entry = reader.finish()              # a record never closed
+    if entry is not None:
         yield entry
 
 
