@@ -8294,53 +8294,74 @@ class Fetcher:
         usable, skipped = self.providers(fmt)
         attempts = [attempt_record(name, "skipped", 0.0, code="not_usable", message=why) for name, why in skipped]
         attempts += prior
-        usable = [name for name in usable if name not in {a["vendor"] for a in prior}]
-        shell, why = None, None
+        asked = {a["vendor"] for a in prior}
+        usable = [name for name in usable if name not in asked]
+        jina_backs_direct = "direct" in usable and "jina" in usable[usable.index("direct"):]
+        shell, why = None, None         # direct's script-rendered page; why Jina is asked after direct
         for name in usable:
             ctx.check()
-            if name == "jina" and "direct" in usable[:usable.index("jina")]:
-                if why is None:
-                    continue
-                refusal = self._jina_refusal(url)
-                if refusal:
-                    attempts.append(attempt_record("jina", "skipped", 0.0, code="private_page", message=refusal))
-                    continue
-            gate = self.health.admit(name) if name == "jina" else None
-            if gate is not None:
-                attempts.append(attempt_record(name, "skipped_cooldown", 0.0, code="cooldown", message=gate[1]))
+            if name == "jina" and jina_backs_direct and why is None:
+                continue                # direct failed in a way Jina does not get past
+            held = self._held_back(name, url, jina_backs_direct)
+            if held is not None:
+                attempts.append(held)
                 continue
-            started = time.monotonic()
-            try:
-                doc = (self._tavily if name == "tavily" else self._jina if name == "jina" else self._direct)(
-                    url, fmt, ctx)
-            except UpstreamError as exc:
-                ctx.check()
-                record = attempt_record(name, exc.outcome, time.monotonic() - started, code=exc.code,
-                                        http_status=exc.status, message=exc.message)
-                if exc.diagnostics:
-                    record["diagnostics"] = exc.diagnostics
-                if exc.retry_after_s is not None:
-                    record["retry_after_s"] = round(exc.retry_after_s, 1)
-                attempts.append(record)
-                if name == "jina":
-                    self.health.record(name, exc.outcome, None, exc.retry_after_s, exc.code, exc.message)
-                self.log.info("fetch via %s failed: %s (%s)", name, exc.outcome, exc.code)
+            doc, exc, record = self._ask(name, url, fmt, ctx, jina_backs_direct)
+            attempts.append(record)
+            if exc is not None:
                 if exc.code in ("private_address", "bad_url"):
                     break       # no other provider may fetch what the guard refused
                 if name == "direct" and exc.code in _JINA_AFTER_CODES:
                     why = "direct: %s" % exc.message
-                continue
-            if name == "jina":
-                self.health.record(name, "success")
-            if doc.shell and name == "direct" and "jina" in usable[usable.index("direct"):]:
-                attempts.append(attempt_record(name, "no_results", time.monotonic() - started, code="script_rendered",
-                                               http_status=200, message=doc.shell))
+            elif record["code"] == "script_rendered":
                 shell, why = doc, "direct: " + doc.shell
-                continue
-            attempts.append(attempt_record(name, "success", time.monotonic() - started, http_status=200))
-            doc.fallback = why if name == "jina" else None
-            return doc, attempts
+            else:
+                doc.fallback = why if name == "jina" else None
+                return doc, attempts
         return shell, attempts
+
+    def _ask(self, name, url, fmt, ctx, jina_backs_direct):
+        """Ask provider ``name`` for the page: ``(document, error, attempt record)``, one of the first
+        two None. A script-rendered shell from direct is recorded as no result when Jina backs it."""
+        ask = {"tavily": self._tavily, "jina": self._jina}.get(name, self._direct)
+        started = time.monotonic()
+        try:
+            doc = ask(url, fmt, ctx)
+        except UpstreamError as exc:
+            ctx.check()
+            return None, exc, self._failed(name, exc, time.monotonic() - started)
+        if name == "jina":
+            self.health.record(name, "success")
+        if doc.shell and name == "direct" and jina_backs_direct:
+            return doc, None, attempt_record(name, "no_results", time.monotonic() - started, code="script_rendered",
+                                             http_status=200, message=doc.shell)
+        return doc, None, attempt_record(name, "success", time.monotonic() - started, http_status=200)
+
+    def _held_back(self, name, url, after_direct):
+        """The attempt record of a provider that is not asked now (Jina: a page on a private address
+        when it backs direct, or a rate-limit cooldown), or None."""
+        if name != "jina":
+            return None
+        refusal = self._jina_refusal(url) if after_direct else None
+        if refusal:
+            return attempt_record("jina", "skipped", 0.0, code="private_page", message=refusal)
+        gate = self.health.admit(name)
+        if gate is not None:
+            return attempt_record(name, "skipped_cooldown", 0.0, code="cooldown", message=gate[1])
+        return None
+
+    def _failed(self, name, exc, elapsed_s):
+        """The attempt record of a provider that failed with ``exc``; Jina's failures go to its health."""
+        record = attempt_record(name, exc.outcome, elapsed_s, code=exc.code, http_status=exc.status,
+                                message=exc.message)
+        if exc.diagnostics:
+            record["diagnostics"] = exc.diagnostics
+        if exc.retry_after_s is not None:
+            record["retry_after_s"] = round(exc.retry_after_s, 1)
+        if name == "jina":
+            self.health.record(name, exc.outcome, None, exc.retry_after_s, exc.code, exc.message)
+        self.log.info("fetch via %s failed: %s (%s)", name, exc.outcome, exc.code)
+        return record
 
     def _jina_refusal(self, url):
         """Why ``url`` must not go to Jina Reader (its host is not public and the reader is not inside
@@ -8377,27 +8398,7 @@ class Fetcher:
         resp = call_upstream("jina", self.transport, "POST", self.config.jina_url.rstrip("/") + "/", ctx=ctx,
                              timeout_s=max(self.config.timeout_s, ctx.remaining()),
                              headers=headers, body=json.dumps({"url": url}))
-        try:
-            data = resp.json()
-        except ValueError:
-            data = None
-        page = data.get("data") if isinstance(data, dict) else None
-        if resp.status != 200 or not isinstance(page, dict):
-            raise _jina_error(resp, data)
-        warning = page.get("warning") if isinstance(page.get("warning"), str) else ""
-        content = page.get("content") if isinstance(page.get("content"), str) else ""
-        if fmt == "html" and isinstance(page.get("html"), str):
-            content = page["html"]
-        elif fmt == "text" and isinstance(page.get("text"), str):
-            content = page["text"]
-        if re.search(r"CAPTCHA|returned error [45]\d\d", warning):
-            raise UpstreamError("jina", "blocked", "target_refused", "Jina Reader: %s" % collapse_ws(warning)[:300],
-                                status=200)
-        if not content.strip():
-            raise UpstreamError("jina", "no_results", "empty", "Jina Reader found no content on %s" % url, status=200)
-        title = page.get("title") if isinstance(page.get("title"), str) else ""
-        final = page.get("url") if isinstance(page.get("url"), str) and page["url"].startswith("http") else url
-        return Document(url, final, title, content.strip(), "jina", "text/html" if fmt == "html" else "text/markdown")
+        return _jina_document(url, fmt, resp)
 
     def batchable(self, fmt):
         """True when Tavily Extract comes first for ``fmt``, so several pages can share one request."""
@@ -8410,25 +8411,10 @@ class Fetcher:
                                    ctx, self.config.timeout_s, keyless=False)
         docs = {}
         for item in data.get("results") or []:
-            if not (isinstance(item, dict) and isinstance(item.get("raw_content"), str) and item["raw_content"].strip()):
-                continue
-            url = item.get("url") if item.get("url") in urls else (urls[0] if len(urls) == 1 else None)
-            if url is None or url in docs:
-                continue
-            content = item["raw_content"].strip()
-            heading = re.search(r"^#\s+(.+)$", content, re.M)
-            docs[url] = Document(url, item.get("url") or url, heading.group(1).strip() if heading else "",
-                                 content, "tavily", "text/markdown")
-        reasons = {}
-        for failed in data.get("failed_results") or []:
-            if isinstance(failed, dict) and failed.get("url") in urls and failed["url"] not in docs:
-                reasons[failed["url"]] = str(failed.get("error") or "no content")[:300]
-        first = next((str(f.get("error"))[:300] for f in data.get("failed_results") or []
-                      if isinstance(f, dict) and f.get("error")), "no content")
-        for url in urls:
-            if url not in docs:
-                reasons.setdefault(url, first if len(urls) == 1 else "no content")
-        return docs, reasons
+            doc = _tavily_document(item, urls)
+            if doc is not None and doc.url not in docs:
+                docs[doc.url] = doc
+        return docs, _tavily_failures(data.get("failed_results") or [], urls, docs)
 
     def _tavily(self, url, fmt, ctx):
         docs, reasons = self.tavily_extract([url], fmt, ctx)
@@ -8438,6 +8424,29 @@ class Fetcher:
             url, reasons[url]), status=200)
 
     def _direct(self, url, fmt, ctx):
+        """The page as the built-in extractor reads it (HTML, PDF, text and JSON), as a Document."""
+        resp = self._get_page(url, ctx)
+        ctype = resp.headers.get("content-type", "")
+        media = _media_type(ctype)
+        body = resp.body
+        check = _extraction_check(url, ctx)
+        if media == "application/pdf" or body.lstrip()[:5] == b"%PDF-":
+            return Document(url, resp.url, "", _pdf_page_text(url, body, check), "direct", "application/pdf")
+        media = media or _sniff_media(body)
+        if media in _MEDIA_HTML:
+            html = decode_page(body, ctype)
+            if fmt == "html":
+                return Document(url, resp.url, page_title(html), html, "direct", media)
+            title, content = html_to_markdown(html, resp.url, plain=fmt == "text", check=check)
+            return Document(url, resp.url, title, content, "direct", media, script_shell(html, content))
+        if media.startswith(_MEDIA_TEXT_PREFIXES) or media in _MEDIA_TEXTUAL or media.endswith(("+json", "+xml")):
+            return Document(url, resp.url, "", decode_page(body, ctype).strip(), "direct", media)
+        raise UpstreamError("direct", "bad_response", "unsupported_content_type",
+                            "%s is %s, which the built-in extractor does not read (HTML, PDF, text and JSON only)" % (
+                                url, media), status=200, retryable=False)
+
+    def _get_page(self, url, ctx):
+        """GET ``url`` for the built-in extractor: the 200 response, or UpstreamError."""
         try:
             resp = call_upstream("direct", self.transport, "GET", url, ctx=ctx,
                                  timeout_s=self.config.timeout_s, max_redirects=5,
@@ -8456,36 +8465,93 @@ class Fetcher:
                                 "http_%d" % resp.status, status_message(url_host(resp.url), resp, 160),
                                 status=resp.status,
                                 retryable=resp.status >= 500 or resp.status == 429)
-        ctype = resp.headers.get("content-type", "")
-        media = _media_type(ctype)
-        body = resp.body
+        return resp
 
-        def check():
-            ctx.check()
-            if ctx.expired():
-                raise UpstreamError("direct", "timeout", "extraction_timeout",
-                                    "extracting the text of %s took until the deadline" % url, retryable=False)
-        if media == "application/pdf" or body.lstrip()[:5] == b"%PDF-":
-            try:
-                text = pdf_to_text(body, check=check)
-            except PdfError as exc:
-                raise UpstreamError("direct", "no_results" if exc.code == "pdf_no_text" else "bad_response",
-                                    exc.code, "%s: %s" % (url, exc.message), status=200, retryable=False) from None
-            return Document(url, resp.url, "", text, "direct", "application/pdf")
-        if not media:
-            media = "text/html" if body.lstrip()[:1] == b"<" else ("text/plain" if b"\x00" not in body[:4096]
-                                                                 else "application/octet-stream")
-        if media in _MEDIA_HTML:
-            html = decode_page(body, ctype)
-            if fmt == "html":
-                return Document(url, resp.url, page_title(html), html, "direct", media)
-            title, content = html_to_markdown(html, resp.url, plain=fmt == "text", check=check)
-            return Document(url, resp.url, title, content, "direct", media, script_shell(html, content))
-        if media.startswith(_MEDIA_TEXT_PREFIXES) or media in _MEDIA_TEXTUAL or media.endswith(("+json", "+xml")):
-            return Document(url, resp.url, "", decode_page(body, ctype).strip(), "direct", media)
-        raise UpstreamError("direct", "bad_response", "unsupported_content_type",
-                            "%s is %s, which the built-in extractor does not read (HTML, PDF, text and JSON only)" % (
-                                url, media), status=200, retryable=False)
+
+def _extraction_check(url, ctx):
+    """The ``check`` the extractors call as they go: raises Cancelled, or UpstreamError once the
+    deadline of ``ctx`` has passed."""
+    def check():
+        ctx.check()
+        if ctx.expired():
+            raise UpstreamError("direct", "timeout", "extraction_timeout",
+                                "extracting the text of %s took until the deadline" % url, retryable=False)
+    return check
+
+
+def _pdf_page_text(url, body, check):
+    """The text of the PDF ``body`` fetched from ``url``; a PdfError becomes an UpstreamError."""
+    try:
+        return pdf_to_text(body, check=check)
+    except PdfError as exc:
+        raise UpstreamError("direct", "no_results" if exc.code == "pdf_no_text" else "bad_response",
+                            exc.code, "%s: %s" % (url, exc.message), status=200, retryable=False) from None
+
+
+def _sniff_media(body):
+    """The media type of a body sent without one: markup is HTML, text without NUL bytes plain text."""
+    if body.lstrip()[:1] == b"<":
+        return "text/html"
+    return "text/plain" if b"\x00" not in body[:4096] else "application/octet-stream"
+
+
+def _jina_document(url, fmt, resp):
+    """The Document in Jina Reader's answer ``resp`` for ``url``, or the UpstreamError it amounts to."""
+    try:
+        data = resp.json()
+    except ValueError:
+        data = None
+    page = data.get("data") if isinstance(data, dict) else None
+    if resp.status != 200 or not isinstance(page, dict):
+        raise _jina_error(resp, data)
+    text = {key: value for key, value in page.items() if isinstance(value, str)}
+    content = text.get("content", "")
+    if fmt in ("html", "text"):
+        content = text.get(fmt, content)
+    warning = text.get("warning", "")
+    if re.search(r"CAPTCHA|returned error [45]\d\d", warning):
+        raise UpstreamError("jina", "blocked", "target_refused", "Jina Reader: %s" % collapse_ws(warning)[:300],
+                            status=200)
+    if not content.strip():
+        raise UpstreamError("jina", "no_results", "empty", "Jina Reader found no content on %s" % url, status=200)
+    final = text.get("url", "")
+    return Document(url, final if final.startswith("http") else url, text.get("title", ""), content.strip(),
+                    "jina", "text/html" if fmt == "html" else "text/markdown")
+
+
+def _tavily_document(item, urls):
+    """The Document of one Tavily Extract result for one of ``urls`` (the only one, when Tavily
+    gives another URL for it), or None when it has no text."""
+    if not (isinstance(item, dict) and isinstance(item.get("raw_content"), str) and item["raw_content"].strip()):
+        return None
+    url = item.get("url") if item.get("url") in urls else (urls[0] if len(urls) == 1 else None)
+    if url is None:
+        return None
+    content = item["raw_content"].strip()
+    heading = re.search(r"^#\s+(.+)$", content, re.M)
+    return Document(url, item.get("url") or url, heading.group(1).strip() if heading else "",
+                    content, "tavily", "text/markdown")
+
+
+def _tavily_failures(failures, urls, docs):
+    """``{url: why it failed}`` for the ``urls`` without a Document: Tavily's ``failed_results``
+    error, for a single URL its first error whatever URL it names, else "no content"."""
+    reasons = {}
+    for failed in failures:
+        if isinstance(failed, dict) and failed.get("url") in urls and failed["url"] not in docs:
+            reasons[failed["url"]] = str(failed.get("error") or "no content")[:300]
+    first = next((str(f.get("error"))[:300] for f in failures if isinstance(f, dict) and f.get("error")), "no content")
+    for url in urls:
+        if url not in docs:
+            reasons.setdefault(url, first if len(urls) == 1 else "no content")
+    return reasons
+
+
+# Jina Reader's answers by HTTP status: (outcome, code, retryable) of the UpstreamError each one is;
+# 200 here is a body that is not its JSON envelope, 429 and the statuses not listed are handled in code.
+_JINA_STATUSES = {401: ("auth_error", "invalid_key", False), 402: ("quota_exhausted", "no_credits", False),
+                  403: ("blocked", "forbidden", False), 451: ("blocked", "forbidden", False),
+                  422: ("no_results", "empty", False), 200: ("bad_response", "invalid_json", True)}
 
 
 def _jina_error(resp, data):
@@ -8500,18 +8566,10 @@ def _jina_error(resp, data):
         return UpstreamError("jina", "rate_limited", "rate_limited", message, status=status, retry_after_s=float(
             wait) if _is_number(wait) and wait > 0 else retry_after_of(resp.headers))
     if status == 401:
-        return UpstreamError("jina", "auth_error", "invalid_key", message + "; check JINA_API_KEY", status=status,
-                             retryable=False)
-    if status == 402:
-        return UpstreamError("jina", "quota_exhausted", "no_credits", message, status=status, retryable=False)
-    if status in (403, 451):
-        return UpstreamError("jina", "blocked", "forbidden", message, status=status, retryable=False)
-    if status == 422:
-        return UpstreamError("jina", "no_results", "empty", message, status=status, retryable=False)
-    if status == 200:
-        return UpstreamError("jina", "bad_response", "invalid_json", message, status=status)
-    return UpstreamError("jina", "http_error", "server_error" if status >= 500 else "bad_parameters", message,
-                         status=status, retryable=status >= 500)
+        message += "; check JINA_API_KEY"
+    outcome, code, retryable = _JINA_STATUSES.get(status) or (
+        "http_error", "server_error" if status >= 500 else "bad_parameters", status >= 500)
+    return UpstreamError("jina", outcome, code, message, status=status, retryable=retryable)
 
 MAP_CRAWL_DELAY_MAX_S = 2.0          # robots.txt Crawl-delay honoured up to this, within the map's timeout
 
