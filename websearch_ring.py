@@ -3921,7 +3921,7 @@ def _robots_line(line):
     >>> _robots_line("  Disallow: /a#b # note"), _robots_line("user-agent FooBot"), _robots_line("# x")
     (('disallow', '/a'), ('user-agent', 'FooBot'), None)
     """
-    line = line.split("#", 1)[0].strip()
+    line = line.partition("#")[0].strip()
     if not line:
         return None
     key, colon, value = line.partition(":")
@@ -3930,7 +3930,8 @@ def _robots_line(line):
         if len(words) != 2:
             return None
         key, value = words
-    key = _ROBOTS_KEYS.get(" ".join(key.split()).lower())
+    # The key as written is looked up first: most files spell it plainly, and that skips the split.
+    key = _ROBOTS_KEYS.get(key.lower()) or _ROBOTS_KEYS.get(" ".join(key.split()).lower())
     return (key, value.strip()) if key else None
 
 
