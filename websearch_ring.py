@@ -4084,10 +4084,16 @@ _XML_NAME = LazyPattern(r"[A-Za-z_][\w.:-]*")
 _XML_NAMED = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
 # Characters a robots.txt value may carry as they are; anything else is percent-encoded as UTF-8.
 _ROBOTS_PLAIN = frozenset(chr(c) for c in range(0x21, 0x7F))
-# Elements the sitemap scanner reads: record elements, and the fields read inside them.
-_SITEMAP_RECORDS = {"url": False, "sitemap": True}          # name -> the record names a child sitemap
-_FEED_ROOTS = frozenset({"rss", "rdf", "feed", "channel"})
-_FEED_RECORDS = frozenset({"item", "entry"})
+# How a document is read, by its root element (any other root reads as a <urlset>). records: the
+# elements holding one entry -> whether that entry names another sitemap; bare_loc: what a <loc>
+# outside any record is (None: nothing; else whether it names a sitemap); link_href: whether an
+# entry's URL is <link href="..."/> (Atom) rather than <link>URL</link> (RSS).
+_SitemapFormat = collections.namedtuple("_SitemapFormat", "records bare_loc link_href")
+_SITEMAP_URLSET = _SitemapFormat({"url": False, "sitemap": True}, False, False)
+_SITEMAP_RSS = _SitemapFormat({"item": False, "entry": False}, None, False)
+_SITEMAP_FORMATS = {"sitemapindex": _SITEMAP_URLSET._replace(bare_loc=True), "rss": _SITEMAP_RSS,
+                    "rdf": _SITEMAP_RSS, "channel": _SITEMAP_RSS, "feed": _SITEMAP_RSS._replace(link_href=True)}
+# The fields read inside a record.
 _SITEMAP_FIELDS = frozenset({"loc", "lastmod", "link", "pubdate", "updated", "published", "date"})
 
 
@@ -4131,7 +4137,7 @@ def _robots_line(line):
     >>> _robots_line("  Disallow: /a#b # note"), _robots_line("user-agent FooBot"), _robots_line("# x")
     (('disallow', '/a'), ('user-agent', 'FooBot'), None)
     """
-    line = line.split("#", 1)[0].strip()
+    line = line.partition("#")[0].strip()
     if not line:
         return None
     key, colon, value = line.partition(":")
@@ -4140,7 +4146,8 @@ def _robots_line(line):
         if len(words) != 2:
             return None
         key, value = words
-    key = _ROBOTS_KEYS.get(" ".join(key.split()).lower())
+    # The key as written is looked up first: most files spell it plainly, and that skips the split.
+    key = _ROBOTS_KEYS.get(key.lower()) or _ROBOTS_KEYS.get(" ".join(key.split()).lower())
     return (key, value.strip()) if key else None
 
 
@@ -4154,6 +4161,19 @@ def _product_token(value):
     while end < len(value) and (value[end].isascii() and value[end].isalpha() or value[end] in "-_"):
         end += 1
     return value[:end].lower()
+
+
+def _robots_delay(value):
+    """A Crawl-delay value in seconds, or None when it is not a finite number of at least 0.
+
+    >>> _robots_delay("2.5"), _robots_delay("-1"), _robots_delay("inf"), _robots_delay("soon")
+    (2.5, None, None, None)
+    """
+    try:
+        delay = float(value)
+    except ValueError:
+        return None
+    return delay if 0.0 <= delay < float("inf") else None
 
 
 class _RobotsRule:
@@ -4253,9 +4273,24 @@ class RobotsRules:
         return text.lstrip("\ufeff")
 
     def _parse(self, text):
+        """Read the groups, choose those naming the agent (else the ``*`` ones), compile their lines."""
         own = self.AGENT.lower()
         mine, everyone = [], []                   # (key, value) lines of our groups and of "*" groups
         has_own = has_all = False
+        for is_own, is_all, lines in self._groups(text, own):
+            if is_own:
+                mine.extend(lines)
+                has_own = True
+            if is_all:
+                everyone.extend(lines)
+                has_all = True
+        self.group = own if has_own else ("*" if has_all else None)
+        self._compile(mine if has_own else everyone)
+
+    def _groups(self, text, own):
+        """``(is_own, is_all, lines)`` of each group of the file, in order: whether a User-agent line
+        names the product token ``own``, whether one is ``*``, and the group's other (key, value)
+        lines. Sitemap lines, which belong to no group, go to ``sitemaps`` on the way."""
         lines, is_own, is_all = None, False, False  # the open group: its lines, whom it names
         ends_agents = False                       # an Allow/Disallow was seen since the last User-agent
         for raw in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
@@ -4264,35 +4299,34 @@ class RobotsRules:
                 continue
             key, value = parsed
             if key == "sitemap":
-                if value and value not in self.sitemaps:
-                    self.sitemaps.append(value)
+                self._add_sitemap(value)
             elif key == "user-agent":
-                if lines is None or ends_agents:  # a new group; the lines of the last one go where it said
-                    if is_own:
-                        mine.extend(lines)
-                    if is_all:
-                        everyone.extend(lines)
+                if lines is None or ends_agents:  # a new group
+                    if lines is not None:
+                        yield is_own, is_all, lines
                     lines, is_own, is_all, ends_agents = [], False, False, False
                 if value == "*" or (value[:1] == "*" and value[1:2].isspace()):
-                    is_all = has_all = True
+                    is_all = True
                 elif own and _product_token(value) == own:
-                    is_own = has_own = True
+                    is_own = True
             elif lines is not None:               # lines before any User-agent belong to no group
                 ends_agents = ends_agents or key in ("allow", "disallow")
                 lines.append((key, value))
-        if is_own:
-            mine.extend(lines)
-        if is_all:
-            everyone.extend(lines)
-        self.group = own if has_own else ("*" if has_all else None)
+        if lines is not None:
+            yield is_own, is_all, lines
+
+    def _add_sitemap(self, url):
+        """A Sitemap line: its URL, once."""
+        if url and url not in self.sitemaps:
+            self.sitemaps.append(url)
+
+    def _compile(self, lines):
+        """The rules and the Crawl-delay (the largest valid one) of the chosen groups' ``lines``."""
         delays = []
-        for key, value in mine if has_own else everyone:
+        for key, value in lines:
             if key == "crawl-delay":
-                try:
-                    delay = float(value)
-                except ValueError:
-                    continue
-                if 0.0 <= delay < float("inf"):
+                delay = _robots_delay(value)
+                if delay is not None:
                     delays.append(delay)
             elif value and key in ("allow", "disallow"):
                 pattern = _percent_encode(value)
@@ -4341,6 +4375,13 @@ class RobotsRules:
             path = _PCT_ESCAPE.sub(lambda m: m.group(0).upper(), path)
         if path == "/robots.txt":
             return True                   # RFC 9309 §2.2.2: implicitly allowed
+        best, wild = self._literal_match(path)
+        return self._wildcard_match(path, wild, best)[1] if wild else best[1]
+
+    def _literal_match(self, path):
+        """Walk the prefix tree along ``path``: ``(best, wild)``, the best ``(priority, allow)`` of the
+        literal rules that are prefixes of it (``(-1, True)`` when none is), and ``(depth, buckets)``
+        of the wildcard rules whose literal head is."""
         best = (-1, True)                 # (priority, allow): no rule matched
         node, depth, wild = self._trie, 0, []
         while True:
@@ -4351,11 +4392,15 @@ class RobotsRules:
             if rules is not None:
                 wild.append((depth, rules))
             if depth == len(path):
-                break
+                return best, wild
             node = node.get(path[depth])
             if node is None:
-                break
+                return best, wild
             depth += 1
+
+    @staticmethod
+    def _wildcard_match(path, wild, best):
+        """``best`` improved by the wildcard rules of ``wild`` (see :meth:`_literal_match`) that match ``path``."""
         grams = None
         for start, buckets in wild:
             if len(buckets) > 2:          # look the path's own one- and two-character strings up instead
@@ -4364,12 +4409,13 @@ class RobotsRules:
                     grams.add(None)
                 keys = grams if len(grams) < len(buckets) else [k for k in buckets if k in grams]
             else:
-                keys = list(buckets)
+                keys = buckets
             for key in keys:
                 for rule in buckets.get(key, ()):
                     if (rule.priority, rule.allow) > best and rule.matches_after(path, start):
                         best = (rule.priority, rule.allow)
-        return best[1]
+        return best
+
 
 SitemapEntry = collections.namedtuple("SitemapEntry", "url lastmod is_sitemap")
 SitemapEntry.__doc__ = """One URL a sitemap lists: a page, or (``is_sitemap``) another sitemap to read."""
@@ -4459,8 +4505,193 @@ def _iter_text_sitemap(text):
     """Entries of a plain-text sitemap: one absolute URL per line (sitemaps.org), other lines skipped."""
     for line in text.splitlines():
         url = line.strip()
-        if url[:8].lower().startswith(("http://", "https://")) and not any(c.isspace() for c in url):
+        if url[:8].lower().startswith(("http://", "https://")) and len(url.split()) == 1:   # no inner white space
             yield SitemapEntry(url, None, False)
+
+
+def _xml_section_end(text, lt, reader):
+    """Where the scan goes on after the CDATA section or comment at ``lt`` (one that never ends runs
+    to the end of ``text``); a CDATA section's text goes to ``reader``."""
+    cdata = text.startswith("<![CDATA[", lt)
+    start = lt + (9 if cdata else 4)
+    end = text.find("]]>" if cdata else "-->", start)
+    if end < 0:
+        end = len(text)
+    if cdata and end > start and reader.field is not None:
+        reader.keep(start, end)
+    return end + 3
+
+
+def _xml_declaration_end(text, lt, gt):
+    """Where the ``<!...>`` or ``<?...>`` at ``lt`` ends: its ``>`` at ``gt``, or past the internal
+    subset of a DOCTYPE, skipped unread (no entity is ever defined); -1 when it never ends."""
+    if text[lt + 1] == "!":
+        bracket = text.find("[", lt, gt)
+        if bracket >= 0:
+            close = text.find("]", bracket)
+            return text.find(">", close) if close >= 0 else -1
+    return gt
+
+
+def _xml_scan(text, reader):
+    """Reads an XML document for ``reader``, by a scan of ``str.find`` calls that never looks back,
+    and yields what the reader makes of it.
+
+    Tags go to ``reader.start_tag(prefix, name, lt, gt)`` and ``reader.end_tag(name)`` (lower-case
+    ``prefix`` and local ``name``; the tag is ``text[lt:gt + 1]``); what they return, when it is not
+    None, is yielded. While ``reader.field`` is set, character data (CDATA content included) goes to
+    ``reader.keep(start, end)``, and a ``<`` that opens no tag (another ``<`` comes before its ``>``)
+    to ``reader.keep_lt()``. Comments, processing instructions and DOCTYPE are skipped; a tag that
+    never closes ends the scan.
+    """
+    n = len(text)
+    gt = -1                      # position of the next ">" at or after i (cached: never searched twice)
+    name_at = _XML_NAME.match
+    i = 0
+    while i < n:
+        lt = text.find("<", i)
+        if lt < 0:
+            lt = n
+        if lt > i and reader.field is not None:
+            reader.keep(i, lt)
+        if lt >= n:
+            return
+        if text[lt + 1:lt + 2] == "!" and text.startswith(("<![CDATA[", "<!--"), lt):
+            i = _xml_section_end(text, lt, reader)
+            continue
+        if gt < lt:
+            gt = text.find(">", lt + 1)
+            if gt < 0:
+                return                              # a tag that never closes: nothing more to read
+        if text.find("<", lt + 1, gt) >= 0:      # "<" inside a tag: the first "<" was text
+            if reader.field is not None:
+                reader.keep_lt()
+            i = lt + 1
+            continue
+        if text[lt + 1] in "!?":
+            gt = _xml_declaration_end(text, lt, gt)
+            if gt < 0:
+                return
+            i = gt + 1
+            continue
+        i = gt + 1
+        closing = text[lt + 1] == "/"
+        m = name_at(text, lt + 2 if closing else lt + 1, gt)
+        if m is not None:
+            prefix, _, name = m.group(0).lower().rpartition(":")
+            entry = reader.end_tag(name) if closing else reader.start_tag(prefix, name, lt, gt)
+            if entry is not None:
+                yield entry
+
+
+class _SitemapReader:
+    """Makes entries of what :func:`_xml_scan` reads, in the format the root element names.
+
+    One record at a time (``[is_sitemap, url, lastmod, element]`` of the open ``<url>``,
+    ``<sitemap>``, ``<item>`` or ``<entry>``) and one field (an open ``<loc>``, ``<link>`` or date
+    element, whose text is kept up to SITEMAP_VALUE_MAX characters); a tag inside a field means it
+    was not plain text, and drops it. Start tags nested deeper than SITEMAP_NESTING_MAX are ignored.
+    """
+
+    def __init__(self, text, base_url):
+        self.text = text
+        self.base_url = base_url
+        self.format = None           # the _SitemapFormat the root element names; None before it
+        self.prefixes = ("",)        # field prefixes read: the root's and none (image:loc is not a loc)
+        self.depth = 0               # open elements
+        self.record = None
+        self.field = None            # the open field element's name
+        self.parts = []              # its text so far (always empty while no field is open)
+        self.size = 0                # its length, counted on past the cap
+
+    def keep(self, start, end):
+        """``text[start:end]`` is text of the open field."""
+        if self.size <= SITEMAP_VALUE_MAX:          # past the cap the value is dropped: stop keeping it
+            self.parts.append(self.text[start:end])
+        self.size += end - start
+
+    def keep_lt(self):
+        """A ``<`` that opens no tag is text of the open field (not counted toward the cap)."""
+        if self.size <= SITEMAP_VALUE_MAX:
+            self.parts.append("<")
+
+    def finish(self):
+        """The entry of the open record, which ends here; None when it gave no URL."""
+        record, self.record = self.record, None
+        if record is None or not record[1]:
+            return None
+        url = _absolute(record[1], self.base_url)
+        return SitemapEntry(url, record[2], record[0]) if url else None
+
+    def start_tag(self, prefix, name, lt, gt):
+        """A start tag: the root chooses the format; the others are read when they are in its
+        namespace (or none) and not too deep. Returns the entry that ends here, or None."""
+        empty = self.text[gt - 1] == "/"
+        if not empty:
+            self.depth += 1
+        if self.format is None:
+            self.format = _SITEMAP_FORMATS.get(name, _SITEMAP_URLSET)
+            self.prefixes = (prefix, "") if prefix else ("",)
+            return None
+        if self.depth > SITEMAP_NESTING_MAX:
+            return None
+        if self.field is not None:                  # a tag inside a field: the field was not plain text
+            self.field, self.parts, self.size = None, [], 0
+        if prefix in self.prefixes or prefix == "dc" and name == "date":
+            return self._start_element(name, lt, gt, empty)
+        return None
+
+    def _start_element(self, name, lt, gt, empty):
+        """A record element starts a record (and ends one left open), a field element opens a field."""
+        fmt = self.format
+        if name in fmt.records:
+            entry = self.finish()                   # the previous record was never closed
+            self.record = [fmt.records[name], None, None, name]
+            return entry
+        if name in _SITEMAP_FIELDS and self.record is not None or name == "loc" and fmt.bare_loc is not None:
+            if name == "link" and fmt.link_href:
+                self._link_href(self.text[lt + 1:gt])
+            elif not empty:
+                self.field = name
+        return None
+
+    def _link_href(self, tag):
+        """An Atom ``<link>``: its ``href`` is the entry's URL unless its ``rel`` names something else."""
+        rel = _attribute(tag, "rel")
+        href = _attribute(tag, "href")
+        if href and rel in ("", "alternate") and not self.record[1]:
+            self.record[1] = href
+
+    def end_tag(self, name):
+        """An end tag: it ends the open field, or else the open record. Returns the entry that ends here."""
+        if self.depth:
+            self.depth -= 1
+        if self.field is not None and name == self.field:
+            return self._end_field(name)
+        if self.record is not None and name == self.record[3]:
+            return self.finish()
+        return None
+
+    def _end_field(self, name):
+        """The field ``name`` ends: its value is the open record's URL or date (the first one given),
+        or, a ``<loc>`` outside any record, an entry of its own."""
+        value = _xml_unescape("".join(self.parts)).strip() if self.size <= SITEMAP_VALUE_MAX else ""
+        self.field, self.parts, self.size = None, [], 0
+        record = self.record
+        if not value:
+            return None
+        if record is None:
+            is_sitemap = self.format.bare_loc
+            if name != "loc" or is_sitemap is None:
+                return None
+            url = _absolute(value, self.base_url)
+            return SitemapEntry(url, None, is_sitemap) if url else None
+        if name in ("loc", "link"):
+            if not record[1]:
+                record[1] = value
+        elif not record[2]:
+            record[2] = _rss_date(value) if name == "pubdate" else value
+        return None
 
 
 def iter_sitemap(body, base_url=None):
@@ -4487,122 +4718,10 @@ def iter_sitemap(body, base_url=None):
     if not text.startswith("<"):
         yield from _iter_text_sitemap(text)
         return
-    n = len(text)
-    root = None                  # (prefix, local) of the first element
-    prefixes = ("",)             # field prefixes read: the root's and none (image:loc is not a loc)
-    feed = False
-    record = None                # [kind_is_sitemap, url, lastmod] of the open <url>/<sitemap>/<item>/<entry>
-    field, parts, size = None, [], 0    # the open field element and its text so far
-    depth = 0                    # open elements, for SITEMAP_NESTING_MAX
-    gt = -1                      # position of the next ">" at or after i (cached: never searched twice)
-    name_at = _XML_NAME.match
-    i = 0
-
-    def finish(rec):
-        if rec is None or not rec[1]:
-            return None
-        url = _absolute(rec[1], base_url)
-        return SitemapEntry(url, rec[2], rec[0]) if url else None
-
-    while i < n:
-        lt = text.find("<", i)
-        if lt < 0:
-            lt = n
-        if field is not None and lt > i:
-            if size <= SITEMAP_VALUE_MAX:           # past the cap the value is dropped: stop keeping it
-                parts.append(text[i:lt])
-            size += lt - i
-        if lt >= n:
-            break
-        special = text[lt + 1:lt + 2] in ("!", "?")
-        if special and text.startswith("<![CDATA[", lt):
-            end = text.find("]]>", lt + 9)
-            stop = n if end < 0 else end
-            if field is not None:
-                if size <= SITEMAP_VALUE_MAX:
-                    parts.append(text[lt + 9:stop])
-                size += stop - lt - 9
-            i = n if end < 0 else end + 3
-            continue
-        if special and text.startswith("<!--", lt):
-            end = text.find("-->", lt + 4)
-            i = n if end < 0 else end + 3
-            continue
-        if gt < lt:
-            gt = text.find(">", lt + 1)
-            if gt < 0:
-                break                               # a tag that never closes: nothing more to read
-        inner = text.find("<", lt + 1, gt)
-        if inner >= 0:                              # "<" inside a tag: the first "<" was text
-            if field is not None:
-                parts.append("<")
-            i = lt + 1
-            continue
-        if special:
-            if text[lt + 1] == "!":                 # DOCTYPE: skip it, internal subset and all, unread
-                bracket = text.find("[", lt, gt)
-                if bracket >= 0:
-                    close = text.find("]", bracket)
-                    gt = text.find(">", close) if close >= 0 else -1
-                    if gt < 0:
-                        break
-            i = gt + 1
-            continue
-        i = gt + 1
-        closing = text[lt + 1:lt + 2] == "/"
-        m = name_at(text, lt + 2 if closing else lt + 1, gt)
-        if m is None:
-            continue
-        prefix, _, name = m.group(0).lower().rpartition(":")
-        raw = text[lt + 1:gt]
-        if closing:
-            depth = max(0, depth - 1)
-            if field is not None and name == field:
-                value = _xml_unescape("".join(parts)).strip() if size <= SITEMAP_VALUE_MAX else ""
-                field, parts, size = None, [], 0
-                if record is not None and value:
-                    if name in ("loc", "link") and not record[1]:
-                        record[1] = value
-                    elif name in ("lastmod", "updated", "published", "pubdate", "date") and not record[2]:
-                        record[2] = _rss_date(value) if name == "pubdate" else value
-                elif record is None and name == "loc" and value and not feed:
-                    entry = finish([root is not None and root[1] == "sitemapindex", value, None])
-                    if entry:
-                        yield entry
-            elif record is not None and name == record[3]:
-                entry = finish(record)
-                record = None
-                if entry:
-                    yield entry
-            continue
-        if not raw.endswith("/"):
-            depth += 1
-        if root is None:
-            root = (prefix, name)
-            prefixes = (prefix, "") if prefix else ("",)
-            feed = name in _FEED_ROOTS
-            continue
-        if depth > SITEMAP_NESTING_MAX:
-            continue
-        field, parts, size = None, [], 0            # a tag inside a field: the field was not plain text
-        if prefix not in prefixes and not (prefix == "dc" and name == "date"):
-            continue
-        if (name in _SITEMAP_RECORDS and not feed) or (name in _FEED_RECORDS and feed):
-            entry = finish(record)
-            if entry:
-                yield entry                         # the previous record was never closed
-            record = [_SITEMAP_RECORDS.get(name, False), None, None, name]
-        elif name in _SITEMAP_FIELDS and record is not None or name == "loc" and not feed:
-            if name == "link" and feed and root[1] == "feed":
-                rel = _attribute(raw, "rel")
-                href = _attribute(raw, "href")
-                if record is not None and href and rel in ("", "alternate") and not record[1]:
-                    record[1] = href
-                continue
-            if not raw.endswith("/"):
-                field = name
-    entry = finish(record)
-    if entry:
+    reader = _SitemapReader(text, base_url)
+    yield from _xml_scan(text, reader)
+    entry = reader.finish()              # a record never closed
+    if entry is not None:
         yield entry
 
 
@@ -8532,53 +8651,74 @@ class Fetcher:
         usable, skipped = self.providers(fmt)
         attempts = [attempt_record(name, "skipped", 0.0, code="not_usable", message=why) for name, why in skipped]
         attempts += prior
-        usable = [name for name in usable if name not in {a["vendor"] for a in prior}]
-        shell, why = None, None
+        asked = {a["vendor"] for a in prior}
+        usable = [name for name in usable if name not in asked]
+        jina_backs_direct = "direct" in usable and "jina" in usable[usable.index("direct"):]
+        shell, why = None, None         # direct's script-rendered page; why Jina is asked after direct
         for name in usable:
             ctx.check()
-            if name == "jina" and "direct" in usable[:usable.index("jina")]:
-                if why is None:
-                    continue
-                refusal = self._jina_refusal(url)
-                if refusal:
-                    attempts.append(attempt_record("jina", "skipped", 0.0, code="private_page", message=refusal))
-                    continue
-            gate = self.health.admit(name) if name == "jina" else None
-            if gate is not None:
-                attempts.append(attempt_record(name, "skipped_cooldown", 0.0, code="cooldown", message=gate[1]))
+            if name == "jina" and jina_backs_direct and why is None:
+                continue                # direct failed in a way Jina does not get past
+            held = self._held_back(name, url, jina_backs_direct)
+            if held is not None:
+                attempts.append(held)
                 continue
-            started = time.monotonic()
-            try:
-                doc = (self._tavily if name == "tavily" else self._jina if name == "jina" else self._direct)(
-                    url, fmt, ctx)
-            except UpstreamError as exc:
-                ctx.check()
-                record = attempt_record(name, exc.outcome, time.monotonic() - started, code=exc.code,
-                                        http_status=exc.status, message=exc.message)
-                if exc.diagnostics:
-                    record["diagnostics"] = exc.diagnostics
-                if exc.retry_after_s is not None:
-                    record["retry_after_s"] = round(exc.retry_after_s, 1)
-                attempts.append(record)
-                if name == "jina":
-                    self.health.record(name, exc.outcome, None, exc.retry_after_s, exc.code, exc.message)
-                self.log.info("fetch via %s failed: %s (%s)", name, exc.outcome, exc.code)
+            doc, exc, record = self._ask(name, url, fmt, ctx, jina_backs_direct)
+            attempts.append(record)
+            if exc is not None:
                 if exc.code in ("private_address", "bad_url"):
                     break       # no other provider may fetch what the guard refused
                 if name == "direct" and exc.code in _JINA_AFTER_CODES:
                     why = "direct: %s" % exc.message
-                continue
-            if name == "jina":
-                self.health.record(name, "success")
-            if doc.shell and name == "direct" and "jina" in usable[usable.index("direct"):]:
-                attempts.append(attempt_record(name, "no_results", time.monotonic() - started, code="script_rendered",
-                                               http_status=200, message=doc.shell))
+            elif record["code"] == "script_rendered":
                 shell, why = doc, "direct: " + doc.shell
-                continue
-            attempts.append(attempt_record(name, "success", time.monotonic() - started, http_status=200))
-            doc.fallback = why if name == "jina" else None
-            return doc, attempts
+            else:
+                doc.fallback = why if name == "jina" else None
+                return doc, attempts
         return shell, attempts
+
+    def _ask(self, name, url, fmt, ctx, jina_backs_direct):
+        """Ask provider ``name`` for the page: ``(document, error, attempt record)``, one of the first
+        two None. A script-rendered shell from direct is recorded as no result when Jina backs it."""
+        ask = {"tavily": self._tavily, "jina": self._jina}.get(name, self._direct)
+        started = time.monotonic()
+        try:
+            doc = ask(url, fmt, ctx)
+        except UpstreamError as exc:
+            ctx.check()
+            return None, exc, self._failed(name, exc, time.monotonic() - started)
+        if name == "jina":
+            self.health.record(name, "success")
+        if doc.shell and name == "direct" and jina_backs_direct:
+            return doc, None, attempt_record(name, "no_results", time.monotonic() - started, code="script_rendered",
+                                             http_status=200, message=doc.shell)
+        return doc, None, attempt_record(name, "success", time.monotonic() - started, http_status=200)
+
+    def _held_back(self, name, url, after_direct):
+        """The attempt record of a provider that is not asked now (Jina: a page on a private address
+        when it backs direct, or a rate-limit cooldown), or None."""
+        if name != "jina":
+            return None
+        refusal = self._jina_refusal(url) if after_direct else None
+        if refusal:
+            return attempt_record("jina", "skipped", 0.0, code="private_page", message=refusal)
+        gate = self.health.admit(name)
+        if gate is not None:
+            return attempt_record(name, "skipped_cooldown", 0.0, code="cooldown", message=gate[1])
+        return None
+
+    def _failed(self, name, exc, elapsed_s):
+        """The attempt record of a provider that failed with ``exc``; Jina's failures go to its health."""
+        record = attempt_record(name, exc.outcome, elapsed_s, code=exc.code, http_status=exc.status,
+                                message=exc.message)
+        if exc.diagnostics:
+            record["diagnostics"] = exc.diagnostics
+        if exc.retry_after_s is not None:
+            record["retry_after_s"] = round(exc.retry_after_s, 1)
+        if name == "jina":
+            self.health.record(name, exc.outcome, None, exc.retry_after_s, exc.code, exc.message)
+        self.log.info("fetch via %s failed: %s (%s)", name, exc.outcome, exc.code)
+        return record
 
     def _jina_refusal(self, url):
         """Why ``url`` must not go to Jina Reader (its host is not public and the reader is not inside
@@ -8615,27 +8755,7 @@ class Fetcher:
         resp = call_upstream("jina", self.transport, "POST", self.config.jina_url.rstrip("/") + "/", ctx=ctx,
                              timeout_s=max(self.config.timeout_s, ctx.remaining()),
                              headers=headers, body=json.dumps({"url": url}))
-        try:
-            data = resp.json()
-        except ValueError:
-            data = None
-        page = data.get("data") if isinstance(data, dict) else None
-        if resp.status != 200 or not isinstance(page, dict):
-            raise _jina_error(resp, data)
-        warning = page.get("warning") if isinstance(page.get("warning"), str) else ""
-        content = page.get("content") if isinstance(page.get("content"), str) else ""
-        if fmt == "html" and isinstance(page.get("html"), str):
-            content = page["html"]
-        elif fmt == "text" and isinstance(page.get("text"), str):
-            content = page["text"]
-        if re.search(r"CAPTCHA|returned error [45]\d\d", warning):
-            raise UpstreamError("jina", "blocked", "target_refused", "Jina Reader: %s" % collapse_ws(warning)[:300],
-                                status=200)
-        if not content.strip():
-            raise UpstreamError("jina", "no_results", "empty", "Jina Reader found no content on %s" % url, status=200)
-        title = page.get("title") if isinstance(page.get("title"), str) else ""
-        final = page.get("url") if isinstance(page.get("url"), str) and page["url"].startswith("http") else url
-        return Document(url, final, title, content.strip(), "jina", "text/html" if fmt == "html" else "text/markdown")
+        return _jina_document(url, fmt, resp)
 
     def batchable(self, fmt):
         """True when Tavily Extract comes first for ``fmt``, so several pages can share one request."""
@@ -8648,25 +8768,10 @@ class Fetcher:
                                    ctx, self.config.timeout_s, keyless=False)
         docs = {}
         for item in data.get("results") or []:
-            if not (isinstance(item, dict) and isinstance(item.get("raw_content"), str) and item["raw_content"].strip()):
-                continue
-            url = item.get("url") if item.get("url") in urls else (urls[0] if len(urls) == 1 else None)
-            if url is None or url in docs:
-                continue
-            content = item["raw_content"].strip()
-            heading = re.search(r"^#\s+(.+)$", content, re.M)
-            docs[url] = Document(url, item.get("url") or url, heading.group(1).strip() if heading else "",
-                                 content, "tavily", "text/markdown")
-        reasons = {}
-        for failed in data.get("failed_results") or []:
-            if isinstance(failed, dict) and failed.get("url") in urls and failed["url"] not in docs:
-                reasons[failed["url"]] = str(failed.get("error") or "no content")[:300]
-        first = next((str(f.get("error"))[:300] for f in data.get("failed_results") or []
-                      if isinstance(f, dict) and f.get("error")), "no content")
-        for url in urls:
-            if url not in docs:
-                reasons.setdefault(url, first if len(urls) == 1 else "no content")
-        return docs, reasons
+            doc = _tavily_document(item, urls)
+            if doc is not None and doc.url not in docs:
+                docs[doc.url] = doc
+        return docs, _tavily_failures(data.get("failed_results") or [], urls, docs)
 
     def _tavily(self, url, fmt, ctx):
         docs, reasons = self.tavily_extract([url], fmt, ctx)
@@ -8676,6 +8781,29 @@ class Fetcher:
             url, reasons[url]), status=200)
 
     def _direct(self, url, fmt, ctx):
+        """The page as the built-in extractor reads it (HTML, PDF, text and JSON), as a Document."""
+        resp = self._get_page(url, ctx)
+        ctype = resp.headers.get("content-type", "")
+        media = _media_type(ctype)
+        body = resp.body
+        check = _extraction_check(url, ctx)
+        if media == "application/pdf" or body.lstrip()[:5] == b"%PDF-":
+            return Document(url, resp.url, "", _pdf_page_text(url, body, check), "direct", "application/pdf")
+        media = media or _sniff_media(body)
+        if media in _MEDIA_HTML:
+            html = decode_page(body, ctype)
+            if fmt == "html":
+                return Document(url, resp.url, page_title(html), html, "direct", media)
+            title, content = html_to_markdown(html, resp.url, plain=fmt == "text", check=check)
+            return Document(url, resp.url, title, content, "direct", media, script_shell(html, content))
+        if media.startswith(_MEDIA_TEXT_PREFIXES) or media in _MEDIA_TEXTUAL or media.endswith(("+json", "+xml")):
+            return Document(url, resp.url, "", decode_page(body, ctype).strip(), "direct", media)
+        raise UpstreamError("direct", "bad_response", "unsupported_content_type",
+                            "%s is %s, which the built-in extractor does not read (HTML, PDF, text and JSON only)" % (
+                                url, media), status=200, retryable=False)
+
+    def _get_page(self, url, ctx):
+        """GET ``url`` for the built-in extractor: the 200 response, or UpstreamError."""
         try:
             resp = call_upstream("direct", self.transport, "GET", url, ctx=ctx,
                                  timeout_s=self.config.timeout_s, max_redirects=5,
@@ -8694,36 +8822,93 @@ class Fetcher:
                                 "http_%d" % resp.status, status_message(url_host(resp.url), resp, 160),
                                 status=resp.status,
                                 retryable=resp.status >= 500 or resp.status == 429)
-        ctype = resp.headers.get("content-type", "")
-        media = _media_type(ctype)
-        body = resp.body
+        return resp
 
-        def check():
-            ctx.check()
-            if ctx.expired():
-                raise UpstreamError("direct", "timeout", "extraction_timeout",
-                                    "extracting the text of %s took until the deadline" % url, retryable=False)
-        if media == "application/pdf" or body.lstrip()[:5] == b"%PDF-":
-            try:
-                text = pdf_to_text(body, check=check)
-            except PdfError as exc:
-                raise UpstreamError("direct", "no_results" if exc.code == "pdf_no_text" else "bad_response",
-                                    exc.code, "%s: %s" % (url, exc.message), status=200, retryable=False) from None
-            return Document(url, resp.url, "", text, "direct", "application/pdf")
-        if not media:
-            media = "text/html" if body.lstrip()[:1] == b"<" else ("text/plain" if b"\x00" not in body[:4096]
-                                                                 else "application/octet-stream")
-        if media in _MEDIA_HTML:
-            html = decode_page(body, ctype)
-            if fmt == "html":
-                return Document(url, resp.url, page_title(html), html, "direct", media)
-            title, content = html_to_markdown(html, resp.url, plain=fmt == "text", check=check)
-            return Document(url, resp.url, title, content, "direct", media, script_shell(html, content))
-        if media.startswith(_MEDIA_TEXT_PREFIXES) or media in _MEDIA_TEXTUAL or media.endswith(("+json", "+xml")):
-            return Document(url, resp.url, "", decode_page(body, ctype).strip(), "direct", media)
-        raise UpstreamError("direct", "bad_response", "unsupported_content_type",
-                            "%s is %s, which the built-in extractor does not read (HTML, PDF, text and JSON only)" % (
-                                url, media), status=200, retryable=False)
+
+def _extraction_check(url, ctx):
+    """The ``check`` the extractors call as they go: raises Cancelled, or UpstreamError once the
+    deadline of ``ctx`` has passed."""
+    def check():
+        ctx.check()
+        if ctx.expired():
+            raise UpstreamError("direct", "timeout", "extraction_timeout",
+                                "extracting the text of %s took until the deadline" % url, retryable=False)
+    return check
+
+
+def _pdf_page_text(url, body, check):
+    """The text of the PDF ``body`` fetched from ``url``; a PdfError becomes an UpstreamError."""
+    try:
+        return pdf_to_text(body, check=check)
+    except PdfError as exc:
+        raise UpstreamError("direct", "no_results" if exc.code == "pdf_no_text" else "bad_response",
+                            exc.code, "%s: %s" % (url, exc.message), status=200, retryable=False) from None
+
+
+def _sniff_media(body):
+    """The media type of a body sent without one: markup is HTML, text without NUL bytes plain text."""
+    if body.lstrip()[:1] == b"<":
+        return "text/html"
+    return "text/plain" if b"\x00" not in body[:4096] else "application/octet-stream"
+
+
+def _jina_document(url, fmt, resp):
+    """The Document in Jina Reader's answer ``resp`` for ``url``, or the UpstreamError it amounts to."""
+    try:
+        data = resp.json()
+    except ValueError:
+        data = None
+    page = data.get("data") if isinstance(data, dict) else None
+    if resp.status != 200 or not isinstance(page, dict):
+        raise _jina_error(resp, data)
+    text = {key: value for key, value in page.items() if isinstance(value, str)}
+    content = text.get("content", "")
+    if fmt in ("html", "text"):
+        content = text.get(fmt, content)
+    warning = text.get("warning", "")
+    if re.search(r"CAPTCHA|returned error [45]\d\d", warning):
+        raise UpstreamError("jina", "blocked", "target_refused", "Jina Reader: %s" % collapse_ws(warning)[:300],
+                            status=200)
+    if not content.strip():
+        raise UpstreamError("jina", "no_results", "empty", "Jina Reader found no content on %s" % url, status=200)
+    final = text.get("url", "")
+    return Document(url, final if final.startswith("http") else url, text.get("title", ""), content.strip(),
+                    "jina", "text/html" if fmt == "html" else "text/markdown")
+
+
+def _tavily_document(item, urls):
+    """The Document of one Tavily Extract result for one of ``urls`` (the only one, when Tavily
+    gives another URL for it), or None when it has no text."""
+    if not (isinstance(item, dict) and isinstance(item.get("raw_content"), str) and item["raw_content"].strip()):
+        return None
+    url = item.get("url") if item.get("url") in urls else (urls[0] if len(urls) == 1 else None)
+    if url is None:
+        return None
+    content = item["raw_content"].strip()
+    heading = re.search(r"^#\s+(.+)$", content, re.M)
+    return Document(url, item.get("url") or url, heading.group(1).strip() if heading else "",
+                    content, "tavily", "text/markdown")
+
+
+def _tavily_failures(failures, urls, docs):
+    """``{url: why it failed}`` for the ``urls`` without a Document: Tavily's ``failed_results``
+    error, for a single URL its first error whatever URL it names, else "no content"."""
+    reasons = {}
+    for failed in failures:
+        if isinstance(failed, dict) and failed.get("url") in urls and failed["url"] not in docs:
+            reasons[failed["url"]] = str(failed.get("error") or "no content")[:300]
+    first = next((str(f.get("error"))[:300] for f in failures if isinstance(f, dict) and f.get("error")), "no content")
+    for url in urls:
+        if url not in docs:
+            reasons.setdefault(url, first if len(urls) == 1 else "no content")
+    return reasons
+
+
+# Jina Reader's answers by HTTP status: (outcome, code, retryable) of the UpstreamError each one is;
+# 200 here is a body that is not its JSON envelope, 429 and the statuses not listed are handled in code.
+_JINA_STATUSES = {401: ("auth_error", "invalid_key", False), 402: ("quota_exhausted", "no_credits", False),
+                  403: ("blocked", "forbidden", False), 451: ("blocked", "forbidden", False),
+                  422: ("no_results", "empty", False), 200: ("bad_response", "invalid_json", True)}
 
 
 def _jina_error(resp, data):
@@ -8738,18 +8923,10 @@ def _jina_error(resp, data):
         return UpstreamError("jina", "rate_limited", "rate_limited", message, status=status, retry_after_s=float(
             wait) if _is_number(wait) and wait > 0 else retry_after_of(resp.headers))
     if status == 401:
-        return UpstreamError("jina", "auth_error", "invalid_key", message + "; check JINA_API_KEY", status=status,
-                             retryable=False)
-    if status == 402:
-        return UpstreamError("jina", "quota_exhausted", "no_credits", message, status=status, retryable=False)
-    if status in (403, 451):
-        return UpstreamError("jina", "blocked", "forbidden", message, status=status, retryable=False)
-    if status == 422:
-        return UpstreamError("jina", "no_results", "empty", message, status=status, retryable=False)
-    if status == 200:
-        return UpstreamError("jina", "bad_response", "invalid_json", message, status=status)
-    return UpstreamError("jina", "http_error", "server_error" if status >= 500 else "bad_parameters", message,
-                         status=status, retryable=status >= 500)
+        message += "; check JINA_API_KEY"
+    outcome, code, retryable = _JINA_STATUSES.get(status) or (
+        "http_error", "server_error" if status >= 500 else "bad_parameters", status >= 500)
+    return UpstreamError("jina", outcome, code, message, status=status, retryable=retryable)
 
 MAP_CRAWL_DELAY_MAX_S = 2.0          # robots.txt Crawl-delay honoured up to this, within the map's timeout
 
