@@ -170,6 +170,14 @@ class DeadlineExceeded(RingError):
     """The request's overall deadline passed."""
 
 
+class TooLarge(RingError):
+    """A document (or a call's documents together) would take more memory than its budget allows."""
+
+    def __init__(self, message, limit_bytes):
+        self.limit_bytes = limit_bytes
+        super().__init__(message)
+
+
 # The one failure vocabulary.  Every failed exchange with anything upstream (a search engine, a
 # page, Tavily, the answer model, the transport below them) is an UpstreamError whose ``outcome``
 # is one of these; the outcome alone decides failover, vendor cooldowns, key states and retries,
@@ -5745,15 +5753,68 @@ def mcp_words(name, value=None):
     return name if value is None else "%s=%s" % (name, value)
 
 
+class MemoryBudget:
+    """Bytes that documents may hold at once: a process's, a call's (drawn from the process's), a
+    document's (drawn from its call's).  :meth:`charge` raises :class:`TooLarge` instead of going
+    past the limit of this budget or of any budget above it; :meth:`release` gives bytes back.
+
+    >>> process = MemoryBudget(100, "the process")
+    >>> call = process.child(60, "this call")
+    >>> call.charge(50); process.used
+    50
+    >>> call.charge(20)
+    Traceback (most recent call last):
+    ...
+    websearch_ring.TooLarge: this call would hold more than 60 bytes of documents
+    >>> call.release(50); process.used
+    0
+    """
+
+    __slots__ = ("limit", "used", "what", "parent", "_lock")
+
+    def __init__(self, limit_bytes, what="this call", parent=None):
+        self.limit = limit_bytes
+        self.used = 0
+        self.what = what
+        self.parent = parent
+        self._lock = threading.Lock()
+
+    def child(self, limit_bytes, what):
+        """A budget of at most ``limit_bytes`` that draws on this one."""
+        return MemoryBudget(limit_bytes, what, self)
+
+    def charge(self, nbytes):
+        with self._lock:
+            if self.used + nbytes > self.limit:
+                raise TooLarge("%s would hold more than %d bytes of documents" % (self.what, self.limit),
+                               self.limit)
+            self.used += nbytes
+        if self.parent is not None:
+            try:
+                self.parent.charge(nbytes)
+            except TooLarge:
+                with self._lock:
+                    self.used -= nbytes
+                raise
+
+    def release(self, nbytes):
+        with self._lock:
+            nbytes = min(nbytes, self.used)
+            self.used -= nbytes
+        if self.parent is not None:
+            self.parent.release(nbytes)
+
+
 class CallContext:
     """One call in progress, as every step below a tool sees it: its cancel token, its deadline
     (None: no limit of its own), where its progress goes, and how its caller names tools and
     arguments in the hints of a text (``say``: :func:`mcp_words`, or the command line's words).
 
     A step that needs a tighter limit works under ``ctx.within(seconds)``: the same call (token,
-    progress) with a deadline no later than the call's own.  ``headers`` holds the headers of the
-    latest upstream response made under this context, so the ring reads a vendor's rate-limit
-    headers from a success too.
+    progress) with a deadline no later than the call's own.  ``budget`` is the call's
+    :class:`MemoryBudget` (None: documents are bounded only by their readers' own caps), shared by
+    every page the call reads.  ``headers`` holds the headers of the latest upstream response made
+    under this context, so the ring reads a vendor's rate-limit headers from a success too.
 
     >>> t = [0.0]
     >>> ctx = CallContext().within(10.0, clock=lambda: t[0])
@@ -5761,20 +5822,21 @@ class CallContext:
     (10.0, 3.0)
     """
 
-    __slots__ = ("token", "deadline", "progress", "say", "request_id", "headers")
+    __slots__ = ("token", "deadline", "progress", "say", "request_id", "budget", "headers")
 
-    def __init__(self, token=None, deadline=None, progress=None, say=mcp_words, request_id=None):
+    def __init__(self, token=None, deadline=None, progress=None, say=mcp_words, request_id=None, budget=None):
         self.token = token if token is not None else CancelToken()
         self.deadline = deadline
         self.progress = progress
         self.say = say
         self.request_id = request_id or new_id("req_")
+        self.budget = budget
         self.headers = {}
 
     def within(self, timeout_s, clock=time.monotonic):
         """This call limited to ``timeout_s`` more seconds (``clock`` serves a call without a deadline)."""
         deadline = self.deadline.child(timeout_s) if self.deadline is not None else Deadline(timeout_s, clock)
-        return CallContext(self.token, deadline, self.progress, self.say, self.request_id)
+        return CallContext(self.token, deadline, self.progress, self.say, self.request_id, self.budget)
 
     @property
     def cancelled(self):
@@ -7399,8 +7461,8 @@ class Coalescer:
 
         ``work(flight)`` runs at most once per flight, under the flight's own
         :class:`CallContext` (its token, no deadline, its progress reaching the
-        progress of every caller still waiting); its exception is re-raised in
-        every caller.  A caller waits until its own ``ctx`` is cancelled or its
+        progress of every caller still waiting, the memory budget of the caller
+        that started it); its exception is re-raised in every caller.  A caller waits until its own ``ctx`` is cancelled or its
         deadline passes.  ``lookup()`` (a cache read) is asked
         under the lock before a new flight starts, so a caller arriving just as
         a flight lands takes its cached value instead of starting another.
@@ -7422,7 +7484,7 @@ class Coalescer:
         if how == "own":
             handle = token.add_callback(lambda: self._leave(key, flight))
             try:
-                self._fly(key, flight, work)
+                self._fly(key, flight, work, ctx.budget)
             finally:
                 token.remove(handle)
                 self._unlisten(flight, listener)
@@ -7463,10 +7525,10 @@ class Coalescer:
         if last:
             flight.token.cancel("every caller left")
 
-    def _fly(self, key, flight, work):
+    def _fly(self, key, flight, work, budget=None):
         value = error = None
         try:
-            value = work(CallContext(flight.token, progress=flight.emit))
+            value = work(CallContext(flight.token, progress=flight.emit, budget=budget))
         except BaseException as exc:   # handed to every waiter
             error = exc
         with self._lock:
@@ -10790,7 +10852,8 @@ class PageTools:
 
         def one(i):
             try:
-                page_ctx = CallContext(ctx.token, ctx.deadline, say=ctx.say)     # progress: one note per page
+                # The call's token, deadline and budget; no progress (the call reports one note a page).
+                page_ctx = CallContext(ctx.token, ctx.deadline, say=ctx.say, budget=ctx.budget)
                 results[i] = self._fetch_page(urls[i], fmt, start, length, page_ctx, self._clock(),
                                               served=served.get(urls[i]), prior=prior.get(urls[i], ()))
             except Cancelled:
