@@ -1734,6 +1734,40 @@ def _classes(attrs):
 # §5 PDF: filters and encryption
 # ---------------------------------------------------------------------------
 
+# pdf_to_text() (at the end of §8) reads the text layer of a PDF with the standard library
+# only, in four sections: this one undoes encryption and stream filters; §6 finds the
+# objects (xref tables and streams, object streams, incremental updates, a scan for
+# "N G obj" when the xref is damaged); §7 turns font codes into text (ToUnicode CMaps,
+# simple encodings with /Differences, Type0 CID fonts); §8 runs the text operators of
+# content streams and lays the text out as lines and paragraphs.
+#
+# Every loop is bounded by the limits below, and the caller's ``check`` is called every
+# ``_PDF_CHECK_EVERY`` tokens or objects: every such call goes through _PdfDocument.tick.
+#
+# Decryption is RC4 opened with the empty user password only: a user password, AES (the
+# standard library has no AES) or another security handler is a PdfError("pdf_encrypted").
+# The filters are Flate (what inflates before damage is kept), LZW, ASCIIHex, ASCII85 and
+# RunLength, with PNG and TIFF predictors; image codecs are not decoded: their data holds
+# no text.
+
+PDF_MAX_PAGES = 2000                # pages read from one document; later pages are left out
+_PDF_MAX_STREAM = 32 << 20          # bytes one stream may inflate to: a zip bomb stops here
+_PDF_MAX_DECODED = 64 << 20         # bytes all the streams of one document may inflate to
+_PDF_MAX_OPERATORS = 20000000       # content tokens run per document (form XObjects repeat)
+_PDF_MAX_NESTING = 64               # depth of nested arrays and dictionaries kept by the parser
+_PDF_MAX_CHAIN = 32                 # indirect references followed in a row
+
+_PDF_MAX_SECTIONS = 256             # cross-reference sections followed through /Prev
+_PDF_MAX_TRAILERS = 64              # trailer dictionaries read by the scan of a damaged file
+_PDF_MAX_DICT_BYTES = 65536         # bytes a trailer or xref stream dictionary may span
+
+_PDF_MAX_CMAP = 1 << 17             # codes a CMap or /W array may define
+_PDF_MAX_FORM_DEPTH = 12            # form XObjects drawn inside form XObjects
+_PDF_MAX_GSTATE = 256               # graphics states saved with q
+
+_PDF_CHECK_EVERY = 2048             # tokens (or objects) between two calls of ``check``
+
+
 # Key padding of the standard security handler (PDF 1.7, 7.6.3.3, algorithm 2).
 _PDF_PASSWORD_PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683E802F0CA9FE6453697A")
 
@@ -1757,7 +1791,8 @@ class PdfError(RingError):
 
 class _PdfRc4Security:
     """The standard security handler with RC4 (V 1, 2 or 4 with /V2, revisions 2 to 4), opened
-    with the empty user password; anything else raises ``PdfError("pdf_encrypted")``."""
+    with the empty user password; anything else raises ``PdfError("pdf_encrypted")``.
+    ``identity`` is true when a V 4 handler's crypt filters encrypt nothing."""
 
     def __init__(self, enc, first_id):
         self.identity = False
@@ -1765,44 +1800,59 @@ class _PdfRc4Security:
             raise PdfError("pdf_encrypted", "the PDF is encrypted with the %s security handler, "
                            "which needs a password or certificate" % enc.get("Filter"))
         version, revision = _pdf_int(enc.get("V"), 0), _pdf_int(enc.get("R"), 2)
-        length = _pdf_int(enc.get("Length"), 40)
         if version >= 5 or revision >= 5:
             raise PdfError("pdf_encrypted", "the PDF is encrypted with AES-256 (AESV3); the standard "
                            "library has no AES cipher to decrypt it")
+        length = _pdf_int(enc.get("Length"), 40)
         if version == 4:
-            filters = enc.get("CF") if isinstance(enc.get("CF"), dict) else {}
-            methods = set()
-            for key in ("StmF", "StrF"):
-                name = enc.get(key, "Identity")
-                cf = filters.get(name) if name != "Identity" else None
-                if isinstance(cf, dict):
-                    methods.add(cf.get("CFM", "None"))
-                    size = _pdf_int(cf.get("Length"), 0)
-                    if size:
-                        length = size * 8 if size <= 32 else size
-            if "AESV2" in methods or "AESV3" in methods:
-                raise PdfError("pdf_encrypted", "the PDF is encrypted with AES (AESV2); the standard "
-                               "library has no AES cipher to decrypt it")
-            if not methods - {"None"}:
+            length = self._crypt_filter_length(enc, length)
+            if length is None:
                 self.identity = True
                 return
-            if type(enc.get("Length")) is not int and length == 40:
-                length = 128
-        if type(length) is not int or not 40 <= length <= 128:
+        if not 40 <= length <= 128:
             length = 40
-        n = 5 if revision == 2 else length // 8
+        self.key = self._open(enc, first_id, revision, 5 if revision == 2 else length // 8)
+        self.cache = {}
+
+    @staticmethod
+    def _crypt_filter_length(enc, length):
+        """The key length in bits of a V 4 handler, whose crypt filters (/CF) name the cipher
+        of streams (/StmF) and strings (/StrF); None when neither is encrypted."""
+        filters = enc.get("CF") if isinstance(enc.get("CF"), dict) else {}
+        methods = set()
+        for key in ("StmF", "StrF"):
+            name = enc.get(key, "Identity")
+            cf = filters.get(name) if name != "Identity" else None
+            if isinstance(cf, dict):
+                methods.add(cf.get("CFM", "None"))
+                size = _pdf_int(cf.get("Length"), 0)
+                if size:
+                    length = size * 8 if size <= 32 else size
+        if "AESV2" in methods or "AESV3" in methods:
+            raise PdfError("pdf_encrypted", "the PDF is encrypted with AES (AESV2); the standard "
+                           "library has no AES cipher to decrypt it")
+        if not methods - {"None"}:
+            return None
+        if type(enc.get("Length")) is not int and length == 40:
+            length = 128
+        return length
+
+    @staticmethod
+    def _open(enc, first_id, revision, n):
+        """The file key of ``n`` bytes from the empty user password, checked against /U."""
         owner, user = enc.get("O", b""), enc.get("U", b"")
         if not isinstance(owner, bytes) or not isinstance(user, bytes):
             raise PdfError("pdf_encrypted", "the PDF's encryption dictionary is damaged")
         perms = _pdf_int(enc.get("P"), 0)
-        self.key = _pdf_file_key(b"", owner, perms, first_id, n, revision,
-                                 enc.get("EncryptMetadata", True) is not False)
-        if not _pdf_user_password_ok(self.key, user, first_id, revision):
+        key = _pdf_file_key(b"", owner, perms, first_id, n, revision,
+                            enc.get("EncryptMetadata", True) is not False)
+        if not _pdf_user_password_ok(key, user, first_id, revision):
             raise PdfError("pdf_encrypted", "the PDF is encrypted with a user password; "
                            "its text cannot be read without the password")
-        self.cache = {}
+        return key
 
     def decrypt(self, data, num, gen):
+        """``data`` of object ``num``, generation ``gen``, decrypted with the object's key."""
         key = self.cache.get((num, gen))
         if key is None:
             raw = self.key + (num & 0xFFFFFF).to_bytes(3, "little") + (gen & 0xFFFF).to_bytes(2, "little")
@@ -1925,40 +1975,55 @@ def _pdf_predict(data, parms):
     bpp = max(1, colors * bpc // 8)
     rowlen = (colors * bpc * columns + 7) // 8
     if predictor == 2:
-        if bpc != 8:
-            return data
-        out = bytearray(data)
-        for start in range(0, len(out), rowlen):
-            for i in range(start + bpp, min(start + rowlen, len(out))):
-                out[i] = (out[i] + out[i - bpp]) & 255
-        return bytes(out)
+        return _pdf_tiff_predict(data, bpp, rowlen) if bpc == 8 else data
     if predictor < 10:
         return data
+    return _pdf_png_predict(data, bpp, rowlen)
+
+
+def _pdf_tiff_predict(data, bpp, rowlen):
+    """TIFF predictor 2, 8 bits per component: each byte was stored as its difference from
+    the one ``bpp`` bytes before it in its row."""
+    out = bytearray(data)
+    for start in range(0, len(out), rowlen):
+        for i in range(start + bpp, min(start + rowlen, len(out))):
+            out[i] = (out[i] + out[i - bpp]) & 255
+    return bytes(out)
+
+
+def _pdf_png_predict(data, bpp, rowlen):
+    """PNG predictors: each row of ``rowlen`` bytes follows a byte naming its filter, undone
+    from the decoded row above (a partial last row is dropped)."""
     out = bytearray()
     prev = bytearray(rowlen)
     for start in range(0, len(data) - rowlen, rowlen + 1):
-        kind = data[start]
-        row = bytearray(data[start + 1:start + 1 + rowlen])
-        if kind == 2:
-            row = bytearray((a + b) & 255 for a, b in zip(row, prev))
-        elif kind == 1:
-            for i in range(bpp, rowlen):
-                row[i] = (row[i] + row[i - bpp]) & 255
-        elif kind == 3:
-            for i in range(rowlen):
-                left = row[i - bpp] if i >= bpp else 0
-                row[i] = (row[i] + ((left + prev[i]) >> 1)) & 255
-        elif kind == 4:
-            for i in range(rowlen):
-                a = row[i - bpp] if i >= bpp else 0
-                b = prev[i]
-                c = prev[i - bpp] if i >= bpp else 0
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                row[i] = (row[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        row = _pdf_png_unfilter(data[start], bytearray(data[start + 1:start + 1 + rowlen]), prev, bpp)
         out += row
         prev = row
     return bytes(out)
+
+
+def _pdf_png_unfilter(kind, row, prev, bpp):
+    """``row`` with the PNG filter ``kind`` undone (1 Sub, 2 Up, 3 Average, 4 Paeth; 0 None
+    and unknown kinds leave it as it is), ``prev`` being the decoded row above."""
+    if kind == 2:
+        return bytearray((a + b) & 255 for a, b in zip(row, prev))
+    if kind == 1:
+        for i in range(bpp, len(row)):
+            row[i] = (row[i] + row[i - bpp]) & 255
+    elif kind == 3:
+        for i in range(len(row)):
+            left = row[i - bpp] if i >= bpp else 0
+            row[i] = (row[i] + ((left + prev[i]) >> 1)) & 255
+    elif kind == 4:
+        for i in range(len(row)):
+            a = row[i - bpp] if i >= bpp else 0
+            b = prev[i]
+            c = prev[i - bpp] if i >= bpp else 0
+            p = a + b - c
+            pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+            row[i] = (row[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+    return row
 
 
 def _pdf_lzw(data, limit, early):
@@ -2051,34 +2116,9 @@ def _pdf_run_length(data, limit):
             pos += 2
     return bytes(out[:limit])
 
-
 # ---------------------------------------------------------------------------
 # §6 PDF: objects and cross-references
 # ---------------------------------------------------------------------------
-
-#
-# pdf_to_text() reads the text layer of a PDF with the standard library only:
-# the file structure (xref tables and streams, object streams, incremental
-# updates, a scan for "N G obj" when the xref is damaged), the common stream
-# filters, fonts (ToUnicode CMaps, simple encodings with /Differences, Type0
-# CID fonts) and the text operators of content streams, laid out as lines
-# and paragraphs from the text positions.  Every loop is bounded: pages,
-# inflated bytes, nesting, reference chains and form XObject depth, and the
-# caller's ``check`` is called every few thousand tokens.
-
-PDF_MAX_PAGES = 2000                # pages read from one document; later pages are left out
-_PDF_MAX_STREAM = 32 << 20          # bytes one stream may inflate to: a zip bomb stops here
-_PDF_MAX_DECODED = 64 << 20         # bytes all the streams of one document may inflate to
-_PDF_MAX_OPERATORS = 20000000       # content tokens run per document (form XObjects repeat)
-_PDF_MAX_NESTING = 64               # depth of nested arrays and dictionaries kept by the parser
-_PDF_MAX_CHAIN = 32                 # indirect references followed in a row
-
-_PDF_MAX_SECTIONS = 256             # cross-reference sections followed through /Prev
-_PDF_MAX_TRAILERS = 64              # trailer dictionaries read by the scan of a damaged file
-_PDF_MAX_DICT_BYTES = 65536         # bytes a trailer or xref stream dictionary may span
-
-_PDF_CHECK_EVERY = 2048             # tokens (or objects) between two calls of ``check``
-
 
 # The lexer: one alternative per token kind, each a single unambiguous loop, so that a match
 # costs time linear in its length.  Group numbers are the token kinds used by the parsers.
@@ -2831,8 +2871,6 @@ def _pdf_page_box(doc, node, inherited):
 # §7 PDF: fonts and encodings
 # ---------------------------------------------------------------------------
 
-_PDF_MAX_CMAP = 1 << 17             # codes a CMap or /W array may define
-
 _PDF_T1_DUP_RE = LazyPattern(rb"dup[ \t\r\n]{1,8}(\d{1,3})[ \t\r\n]{0,8}/([^ \t\r\n/\[\]{}()<>]{1,64})"
                             rb"[ \t\r\n]{1,8}put")
 
@@ -3458,10 +3496,6 @@ def _pdf_cmap_range(mapping, ranges, lo, hi, dst):
 # ---------------------------------------------------------------------------
 # §8 PDF: text layout
 # ---------------------------------------------------------------------------
-
-_PDF_MAX_FORM_DEPTH = 12            # form XObjects drawn inside form XObjects
-
-_PDF_MAX_GSTATE = 256               # graphics states saved with q
 
 _PDF_WORD_GAP = 0.18                # a forward jump wider than this share of the font size is a space
 _PDF_LINE_GAP = 0.55                # a vertical move beyond this share of the font size is a new line
