@@ -2120,6 +2120,14 @@ def _pdf_run_length(data, limit):
 # §6 PDF: objects and cross-references
 # ---------------------------------------------------------------------------
 
+# The lexer, the object parser, and _PdfDocument: the objects of one file by number,
+# through its cross-reference sections (tables and streams, newest first along /Prev and
+# /XRefStm) and object streams, and through a scan of the whole file for "N G obj"
+# headers when an entry or the whole xref is wrong.  Damage is tolerated, not reported:
+# an object that cannot be read is None.  Nesting deeper than _PDF_MAX_NESTING is
+# flattened, and reference chains, cross-reference sections and scanned trailers are
+# capped (the limits are at the top of §5).
+
 # The lexer: one alternative per token kind, each a single unambiguous loop, so that a match
 # costs time linear in its length.  Group numbers are the token kinds used by the parsers.
 _PDF_TOKEN_RE = LazyPattern(
@@ -2310,46 +2318,50 @@ def _pdf_parse(data, pos=0, end=None, tick=None):
         elif kind == 5:
             cur.append(_pdf_hex(value))
         elif kind == 6:
-            if value == b"[" or value == b"<<":
-                if len(stack) >= _PDF_MAX_NESTING:
-                    flattened += 1
-                    continue
-                stack.append((cur, value))
-                cur = []
-            elif value == b"]" or value == b">>":
-                if flattened:
-                    flattened -= 1
-                    continue
-                if not stack:
-                    continue
-                parent, opener = stack.pop()
-                parent.append(_pdf_dict(cur) if opener == b"<<" else cur)
-                cur = parent
+            cur, flattened = _pdf_nest(value, stack, cur, flattened)
         elif value == b"R":
             if len(cur) >= 2 and type(cur[-1]) is int and type(cur[-2]) is int:
                 gen = cur.pop()
                 cur[-1] = _PdfRef(cur[-1], gen)
-        elif value == b"true":
-            cur.append(True)
-        elif value == b"false":
-            cur.append(False)
-        elif value == b"null":
-            cur.append(None)
+        elif value in _PDF_CONSTANTS:
+            cur.append(_PDF_CONSTANTS[value])
         elif value in _PDF_STOP_KEYWORDS:
-            while stack:                    # a keyword inside an open container closes it
-                parent, opener = stack.pop()
-                parent.append(_pdf_dict(cur) if opener == b"<<" else cur)
-                cur = parent
-            return cur, value, after
+            return _pdf_close_all(stack, cur), value, after
+    return _pdf_close_all(stack, cur), None, end if end is not None else len(data)
+
+
+_PDF_CONSTANTS = {b"true": True, b"false": False, b"null": None}
+_PDF_STOP_KEYWORDS = frozenset((b"obj", b"endobj", b"stream", b"endstream", b"xref", b"trailer",
+                                b"startxref"))
+
+
+def _pdf_nest(delimiter, stack, cur, flattened):
+    """The parser's (current list, levels flattened) after an array or dictionary delimiter:
+    an opener pushes the current list on ``stack``, a closer pops it back with the closed
+    array or dictionary appended."""
+    if delimiter == b"[" or delimiter == b"<<":
+        if len(stack) >= _PDF_MAX_NESTING:
+            return cur, flattened + 1
+        stack.append((cur, delimiter))
+        return [], flattened
+    if delimiter == b"]" or delimiter == b">>":
+        if flattened:
+            return cur, flattened - 1
+        if stack:
+            parent, opener = stack.pop()
+            parent.append(_pdf_dict(cur) if opener == b"<<" else cur)
+            return parent, flattened
+    return cur, flattened
+
+
+def _pdf_close_all(stack, cur):
+    """The outermost list once every array and dictionary still open is closed (at the end
+    of the data, or at a keyword that cannot be inside an object)."""
     while stack:
         parent, opener = stack.pop()
         parent.append(_pdf_dict(cur) if opener == b"<<" else cur)
         cur = parent
-    return cur, None, end if end is not None else len(data)
-
-
-_PDF_STOP_KEYWORDS = frozenset((b"obj", b"endobj", b"stream", b"endstream", b"xref", b"trailer",
-                                b"startxref"))
+    return cur
 
 
 def _pdf_dict(items):
@@ -2389,17 +2401,12 @@ class _PdfDocument:
         self._scanned = None
         self._objstms_indexed = False
         self._depth = 0
-        try:
-            self._read_xref()
-        except Exception:
-            if self.stopped is not None:
-                raise
-        try:
-            if not isinstance(self.resolve(self.trailer.get("Root")), dict):
-                self._use_scan()
-        except Exception:
-            if self.stopped is not None:
-                raise
+        for step in (self._read_xref, self._check_root):
+            try:
+                step()
+            except Exception:           # a damaged file: go on with what was read
+                if self.stopped is not None:
+                    raise
         self._setup_encryption()
 
     def tick(self, amount=1):
@@ -2439,6 +2446,11 @@ class _PdfDocument:
             if type(offset) is not int:
                 offset = None
 
+    def _check_root(self):
+        """Fall back on the scan when the trailer leads to no catalog."""
+        if not isinstance(self.resolve(self.trailer.get("Root")), dict):
+            self._use_scan()
+
     def _read_section(self, offset):
         """Entries of the cross-reference section at ``offset`` (a table or a stream) added to
         ``self.xref`` unless a newer section has them; returns its trailer, or None."""
@@ -2459,84 +2471,104 @@ class _PdfDocument:
         return stream.dict
 
     def _read_table(self, pos):
-        data, xref = self.data, self.xref
+        """The subsections of a classic xref table from ``pos`` (after ``xref``); returns the
+        trailer dictionary that follows them ({} if none)."""
+        data = self.data
         while True:
             self.tick()
             m = _PDF_XREF_HEAD_RE.match(data, pos)
             if m is None:
                 break
-            first, count = int(m.group(1)), int(m.group(2))
-            pos = m.end()
-            block = data[pos:pos + 20 * count]
-            parts = block.split()
-            if len(parts) == 3 * count and count and block[17:18] in (b"n", b"f"):
-                for i in range(count):
-                    if parts[3 * i + 2] == b"n":
-                        xref.setdefault(first + i, (int(parts[3 * i]), None))
-                pos += 20 * count
-                continue
-            for i in range(count):          # entries of irregular length
-                e = _PDF_XREF_ENTRY_RE.match(data, pos)
-                if e is None:
-                    break
-                pos = e.end()
-                if e.group(3) == b"n":
-                    xref.setdefault(first + i, (int(e.group(1)), None))
+            pos = self._read_subsection(int(m.group(1)), int(m.group(2)), m.end())
         at = data.find(b"trailer", pos, pos + 4096)
         if at < 0:
             return {}
         values, _, _ = _pdf_parse(data, at + 7, min(len(data), at + _PDF_MAX_DICT_BYTES))
         return values[0] if values and isinstance(values[0], dict) else {}
 
+    def _read_subsection(self, first, count, pos):
+        """The ``count`` entries from object ``first`` on, at ``pos``; returns where they end."""
+        data, xref = self.data, self.xref
+        block = data[pos:pos + 20 * count]
+        parts = block.split()
+        if len(parts) == 3 * count and count and block[17:18] in (b"n", b"f"):
+            for i in range(count):          # the usual 20-byte entries
+                if parts[3 * i + 2] == b"n":
+                    xref.setdefault(first + i, (int(parts[3 * i]), None))
+            return pos + 20 * count
+        for i in range(count):              # entries of irregular length
+            e = _PDF_XREF_ENTRY_RE.match(data, pos)
+            if e is None:
+                break
+            pos = e.end()
+            if e.group(3) == b"n":
+                xref.setdefault(first + i, (int(e.group(1)), None))
+        return pos
+
     def _read_xref_stream(self, stream):
+        """The entries of a cross-reference stream: rows of three big-endian fields (/W gives
+        their widths) for the object numbers of the /Index ranges."""
         body = self.decode(stream, crypt=False)
-        if not body:
-            return
         widths = stream.get("W")
-        if not isinstance(widths, list) or len(widths) != 3 or not all(type(w) is int for w in widths):
-            return
-        w0, w1, w2 = widths
-        size = w0 + w1 + w2
-        if size <= 0 or min(widths) < 0:
+        if not body or not isinstance(widths, list) or len(widths) != 3 \
+                or not all(type(w) is int and w >= 0 for w in widths) or sum(widths) <= 0:
             return
         index = stream.get("Index")
         if not isinstance(index, list):
             index = [0, stream.get("Size", 0)]
-        xref, pos, n = self.xref, 0, len(body)
+        pos = 0
         for k in range(0, len(index) - 1, 2):
             first, count = index[k], index[k + 1]
             if type(first) is not int or type(count) is not int:
                 break
-            for i in range(min(count, (n - pos) // size)):
-                kind = int.from_bytes(body[pos:pos + w0], "big") if w0 else 1
-                f1 = int.from_bytes(body[pos + w0:pos + w0 + w1], "big")
-                f2 = int.from_bytes(body[pos + w0 + w1:pos + size], "big")
-                pos += size
-                if kind == 1:
-                    xref.setdefault(first + i, (f1, None))
-                elif kind == 2:
-                    xref.setdefault(first + i, (f1, f2))
+            pos = self._read_xref_rows(body, pos, widths, first, count)
             self.tick(count >> 6)
+
+    def _read_xref_rows(self, body, pos, widths, first, count):
+        """Up to ``count`` rows of ``body`` from ``pos``, for objects ``first`` on; returns where
+        they end.  Type 1 rows give an offset, type 2 an object stream and an index in it."""
+        xref = self.xref
+        w0, w1, w2 = widths
+        size = w0 + w1 + w2
+        for i in range(min(count, (len(body) - pos) // size)):
+            kind = int.from_bytes(body[pos:pos + w0], "big") if w0 else 1
+            f1 = int.from_bytes(body[pos + w0:pos + w0 + w1], "big")
+            f2 = int.from_bytes(body[pos + w0 + w1:pos + size], "big")
+            pos += size
+            if kind == 1:
+                xref.setdefault(first + i, (f1, None))
+            elif kind == 2:
+                xref.setdefault(first + i, (f1, f2))
+        return pos
+
+    # -- the scan of a damaged file
 
     def _scan(self):
         """Index of the file's objects by scanning for ``N G obj`` headers (later ones win),
-        and the trailer facts found on the way."""
-        if self._scanned is not None:
-            return self._scanned
-        data, found, trailers = self.data, {}, []
+        and the trailer dictionaries found on the way."""
+        if self._scanned is None:
+            self._scanned = (self._scan_headers(), self._scan_trailers())
+        return self._scanned
+
+    def _scan_headers(self):
+        data, found = self.data, {}
         find, search = data.find, _PDF_BEFORE_OBJ_RE.search
         pos = 0
         while True:
             p = find(b"obj", pos)
             if p < 0:
-                break
+                return found
             pos = p + 3
             self.tick()
             m = search(data, max(0, p - 40), p)
             if m is not None and data[p + 3:p + 4] not in b"0123456789abcdefghijklmnopqrstuvwxyz":
                 found[int(m.group(1))] = (m.start(1), None)
+
+    def _scan_trailers(self):
+        """The last ``_PDF_MAX_TRAILERS`` trailer dictionaries of the file, oldest first."""
+        data, trailers = self.data, []
         end = len(data)
-        while len(trailers) < _PDF_MAX_TRAILERS:     # the newest trailers, at the end of the file
+        while len(trailers) < _PDF_MAX_TRAILERS:
             p = data.rfind(b"trailer", 0, end)
             if p < 0:
                 break
@@ -2545,8 +2577,7 @@ class _PdfDocument:
                 values, _, _ = _pdf_parse(data, p + 7, min(len(data), p + _PDF_MAX_DICT_BYTES), self.tick)
                 if values and isinstance(values[0], dict):
                     trailers.insert(0, values[0])
-        self._scanned = (found, trailers)
-        return self._scanned
+        return trailers
 
     def _use_scan(self):
         """Rebuild the cross-reference from a scan of the file (a damaged or missing xref)."""
@@ -2564,19 +2595,41 @@ class _PdfDocument:
         self._index_scanned_objstms()
         if not isinstance(self.resolve(trailer.get("Root")), dict):
             trailer.pop("Root", None)
-            for num in sorted(self.xref):
-                obj = self.load(num)
-                dic = obj.dict if isinstance(obj, _PdfStream) else obj
-                if not isinstance(dic, dict):
-                    continue
-                if dic.get("Type") == "XRef":
-                    for key in ("Root", "Info", "Encrypt", "ID"):
-                        if key in dic:
-                            trailer[key] = dic[key]
-                elif dic.get("Type") == "Catalog" and "Root" not in trailer:
-                    trailer["Root"] = _PdfRef(num, 0)
+            self._trailer_from_objects(trailer)
         if "Root" in trailer or not self.trailer:
             self.trailer = trailer
+
+    def _trailer_from_objects(self, trailer):
+        """Complete ``trailer`` from the objects: the entries of a cross-reference stream's
+        dictionary, and the first catalog as /Root."""
+        for num in sorted(self.xref):
+            obj = self.load(num)
+            dic = obj.dict if isinstance(obj, _PdfStream) else obj
+            if not isinstance(dic, dict):
+                continue
+            if dic.get("Type") == "XRef":
+                for key in ("Root", "Info", "Encrypt", "ID"):
+                    if key in dic:
+                        trailer[key] = dic[key]
+            elif dic.get("Type") == "Catalog" and "Root" not in trailer:
+                trailer["Root"] = _PdfRef(num, 0)
+
+    def _index_scanned_objstms(self):
+        """Entries for the members of every object stream in the file that the xref lacks."""
+        self._objstms_indexed = True
+        found = self._scan()[0]
+        starts = sorted((where, num) for num, (where, _) in found.items())
+        keys = [where for where, _ in starts]
+        data, pos = self.data, 0
+        while True:
+            pos = data.find(b"/ObjStm", pos)
+            if pos < 0:
+                break
+            i = bisect.bisect_right(keys, pos) - 1
+            pos += 7
+            if i >= 0 and starts[i][1] not in self._objstms:
+                self.tick()
+                self._index_objstm(starts[i][1])
 
     def _index_objstm(self, num):
         """Entries for the objects of the object stream ``num`` that the xref lacks."""
@@ -2640,35 +2693,12 @@ class _PdfDocument:
             return self._object_at(where, num)
         return self._object_in_stream(where, index, num)
 
-    def _index_scanned_objstms(self):
-        """Entries for the members of every object stream in the file that the xref lacks."""
-        self._objstms_indexed = True
-        found = self._scan()[0]
-        starts = sorted((where, num) for num, (where, _) in found.items())
-        keys = [where for where, _ in starts]
-        data, pos = self.data, 0
-        while True:
-            pos = data.find(b"/ObjStm", pos)
-            if pos < 0:
-                break
-            i = bisect.bisect_right(keys, pos) - 1
-            pos += 7
-            if i >= 0 and starts[i][1] not in self._objstms:
-                self.tick()
-                self._index_objstm(starts[i][1])
-
     def _object_at(self, offset, num):
-        data = self.data
-        m = _PDF_HEADER_RE.match(data, offset)
-        if m is None or int(m.group(1)) != num:
-            found = self._scan()[0].get(num)
-            if found is None or found[0] == offset:
-                return None
-            m = _PDF_HEADER_RE.match(data, found[0])
-            if m is None:
-                return None
+        m = self._header(offset, num)
+        if m is None:
+            return None
         gen = int(m.group(2))
-        values, keyword, pos = _pdf_parse(data, m.end(), None, self.tick)
+        values, keyword, pos = _pdf_parse(self.data, m.end(), None, self.tick)
         if keyword == b"obj" and len(values) >= 2:
             values = values[:-2]            # the header of the next object: endobj is missing
         if not values:
@@ -2680,6 +2710,16 @@ class _PdfDocument:
             value = self._decrypt_strings(value, num, gen, 0)
         return value
 
+    def _header(self, offset, num):
+        """The ``N G obj`` header of object ``num`` at ``offset``, else where the scan found it."""
+        m = _PDF_HEADER_RE.match(self.data, offset)
+        if m is not None and int(m.group(1)) == num:
+            return m
+        found = self._scan()[0].get(num)
+        if found is None or found[0] == offset:
+            return None
+        return _PDF_HEADER_RE.match(self.data, found[0])
+
     def _stream_at(self, dic, pos, num, gen):
         """The stream whose dictionary ``dic`` ends at ``pos`` (just after ``stream``)."""
         data = self.data
@@ -2687,25 +2727,28 @@ class _PdfDocument:
             pos += 2
         elif data[pos:pos + 1] in (b"\r", b"\n"):
             pos += 1
-        length = dic.get("Length")
-        if type(length) is _PdfRef:
-            length = self.resolve(length)
-        end = None
-        if type(length) is int and 0 <= length <= len(data) - pos:
-            tail = data[pos + length:pos + length + 32].lstrip(_PDF_WHITESPACE)
-            if tail.startswith(b"endstream"):
-                end = pos + length
-        if end is None:                     # a wrong /Length: up to endstream
-            end = data.find(b"endstream", pos)
-            if end < 0:
-                end = len(data)
-            if data[end - 2:end] == b"\r\n":
-                end -= 2
-            elif data[end - 1:end] in (b"\r", b"\n"):
-                end -= 1
+        end = self._stream_end(dic.get("Length"), pos)
         if self.crypt is not None:
             dic = self._decrypt_strings(dic, num, gen, 0)
         return _PdfStream(dic, data[pos:end], num, gen)
+
+    def _stream_end(self, length, pos):
+        """Where the data of a stream starting at ``pos`` ends: ``length`` bytes on if
+        ``endstream`` follows there, else (a wrong /Length) before the next ``endstream``."""
+        data = self.data
+        if type(length) is _PdfRef:
+            length = self.resolve(length)
+        if type(length) is int and 0 <= length <= len(data) - pos:
+            if data[pos + length:pos + length + 32].lstrip(_PDF_WHITESPACE).startswith(b"endstream"):
+                return pos + length
+        end = data.find(b"endstream", pos)
+        if end < 0:
+            end = len(data)
+        if data[end - 2:end] == b"\r\n":
+            return end - 2
+        if data[end - 1:end] in (b"\r", b"\n"):
+            return end - 1
+        return end
 
     def _objstm(self, num):
         """(body, first, object numbers, offsets, number -> index) of the object stream
@@ -2745,24 +2788,16 @@ class _PdfDocument:
         values, _, _ = _pdf_parse(body, offsets[index], max(end, offsets[index]), self.tick)
         return values[0] if values else None
 
+    # -- pages
+
     def pages(self, max_pages):
-        """``(page dict, resources, media box)`` of the pages in order, walking /Pages /Kids (or every
-        /Type /Page object when the page tree is broken)."""
+        """``(page dict, resources, visible box)`` of the pages in order, walking /Pages /Kids
+        (or every /Type /Page object when the page tree is broken)."""
         root = self.resolve(self.trailer.get("Root"))
         out = []
         if isinstance(root, dict):
             out = self._walk_pages(root.get("Pages"), max_pages)
-        if not out:
-            found = self._scan()[0]
-            if self.xref is not found:
-                self._use_scan()
-            for num in sorted(self.xref):
-                obj = self.load(num)
-                if isinstance(obj, dict) and obj.get("Type") == "Page":
-                    out.append((obj, self.resolve(obj.get("Resources")), _pdf_page_box(self, obj, None)))
-                    if len(out) >= max_pages:
-                        break
-        return out
+        return out or self._scanned_pages(max_pages)
 
     def _walk_pages(self, top, max_pages):
         out, seen = [], set()
@@ -2779,7 +2814,7 @@ class _PdfDocument:
             own = self.resolve(node.get("Resources"))
             if isinstance(own, dict):
                 resources = own
-            box = _pdf_page_box(self, node, box)
+            box = self._page_box(node, box)
             kids = self.resolve(node.get("Kids"))
             if isinstance(kids, list) and node.get("Type") != "Page":
                 if depth < _PDF_MAX_NESTING:
@@ -2788,6 +2823,32 @@ class _PdfDocument:
             elif node.get("Type") == "Page" or "Contents" in node:
                 out.append((node, resources, box))
         return out
+
+    def _scanned_pages(self, max_pages):
+        """Every /Type /Page object in the order of the object numbers, after a scan."""
+        found = self._scan()[0]
+        if self.xref is not found:
+            self._use_scan()
+        out = []
+        for num in sorted(self.xref):
+            obj = self.load(num)
+            if isinstance(obj, dict) and obj.get("Type") == "Page":
+                out.append((obj, self.resolve(obj.get("Resources")), self._page_box(obj, None)))
+                if len(out) >= max_pages:
+                    break
+        return out
+
+    def _page_box(self, node, inherited):
+        """The visible area of a page (or of the pages below a node): its CropBox within its
+        MediaBox, either inherited."""
+        media = _pdf_box(self.resolve(node.get("MediaBox")))
+        crop = _pdf_box(self.resolve(node.get("CropBox")))
+        if crop is not None and media is not None:
+            crop = (max(crop[0], media[0]), max(crop[1], media[1]),
+                    min(crop[2], media[2]), min(crop[3], media[3]))
+            if crop[0] >= crop[2] or crop[1] >= crop[3]:
+                crop = None
+        return crop or media or inherited
 
     # -- streams
 
@@ -2852,19 +2913,6 @@ def _pdf_box(value):
         if x0 != x1 and y0 != y1:
             return (min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1))
     return None
-
-
-def _pdf_page_box(doc, node, inherited):
-    """The visible area of a page (or of the pages below a node): its CropBox within its
-    MediaBox, either inherited."""
-    media = _pdf_box(doc.resolve(node.get("MediaBox")))
-    crop = _pdf_box(doc.resolve(node.get("CropBox")))
-    if crop is not None and media is not None:
-        crop = (max(crop[0], media[0]), max(crop[1], media[1]),
-                min(crop[2], media[2]), min(crop[3], media[3]))
-        if crop[0] >= crop[2] or crop[1] >= crop[3]:
-            crop = None
-    return crop or media or inherited
 
 
 # ---------------------------------------------------------------------------
