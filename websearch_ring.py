@@ -2919,6 +2919,15 @@ def _pdf_box(value):
 # §7 PDF: fonts and encodings
 # ---------------------------------------------------------------------------
 
+# What the codes of a shown string mean: their text and their widths.  Simple fonts map
+# one byte to one character through a table built from a standard encoding, the Type1
+# font program's own encoding vector, /Differences glyph names and ToUnicode; composite
+# (Type0) fonts split bytes into codes by their CMap's code space and map them through
+# ToUnicode, a Python codec for the predefined CJK CMaps that are one, or Adobe-Japan1.
+# No font program is run beyond reading a Type1 encoding vector, so a glyph known only by
+# its shape has no text.  Limits: _PDF_MAX_CMAP codes per CMap, glyph names of at most 64
+# characters.
+
 _PDF_T1_DUP_RE = LazyPattern(rb"dup[ \t\r\n]{1,8}(\d{1,3})[ \t\r\n]{0,8}/([^ \t\r\n/\[\]{}()<>]{1,64})"
                             rb"[ \t\r\n]{1,8}put")
 
@@ -3053,23 +3062,46 @@ def _pdf_glyph_lookup(name):
         return table[base]
     if len(base) == 1 and base.isalnum():
         return base
-    hexdigits = "0123456789ABCDEFabcdef"
+    for rule in (_pdf_glyph_code, _pdf_glyph_accented, _pdf_glyph_variant):
+        text = rule(base)
+        if text is not None:
+            return text
+    return ""
+
+
+_PDF_HEX_DIGITS = frozenset("0123456789ABCDEFabcdef")
+
+
+def _pdf_glyph_code(base):
+    """The text of ``uniXXXX`` (one or more code points) and ``uXXXX`` to ``uXXXXXX`` names;
+    None for other names."""
     if base.startswith("uni") and len(base) >= 7 and (len(base) - 3) % 4 == 0 \
-            and all(c in hexdigits for c in base[3:]):
+            and _PDF_HEX_DIGITS.issuperset(base[3:]):
         return "".join(_pdf_chr(int(base[i:i + 4], 16)) for i in range(3, len(base), 4))
-    if base.startswith("u") and 5 <= len(base) <= 7 and all(c in hexdigits for c in base[1:]):
+    if base.startswith("u") and 5 <= len(base) <= 7 and _PDF_HEX_DIGITS.issuperset(base[1:]):
         return _pdf_chr(int(base[1:], 16))
+    return None
+
+
+def _pdf_glyph_accented(base):
+    """A letter and an accent suffix ("eacute") as one composed character; None when
+    ``base`` is not one."""
     for suffix, mark in _PDF_ACCENTS.items():
         if base.endswith(suffix) and len(base) > len(suffix):
             letter = _pdf_glyph_lookup(base[:-len(suffix)])
             if len(letter) == 1:
                 return _unicodedata.normalize("NFC", letter + mark)
-    if base.endswith(("small", "oldstyle", "superior", "inferior")):
-        for suffix in ("small", "oldstyle", "superior", "inferior"):
-            if base.endswith(suffix) and len(base) > len(suffix):
-                return _pdf_glyph_lookup(base[:-len(suffix)].lower() if suffix == "small"
-                                         else base[:-len(suffix)])
-    return ""
+    return None
+
+
+def _pdf_glyph_variant(base):
+    """The text of a small capital, old-style, superior or inferior variant ("Asmall",
+    "oneoldstyle"): that of its plain glyph; None for other names."""
+    for suffix in ("small", "oldstyle", "superior", "inferior"):
+        if base.endswith(suffix) and len(base) > len(suffix):
+            plain = base[:-len(suffix)]
+            return _pdf_glyph_lookup(plain.lower() if suffix == "small" else plain)
+    return None
 
 
 def _pdf_chr(code):
@@ -3117,29 +3149,171 @@ def _pdf_standard_widths(base_font):
     return None
 
 
-class _PdfFont:
-    """What a font's codes mean: ``decode(bytes)`` gives (text, width in thousandths of an em,
-    number of single-byte spaces, number of codes).
+def _pdf_japan1_text(cid, _table=[]):
+    """The character of an Adobe-Japan1 CID, for fonts that have no ToUnicode map.
 
-    Simple fonts map one byte to one character through a 256-entry table;
-    composite (Type0) fonts split the bytes into codes by the code space of
-    their CMap and map each code through ToUnicode, a CJK codec for the
-    predefined CMaps that are one, and CID widths from /W.
+    Adobe-Japan1 numbers JIS X 0208 in its own order: the defined cells of
+    rows 1-7, then the kanji of rows 16-84, from CID 633; CIDs 1-95 are ASCII
+    and 327-389 the half-width katakana.  Python's EUC-JP codec lists JIS X
+    0208, so the table is built from it instead of being stored here.  The
+    vertical forms of small kana and of the commonest punctuation (CIDs
+    7887-7939) map to their horizontal characters.
+
+    >>> _pdf_japan1_text(2434), _pdf_japan1_text(920), _pdf_japan1_text(34)
+    ('序', 'わ', 'A')
+    """
+    if not _table:
+        chars = {}
+        for n in range(1, 96):
+            chars[n] = chr(n + 31)
+        for n in range(327, 390):
+            chars[n] = chr(0xFF61 + n - 327)
+        n = 633
+        for row in list(range(1, 8)) + list(range(16, 85)):
+            for cell in range(1, 95):
+                try:
+                    chars[n] = bytes((0xA0 + row, 0xA0 + cell)).decode("euc_jp")
+                except UnicodeDecodeError:
+                    continue
+                n += 1
+        for n, char in ((7887, "\u3001"), (7888, "\u3002"), (7899, "\uff08"), (7900, "\uff09")):
+            chars[n] = char
+        for i, char in enumerate(_PDF_JAPAN1_VERTICAL_KANA):
+            chars[7918 + i] = char
+        _table.append(chars)
+    return _table[0].get(cid, "")
+
+
+class _PdfCMap:
+    """What a CMap stream defines: ``mapping`` (code -> text, from bfchar and bfrange),
+    ``ranges`` (bfranges too large to list, as (lo, hi, text)), ``space`` (code space
+    ranges as (length, lo bytes, hi bytes)), ``cids`` (code -> CID from cidchar and
+    cidrange, None without them) and ``vertical`` (/WMode 1).
+
+    The operands before each ``end...`` keyword are collected as PostScript would (hex
+    strings as bytes, numbers as their digits, arrays as lists); once more than
+    ``_PDF_MAX_CMAP`` codes are defined, further definitions are dropped.
+    """
+
+    # The keyword that ends each section of definitions, and the method that reads them.
+    _SECTIONS = {b"endbfchar": "_bf_chars", b"endbfrange": "_bf_ranges",
+                 b"endcidchar": "_cid_chars", b"endcidrange": "_cid_ranges"}
+
+    def __init__(self, body, tick):
+        self.mapping, self.ranges, self.space, self.cids, self.vertical = {}, [], [], None, False
+        operands, stack = [], []
+        for kind, value, _ in _pdf_tokens(body, 0, None, tick):
+            if kind == 5:
+                operands.append(_pdf_hex(value))
+            elif kind == 3 or kind == 1:
+                operands.append(value)
+            elif kind == 2:
+                operands.append(_pdf_name(value))
+            elif kind == 6:
+                if value == b"[":
+                    stack.append(operands)
+                    operands = []
+                elif value == b"]" and stack:
+                    inner = operands
+                    operands = stack.pop()
+                    operands.append(inner)
+            elif self._keyword(value, operands):
+                operands = []
+
+    def _keyword(self, keyword, operands):
+        """Act on ``keyword``; True when the operands before it are used up."""
+        if keyword == b"endcodespacerange":
+            self._code_space(operands)
+            return True
+        if len(self.mapping) + len(self.cids or ()) > _PDF_MAX_CMAP:
+            return True
+        if keyword in self._SECTIONS:
+            getattr(self, self._SECTIONS[keyword])(operands)
+            return True
+        if keyword == b"def" and len(operands) >= 2 and operands[-2] == "WMode":
+            self.vertical = operands[-1] == b"1"
+            return True
+        return keyword.startswith(b"begin")
+
+    def _code_space(self, operands):
+        for i in range(0, len(operands) - 1, 2):
+            lo, hi = operands[i], operands[i + 1]
+            if isinstance(lo, bytes) and isinstance(hi, bytes) and len(lo) == len(hi) and 1 <= len(lo) <= 4:
+                self.space.append((len(lo), lo, hi))
+
+    def _bf_chars(self, operands):
+        for i in range(0, len(operands) - 1, 2):
+            src, dst = operands[i], operands[i + 1]
+            if isinstance(src, bytes):
+                self.mapping[int.from_bytes(src, "big")] = _pdf_cmap_text(dst)
+
+    def _bf_ranges(self, operands):
+        for i in range(0, len(operands) - 2, 3):
+            self._bf_range(operands[i], operands[i + 1], operands[i + 2])
+
+    def _bf_range(self, lo, hi, dst):
+        """Codes ``lo`` to ``hi`` to the texts of the list ``dst``, or to consecutive
+        characters from the text ``dst``."""
+        if not isinstance(lo, bytes) or not isinstance(hi, bytes):
+            return
+        first, last = int.from_bytes(lo, "big"), int.from_bytes(hi, "big")
+        if last < first:
+            return
+        if isinstance(dst, list):
+            for k, item in enumerate(dst[:last - first + 1]):
+                self.mapping[first + k] = _pdf_cmap_text(item)
+            return
+        text = _pdf_cmap_text(dst)
+        if not text:
+            return
+        if last - first > 4096:
+            if len(self.ranges) < 64:
+                self.ranges.append((first, last, text))
+            return
+        head, tail = text[:-1], ord(text[-1])
+        for k in range(last - first + 1):
+            self.mapping[first + k] = head + _pdf_chr(tail + k)
+
+    def _cid_chars(self, operands):
+        self._cid_entries(operands, 2)
+
+    def _cid_ranges(self, operands):
+        self._cid_entries(operands, 3)
+
+    def _cid_entries(self, operands, step):
+        """Entries of ``step`` operands: a code (or a range of codes) and its first CID."""
+        cids = self.cids = {} if self.cids is None else self.cids
+        for i in range(0, len(operands) - step + 1, step):
+            lo, hi, cid = operands[i], operands[i + step - 2], operands[i + step - 1]
+            if isinstance(lo, bytes) and isinstance(hi, bytes) and isinstance(cid, bytes):
+                first, last = int.from_bytes(lo, "big"), int.from_bytes(hi, "big")
+                for code in range(first, min(last, first + 65535) + 1):
+                    cids[code] = int(cid) + code - first
+
+
+def _pdf_cmap_text(dst):
+    """The text of a bfchar destination: UTF-16BE bytes, or a glyph name."""
+    if isinstance(dst, bytes):
+        if len(dst) % 2:
+            dst = b"\0" + dst
+        return dst.decode("utf-16-be", "ignore")
+    if isinstance(dst, str):
+        return _pdf_glyph_text(dst)
+    return ""
+
+
+class _PdfFont:
+    """A simple font, and what its codes mean: ``decode(bytes)`` gives (text, width in
+    thousandths of an em, number of single-byte spaces, number of codes).
+
+    One byte is one code, mapped to text through a 256-entry table.  A font
+    not (or not fully) set up from its dictionary reads bytes as Latin-1,
+    each 500 wide.
     """
 
     def __init__(self):
-        self.simple = True
-        self.table = {}                 # simple: code -> text, for str.translate
-        self.widths = [500.0] * 256     # simple: code -> width
-        self.unicode = {}               # composite: code -> text
-        self.ranges = []                # composite: large ToUnicode ranges (lo, hi, text)
-        self.cids = None                # composite: code -> CID when an embedded CMap says so
-        self.cid_widths = {}
-        self.default_width = 1000.0
-        self.code_space = None          # composite: sorted byte lengths, or None for two bytes
-        self.space_ranges = []
-        self.codec = None
-        self.japan1 = False             # composite: CIDs of Adobe-Japan1 with no ToUnicode
+        self.table = {}                 # code -> text, for str.translate
+        self.widths = [500.0] * 256     # code -> width
         self.vertical = False
         self.scale = 1.0                # em of the glyph space in text space units (Type3: FontMatrix)
         self.cache = {}
@@ -3148,18 +3322,149 @@ class _PdfFont:
         hit = self.cache.get(s)
         if hit is not None:
             return hit
-        if self.simple:
-            widths = self.widths
-            result = (s.decode("latin-1").translate(self.table),
-                      sum([widths[b] for b in s]), s.count(32), len(s))
-        else:
-            result = self._decode_composite(s)
+        result = self._decode(s)
         if len(self.cache) > 4096:
             self.cache.clear()
         self.cache[s] = result
         return result
 
-    def _decode_composite(self, s):
+    def _decode(self, s):
+        widths = self.widths
+        return s.decode("latin-1").translate(self.table), sum([widths[b] for b in s]), s.count(32), len(s)
+
+    def split(self, s):
+        """The codes of ``s`` as separate byte strings."""
+        return [s[i:i + 1] for i in range(len(s))]
+
+    def setup(self, doc, fd):
+        """Read the simple font dictionary ``fd``: its encoding, ToUnicode map and widths."""
+        subtype = fd.get("Subtype")
+        base_font = fd.get("BaseFont") if isinstance(fd.get("BaseFont"), str) else ""
+        plain_name = base_font.split("+", 1)[-1]
+        descriptor = doc.resolve(fd.get("FontDescriptor"))
+        descriptor = descriptor if isinstance(descriptor, dict) else {}
+        chars = self._encoding(doc, fd, descriptor, plain_name, subtype)
+        cmap = self._tounicode(doc, fd)
+        if cmap is not None:
+            for code, text in cmap.mapping.items():
+                if 0 <= code < 256 and text and text != "\x00":
+                    chars[code] = text
+        self.table = {c: chars[c] for c in range(256) if chars[c] != chr(c)}
+        self._set_widths(doc, fd, descriptor, plain_name)
+        if subtype == "Type3":
+            self._set_glyph_space(doc.resolve(fd.get("FontMatrix")))
+
+    def _encoding(self, doc, fd, descriptor, plain_name, subtype):
+        """The 256 characters of a simple font's codes: its base encoding, changed by the
+        glyph names of /Differences."""
+        encoding = doc.resolve(fd.get("Encoding"))
+        base_name = encoding if isinstance(encoding, str) else None
+        differences = None
+        if isinstance(encoding, dict):
+            base_name = encoding.get("BaseEncoding") if isinstance(encoding.get("BaseEncoding"), str) else None
+            differences = doc.resolve(encoding.get("Differences"))
+        if base_name in ("WinAnsiEncoding", "MacRomanEncoding", "StandardEncoding", "PDFDocEncoding"):
+            chars = list(_pdf_base_encoding(base_name))
+        elif plain_name.startswith("Symbol"):
+            chars = list(_pdf_base_encoding("Symbol"))
+        elif subtype == "TrueType":
+            chars = list(_pdf_base_encoding("WinAnsiEncoding"))
+        else:
+            chars = self._builtin_encoding(doc, descriptor) or list(_pdf_base_encoding("StandardEncoding"))
+        if isinstance(differences, list):
+            self._apply_differences(chars, differences)
+        return chars
+
+    @staticmethod
+    def _apply_differences(chars, differences):
+        """Change ``chars`` by a /Differences array: a code, then glyph names for the codes
+        from it on (a name with no known text only fills a code that has none)."""
+        code = 0
+        for item in differences:
+            if type(item) is int:
+                code = item
+            elif isinstance(item, str):
+                if 0 <= code < 256:
+                    text = _pdf_glyph_text(item)
+                    if text or not chars[code]:
+                        chars[code] = text
+                code += 1
+
+    @staticmethod
+    def _builtin_encoding(doc, descriptor):
+        """The encoding inside an embedded Type1 font program (``dup N /name put``), or None."""
+        program = doc.resolve(descriptor.get("FontFile"))
+        if not isinstance(program, _PdfStream):
+            return None
+        data = doc.decode(program)
+        if not data:
+            return None
+        clear = program.get("Length1")
+        head = data[:clear] if type(clear) is int and 0 < clear <= len(data) else data[:65536]
+        at = head.find(b"/Encoding")
+        if at < 0 or head.startswith(b"StandardEncoding", at + 10):
+            return None
+        chars = [""] * 256
+        for m in _PDF_T1_DUP_RE.finditer(head, at):
+            code = int(m.group(1))
+            if code < 256:
+                chars[code] = _pdf_glyph_text(m.group(2).decode("latin-1"))
+        return chars if any(chars) else None
+
+    @staticmethod
+    def _tounicode(doc, fd):
+        """The :class:`_PdfCMap` of a font's ToUnicode stream, or None."""
+        stream = doc.resolve(fd.get("ToUnicode"))
+        if not isinstance(stream, _PdfStream):
+            return None
+        body = doc.decode(stream)
+        if not body:
+            return None
+        return _PdfCMap(body, doc.tick)
+
+    def _set_widths(self, doc, fd, descriptor, plain_name):
+        """Widths from /FirstChar and /Widths, else those of a standard 14 font."""
+        widths = doc.resolve(fd.get("Widths"))
+        first = fd.get("FirstChar", 0)
+        missing = descriptor.get("MissingWidth")
+        fallback = float(missing) if isinstance(missing, (int, float)) and missing > 0 else 500.0
+        table = [fallback] * 256
+        if isinstance(widths, list) and type(first) is int:
+            for i, w in enumerate(widths):
+                w = doc.resolve(w)
+                if 0 <= first + i < 256 and isinstance(w, (int, float)):
+                    table[first + i] = float(w)
+        else:
+            standard = _pdf_standard_widths(plain_name)
+            if standard is not None:
+                table[32:127] = [float(w) for w in standard]
+        self.widths = table
+
+    def _set_glyph_space(self, matrix):
+        """A Type3 font's widths and size in its own glyph space, scaled by its /FontMatrix."""
+        if isinstance(matrix, list) and len(matrix) == 6 and all(isinstance(v, (int, float)) for v in matrix):
+            self.widths = [w * matrix[0] * 1000 for w in self.widths]
+            self.scale = abs(matrix[3]) * 1000 or 1.0
+
+
+class _PdfCompositeFont(_PdfFont):
+    """A composite (Type0) font: the bytes are split into codes by the code space of its
+    CMap, and each code is mapped through ToUnicode, a CJK codec for the predefined CMaps
+    that are one, or Adobe-Japan1; widths come by CID from /W."""
+
+    def __init__(self):
+        super().__init__()
+        self.unicode = {}               # code -> text
+        self.ranges = []                # large ToUnicode ranges (lo, hi, text)
+        self.cids = None                # code -> CID when an embedded CMap says so
+        self.cid_widths = {}
+        self.default_width = 1000.0
+        self.code_space = None          # sorted byte lengths, or None for two bytes
+        self.space_ranges = []
+        self.codec = None
+        self.japan1 = False             # CIDs of Adobe-Japan1 with no ToUnicode
+
+    def _decode(self, s):
         if self.codec is not None and not self.unicode:
             text = s.decode(self.codec, "ignore")
             return text, self.default_width * len(text), 0, len(text)
@@ -3180,7 +3485,7 @@ class _PdfFont:
 
     def split(self, s):
         """The codes of ``s`` as separate byte strings."""
-        if self.simple or self.code_space == [1]:
+        if self.code_space == [1]:
             return [s[i:i + 1] for i in range(len(s))]
         if self.code_space is None or self.codec is not None:
             return [s[i:i + 2] for i in range(0, len(s), 2)]
@@ -3224,321 +3529,98 @@ class _PdfFont:
             return _pdf_japan1_text(cid)
         return ""
 
+    def setup(self, doc, fd):
+        """Read the Type0 font dictionary ``fd``: its encoding CMap, the character collection
+        of its CID font, ToUnicode and widths."""
+        encoding = doc.resolve(fd.get("Encoding"))
+        descendants = doc.resolve(fd.get("DescendantFonts"))
+        cid_font = doc.resolve(descendants[0]) if isinstance(descendants, list) and descendants else None
+        cid_font = cid_font if isinstance(cid_font, dict) else {}
+        self._set_encoding(doc, encoding)
+        info = doc.resolve(cid_font.get("CIDSystemInfo"))
+        self.japan1 = isinstance(info, dict) and info.get("Ordering") == b"Japan1"
+        cmap = self._tounicode(doc, fd)
+        if cmap is not None:
+            self.unicode, self.ranges = cmap.mapping, cmap.ranges
+            if self.code_space is None and self.codec is None and cmap.space:
+                if sorted({r[0] for r in cmap.space}) != [2]:
+                    self._set_code_space(cmap.space)
+        dw = cid_font.get("DW")
+        if isinstance(dw, (int, float)):
+            self.default_width = float(dw)
+        if self.vertical:
+            self.default_width = 1000.0
+        else:
+            self.cid_widths = self._cid_widths(doc, doc.resolve(cid_font.get("W")))
 
-def _pdf_japan1_text(cid, _table=[]):
-    """The character of an Adobe-Japan1 CID, for fonts that have no ToUnicode map.
+    def _set_encoding(self, doc, encoding):
+        """The encoding CMap: a predefined one by name (Identity, or a CJK CMap that is a
+        Python codec), or an embedded CMap stream."""
+        if isinstance(encoding, str):
+            self.vertical = encoding.endswith("-V")
+            if not encoding.startswith("Identity"):
+                self.codec = next((codec for prefix, codec in _PDF_CMAP_CODECS if encoding.startswith(prefix)),
+                                  None)
+        elif isinstance(encoding, _PdfStream):
+            body = doc.decode(encoding)
+            if body:
+                cmap = _PdfCMap(body, doc.tick)
+                self.cids = cmap.cids
+                self.vertical = encoding.get("WMode") == 1 or cmap.vertical
+                self._set_code_space(cmap.space)
 
-    Adobe-Japan1 numbers JIS X 0208 in its own order: the defined cells of
-    rows 1-7, then the kanji of rows 16-84, from CID 633; CIDs 1-95 are ASCII
-    and 327-389 the half-width katakana.  Python's EUC-JP codec lists JIS X
-    0208, so the table is built from it instead of being stored here.  The
-    vertical forms of small kana and of the commonest punctuation (CIDs
-    7887-7939) map to their horizontal characters.
+    def _set_code_space(self, ranges):
+        if ranges:
+            self.space_ranges = sorted(ranges)
+            self.code_space = sorted({r[0] for r in ranges})
+            if self.code_space == [2]:
+                self.code_space = None
 
-    >>> _pdf_japan1_text(2434), _pdf_japan1_text(920), _pdf_japan1_text(34)
-    ('序', 'わ', 'A')
-    """
-    if not _table:
-        chars = {}
-        for n in range(1, 96):
-            chars[n] = chr(n + 31)
-        for n in range(327, 390):
-            chars[n] = chr(0xFF61 + n - 327)
-        n = 633
-        for row in list(range(1, 8)) + list(range(16, 85)):
-            for cell in range(1, 95):
-                try:
-                    chars[n] = bytes((0xA0 + row, 0xA0 + cell)).decode("euc_jp")
-                except UnicodeDecodeError:
-                    continue
-                n += 1
-        for n, char in ((7887, "\u3001"), (7888, "\u3002"), (7899, "\uff08"), (7900, "\uff09")):
-            chars[n] = char
-        for i, char in enumerate(_PDF_JAPAN1_VERTICAL_KANA):
-            chars[7918 + i] = char
-        _table.append(chars)
-    return _table[0].get(cid, "")
+    @staticmethod
+    def _cid_widths(doc, w):
+        """CID -> width from a /W array (``c [w1 w2 ...]`` and ``c1 c2 w`` entries)."""
+        out = {}
+        if not isinstance(w, list):
+            return out
+        i, n = 0, len(w)
+        while i + 1 < n and len(out) < 65536:
+            first = w[i]
+            nxt = doc.resolve(w[i + 1])
+            if type(first) is not int:
+                break
+            if isinstance(nxt, list):
+                for k, value in enumerate(nxt):
+                    if isinstance(value, (int, float)):
+                        out[first + k] = float(value)
+                i += 2
+            elif i + 2 < n and type(nxt) is int and isinstance(w[i + 2], (int, float)):
+                for cid in range(first, min(nxt, first + 65536) + 1):
+                    out[cid] = float(w[i + 2])
+                i += 3
+            else:
+                break
+        return out
 
 
 def _pdf_load_font(doc, ref):
-    """The :class:`_PdfFont` of a font dictionary (or reference), cached per document."""
+    """The font of a font dictionary (or reference), cached per document: a
+    :class:`_PdfCompositeFont` for a Type0 font, else a :class:`_PdfFont`."""
     key = ref.num if type(ref) is _PdfRef else id(ref)
-    font = doc.fonts.get(key)
-    if font is None:
-        fd = doc.resolve(ref)
-        font = _PdfFont()
-        if isinstance(fd, dict):
-            try:
-                if fd.get("Subtype") == "Type0":
-                    _pdf_setup_composite(doc, font, fd)
-                else:
-                    _pdf_setup_simple(doc, font, fd)
-            except Exception:
-                if doc.stopped is not None:
-                    raise
-        doc.fonts[key] = (font, fd)
-        return font
-    return font[0]
-
-
-def _pdf_setup_simple(doc, font, fd):
-    resolve = doc.resolve
-    subtype = fd.get("Subtype")
-    base_font = fd.get("BaseFont") if isinstance(fd.get("BaseFont"), str) else ""
-    plain_name = base_font.split("+", 1)[-1]
-    descriptor = resolve(fd.get("FontDescriptor"))
-    descriptor = descriptor if isinstance(descriptor, dict) else {}
-    encoding = resolve(fd.get("Encoding"))
-    base_name = encoding if isinstance(encoding, str) else None
-    differences = None
-    if isinstance(encoding, dict):
-        base_name = encoding.get("BaseEncoding") if isinstance(encoding.get("BaseEncoding"), str) else None
-        differences = resolve(encoding.get("Differences"))
-    if base_name in ("WinAnsiEncoding", "MacRomanEncoding", "StandardEncoding", "PDFDocEncoding"):
-        chars = list(_pdf_base_encoding(base_name))
-    elif plain_name.startswith("Symbol"):
-        chars = list(_pdf_base_encoding("Symbol"))
-    elif subtype == "TrueType":
-        chars = list(_pdf_base_encoding("WinAnsiEncoding"))
-    else:
-        chars = _pdf_builtin_encoding(doc, descriptor) or list(_pdf_base_encoding("StandardEncoding"))
-    if isinstance(differences, list):
-        code = 0
-        for item in differences:
-            if type(item) is int:
-                code = item
-            elif isinstance(item, str):
-                if 0 <= code < 256:
-                    text = _pdf_glyph_text(item)
-                    if text or not chars[code]:
-                        chars[code] = text
-                code += 1
-    tounicode = _pdf_tounicode(doc, fd)
-    if tounicode is not None:
-        for code, text in tounicode[0].items():
-            if 0 <= code < 256 and text and text != "\x00":
-                chars[code] = text
-    font.table = {c: chars[c] for c in range(256) if chars[c] != chr(c)}
-    _pdf_simple_widths(doc, font, fd, descriptor, plain_name, subtype)
-
-
-def _pdf_simple_widths(doc, font, fd, descriptor, plain_name, subtype):
-    widths = doc.resolve(fd.get("Widths"))
-    first = fd.get("FirstChar", 0)
-    missing = descriptor.get("MissingWidth")
-    fallback = float(missing) if isinstance(missing, (int, float)) and missing > 0 else 500.0
-    table = [fallback] * 256
-    if isinstance(widths, list) and type(first) is int:
-        for i, w in enumerate(widths):
-            w = doc.resolve(w)
-            if 0 <= first + i < 256 and isinstance(w, (int, float)):
-                table[first + i] = float(w)
-    else:
-        standard = _pdf_standard_widths(plain_name)
-        if standard is not None:
-            table[32:127] = [float(w) for w in standard]
-    if subtype == "Type3":
-        matrix = doc.resolve(fd.get("FontMatrix"))
-        if isinstance(matrix, list) and len(matrix) == 6 and all(isinstance(v, (int, float)) for v in matrix):
-            table = [w * matrix[0] * 1000 for w in table]
-            font.scale = abs(matrix[3]) * 1000 or 1.0
-    font.widths = table
-
-
-def _pdf_builtin_encoding(doc, descriptor):
-    """The encoding inside an embedded Type1 font program (``dup N /name put``), or None."""
-    program = doc.resolve(descriptor.get("FontFile"))
-    if not isinstance(program, _PdfStream):
-        return None
-    data = doc.decode(program)
-    if not data:
-        return None
-    clear = program.get("Length1")
-    head = data[:clear] if type(clear) is int and 0 < clear <= len(data) else data[:65536]
-    at = head.find(b"/Encoding")
-    if at < 0 or head.startswith(b"StandardEncoding", at + 10):
-        return None
-    chars = [""] * 256
-    for m in _PDF_T1_DUP_RE.finditer(head, at):
-        code = int(m.group(1))
-        if code < 256:
-            chars[code] = _pdf_glyph_text(m.group(2).decode("latin-1"))
-    return chars if any(chars) else None
-
-
-def _pdf_setup_composite(doc, font, fd):
-    resolve = doc.resolve
-    font.simple = False
-    encoding = resolve(fd.get("Encoding"))
-    descendants = resolve(fd.get("DescendantFonts"))
-    cid_font = resolve(descendants[0]) if isinstance(descendants, list) and descendants else None
-    cid_font = cid_font if isinstance(cid_font, dict) else {}
-    if isinstance(encoding, str):
-        font.vertical = encoding.endswith("-V")
-        if not encoding.startswith("Identity"):
-            for prefix, codec in _PDF_CMAP_CODECS:
-                if encoding.startswith(prefix):
-                    font.codec = codec
-                    break
-    elif isinstance(encoding, _PdfStream):
-        body = doc.decode(encoding)
-        if body:
-            cmap = _pdf_parse_cmap(body, doc)
-            font.cids = cmap[3]
-            font.vertical = encoding.get("WMode") == 1 or cmap[4]
-            _pdf_set_code_space(font, cmap[2])
-    info = resolve(cid_font.get("CIDSystemInfo"))
-    font.japan1 = isinstance(info, dict) and info.get("Ordering") == b"Japan1"
-    tounicode = _pdf_tounicode(doc, fd)
-    if tounicode is not None:
-        font.unicode, font.ranges = tounicode[0], tounicode[1]
-        if font.code_space is None and font.codec is None and tounicode[2]:
-            lengths = sorted({r[0] for r in tounicode[2]})
-            if lengths != [2]:
-                _pdf_set_code_space(font, tounicode[2])
-    dw = cid_font.get("DW")
-    if isinstance(dw, (int, float)):
-        font.default_width = float(dw)
-    if font.vertical:
-        font.default_width = 1000.0
-    else:
-        font.cid_widths = _pdf_cid_widths(doc, resolve(cid_font.get("W")))
-
-
-def _pdf_set_code_space(font, ranges):
-    if ranges:
-        font.space_ranges = sorted(ranges)
-        font.code_space = sorted({r[0] for r in ranges})
-        if font.code_space == [2]:
-            font.code_space = None
-
-
-def _pdf_cid_widths(doc, w):
-    """CID -> width from a /W array (``c [w1 w2 ...]`` and ``c1 c2 w`` entries)."""
-    out = {}
-    if not isinstance(w, list):
-        return out
-    i, n = 0, len(w)
-    while i + 1 < n and len(out) < 65536:
-        first = w[i]
-        nxt = doc.resolve(w[i + 1])
-        if type(first) is not int:
-            break
-        if isinstance(nxt, list):
-            for k, value in enumerate(nxt):
-                if isinstance(value, (int, float)):
-                    out[first + k] = float(value)
-            i += 2
-        elif i + 2 < n and type(nxt) is int and isinstance(w[i + 2], (int, float)):
-            for cid in range(first, min(nxt, first + 65536) + 1):
-                out[cid] = float(w[i + 2])
-            i += 3
-        else:
-            break
-    return out
-
-
-def _pdf_tounicode(doc, fd):
-    """(code -> text, large ranges, code space ranges) of a font's ToUnicode CMap, or None."""
-    stream = doc.resolve(fd.get("ToUnicode"))
-    if not isinstance(stream, _PdfStream):
-        return None
-    body = doc.decode(stream)
-    if not body:
-        return None
-    mapping, ranges, space, _, _ = _pdf_parse_cmap(body, doc)
-    return mapping, ranges, space
-
-
-def _pdf_parse_cmap(body, doc):
-    """A CMap's (code -> text, large ranges (lo, hi, text), code space ranges
-    (length, lo bytes, hi bytes), code -> CID or None, vertical)."""
-    mapping, ranges, space, cids = {}, [], [], None
-    operands, stack = [], []
-    vertical = False
-    for kind, value, _ in _pdf_tokens(body, 0, None, doc.tick):
-        if kind == 5:
-            operands.append(_pdf_hex(value))
-        elif kind == 3 or kind == 1:
-            operands.append(value)
-        elif kind == 2:
-            operands.append(_pdf_name(value))
-        elif kind == 6:
-            if value == b"[":
-                stack.append(operands)
-                operands = []
-            elif value == b"]" and stack:
-                inner = operands
-                operands = stack.pop()
-                operands.append(inner)
-        elif value == b"endcodespacerange":
-            for i in range(0, len(operands) - 1, 2):
-                lo, hi = operands[i], operands[i + 1]
-                if isinstance(lo, bytes) and isinstance(hi, bytes) and len(lo) == len(hi) \
-                        and 1 <= len(lo) <= 4:
-                    space.append((len(lo), lo, hi))
-            operands = []
-        elif len(mapping) + len(cids or ()) > _PDF_MAX_CMAP:
-            operands = []
-        elif value == b"endbfchar":
-            for i in range(0, len(operands) - 1, 2):
-                src, dst = operands[i], operands[i + 1]
-                if isinstance(src, bytes):
-                    mapping[int.from_bytes(src, "big")] = _pdf_cmap_text(dst)
-            operands = []
-        elif value == b"endbfrange":
-            for i in range(0, len(operands) - 2, 3):
-                _pdf_cmap_range(mapping, ranges, operands[i], operands[i + 1], operands[i + 2])
-            operands = []
-        elif value == b"endcidrange" or value == b"endcidchar":
-            cids = {} if cids is None else cids
-            step = 3 if value == b"endcidrange" else 2
-            for i in range(0, len(operands) - step + 1, step):
-                lo, hi, cid = operands[i], operands[i + step - 2], operands[i + step - 1]
-                if isinstance(lo, bytes) and isinstance(hi, bytes) and isinstance(cid, bytes):
-                    first, last = int.from_bytes(lo, "big"), int.from_bytes(hi, "big")
-                    for code in range(first, min(last, first + 65535) + 1):
-                        cids[code] = int(cid) + code - first
-            operands = []
-        elif value == b"def" and len(operands) >= 2 and operands[-2] == "WMode":
-            vertical = operands[-1] == b"1"
-            operands = []
-        elif kind == 7:
-            operands = [] if value.startswith(b"begin") else operands
-    return mapping, ranges, space, cids, vertical
-
-
-def _pdf_cmap_text(dst):
-    """The text of a bfchar destination: UTF-16BE bytes, or a glyph name."""
-    if isinstance(dst, bytes):
-        if len(dst) % 2:
-            dst = b"\0" + dst
-        return dst.decode("utf-16-be", "ignore")
-    if isinstance(dst, str):
-        return _pdf_glyph_text(dst)
-    return ""
-
-
-def _pdf_cmap_range(mapping, ranges, lo, hi, dst):
-    if not isinstance(lo, bytes) or not isinstance(hi, bytes):
-        return
-    first, last = int.from_bytes(lo, "big"), int.from_bytes(hi, "big")
-    if last < first:
-        return
-    if isinstance(dst, list):
-        for k, item in enumerate(dst[:last - first + 1]):
-            mapping[first + k] = _pdf_cmap_text(item)
-        return
-    text = _pdf_cmap_text(dst)
-    if not text:
-        return
-    if last - first > 4096:
-        if len(ranges) < 64:
-            ranges.append((first, last, text))
-        return
-    head, tail = text[:-1], ord(text[-1])
-    for k in range(last - first + 1):
-        mapping[first + k] = head + _pdf_chr(tail + k)
+    cached = doc.fonts.get(key)
+    if cached is not None:
+        return cached[0]
+    fd = doc.resolve(ref)
+    font = _PdfFont()
+    if isinstance(fd, dict):
+        if fd.get("Subtype") == "Type0":
+            font = _PdfCompositeFont()
+        try:
+            font.setup(doc, fd)
+        except Exception:               # a damaged font keeps what was read before the damage
+            if doc.stopped is not None:
+                raise
+    doc.fonts[key] = (font, fd)         # holding fd keeps the id() of a direct dictionary unique
+    return font
 
 
 # ---------------------------------------------------------------------------
