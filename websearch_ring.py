@@ -3627,6 +3627,14 @@ def _pdf_load_font(doc, ref):
 # §8 PDF: text layout
 # ---------------------------------------------------------------------------
 
+# The content streams of each page are run for their text operators, with the CTM, q/Q
+# and form XObjects; each shown string is placed by where it starts on the page relative
+# to where the previous one ended: a move across the baseline is a line break (a
+# paragraph break when large), a jump forward along it a space.  Text comes in drawing
+# order (columns and tables are not reordered); annotations, text starting outside the
+# page's visible box and the text in images (scans) are not read.  pdf_to_text, the
+# entry point, comes last.
+
 _PDF_WORD_GAP = 0.18                # a forward jump wider than this share of the font size is a space
 _PDF_LINE_GAP = 0.55                # a vertical move beyond this share of the font size is a new line
 _PDF_PARA_GAP = 1.9                 # ... and beyond this share, a new paragraph
@@ -3646,15 +3654,6 @@ _PDF_LIGATURES = {0xFB00: "ff", 0xFB01: "fi", 0xFB02: "fl", 0xFB03: "ffi", 0xFB0
                   0xFB05: "st", 0xFB06: "st", 0: None}
 
 
-# Operators the text reader acts on; every other operator just drops its operands.
-_PDF_OP_TJ, _PDF_OP_TJ_ARRAY, _PDF_OP_TD, _PDF_OP_TF, _PDF_OP_TM, _PDF_OP_TD_LEADING, \
-    _PDF_OP_TSTAR, _PDF_OP_QUOTE, _PDF_OP_DQUOTE, _PDF_OP_TL, _PDF_OP_TC, _PDF_OP_TW, _PDF_OP_TZ, \
-    _PDF_OP_BT, _PDF_OP_CM, _PDF_OP_SAVE, _PDF_OP_RESTORE, _PDF_OP_DO, _PDF_OP_ID = range(1, 20)
-_PDF_OPERATORS = {b"Tj": _PDF_OP_TJ, b"TJ": _PDF_OP_TJ_ARRAY, b"Td": _PDF_OP_TD, b"Tf": _PDF_OP_TF,
-                  b"Tm": _PDF_OP_TM, b"TD": _PDF_OP_TD_LEADING, b"T*": _PDF_OP_TSTAR,
-                  b"'": _PDF_OP_QUOTE, b'"': _PDF_OP_DQUOTE, b"TL": _PDF_OP_TL, b"Tc": _PDF_OP_TC,
-                  b"Tw": _PDF_OP_TW, b"Tz": _PDF_OP_TZ, b"BT": _PDF_OP_BT, b"cm": _PDF_OP_CM,
-                  b"q": _PDF_OP_SAVE, b"Q": _PDF_OP_RESTORE, b"Do": _PDF_OP_DO, b"ID": _PDF_OP_ID}
 _PDF_IDENTITY = (1.0, 0.0, 0.0, 1.0, 0.0, 0.0)
 
 
@@ -3689,6 +3688,21 @@ def _pdf_compose_accents(text):
     return _PDF_ACCENT_RE.sub(compose, text)
 
 
+def _pdf_nest_operands(delimiter, ops, nest):
+    """The operand list after an array or dictionary delimiter in a content stream: an
+    opener starts a new list (up to ``_PDF_MAX_NESTING`` deep; deeper openers are ignored),
+    a closer appends the finished list to the one around it."""
+    if delimiter == b"[" or delimiter == b"<<":
+        if len(nest) < _PDF_MAX_NESTING:
+            nest.append(ops)
+            return []
+    elif (delimiter == b"]" or delimiter == b">>") and nest:
+        inner = ops
+        ops = nest.pop()
+        ops.append(inner)
+    return ops
+
+
 class _PdfTextReader:
     """Runs the content streams of one page and lays their text out as lines.
 
@@ -3714,6 +3728,9 @@ class _PdfTextReader:
         self.tl = 0.0
         self.stack = []
         self.box = None                 # (x0, y0, x1, y1): text starting outside is not shown
+        self.resources = {}             # of the content stream being run, and its fonts
+        self.fonts = {}
+        self.depth = 0                  # form XObjects the stream being run is inside
 
     def text(self):
         return "".join(self.out).strip()
@@ -3739,85 +3756,37 @@ class _PdfTextReader:
         doc = self.doc
         if doc.operators < 0:
             return
-        operators = _PDF_OPERATORS
-        ops, nest = [], []
-        count = 0
         fonts = doc.resolve(resources.get("Font"))
-        fonts = fonts if isinstance(fonts, dict) else {}
+        outer = self.resources, self.fonts, self.depth
+        self.resources, self.depth = resources, depth
+        self.fonts = fonts if isinstance(fonts, dict) else {}
+        try:
+            self._interpret(data)
+        finally:
+            self.resources, self.fonts, self.depth = outer
+
+    def _interpret(self, data):
+        """Run the operators of ``data``, each on the operands collected since the one before."""
+        doc = self.doc
+        handlers = self._OPERATORS
+        ops, nest, count = [], [], 0
         for kind, value, _ in _pdf_tokens(data, 0, None, doc.tick):
             if kind == 1:
                 ops.append(float(value))
-                continue
-            if kind == 7:
+            elif kind == 7:
                 count += 1
-                if count >= 256:
+                if count >= 256:            # the document's budget of operators, charged in batches
                     doc.operators -= count
                     count = 0
                     if doc.operators < 0:
                         return
-                op = operators.get(value)
-                if op is None:
-                    ops = []
-                    continue
-                try:
-                    if op == _PDF_OP_TJ:
-                        if ops:
-                            self.show(ops[-1])
-                    elif op == _PDF_OP_TJ_ARRAY:
-                        if ops and isinstance(ops[-1], list):
-                            self.show_array(ops[-1])
-                    elif op == _PDF_OP_TD:
-                        self.move(ops[-2], ops[-1])
-                    elif op == _PDF_OP_TF:
-                        self.fs = ops[-1]
-                        self.font = _pdf_load_font(doc, fonts.get(ops[-2]))
-                    elif op == _PDF_OP_TM:
-                        m = _pdf_matrix(ops)
-                        if m is not None:
-                            self.tlm = m
-                            self.tm = list(m)
-                    elif op == _PDF_OP_TD_LEADING:
-                        self.tl = -ops[-1]
-                        self.move(ops[-2], ops[-1])
-                    elif op == _PDF_OP_TSTAR:
-                        self.move(0.0, -self.tl)
-                    elif op == _PDF_OP_QUOTE:
-                        self.move(0.0, -self.tl)
-                        self.show(ops[-1])
-                    elif op == _PDF_OP_DQUOTE:
-                        self.tw, self.tc = ops[-3], ops[-2]
-                        self.move(0.0, -self.tl)
-                        self.show(ops[-1])
-                    elif op == _PDF_OP_TL:
-                        self.tl = ops[-1]
-                    elif op == _PDF_OP_TC:
-                        self.tc = ops[-1]
-                    elif op == _PDF_OP_TW:
-                        self.tw = ops[-1]
-                    elif op == _PDF_OP_TZ:
-                        self.th = ops[-1] / 100.0
-                    elif op == _PDF_OP_BT:
-                        self.tlm = _PDF_IDENTITY
-                        self.tm = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
-                    elif op == _PDF_OP_CM:
-                        m = _pdf_matrix(ops)
-                        if m is not None:
-                            self.ctm = _pdf_multiply(m, self.ctm)
-                    elif op == _PDF_OP_SAVE:
-                        if len(self.stack) < _PDF_MAX_GSTATE:
-                            self.stack.append((self.ctm, self.font, self.fs, self.tc, self.tw,
-                                               self.th, self.tl))
-                    elif op == _PDF_OP_RESTORE:
-                        if self.stack:
-                            (self.ctm, self.font, self.fs, self.tc, self.tw,
-                             self.th, self.tl) = self.stack.pop()
-                    elif op == _PDF_OP_DO:
-                        self.draw(ops[-1], resources, depth)
-                    elif op == _PDF_OP_ID:
-                        self.images += 1
-                except (IndexError, TypeError, ValueError, ZeroDivisionError, OverflowError):
-                    if doc.stopped is not None:
-                        raise
+                handler = handlers.get(value)
+                if handler is not None:
+                    try:
+                        handler(self, ops)
+                    except (IndexError, TypeError, ValueError, ZeroDivisionError, OverflowError):
+                        if doc.stopped is not None:     # else operands missing or of the wrong kind
+                            raise
                 ops = []
             elif kind == 3:
                 ops.append(value)
@@ -3826,15 +3795,93 @@ class _PdfTextReader:
             elif kind == 5:
                 ops.append(_pdf_hex(value))
             elif kind == 6:
-                if value == b"[" or value == b"<<":
-                    if len(nest) < _PDF_MAX_NESTING:
-                        nest.append(ops)
-                        ops = []
-                elif (value == b"]" or value == b">>") and nest:
-                    inner = ops
-                    ops = nest.pop()
-                    ops.append(inner)
+                ops = _pdf_nest_operands(value, ops, nest)
         doc.operators -= count
+
+    # -- the operators: each reads its operands from the end of ``ops``
+
+    def _op_show(self, ops):                        # Tj
+        if ops:
+            self.show(ops[-1])
+
+    def _op_show_array(self, ops):                  # TJ
+        if ops and isinstance(ops[-1], list):
+            self.show_array(ops[-1])
+
+    def _op_move(self, ops):                        # Td
+        self.move(ops[-2], ops[-1])
+
+    def _op_move_leading(self, ops):                # TD: Td, and the leading of T*
+        self.tl = -ops[-1]
+        self.move(ops[-2], ops[-1])
+
+    def _op_next_line(self, ops):                   # T*
+        self.move(0.0, -self.tl)
+
+    def _op_next_line_show(self, ops):              # '
+        self.move(0.0, -self.tl)
+        self.show(ops[-1])
+
+    def _op_spaced_next_line_show(self, ops):       # "
+        self.tw, self.tc = ops[-3], ops[-2]
+        self.move(0.0, -self.tl)
+        self.show(ops[-1])
+
+    def _op_font(self, ops):                        # Tf
+        self.fs = ops[-1]
+        self.font = _pdf_load_font(self.doc, self.fonts.get(ops[-2]))
+
+    def _op_text_matrix(self, ops):                 # Tm
+        m = _pdf_matrix(ops)
+        if m is not None:
+            self.tlm = m
+            self.tm = list(m)
+
+    def _op_leading(self, ops):                     # TL
+        self.tl = ops[-1]
+
+    def _op_char_spacing(self, ops):                # Tc
+        self.tc = ops[-1]
+
+    def _op_word_spacing(self, ops):                # Tw
+        self.tw = ops[-1]
+
+    def _op_horizontal_scale(self, ops):            # Tz
+        self.th = ops[-1] / 100.0
+
+    def _op_begin_text(self, ops):                  # BT
+        self.tlm = _PDF_IDENTITY
+        self.tm = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+
+    def _op_transform(self, ops):                   # cm
+        m = _pdf_matrix(ops)
+        if m is not None:
+            self.ctm = _pdf_multiply(m, self.ctm)
+
+    def _op_save(self, ops):                        # q
+        if len(self.stack) < _PDF_MAX_GSTATE:
+            self.stack.append((self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl))
+
+    def _op_restore(self, ops):                     # Q
+        if self.stack:
+            self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl = self.stack.pop()
+
+    def _op_draw(self, ops):                        # Do
+        self.draw(ops[-1], self.resources, self.depth)
+
+    def _op_inline_image(self, ops):                # ID (the lexer skips the image data)
+        self.images += 1
+
+    # The operators acted on, and their methods (called as ``handler(reader, ops)``); every
+    # other operator just drops its operands.
+    _OPERATORS = {b"Tj": _op_show, b"TJ": _op_show_array, b"Td": _op_move, b"TD": _op_move_leading,
+                  b"T*": _op_next_line, b"'": _op_next_line_show, b'"': _op_spaced_next_line_show,
+                  b"Tf": _op_font, b"Tm": _op_text_matrix, b"TL": _op_leading, b"Tc": _op_char_spacing,
+                  b"Tw": _op_word_spacing, b"Tz": _op_horizontal_scale, b"BT": _op_begin_text,
+                  b"cm": _op_transform, b"q": _op_save, b"Q": _op_restore, b"Do": _op_draw,
+                  b"ID": _op_inline_image}
+
+    # -- text
 
     def move(self, tx, ty):
         """Td: start a new line offset from the start of the current one."""
@@ -3873,8 +3920,7 @@ class _PdfTextReader:
                     self.show(piece)
                 return
         text, width, spaces, codes = font.decode(s)
-        tm, ctm = self.tm, self.ctm
-        c0, c1, c2, c3, c4, c5 = ctm
+        tm = self.tm
         x0, y0 = tm[4], tm[5]
         fs, tc = self.fs, self.tc
         # The text ends before the character spacing that follows its last glyph.
@@ -3882,21 +3928,29 @@ class _PdfTextReader:
             advance = -(width * 0.001 * fs + tc * codes + self.tw * spaces)
             visible = advance + tc
             ax, ay = tm[2], tm[3]
-            bx = -(tm[2] * c0 + tm[3] * c2)
-            by = -(tm[2] * c1 + tm[3] * c3)
         else:
             advance = (width * 0.001 * fs + tc * codes + self.tw * spaces) * self.th
             visible = advance - tc * self.th
             ax, ay = tm[0], tm[1]
-            bx = tm[0] * c0 + tm[1] * c2
-            by = tm[0] * c1 + tm[1] * c3
         tm[4] = x0 + advance * ax
         tm[5] = y0 + advance * ay
-        if not text:
-            return
+        if text:
+            self._place_shown(text, x0, y0, x0 + visible * ax, y0 + visible * ay, font)
+
+    def _place_shown(self, text, x0, y0, ex, ey, font):
+        """Place ``text`` shown from (x0, y0) to (ex, ey) in text space, unless it starts
+        outside the page's visible box."""
+        tm = self.tm
+        c0, c1, c2, c3, c4, c5 = self.ctm
+        if font.vertical:                   # the direction of writing in device space
+            bx = -(tm[2] * c0 + tm[3] * c2)
+            by = -(tm[2] * c1 + tm[3] * c3)
+        else:
+            bx = tm[0] * c0 + tm[1] * c2
+            by = tm[0] * c1 + tm[1] * c3
         ux = tm[2] * c0 + tm[3] * c2
         uy = tm[2] * c1 + tm[3] * c3
-        size = abs(fs) * (ux * ux + uy * uy) ** 0.5 * font.scale
+        size = abs(self.fs) * (ux * ux + uy * uy) ** 0.5 * font.scale
         norm = (bx * bx + by * by) ** 0.5
         if norm > 0:
             bx /= norm
@@ -3908,7 +3962,6 @@ class _PdfTextReader:
         if box is not None and not (box[0] - size <= x <= box[2] and box[1] - size <= y <= box[3] + size):
             return
         self.place(text, x, y, bx, by, size)
-        ex, ey = x0 + visible * ax, y0 + visible * ay
         self.last = (ex * c0 + ey * c2 + c4, ex * c1 + ey * c3 + c5, bx, by, size)
 
     def place(self, text, x, y, bx, by, size):
@@ -3930,6 +3983,8 @@ class _PdfTextReader:
                     out.append(" ")
         out.append(text)
 
+    # -- form XObjects
+
     def draw(self, name, resources, depth):
         """Do: run a form XObject's content (an image only counts as one)."""
         doc = self.doc
@@ -3943,16 +3998,25 @@ class _PdfTextReader:
         subtype = xobj.get("Subtype")
         if subtype == "Image":
             self.images += 1
-            return
-        if subtype != "Form" or depth >= _PDF_MAX_FORM_DEPTH:
-            return
+        elif subtype == "Form" and depth < _PDF_MAX_FORM_DEPTH:
+            body = self._form_body(ref, xobj)
+            if body:
+                self._run_form(xobj, body, resources, depth)
+
+    def _form_body(self, ref, xobj):
+        """The content of a form XObject, decoded once per document."""
+        doc = self.doc
         key = ref.num if type(ref) is _PdfRef else id(xobj)
         body = doc.forms.get(key)
         if body is None:
             body = doc.decode(xobj) or b""
             doc.forms[key] = body
-        if not body:
-            return
+        return body
+
+    def _run_form(self, xobj, body, resources, depth):
+        """Run a form's content with its own resources (else the caller's) and matrix; the
+        graphics and text state are as before once it is done."""
+        doc = self.doc
         inner = doc.resolve(xobj.get("Resources"))
         saved = (self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl, self.tm, self.tlm)
         matrix = _pdf_matrix(doc.resolve(xobj.get("Matrix")) or [])
@@ -3991,7 +4055,7 @@ def pdf_to_text(data, *, check=None, max_pages=PDF_MAX_PAGES):
         reader = _PdfTextReader(doc)
         try:
             reader.run_page(page, resources, box)
-        except Exception:
+        except Exception:               # a damaged page: keep what was read of it
             if doc.stopped is not None:
                 raise
             failures += 1
