@@ -3728,7 +3728,7 @@ class _PdfTextReader:
         self.tl = 0.0
         self.stack = []
         self.box = None                 # (x0, y0, x1, y1): text starting outside is not shown
-        self.resources = {}             # of the content stream being run, and its fonts
+        self.resources = {}             # of the content stream being run (a form's are restored after it)
         self.fonts = {}
         self.depth = 0                  # form XObjects the stream being run is inside
 
@@ -3752,22 +3752,14 @@ class _PdfTextReader:
             self.run(b"\n".join(parts), resources if isinstance(resources, dict) else {}, 0)
 
     def run(self, data, resources, depth):
-        """Interpret one content stream with ``resources``; ``depth`` counts form nesting."""
+        """Interpret one content stream with ``resources``; ``depth`` counts form nesting.
+        Each operator acts on the operands collected since the one before it."""
         doc = self.doc
         if doc.operators < 0:
             return
         fonts = doc.resolve(resources.get("Font"))
-        outer = self.resources, self.fonts, self.depth
         self.resources, self.depth = resources, depth
         self.fonts = fonts if isinstance(fonts, dict) else {}
-        try:
-            self._interpret(data)
-        finally:
-            self.resources, self.fonts, self.depth = outer
-
-    def _interpret(self, data):
-        """Run the operators of ``data``, each on the operands collected since the one before."""
-        doc = self.doc
         handlers = self._OPERATORS
         ops, nest, count = [], [], 0
         for kind, value, _ in _pdf_tokens(data, 0, None, doc.tick):
@@ -4015,10 +4007,12 @@ class _PdfTextReader:
 
     def _run_form(self, xobj, body, resources, depth):
         """Run a form's content with its own resources (else the caller's) and matrix; the
-        graphics and text state are as before once it is done."""
+        graphics and text state, and the resources of the caller, are as before once it is
+        done."""
         doc = self.doc
         inner = doc.resolve(xobj.get("Resources"))
-        saved = (self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl, self.tm, self.tlm)
+        saved = (self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl, self.tm, self.tlm,
+                 self.resources, self.fonts, self.depth)
         matrix = _pdf_matrix(doc.resolve(xobj.get("Matrix")) or [])
         if matrix is not None:
             self.ctm = _pdf_multiply(matrix, self.ctm)
@@ -4027,8 +4021,8 @@ class _PdfTextReader:
             self.run(body, inner if isinstance(inner, dict) else resources, depth + 1)
         finally:
             del self.stack[depth_saved:]
-            (self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl,
-             self.tm, self.tlm) = saved
+            (self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl, self.tm, self.tlm,
+             self.resources, self.fonts, self.depth) = saved
 
 
 def pdf_to_text(data, *, check=None, max_pages=PDF_MAX_PAGES):
