@@ -2190,15 +2190,17 @@ def _pdf_tokens(data, pos=0, end=None, tick=None):
     if end is None:
         end = len(data)
     finditer = _PDF_TOKEN_RE.finditer
-    count = 0
+    count, every = 0, _PDF_CHECK_EVERY
     while pos < end:
         for m in finditer(data, pos, end):
             count += 1
-            if count >= _PDF_CHECK_EVERY and tick is not None:
+            if count >= every and tick is not None:
                 tick(count)
                 count = 0
             kind = m.lastindex
-            if kind == 3:
+            if kind == 1:                   # numbers, the commonest tokens, first
+                yield 1, m.group(1), m.end()
+            elif kind == 3:
                 raw = m.group(3)[1:-1]
                 yield 3, (_pdf_unescape(raw) if b"\\" in raw else raw), m.end()
             elif kind == 4:
