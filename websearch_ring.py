@@ -1956,6 +1956,40 @@ def _render_table(rows, plain):
 # §5 PDF: filters and encryption
 # ---------------------------------------------------------------------------
 
+# pdf_to_text() (at the end of §8) reads the text layer of a PDF with the standard library
+# only, in four sections: this one undoes encryption and stream filters; §6 finds the
+# objects (xref tables and streams, object streams, incremental updates, a scan for
+# "N G obj" when the xref is damaged); §7 turns font codes into text (ToUnicode CMaps,
+# simple encodings with /Differences, Type0 CID fonts); §8 runs the text operators of
+# content streams and lays the text out as lines and paragraphs.
+#
+# Every loop is bounded by the limits below, and the caller's ``check`` is called every
+# ``_PDF_CHECK_EVERY`` tokens or objects: every such call goes through _PdfDocument.tick.
+#
+# Decryption is RC4 opened with the empty user password only: a user password, AES (the
+# standard library has no AES) or another security handler is a PdfError("pdf_encrypted").
+# The filters are Flate (what inflates before damage is kept), LZW, ASCIIHex, ASCII85 and
+# RunLength, with PNG and TIFF predictors; image codecs are not decoded: their data holds
+# no text.
+
+PDF_MAX_PAGES = 2000                # pages read from one document; later pages are left out
+_PDF_MAX_STREAM = 32 << 20          # bytes one stream may inflate to: a zip bomb stops here
+_PDF_MAX_DECODED = 64 << 20         # bytes all the streams of one document may inflate to
+_PDF_MAX_OPERATORS = 20000000       # content tokens run per document (form XObjects repeat)
+_PDF_MAX_NESTING = 64               # depth of nested arrays and dictionaries kept by the parser
+_PDF_MAX_CHAIN = 32                 # indirect references followed in a row
+
+_PDF_MAX_SECTIONS = 256             # cross-reference sections followed through /Prev
+_PDF_MAX_TRAILERS = 64              # trailer dictionaries read by the scan of a damaged file
+_PDF_MAX_DICT_BYTES = 65536         # bytes a trailer or xref stream dictionary may span
+
+_PDF_MAX_CMAP = 1 << 17             # codes a CMap or /W array may define
+_PDF_MAX_FORM_DEPTH = 12            # form XObjects drawn inside form XObjects
+_PDF_MAX_GSTATE = 256               # graphics states saved with q
+
+_PDF_CHECK_EVERY = 2048             # tokens (or objects) between two calls of ``check``
+
+
 # Key padding of the standard security handler (PDF 1.7, 7.6.3.3, algorithm 2).
 _PDF_PASSWORD_PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683E802F0CA9FE6453697A")
 
@@ -1979,7 +2013,8 @@ class PdfError(RingError):
 
 class _PdfRc4Security:
     """The standard security handler with RC4 (V 1, 2 or 4 with /V2, revisions 2 to 4), opened
-    with the empty user password; anything else raises ``PdfError("pdf_encrypted")``."""
+    with the empty user password; anything else raises ``PdfError("pdf_encrypted")``.
+    ``identity`` is true when a V 4 handler's crypt filters encrypt nothing."""
 
     def __init__(self, enc, first_id):
         self.identity = False
@@ -1987,44 +2022,59 @@ class _PdfRc4Security:
             raise PdfError("pdf_encrypted", "the PDF is encrypted with the %s security handler, "
                            "which needs a password or certificate" % enc.get("Filter"))
         version, revision = _pdf_int(enc.get("V"), 0), _pdf_int(enc.get("R"), 2)
-        length = _pdf_int(enc.get("Length"), 40)
         if version >= 5 or revision >= 5:
             raise PdfError("pdf_encrypted", "the PDF is encrypted with AES-256 (AESV3); the standard "
                            "library has no AES cipher to decrypt it")
+        length = _pdf_int(enc.get("Length"), 40)
         if version == 4:
-            filters = enc.get("CF") if isinstance(enc.get("CF"), dict) else {}
-            methods = set()
-            for key in ("StmF", "StrF"):
-                name = enc.get(key, "Identity")
-                cf = filters.get(name) if name != "Identity" else None
-                if isinstance(cf, dict):
-                    methods.add(cf.get("CFM", "None"))
-                    size = _pdf_int(cf.get("Length"), 0)
-                    if size:
-                        length = size * 8 if size <= 32 else size
-            if "AESV2" in methods or "AESV3" in methods:
-                raise PdfError("pdf_encrypted", "the PDF is encrypted with AES (AESV2); the standard "
-                               "library has no AES cipher to decrypt it")
-            if not methods - {"None"}:
+            length = self._crypt_filter_length(enc, length)
+            if length is None:
                 self.identity = True
                 return
-            if type(enc.get("Length")) is not int and length == 40:
-                length = 128
-        if type(length) is not int or not 40 <= length <= 128:
+        if not 40 <= length <= 128:
             length = 40
-        n = 5 if revision == 2 else length // 8
+        self.key = self._open(enc, first_id, revision, 5 if revision == 2 else length // 8)
+        self.cache = {}
+
+    @staticmethod
+    def _crypt_filter_length(enc, length):
+        """The key length in bits of a V 4 handler, whose crypt filters (/CF) name the cipher
+        of streams (/StmF) and strings (/StrF); None when neither is encrypted."""
+        filters = enc.get("CF") if isinstance(enc.get("CF"), dict) else {}
+        methods = set()
+        for key in ("StmF", "StrF"):
+            name = enc.get(key, "Identity")
+            cf = filters.get(name) if name != "Identity" else None
+            if isinstance(cf, dict):
+                methods.add(cf.get("CFM", "None"))
+                size = _pdf_int(cf.get("Length"), 0)
+                if size:
+                    length = size * 8 if size <= 32 else size
+        if "AESV2" in methods or "AESV3" in methods:
+            raise PdfError("pdf_encrypted", "the PDF is encrypted with AES (AESV2); the standard "
+                           "library has no AES cipher to decrypt it")
+        if not methods - {"None"}:
+            return None
+        if type(enc.get("Length")) is not int and length == 40:
+            length = 128
+        return length
+
+    @staticmethod
+    def _open(enc, first_id, revision, n):
+        """The file key of ``n`` bytes from the empty user password, checked against /U."""
         owner, user = enc.get("O", b""), enc.get("U", b"")
         if not isinstance(owner, bytes) or not isinstance(user, bytes):
             raise PdfError("pdf_encrypted", "the PDF's encryption dictionary is damaged")
         perms = _pdf_int(enc.get("P"), 0)
-        self.key = _pdf_file_key(b"", owner, perms, first_id, n, revision,
-                                 enc.get("EncryptMetadata", True) is not False)
-        if not _pdf_user_password_ok(self.key, user, first_id, revision):
+        key = _pdf_file_key(b"", owner, perms, first_id, n, revision,
+                            enc.get("EncryptMetadata", True) is not False)
+        if not _pdf_user_password_ok(key, user, first_id, revision):
             raise PdfError("pdf_encrypted", "the PDF is encrypted with a user password; "
                            "its text cannot be read without the password")
-        self.cache = {}
+        return key
 
     def decrypt(self, data, num, gen):
+        """``data`` of object ``num``, generation ``gen``, decrypted with the object's key."""
         key = self.cache.get((num, gen))
         if key is None:
             raw = self.key + (num & 0xFFFFFF).to_bytes(3, "little") + (gen & 0xFFFF).to_bytes(2, "little")
@@ -2147,40 +2197,55 @@ def _pdf_predict(data, parms):
     bpp = max(1, colors * bpc // 8)
     rowlen = (colors * bpc * columns + 7) // 8
     if predictor == 2:
-        if bpc != 8:
-            return data
-        out = bytearray(data)
-        for start in range(0, len(out), rowlen):
-            for i in range(start + bpp, min(start + rowlen, len(out))):
-                out[i] = (out[i] + out[i - bpp]) & 255
-        return bytes(out)
+        return _pdf_tiff_predict(data, bpp, rowlen) if bpc == 8 else data
     if predictor < 10:
         return data
+    return _pdf_png_predict(data, bpp, rowlen)
+
+
+def _pdf_tiff_predict(data, bpp, rowlen):
+    """TIFF predictor 2, 8 bits per component: each byte was stored as its difference from
+    the one ``bpp`` bytes before it in its row."""
+    out = bytearray(data)
+    for start in range(0, len(out), rowlen):
+        for i in range(start + bpp, min(start + rowlen, len(out))):
+            out[i] = (out[i] + out[i - bpp]) & 255
+    return bytes(out)
+
+
+def _pdf_png_predict(data, bpp, rowlen):
+    """PNG predictors: each row of ``rowlen`` bytes follows a byte naming its filter, undone
+    from the decoded row above (a partial last row is dropped)."""
     out = bytearray()
     prev = bytearray(rowlen)
     for start in range(0, len(data) - rowlen, rowlen + 1):
-        kind = data[start]
-        row = bytearray(data[start + 1:start + 1 + rowlen])
-        if kind == 2:
-            row = bytearray((a + b) & 255 for a, b in zip(row, prev))
-        elif kind == 1:
-            for i in range(bpp, rowlen):
-                row[i] = (row[i] + row[i - bpp]) & 255
-        elif kind == 3:
-            for i in range(rowlen):
-                left = row[i - bpp] if i >= bpp else 0
-                row[i] = (row[i] + ((left + prev[i]) >> 1)) & 255
-        elif kind == 4:
-            for i in range(rowlen):
-                a = row[i - bpp] if i >= bpp else 0
-                b = prev[i]
-                c = prev[i - bpp] if i >= bpp else 0
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                row[i] = (row[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        row = _pdf_png_unfilter(data[start], bytearray(data[start + 1:start + 1 + rowlen]), prev, bpp)
         out += row
         prev = row
     return bytes(out)
+
+
+def _pdf_png_unfilter(kind, row, prev, bpp):
+    """``row`` with the PNG filter ``kind`` undone (1 Sub, 2 Up, 3 Average, 4 Paeth; 0 None
+    and unknown kinds leave it as it is), ``prev`` being the decoded row above."""
+    if kind == 2:
+        return bytearray((a + b) & 255 for a, b in zip(row, prev))
+    if kind == 1:
+        for i in range(bpp, len(row)):
+            row[i] = (row[i] + row[i - bpp]) & 255
+    elif kind == 3:
+        for i in range(len(row)):
+            left = row[i - bpp] if i >= bpp else 0
+            row[i] = (row[i] + ((left + prev[i]) >> 1)) & 255
+    elif kind == 4:
+        for i in range(len(row)):
+            a = row[i - bpp] if i >= bpp else 0
+            b = prev[i]
+            c = prev[i - bpp] if i >= bpp else 0
+            p = a + b - c
+            pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+            row[i] = (row[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+    return row
 
 
 def _pdf_lzw(data, limit, early):
@@ -2273,34 +2338,17 @@ def _pdf_run_length(data, limit):
             pos += 2
     return bytes(out[:limit])
 
-
 # ---------------------------------------------------------------------------
 # §6 PDF: objects and cross-references
 # ---------------------------------------------------------------------------
 
-#
-# pdf_to_text() reads the text layer of a PDF with the standard library only:
-# the file structure (xref tables and streams, object streams, incremental
-# updates, a scan for "N G obj" when the xref is damaged), the common stream
-# filters, fonts (ToUnicode CMaps, simple encodings with /Differences, Type0
-# CID fonts) and the text operators of content streams, laid out as lines
-# and paragraphs from the text positions.  Every loop is bounded: pages,
-# inflated bytes, nesting, reference chains and form XObject depth, and the
-# caller's ``check`` is called every few thousand tokens.
-
-PDF_MAX_PAGES = 2000                # pages read from one document; later pages are left out
-_PDF_MAX_STREAM = 32 << 20          # bytes one stream may inflate to: a zip bomb stops here
-_PDF_MAX_DECODED = 64 << 20         # bytes all the streams of one document may inflate to
-_PDF_MAX_OPERATORS = 20000000       # content tokens run per document (form XObjects repeat)
-_PDF_MAX_NESTING = 64               # depth of nested arrays and dictionaries kept by the parser
-_PDF_MAX_CHAIN = 32                 # indirect references followed in a row
-
-_PDF_MAX_SECTIONS = 256             # cross-reference sections followed through /Prev
-_PDF_MAX_TRAILERS = 64              # trailer dictionaries read by the scan of a damaged file
-_PDF_MAX_DICT_BYTES = 65536         # bytes a trailer or xref stream dictionary may span
-
-_PDF_CHECK_EVERY = 2048             # tokens (or objects) between two calls of ``check``
-
+# The lexer, the object parser, and _PdfDocument: the objects of one file by number,
+# through its cross-reference sections (tables and streams, newest first along /Prev and
+# /XRefStm) and object streams, and through a scan of the whole file for "N G obj"
+# headers when an entry or the whole xref is wrong.  Damage is tolerated, not reported:
+# an object that cannot be read is None.  Nesting deeper than _PDF_MAX_NESTING is
+# flattened, and reference chains, cross-reference sections and scanned trailers are
+# capped (the limits are at the top of §5).
 
 # The lexer: one alternative per token kind, each a single unambiguous loop, so that a match
 # costs time linear in its length.  Group numbers are the token kinds used by the parsers.
@@ -2364,15 +2412,17 @@ def _pdf_tokens(data, pos=0, end=None, tick=None):
     if end is None:
         end = len(data)
     finditer = _PDF_TOKEN_RE.finditer
-    count = 0
+    count, every = 0, _PDF_CHECK_EVERY
     while pos < end:
         for m in finditer(data, pos, end):
             count += 1
-            if count >= _PDF_CHECK_EVERY and tick is not None:
+            if count >= every and tick is not None:
                 tick(count)
                 count = 0
             kind = m.lastindex
-            if kind == 3:
+            if kind == 1:                   # numbers, the commonest tokens, first
+                yield 1, m.group(1), m.end()
+            elif kind == 3:
                 raw = m.group(3)[1:-1]
                 yield 3, (_pdf_unescape(raw) if b"\\" in raw else raw), m.end()
             elif kind == 4:
@@ -2492,46 +2542,50 @@ def _pdf_parse(data, pos=0, end=None, tick=None):
         elif kind == 5:
             cur.append(_pdf_hex(value))
         elif kind == 6:
-            if value == b"[" or value == b"<<":
-                if len(stack) >= _PDF_MAX_NESTING:
-                    flattened += 1
-                    continue
-                stack.append((cur, value))
-                cur = []
-            elif value == b"]" or value == b">>":
-                if flattened:
-                    flattened -= 1
-                    continue
-                if not stack:
-                    continue
-                parent, opener = stack.pop()
-                parent.append(_pdf_dict(cur) if opener == b"<<" else cur)
-                cur = parent
+            cur, flattened = _pdf_nest(value, stack, cur, flattened)
         elif value == b"R":
             if len(cur) >= 2 and type(cur[-1]) is int and type(cur[-2]) is int:
                 gen = cur.pop()
                 cur[-1] = _PdfRef(cur[-1], gen)
-        elif value == b"true":
-            cur.append(True)
-        elif value == b"false":
-            cur.append(False)
-        elif value == b"null":
-            cur.append(None)
+        elif value in _PDF_CONSTANTS:
+            cur.append(_PDF_CONSTANTS[value])
         elif value in _PDF_STOP_KEYWORDS:
-            while stack:                    # a keyword inside an open container closes it
-                parent, opener = stack.pop()
-                parent.append(_pdf_dict(cur) if opener == b"<<" else cur)
-                cur = parent
-            return cur, value, after
+            return _pdf_close_all(stack, cur), value, after
+    return _pdf_close_all(stack, cur), None, end if end is not None else len(data)
+
+
+_PDF_CONSTANTS = {b"true": True, b"false": False, b"null": None}
+_PDF_STOP_KEYWORDS = frozenset((b"obj", b"endobj", b"stream", b"endstream", b"xref", b"trailer",
+                                b"startxref"))
+
+
+def _pdf_nest(delimiter, stack, cur, flattened):
+    """The parser's (current list, levels flattened) after an array or dictionary delimiter:
+    an opener pushes the current list on ``stack``, a closer pops it back with the closed
+    array or dictionary appended."""
+    if delimiter == b"[" or delimiter == b"<<":
+        if len(stack) >= _PDF_MAX_NESTING:
+            return cur, flattened + 1
+        stack.append((cur, delimiter))
+        return [], flattened
+    if delimiter == b"]" or delimiter == b">>":
+        if flattened:
+            return cur, flattened - 1
+        if stack:
+            parent, opener = stack.pop()
+            parent.append(_pdf_dict(cur) if opener == b"<<" else cur)
+            return parent, flattened
+    return cur, flattened
+
+
+def _pdf_close_all(stack, cur):
+    """The outermost list once every array and dictionary still open is closed (at the end
+    of the data, or at a keyword that cannot be inside an object)."""
     while stack:
         parent, opener = stack.pop()
         parent.append(_pdf_dict(cur) if opener == b"<<" else cur)
         cur = parent
-    return cur, None, end if end is not None else len(data)
-
-
-_PDF_STOP_KEYWORDS = frozenset((b"obj", b"endobj", b"stream", b"endstream", b"xref", b"trailer",
-                                b"startxref"))
+    return cur
 
 
 def _pdf_dict(items):
@@ -2571,17 +2625,12 @@ class _PdfDocument:
         self._scanned = None
         self._objstms_indexed = False
         self._depth = 0
-        try:
-            self._read_xref()
-        except Exception:
-            if self.stopped is not None:
-                raise
-        try:
-            if not isinstance(self.resolve(self.trailer.get("Root")), dict):
-                self._use_scan()
-        except Exception:
-            if self.stopped is not None:
-                raise
+        for step in (self._read_xref, self._check_root):
+            try:
+                step()
+            except Exception:           # a damaged file: go on with what was read
+                if self.stopped is not None:
+                    raise
         self._setup_encryption()
 
     def tick(self, amount=1):
@@ -2621,6 +2670,11 @@ class _PdfDocument:
             if type(offset) is not int:
                 offset = None
 
+    def _check_root(self):
+        """Fall back on the scan when the trailer leads to no catalog."""
+        if not isinstance(self.resolve(self.trailer.get("Root")), dict):
+            self._use_scan()
+
     def _read_section(self, offset):
         """Entries of the cross-reference section at ``offset`` (a table or a stream) added to
         ``self.xref`` unless a newer section has them; returns its trailer, or None."""
@@ -2641,84 +2695,104 @@ class _PdfDocument:
         return stream.dict
 
     def _read_table(self, pos):
-        data, xref = self.data, self.xref
+        """The subsections of a classic xref table from ``pos`` (after ``xref``); returns the
+        trailer dictionary that follows them ({} if none)."""
+        data = self.data
         while True:
             self.tick()
             m = _PDF_XREF_HEAD_RE.match(data, pos)
             if m is None:
                 break
-            first, count = int(m.group(1)), int(m.group(2))
-            pos = m.end()
-            block = data[pos:pos + 20 * count]
-            parts = block.split()
-            if len(parts) == 3 * count and count and block[17:18] in (b"n", b"f"):
-                for i in range(count):
-                    if parts[3 * i + 2] == b"n":
-                        xref.setdefault(first + i, (int(parts[3 * i]), None))
-                pos += 20 * count
-                continue
-            for i in range(count):          # entries of irregular length
-                e = _PDF_XREF_ENTRY_RE.match(data, pos)
-                if e is None:
-                    break
-                pos = e.end()
-                if e.group(3) == b"n":
-                    xref.setdefault(first + i, (int(e.group(1)), None))
+            pos = self._read_subsection(int(m.group(1)), int(m.group(2)), m.end())
         at = data.find(b"trailer", pos, pos + 4096)
         if at < 0:
             return {}
         values, _, _ = _pdf_parse(data, at + 7, min(len(data), at + _PDF_MAX_DICT_BYTES))
         return values[0] if values and isinstance(values[0], dict) else {}
 
+    def _read_subsection(self, first, count, pos):
+        """The ``count`` entries from object ``first`` on, at ``pos``; returns where they end."""
+        data, xref = self.data, self.xref
+        block = data[pos:pos + 20 * count]
+        parts = block.split()
+        if len(parts) == 3 * count and count and block[17:18] in (b"n", b"f"):
+            for i in range(count):          # the usual 20-byte entries
+                if parts[3 * i + 2] == b"n":
+                    xref.setdefault(first + i, (int(parts[3 * i]), None))
+            return pos + 20 * count
+        for i in range(count):              # entries of irregular length
+            e = _PDF_XREF_ENTRY_RE.match(data, pos)
+            if e is None:
+                break
+            pos = e.end()
+            if e.group(3) == b"n":
+                xref.setdefault(first + i, (int(e.group(1)), None))
+        return pos
+
     def _read_xref_stream(self, stream):
+        """The entries of a cross-reference stream: rows of three big-endian fields (/W gives
+        their widths) for the object numbers of the /Index ranges."""
         body = self.decode(stream, crypt=False)
-        if not body:
-            return
         widths = stream.get("W")
-        if not isinstance(widths, list) or len(widths) != 3 or not all(type(w) is int for w in widths):
-            return
-        w0, w1, w2 = widths
-        size = w0 + w1 + w2
-        if size <= 0 or min(widths) < 0:
+        if not body or not isinstance(widths, list) or len(widths) != 3 \
+                or not all(type(w) is int and w >= 0 for w in widths) or sum(widths) <= 0:
             return
         index = stream.get("Index")
         if not isinstance(index, list):
             index = [0, stream.get("Size", 0)]
-        xref, pos, n = self.xref, 0, len(body)
+        pos = 0
         for k in range(0, len(index) - 1, 2):
             first, count = index[k], index[k + 1]
             if type(first) is not int or type(count) is not int:
                 break
-            for i in range(min(count, (n - pos) // size)):
-                kind = int.from_bytes(body[pos:pos + w0], "big") if w0 else 1
-                f1 = int.from_bytes(body[pos + w0:pos + w0 + w1], "big")
-                f2 = int.from_bytes(body[pos + w0 + w1:pos + size], "big")
-                pos += size
-                if kind == 1:
-                    xref.setdefault(first + i, (f1, None))
-                elif kind == 2:
-                    xref.setdefault(first + i, (f1, f2))
+            pos = self._read_xref_rows(body, pos, widths, first, count)
             self.tick(count >> 6)
+
+    def _read_xref_rows(self, body, pos, widths, first, count):
+        """Up to ``count`` rows of ``body`` from ``pos``, for objects ``first`` on; returns where
+        they end.  Type 1 rows give an offset, type 2 an object stream and an index in it."""
+        xref = self.xref
+        w0, w1, w2 = widths
+        size = w0 + w1 + w2
+        for i in range(min(count, (len(body) - pos) // size)):
+            kind = int.from_bytes(body[pos:pos + w0], "big") if w0 else 1
+            f1 = int.from_bytes(body[pos + w0:pos + w0 + w1], "big")
+            f2 = int.from_bytes(body[pos + w0 + w1:pos + size], "big")
+            pos += size
+            if kind == 1:
+                xref.setdefault(first + i, (f1, None))
+            elif kind == 2:
+                xref.setdefault(first + i, (f1, f2))
+        return pos
+
+    # -- the scan of a damaged file
 
     def _scan(self):
         """Index of the file's objects by scanning for ``N G obj`` headers (later ones win),
-        and the trailer facts found on the way."""
-        if self._scanned is not None:
-            return self._scanned
-        data, found, trailers = self.data, {}, []
+        and the trailer dictionaries found on the way."""
+        if self._scanned is None:
+            self._scanned = (self._scan_headers(), self._scan_trailers())
+        return self._scanned
+
+    def _scan_headers(self):
+        data, found = self.data, {}
         find, search = data.find, _PDF_BEFORE_OBJ_RE.search
         pos = 0
         while True:
             p = find(b"obj", pos)
             if p < 0:
-                break
+                return found
             pos = p + 3
             self.tick()
             m = search(data, max(0, p - 40), p)
             if m is not None and data[p + 3:p + 4] not in b"0123456789abcdefghijklmnopqrstuvwxyz":
                 found[int(m.group(1))] = (m.start(1), None)
+
+    def _scan_trailers(self):
+        """The last ``_PDF_MAX_TRAILERS`` trailer dictionaries of the file, oldest first."""
+        data, trailers = self.data, []
         end = len(data)
-        while len(trailers) < _PDF_MAX_TRAILERS:     # the newest trailers, at the end of the file
+        while len(trailers) < _PDF_MAX_TRAILERS:
             p = data.rfind(b"trailer", 0, end)
             if p < 0:
                 break
@@ -2727,8 +2801,7 @@ class _PdfDocument:
                 values, _, _ = _pdf_parse(data, p + 7, min(len(data), p + _PDF_MAX_DICT_BYTES), self.tick)
                 if values and isinstance(values[0], dict):
                     trailers.insert(0, values[0])
-        self._scanned = (found, trailers)
-        return self._scanned
+        return trailers
 
     def _use_scan(self):
         """Rebuild the cross-reference from a scan of the file (a damaged or missing xref)."""
@@ -2746,19 +2819,41 @@ class _PdfDocument:
         self._index_scanned_objstms()
         if not isinstance(self.resolve(trailer.get("Root")), dict):
             trailer.pop("Root", None)
-            for num in sorted(self.xref):
-                obj = self.load(num)
-                dic = obj.dict if isinstance(obj, _PdfStream) else obj
-                if not isinstance(dic, dict):
-                    continue
-                if dic.get("Type") == "XRef":
-                    for key in ("Root", "Info", "Encrypt", "ID"):
-                        if key in dic:
-                            trailer[key] = dic[key]
-                elif dic.get("Type") == "Catalog" and "Root" not in trailer:
-                    trailer["Root"] = _PdfRef(num, 0)
+            self._trailer_from_objects(trailer)
         if "Root" in trailer or not self.trailer:
             self.trailer = trailer
+
+    def _trailer_from_objects(self, trailer):
+        """Complete ``trailer`` from the objects: the entries of a cross-reference stream's
+        dictionary, and the first catalog as /Root."""
+        for num in sorted(self.xref):
+            obj = self.load(num)
+            dic = obj.dict if isinstance(obj, _PdfStream) else obj
+            if not isinstance(dic, dict):
+                continue
+            if dic.get("Type") == "XRef":
+                for key in ("Root", "Info", "Encrypt", "ID"):
+                    if key in dic:
+                        trailer[key] = dic[key]
+            elif dic.get("Type") == "Catalog" and "Root" not in trailer:
+                trailer["Root"] = _PdfRef(num, 0)
+
+    def _index_scanned_objstms(self):
+        """Entries for the members of every object stream in the file that the xref lacks."""
+        self._objstms_indexed = True
+        found = self._scan()[0]
+        starts = sorted((where, num) for num, (where, _) in found.items())
+        keys = [where for where, _ in starts]
+        data, pos = self.data, 0
+        while True:
+            pos = data.find(b"/ObjStm", pos)
+            if pos < 0:
+                break
+            i = bisect.bisect_right(keys, pos) - 1
+            pos += 7
+            if i >= 0 and starts[i][1] not in self._objstms:
+                self.tick()
+                self._index_objstm(starts[i][1])
 
     def _index_objstm(self, num):
         """Entries for the objects of the object stream ``num`` that the xref lacks."""
@@ -2822,35 +2917,12 @@ class _PdfDocument:
             return self._object_at(where, num)
         return self._object_in_stream(where, index, num)
 
-    def _index_scanned_objstms(self):
-        """Entries for the members of every object stream in the file that the xref lacks."""
-        self._objstms_indexed = True
-        found = self._scan()[0]
-        starts = sorted((where, num) for num, (where, _) in found.items())
-        keys = [where for where, _ in starts]
-        data, pos = self.data, 0
-        while True:
-            pos = data.find(b"/ObjStm", pos)
-            if pos < 0:
-                break
-            i = bisect.bisect_right(keys, pos) - 1
-            pos += 7
-            if i >= 0 and starts[i][1] not in self._objstms:
-                self.tick()
-                self._index_objstm(starts[i][1])
-
     def _object_at(self, offset, num):
-        data = self.data
-        m = _PDF_HEADER_RE.match(data, offset)
-        if m is None or int(m.group(1)) != num:
-            found = self._scan()[0].get(num)
-            if found is None or found[0] == offset:
-                return None
-            m = _PDF_HEADER_RE.match(data, found[0])
-            if m is None:
-                return None
+        m = self._header(offset, num)
+        if m is None:
+            return None
         gen = int(m.group(2))
-        values, keyword, pos = _pdf_parse(data, m.end(), None, self.tick)
+        values, keyword, pos = _pdf_parse(self.data, m.end(), None, self.tick)
         if keyword == b"obj" and len(values) >= 2:
             values = values[:-2]            # the header of the next object: endobj is missing
         if not values:
@@ -2862,6 +2934,16 @@ class _PdfDocument:
             value = self._decrypt_strings(value, num, gen, 0)
         return value
 
+    def _header(self, offset, num):
+        """The ``N G obj`` header of object ``num`` at ``offset``, else where the scan found it."""
+        m = _PDF_HEADER_RE.match(self.data, offset)
+        if m is not None and int(m.group(1)) == num:
+            return m
+        found = self._scan()[0].get(num)
+        if found is None or found[0] == offset:
+            return None
+        return _PDF_HEADER_RE.match(self.data, found[0])
+
     def _stream_at(self, dic, pos, num, gen):
         """The stream whose dictionary ``dic`` ends at ``pos`` (just after ``stream``)."""
         data = self.data
@@ -2869,25 +2951,28 @@ class _PdfDocument:
             pos += 2
         elif data[pos:pos + 1] in (b"\r", b"\n"):
             pos += 1
-        length = dic.get("Length")
-        if type(length) is _PdfRef:
-            length = self.resolve(length)
-        end = None
-        if type(length) is int and 0 <= length <= len(data) - pos:
-            tail = data[pos + length:pos + length + 32].lstrip(_PDF_WHITESPACE)
-            if tail.startswith(b"endstream"):
-                end = pos + length
-        if end is None:                     # a wrong /Length: up to endstream
-            end = data.find(b"endstream", pos)
-            if end < 0:
-                end = len(data)
-            if data[end - 2:end] == b"\r\n":
-                end -= 2
-            elif data[end - 1:end] in (b"\r", b"\n"):
-                end -= 1
+        end = self._stream_end(dic.get("Length"), pos)
         if self.crypt is not None:
             dic = self._decrypt_strings(dic, num, gen, 0)
         return _PdfStream(dic, data[pos:end], num, gen)
+
+    def _stream_end(self, length, pos):
+        """Where the data of a stream starting at ``pos`` ends: ``length`` bytes on if
+        ``endstream`` follows there, else (a wrong /Length) before the next ``endstream``."""
+        data = self.data
+        if type(length) is _PdfRef:
+            length = self.resolve(length)
+        if type(length) is int and 0 <= length <= len(data) - pos:
+            if data[pos + length:pos + length + 32].lstrip(_PDF_WHITESPACE).startswith(b"endstream"):
+                return pos + length
+        end = data.find(b"endstream", pos)
+        if end < 0:
+            end = len(data)
+        if data[end - 2:end] == b"\r\n":
+            return end - 2
+        if data[end - 1:end] in (b"\r", b"\n"):
+            return end - 1
+        return end
 
     def _objstm(self, num):
         """(body, first, object numbers, offsets, number -> index) of the object stream
@@ -2927,24 +3012,16 @@ class _PdfDocument:
         values, _, _ = _pdf_parse(body, offsets[index], max(end, offsets[index]), self.tick)
         return values[0] if values else None
 
+    # -- pages
+
     def pages(self, max_pages):
-        """``(page dict, resources, media box)`` of the pages in order, walking /Pages /Kids (or every
-        /Type /Page object when the page tree is broken)."""
+        """``(page dict, resources, visible box)`` of the pages in order, walking /Pages /Kids
+        (or every /Type /Page object when the page tree is broken)."""
         root = self.resolve(self.trailer.get("Root"))
         out = []
         if isinstance(root, dict):
             out = self._walk_pages(root.get("Pages"), max_pages)
-        if not out:
-            found = self._scan()[0]
-            if self.xref is not found:
-                self._use_scan()
-            for num in sorted(self.xref):
-                obj = self.load(num)
-                if isinstance(obj, dict) and obj.get("Type") == "Page":
-                    out.append((obj, self.resolve(obj.get("Resources")), _pdf_page_box(self, obj, None)))
-                    if len(out) >= max_pages:
-                        break
-        return out
+        return out or self._scanned_pages(max_pages)
 
     def _walk_pages(self, top, max_pages):
         out, seen = [], set()
@@ -2961,7 +3038,7 @@ class _PdfDocument:
             own = self.resolve(node.get("Resources"))
             if isinstance(own, dict):
                 resources = own
-            box = _pdf_page_box(self, node, box)
+            box = self._page_box(node, box)
             kids = self.resolve(node.get("Kids"))
             if isinstance(kids, list) and node.get("Type") != "Page":
                 if depth < _PDF_MAX_NESTING:
@@ -2970,6 +3047,32 @@ class _PdfDocument:
             elif node.get("Type") == "Page" or "Contents" in node:
                 out.append((node, resources, box))
         return out
+
+    def _scanned_pages(self, max_pages):
+        """Every /Type /Page object in the order of the object numbers, after a scan."""
+        found = self._scan()[0]
+        if self.xref is not found:
+            self._use_scan()
+        out = []
+        for num in sorted(self.xref):
+            obj = self.load(num)
+            if isinstance(obj, dict) and obj.get("Type") == "Page":
+                out.append((obj, self.resolve(obj.get("Resources")), self._page_box(obj, None)))
+                if len(out) >= max_pages:
+                    break
+        return out
+
+    def _page_box(self, node, inherited):
+        """The visible area of a page (or of the pages below a node): its CropBox within its
+        MediaBox, either inherited."""
+        media = _pdf_box(self.resolve(node.get("MediaBox")))
+        crop = _pdf_box(self.resolve(node.get("CropBox")))
+        if crop is not None and media is not None:
+            crop = (max(crop[0], media[0]), max(crop[1], media[1]),
+                    min(crop[2], media[2]), min(crop[3], media[3]))
+            if crop[0] >= crop[2] or crop[1] >= crop[3]:
+                crop = None
+        return crop or media or inherited
 
     # -- streams
 
@@ -3036,24 +3139,18 @@ def _pdf_box(value):
     return None
 
 
-def _pdf_page_box(doc, node, inherited):
-    """The visible area of a page (or of the pages below a node): its CropBox within its
-    MediaBox, either inherited."""
-    media = _pdf_box(doc.resolve(node.get("MediaBox")))
-    crop = _pdf_box(doc.resolve(node.get("CropBox")))
-    if crop is not None and media is not None:
-        crop = (max(crop[0], media[0]), max(crop[1], media[1]),
-                min(crop[2], media[2]), min(crop[3], media[3]))
-        if crop[0] >= crop[2] or crop[1] >= crop[3]:
-            crop = None
-    return crop or media or inherited
-
-
 # ---------------------------------------------------------------------------
 # §7 PDF: fonts and encodings
 # ---------------------------------------------------------------------------
 
-_PDF_MAX_CMAP = 1 << 17             # codes a CMap or /W array may define
+# What the codes of a shown string mean: their text and their widths.  Simple fonts map
+# one byte to one character through a table built from a standard encoding, the Type1
+# font program's own encoding vector, /Differences glyph names and ToUnicode; composite
+# (Type0) fonts split bytes into codes by their CMap's code space and map them through
+# ToUnicode, a Python codec for the predefined CJK CMaps that are one, or Adobe-Japan1.
+# No font program is run beyond reading a Type1 encoding vector, so a glyph known only by
+# its shape has no text.  Limits: _PDF_MAX_CMAP codes per CMap, glyph names of at most 64
+# characters.
 
 _PDF_T1_DUP_RE = LazyPattern(rb"dup[ \t\r\n]{1,8}(\d{1,3})[ \t\r\n]{0,8}/([^ \t\r\n/\[\]{}()<>]{1,64})"
                             rb"[ \t\r\n]{1,8}put")
@@ -3189,23 +3286,46 @@ def _pdf_glyph_lookup(name):
         return table[base]
     if len(base) == 1 and base.isalnum():
         return base
-    hexdigits = "0123456789ABCDEFabcdef"
+    for rule in (_pdf_glyph_code, _pdf_glyph_accented, _pdf_glyph_variant):
+        text = rule(base)
+        if text is not None:
+            return text
+    return ""
+
+
+_PDF_HEX_DIGITS = frozenset("0123456789ABCDEFabcdef")
+
+
+def _pdf_glyph_code(base):
+    """The text of ``uniXXXX`` (one or more code points) and ``uXXXX`` to ``uXXXXXX`` names;
+    None for other names."""
     if base.startswith("uni") and len(base) >= 7 and (len(base) - 3) % 4 == 0 \
-            and all(c in hexdigits for c in base[3:]):
+            and _PDF_HEX_DIGITS.issuperset(base[3:]):
         return "".join(_pdf_chr(int(base[i:i + 4], 16)) for i in range(3, len(base), 4))
-    if base.startswith("u") and 5 <= len(base) <= 7 and all(c in hexdigits for c in base[1:]):
+    if base.startswith("u") and 5 <= len(base) <= 7 and _PDF_HEX_DIGITS.issuperset(base[1:]):
         return _pdf_chr(int(base[1:], 16))
+    return None
+
+
+def _pdf_glyph_accented(base):
+    """A letter and an accent suffix ("eacute") as one composed character; None when
+    ``base`` is not one."""
     for suffix, mark in _PDF_ACCENTS.items():
         if base.endswith(suffix) and len(base) > len(suffix):
             letter = _pdf_glyph_lookup(base[:-len(suffix)])
             if len(letter) == 1:
                 return _unicodedata.normalize("NFC", letter + mark)
-    if base.endswith(("small", "oldstyle", "superior", "inferior")):
-        for suffix in ("small", "oldstyle", "superior", "inferior"):
-            if base.endswith(suffix) and len(base) > len(suffix):
-                return _pdf_glyph_lookup(base[:-len(suffix)].lower() if suffix == "small"
-                                         else base[:-len(suffix)])
-    return ""
+    return None
+
+
+def _pdf_glyph_variant(base):
+    """The text of a small capital, old-style, superior or inferior variant ("Asmall",
+    "oneoldstyle"): that of its plain glyph; None for other names."""
+    for suffix in ("small", "oldstyle", "superior", "inferior"):
+        if base.endswith(suffix) and len(base) > len(suffix):
+            plain = base[:-len(suffix)]
+            return _pdf_glyph_lookup(plain.lower() if suffix == "small" else plain)
+    return None
 
 
 def _pdf_chr(code):
@@ -3253,29 +3373,171 @@ def _pdf_standard_widths(base_font):
     return None
 
 
-class _PdfFont:
-    """What a font's codes mean: ``decode(bytes)`` gives (text, width in thousandths of an em,
-    number of single-byte spaces, number of codes).
+def _pdf_japan1_text(cid, _table=[]):
+    """The character of an Adobe-Japan1 CID, for fonts that have no ToUnicode map.
 
-    Simple fonts map one byte to one character through a 256-entry table;
-    composite (Type0) fonts split the bytes into codes by the code space of
-    their CMap and map each code through ToUnicode, a CJK codec for the
-    predefined CMaps that are one, and CID widths from /W.
+    Adobe-Japan1 numbers JIS X 0208 in its own order: the defined cells of
+    rows 1-7, then the kanji of rows 16-84, from CID 633; CIDs 1-95 are ASCII
+    and 327-389 the half-width katakana.  Python's EUC-JP codec lists JIS X
+    0208, so the table is built from it instead of being stored here.  The
+    vertical forms of small kana and of the commonest punctuation (CIDs
+    7887-7939) map to their horizontal characters.
+
+    >>> _pdf_japan1_text(2434), _pdf_japan1_text(920), _pdf_japan1_text(34)
+    ('序', 'わ', 'A')
+    """
+    if not _table:
+        chars = {}
+        for n in range(1, 96):
+            chars[n] = chr(n + 31)
+        for n in range(327, 390):
+            chars[n] = chr(0xFF61 + n - 327)
+        n = 633
+        for row in list(range(1, 8)) + list(range(16, 85)):
+            for cell in range(1, 95):
+                try:
+                    chars[n] = bytes((0xA0 + row, 0xA0 + cell)).decode("euc_jp")
+                except UnicodeDecodeError:
+                    continue
+                n += 1
+        for n, char in ((7887, "\u3001"), (7888, "\u3002"), (7899, "\uff08"), (7900, "\uff09")):
+            chars[n] = char
+        for i, char in enumerate(_PDF_JAPAN1_VERTICAL_KANA):
+            chars[7918 + i] = char
+        _table.append(chars)
+    return _table[0].get(cid, "")
+
+
+class _PdfCMap:
+    """What a CMap stream defines: ``mapping`` (code -> text, from bfchar and bfrange),
+    ``ranges`` (bfranges too large to list, as (lo, hi, text)), ``space`` (code space
+    ranges as (length, lo bytes, hi bytes)), ``cids`` (code -> CID from cidchar and
+    cidrange, None without them) and ``vertical`` (/WMode 1).
+
+    The operands before each ``end...`` keyword are collected as PostScript would (hex
+    strings as bytes, numbers as their digits, arrays as lists); once more than
+    ``_PDF_MAX_CMAP`` codes are defined, further definitions are dropped.
+    """
+
+    # The keyword that ends each section of definitions, and the method that reads them.
+    _SECTIONS = {b"endbfchar": "_bf_chars", b"endbfrange": "_bf_ranges",
+                 b"endcidchar": "_cid_chars", b"endcidrange": "_cid_ranges"}
+
+    def __init__(self, body, tick):
+        self.mapping, self.ranges, self.space, self.cids, self.vertical = {}, [], [], None, False
+        operands, stack = [], []
+        for kind, value, _ in _pdf_tokens(body, 0, None, tick):
+            if kind == 5:
+                operands.append(_pdf_hex(value))
+            elif kind == 3 or kind == 1:
+                operands.append(value)
+            elif kind == 2:
+                operands.append(_pdf_name(value))
+            elif kind == 6:
+                if value == b"[":
+                    stack.append(operands)
+                    operands = []
+                elif value == b"]" and stack:
+                    inner = operands
+                    operands = stack.pop()
+                    operands.append(inner)
+            elif self._keyword(value, operands):
+                operands = []
+
+    def _keyword(self, keyword, operands):
+        """Act on ``keyword``; True when the operands before it are used up."""
+        if keyword == b"endcodespacerange":
+            self._code_space(operands)
+            return True
+        if len(self.mapping) + len(self.cids or ()) > _PDF_MAX_CMAP:
+            return True
+        if keyword in self._SECTIONS:
+            getattr(self, self._SECTIONS[keyword])(operands)
+            return True
+        if keyword == b"def" and len(operands) >= 2 and operands[-2] == "WMode":
+            self.vertical = operands[-1] == b"1"
+            return True
+        return keyword.startswith(b"begin")
+
+    def _code_space(self, operands):
+        for i in range(0, len(operands) - 1, 2):
+            lo, hi = operands[i], operands[i + 1]
+            if isinstance(lo, bytes) and isinstance(hi, bytes) and len(lo) == len(hi) and 1 <= len(lo) <= 4:
+                self.space.append((len(lo), lo, hi))
+
+    def _bf_chars(self, operands):
+        for i in range(0, len(operands) - 1, 2):
+            src, dst = operands[i], operands[i + 1]
+            if isinstance(src, bytes):
+                self.mapping[int.from_bytes(src, "big")] = _pdf_cmap_text(dst)
+
+    def _bf_ranges(self, operands):
+        for i in range(0, len(operands) - 2, 3):
+            self._bf_range(operands[i], operands[i + 1], operands[i + 2])
+
+    def _bf_range(self, lo, hi, dst):
+        """Codes ``lo`` to ``hi`` to the texts of the list ``dst``, or to consecutive
+        characters from the text ``dst``."""
+        if not isinstance(lo, bytes) or not isinstance(hi, bytes):
+            return
+        first, last = int.from_bytes(lo, "big"), int.from_bytes(hi, "big")
+        if last < first:
+            return
+        if isinstance(dst, list):
+            for k, item in enumerate(dst[:last - first + 1]):
+                self.mapping[first + k] = _pdf_cmap_text(item)
+            return
+        text = _pdf_cmap_text(dst)
+        if not text:
+            return
+        if last - first > 4096:
+            if len(self.ranges) < 64:
+                self.ranges.append((first, last, text))
+            return
+        head, tail = text[:-1], ord(text[-1])
+        for k in range(last - first + 1):
+            self.mapping[first + k] = head + _pdf_chr(tail + k)
+
+    def _cid_chars(self, operands):
+        self._cid_entries(operands, 2)
+
+    def _cid_ranges(self, operands):
+        self._cid_entries(operands, 3)
+
+    def _cid_entries(self, operands, step):
+        """Entries of ``step`` operands: a code (or a range of codes) and its first CID."""
+        cids = self.cids = {} if self.cids is None else self.cids
+        for i in range(0, len(operands) - step + 1, step):
+            lo, hi, cid = operands[i], operands[i + step - 2], operands[i + step - 1]
+            if isinstance(lo, bytes) and isinstance(hi, bytes) and isinstance(cid, bytes):
+                first, last = int.from_bytes(lo, "big"), int.from_bytes(hi, "big")
+                for code in range(first, min(last, first + 65535) + 1):
+                    cids[code] = int(cid) + code - first
+
+
+def _pdf_cmap_text(dst):
+    """The text of a bfchar destination: UTF-16BE bytes, or a glyph name."""
+    if isinstance(dst, bytes):
+        if len(dst) % 2:
+            dst = b"\0" + dst
+        return dst.decode("utf-16-be", "ignore")
+    if isinstance(dst, str):
+        return _pdf_glyph_text(dst)
+    return ""
+
+
+class _PdfFont:
+    """A simple font, and what its codes mean: ``decode(bytes)`` gives (text, width in
+    thousandths of an em, number of single-byte spaces, number of codes).
+
+    One byte is one code, mapped to text through a 256-entry table.  A font
+    not (or not fully) set up from its dictionary reads bytes as Latin-1,
+    each 500 wide.
     """
 
     def __init__(self):
-        self.simple = True
-        self.table = {}                 # simple: code -> text, for str.translate
-        self.widths = [500.0] * 256     # simple: code -> width
-        self.unicode = {}               # composite: code -> text
-        self.ranges = []                # composite: large ToUnicode ranges (lo, hi, text)
-        self.cids = None                # composite: code -> CID when an embedded CMap says so
-        self.cid_widths = {}
-        self.default_width = 1000.0
-        self.code_space = None          # composite: sorted byte lengths, or None for two bytes
-        self.space_ranges = []
-        self.codec = None
-        self.japan1 = False             # composite: CIDs of Adobe-Japan1 with no ToUnicode
+        self.table = {}                 # code -> text, for str.translate
+        self.widths = [500.0] * 256     # code -> width
         self.vertical = False
         self.scale = 1.0                # em of the glyph space in text space units (Type3: FontMatrix)
         self.cache = {}
@@ -3284,18 +3546,149 @@ class _PdfFont:
         hit = self.cache.get(s)
         if hit is not None:
             return hit
-        if self.simple:
-            widths = self.widths
-            result = (s.decode("latin-1").translate(self.table),
-                      sum([widths[b] for b in s]), s.count(32), len(s))
-        else:
-            result = self._decode_composite(s)
+        result = self._decode(s)
         if len(self.cache) > 4096:
             self.cache.clear()
         self.cache[s] = result
         return result
 
-    def _decode_composite(self, s):
+    def _decode(self, s):
+        widths = self.widths
+        return s.decode("latin-1").translate(self.table), sum([widths[b] for b in s]), s.count(32), len(s)
+
+    def split(self, s):
+        """The codes of ``s`` as separate byte strings."""
+        return [s[i:i + 1] for i in range(len(s))]
+
+    def setup(self, doc, fd):
+        """Read the simple font dictionary ``fd``: its encoding, ToUnicode map and widths."""
+        subtype = fd.get("Subtype")
+        base_font = fd.get("BaseFont") if isinstance(fd.get("BaseFont"), str) else ""
+        plain_name = base_font.split("+", 1)[-1]
+        descriptor = doc.resolve(fd.get("FontDescriptor"))
+        descriptor = descriptor if isinstance(descriptor, dict) else {}
+        chars = self._encoding(doc, fd, descriptor, plain_name, subtype)
+        cmap = self._tounicode(doc, fd)
+        if cmap is not None:
+            for code, text in cmap.mapping.items():
+                if 0 <= code < 256 and text and text != "\x00":
+                    chars[code] = text
+        self.table = {c: chars[c] for c in range(256) if chars[c] != chr(c)}
+        self._set_widths(doc, fd, descriptor, plain_name)
+        if subtype == "Type3":
+            self._set_glyph_space(doc.resolve(fd.get("FontMatrix")))
+
+    def _encoding(self, doc, fd, descriptor, plain_name, subtype):
+        """The 256 characters of a simple font's codes: its base encoding, changed by the
+        glyph names of /Differences."""
+        encoding = doc.resolve(fd.get("Encoding"))
+        base_name = encoding if isinstance(encoding, str) else None
+        differences = None
+        if isinstance(encoding, dict):
+            base_name = encoding.get("BaseEncoding") if isinstance(encoding.get("BaseEncoding"), str) else None
+            differences = doc.resolve(encoding.get("Differences"))
+        if base_name in ("WinAnsiEncoding", "MacRomanEncoding", "StandardEncoding", "PDFDocEncoding"):
+            chars = list(_pdf_base_encoding(base_name))
+        elif plain_name.startswith("Symbol"):
+            chars = list(_pdf_base_encoding("Symbol"))
+        elif subtype == "TrueType":
+            chars = list(_pdf_base_encoding("WinAnsiEncoding"))
+        else:
+            chars = self._builtin_encoding(doc, descriptor) or list(_pdf_base_encoding("StandardEncoding"))
+        if isinstance(differences, list):
+            self._apply_differences(chars, differences)
+        return chars
+
+    @staticmethod
+    def _apply_differences(chars, differences):
+        """Change ``chars`` by a /Differences array: a code, then glyph names for the codes
+        from it on (a name with no known text only fills a code that has none)."""
+        code = 0
+        for item in differences:
+            if type(item) is int:
+                code = item
+            elif isinstance(item, str):
+                if 0 <= code < 256:
+                    text = _pdf_glyph_text(item)
+                    if text or not chars[code]:
+                        chars[code] = text
+                code += 1
+
+    @staticmethod
+    def _builtin_encoding(doc, descriptor):
+        """The encoding inside an embedded Type1 font program (``dup N /name put``), or None."""
+        program = doc.resolve(descriptor.get("FontFile"))
+        if not isinstance(program, _PdfStream):
+            return None
+        data = doc.decode(program)
+        if not data:
+            return None
+        clear = program.get("Length1")
+        head = data[:clear] if type(clear) is int and 0 < clear <= len(data) else data[:65536]
+        at = head.find(b"/Encoding")
+        if at < 0 or head.startswith(b"StandardEncoding", at + 10):
+            return None
+        chars = [""] * 256
+        for m in _PDF_T1_DUP_RE.finditer(head, at):
+            code = int(m.group(1))
+            if code < 256:
+                chars[code] = _pdf_glyph_text(m.group(2).decode("latin-1"))
+        return chars if any(chars) else None
+
+    @staticmethod
+    def _tounicode(doc, fd):
+        """The :class:`_PdfCMap` of a font's ToUnicode stream, or None."""
+        stream = doc.resolve(fd.get("ToUnicode"))
+        if not isinstance(stream, _PdfStream):
+            return None
+        body = doc.decode(stream)
+        if not body:
+            return None
+        return _PdfCMap(body, doc.tick)
+
+    def _set_widths(self, doc, fd, descriptor, plain_name):
+        """Widths from /FirstChar and /Widths, else those of a standard 14 font."""
+        widths = doc.resolve(fd.get("Widths"))
+        first = fd.get("FirstChar", 0)
+        missing = descriptor.get("MissingWidth")
+        fallback = float(missing) if isinstance(missing, (int, float)) and missing > 0 else 500.0
+        table = [fallback] * 256
+        if isinstance(widths, list) and type(first) is int:
+            for i, w in enumerate(widths):
+                w = doc.resolve(w)
+                if 0 <= first + i < 256 and isinstance(w, (int, float)):
+                    table[first + i] = float(w)
+        else:
+            standard = _pdf_standard_widths(plain_name)
+            if standard is not None:
+                table[32:127] = [float(w) for w in standard]
+        self.widths = table
+
+    def _set_glyph_space(self, matrix):
+        """A Type3 font's widths and size in its own glyph space, scaled by its /FontMatrix."""
+        if isinstance(matrix, list) and len(matrix) == 6 and all(isinstance(v, (int, float)) for v in matrix):
+            self.widths = [w * matrix[0] * 1000 for w in self.widths]
+            self.scale = abs(matrix[3]) * 1000 or 1.0
+
+
+class _PdfCompositeFont(_PdfFont):
+    """A composite (Type0) font: the bytes are split into codes by the code space of its
+    CMap, and each code is mapped through ToUnicode, a CJK codec for the predefined CMaps
+    that are one, or Adobe-Japan1; widths come by CID from /W."""
+
+    def __init__(self):
+        super().__init__()
+        self.unicode = {}               # code -> text
+        self.ranges = []                # large ToUnicode ranges (lo, hi, text)
+        self.cids = None                # code -> CID when an embedded CMap says so
+        self.cid_widths = {}
+        self.default_width = 1000.0
+        self.code_space = None          # sorted byte lengths, or None for two bytes
+        self.space_ranges = []
+        self.codec = None
+        self.japan1 = False             # CIDs of Adobe-Japan1 with no ToUnicode
+
+    def _decode(self, s):
         if self.codec is not None and not self.unicode:
             text = s.decode(self.codec, "ignore")
             return text, self.default_width * len(text), 0, len(text)
@@ -3316,7 +3709,7 @@ class _PdfFont:
 
     def split(self, s):
         """The codes of ``s`` as separate byte strings."""
-        if self.simple or self.code_space == [1]:
+        if self.code_space == [1]:
             return [s[i:i + 1] for i in range(len(s))]
         if self.code_space is None or self.codec is not None:
             return [s[i:i + 2] for i in range(0, len(s), 2)]
@@ -3360,330 +3753,111 @@ class _PdfFont:
             return _pdf_japan1_text(cid)
         return ""
 
+    def setup(self, doc, fd):
+        """Read the Type0 font dictionary ``fd``: its encoding CMap, the character collection
+        of its CID font, ToUnicode and widths."""
+        encoding = doc.resolve(fd.get("Encoding"))
+        descendants = doc.resolve(fd.get("DescendantFonts"))
+        cid_font = doc.resolve(descendants[0]) if isinstance(descendants, list) and descendants else None
+        cid_font = cid_font if isinstance(cid_font, dict) else {}
+        self._set_encoding(doc, encoding)
+        info = doc.resolve(cid_font.get("CIDSystemInfo"))
+        self.japan1 = isinstance(info, dict) and info.get("Ordering") == b"Japan1"
+        cmap = self._tounicode(doc, fd)
+        if cmap is not None:
+            self.unicode, self.ranges = cmap.mapping, cmap.ranges
+            if self.code_space is None and self.codec is None and cmap.space:
+                if sorted({r[0] for r in cmap.space}) != [2]:
+                    self._set_code_space(cmap.space)
+        dw = cid_font.get("DW")
+        if isinstance(dw, (int, float)):
+            self.default_width = float(dw)
+        if self.vertical:
+            self.default_width = 1000.0
+        else:
+            self.cid_widths = self._cid_widths(doc, doc.resolve(cid_font.get("W")))
 
-def _pdf_japan1_text(cid, _table=[]):
-    """The character of an Adobe-Japan1 CID, for fonts that have no ToUnicode map.
+    def _set_encoding(self, doc, encoding):
+        """The encoding CMap: a predefined one by name (Identity, or a CJK CMap that is a
+        Python codec), or an embedded CMap stream."""
+        if isinstance(encoding, str):
+            self.vertical = encoding.endswith("-V")
+            if not encoding.startswith("Identity"):
+                self.codec = next((codec for prefix, codec in _PDF_CMAP_CODECS if encoding.startswith(prefix)),
+                                  None)
+        elif isinstance(encoding, _PdfStream):
+            body = doc.decode(encoding)
+            if body:
+                cmap = _PdfCMap(body, doc.tick)
+                self.cids = cmap.cids
+                self.vertical = encoding.get("WMode") == 1 or cmap.vertical
+                self._set_code_space(cmap.space)
 
-    Adobe-Japan1 numbers JIS X 0208 in its own order: the defined cells of
-    rows 1-7, then the kanji of rows 16-84, from CID 633; CIDs 1-95 are ASCII
-    and 327-389 the half-width katakana.  Python's EUC-JP codec lists JIS X
-    0208, so the table is built from it instead of being stored here.  The
-    vertical forms of small kana and of the commonest punctuation (CIDs
-    7887-7939) map to their horizontal characters.
+    def _set_code_space(self, ranges):
+        if ranges:
+            self.space_ranges = sorted(ranges)
+            self.code_space = sorted({r[0] for r in ranges})
+            if self.code_space == [2]:
+                self.code_space = None
 
-    >>> _pdf_japan1_text(2434), _pdf_japan1_text(920), _pdf_japan1_text(34)
-    ('序', 'わ', 'A')
-    """
-    if not _table:
-        chars = {}
-        for n in range(1, 96):
-            chars[n] = chr(n + 31)
-        for n in range(327, 390):
-            chars[n] = chr(0xFF61 + n - 327)
-        n = 633
-        for row in list(range(1, 8)) + list(range(16, 85)):
-            for cell in range(1, 95):
-                try:
-                    chars[n] = bytes((0xA0 + row, 0xA0 + cell)).decode("euc_jp")
-                except UnicodeDecodeError:
-                    continue
-                n += 1
-        for n, char in ((7887, "\u3001"), (7888, "\u3002"), (7899, "\uff08"), (7900, "\uff09")):
-            chars[n] = char
-        for i, char in enumerate(_PDF_JAPAN1_VERTICAL_KANA):
-            chars[7918 + i] = char
-        _table.append(chars)
-    return _table[0].get(cid, "")
+    @staticmethod
+    def _cid_widths(doc, w):
+        """CID -> width from a /W array (``c [w1 w2 ...]`` and ``c1 c2 w`` entries)."""
+        out = {}
+        if not isinstance(w, list):
+            return out
+        i, n = 0, len(w)
+        while i + 1 < n and len(out) < 65536:
+            first = w[i]
+            nxt = doc.resolve(w[i + 1])
+            if type(first) is not int:
+                break
+            if isinstance(nxt, list):
+                for k, value in enumerate(nxt):
+                    if isinstance(value, (int, float)):
+                        out[first + k] = float(value)
+                i += 2
+            elif i + 2 < n and type(nxt) is int and isinstance(w[i + 2], (int, float)):
+                for cid in range(first, min(nxt, first + 65536) + 1):
+                    out[cid] = float(w[i + 2])
+                i += 3
+            else:
+                break
+        return out
 
 
 def _pdf_load_font(doc, ref):
-    """The :class:`_PdfFont` of a font dictionary (or reference), cached per document."""
+    """The font of a font dictionary (or reference), cached per document: a
+    :class:`_PdfCompositeFont` for a Type0 font, else a :class:`_PdfFont`."""
     key = ref.num if type(ref) is _PdfRef else id(ref)
-    font = doc.fonts.get(key)
-    if font is None:
-        fd = doc.resolve(ref)
-        font = _PdfFont()
-        if isinstance(fd, dict):
-            try:
-                if fd.get("Subtype") == "Type0":
-                    _pdf_setup_composite(doc, font, fd)
-                else:
-                    _pdf_setup_simple(doc, font, fd)
-            except Exception:
-                if doc.stopped is not None:
-                    raise
-        doc.fonts[key] = (font, fd)
-        return font
-    return font[0]
-
-
-def _pdf_setup_simple(doc, font, fd):
-    resolve = doc.resolve
-    subtype = fd.get("Subtype")
-    base_font = fd.get("BaseFont") if isinstance(fd.get("BaseFont"), str) else ""
-    plain_name = base_font.split("+", 1)[-1]
-    descriptor = resolve(fd.get("FontDescriptor"))
-    descriptor = descriptor if isinstance(descriptor, dict) else {}
-    encoding = resolve(fd.get("Encoding"))
-    base_name = encoding if isinstance(encoding, str) else None
-    differences = None
-    if isinstance(encoding, dict):
-        base_name = encoding.get("BaseEncoding") if isinstance(encoding.get("BaseEncoding"), str) else None
-        differences = resolve(encoding.get("Differences"))
-    if base_name in ("WinAnsiEncoding", "MacRomanEncoding", "StandardEncoding", "PDFDocEncoding"):
-        chars = list(_pdf_base_encoding(base_name))
-    elif plain_name.startswith("Symbol"):
-        chars = list(_pdf_base_encoding("Symbol"))
-    elif subtype == "TrueType":
-        chars = list(_pdf_base_encoding("WinAnsiEncoding"))
-    else:
-        chars = _pdf_builtin_encoding(doc, descriptor) or list(_pdf_base_encoding("StandardEncoding"))
-    if isinstance(differences, list):
-        code = 0
-        for item in differences:
-            if type(item) is int:
-                code = item
-            elif isinstance(item, str):
-                if 0 <= code < 256:
-                    text = _pdf_glyph_text(item)
-                    if text or not chars[code]:
-                        chars[code] = text
-                code += 1
-    tounicode = _pdf_tounicode(doc, fd)
-    if tounicode is not None:
-        for code, text in tounicode[0].items():
-            if 0 <= code < 256 and text and text != "\x00":
-                chars[code] = text
-    font.table = {c: chars[c] for c in range(256) if chars[c] != chr(c)}
-    _pdf_simple_widths(doc, font, fd, descriptor, plain_name, subtype)
-
-
-def _pdf_simple_widths(doc, font, fd, descriptor, plain_name, subtype):
-    widths = doc.resolve(fd.get("Widths"))
-    first = fd.get("FirstChar", 0)
-    missing = descriptor.get("MissingWidth")
-    fallback = float(missing) if isinstance(missing, (int, float)) and missing > 0 else 500.0
-    table = [fallback] * 256
-    if isinstance(widths, list) and type(first) is int:
-        for i, w in enumerate(widths):
-            w = doc.resolve(w)
-            if 0 <= first + i < 256 and isinstance(w, (int, float)):
-                table[first + i] = float(w)
-    else:
-        standard = _pdf_standard_widths(plain_name)
-        if standard is not None:
-            table[32:127] = [float(w) for w in standard]
-    if subtype == "Type3":
-        matrix = doc.resolve(fd.get("FontMatrix"))
-        if isinstance(matrix, list) and len(matrix) == 6 and all(isinstance(v, (int, float)) for v in matrix):
-            table = [w * matrix[0] * 1000 for w in table]
-            font.scale = abs(matrix[3]) * 1000 or 1.0
-    font.widths = table
-
-
-def _pdf_builtin_encoding(doc, descriptor):
-    """The encoding inside an embedded Type1 font program (``dup N /name put``), or None."""
-    program = doc.resolve(descriptor.get("FontFile"))
-    if not isinstance(program, _PdfStream):
-        return None
-    data = doc.decode(program)
-    if not data:
-        return None
-    clear = program.get("Length1")
-    head = data[:clear] if type(clear) is int and 0 < clear <= len(data) else data[:65536]
-    at = head.find(b"/Encoding")
-    if at < 0 or head.startswith(b"StandardEncoding", at + 10):
-        return None
-    chars = [""] * 256
-    for m in _PDF_T1_DUP_RE.finditer(head, at):
-        code = int(m.group(1))
-        if code < 256:
-            chars[code] = _pdf_glyph_text(m.group(2).decode("latin-1"))
-    return chars if any(chars) else None
-
-
-def _pdf_setup_composite(doc, font, fd):
-    resolve = doc.resolve
-    font.simple = False
-    encoding = resolve(fd.get("Encoding"))
-    descendants = resolve(fd.get("DescendantFonts"))
-    cid_font = resolve(descendants[0]) if isinstance(descendants, list) and descendants else None
-    cid_font = cid_font if isinstance(cid_font, dict) else {}
-    if isinstance(encoding, str):
-        font.vertical = encoding.endswith("-V")
-        if not encoding.startswith("Identity"):
-            for prefix, codec in _PDF_CMAP_CODECS:
-                if encoding.startswith(prefix):
-                    font.codec = codec
-                    break
-    elif isinstance(encoding, _PdfStream):
-        body = doc.decode(encoding)
-        if body:
-            cmap = _pdf_parse_cmap(body, doc)
-            font.cids = cmap[3]
-            font.vertical = encoding.get("WMode") == 1 or cmap[4]
-            _pdf_set_code_space(font, cmap[2])
-    info = resolve(cid_font.get("CIDSystemInfo"))
-    font.japan1 = isinstance(info, dict) and info.get("Ordering") == b"Japan1"
-    tounicode = _pdf_tounicode(doc, fd)
-    if tounicode is not None:
-        font.unicode, font.ranges = tounicode[0], tounicode[1]
-        if font.code_space is None and font.codec is None and tounicode[2]:
-            lengths = sorted({r[0] for r in tounicode[2]})
-            if lengths != [2]:
-                _pdf_set_code_space(font, tounicode[2])
-    dw = cid_font.get("DW")
-    if isinstance(dw, (int, float)):
-        font.default_width = float(dw)
-    if font.vertical:
-        font.default_width = 1000.0
-    else:
-        font.cid_widths = _pdf_cid_widths(doc, resolve(cid_font.get("W")))
-
-
-def _pdf_set_code_space(font, ranges):
-    if ranges:
-        font.space_ranges = sorted(ranges)
-        font.code_space = sorted({r[0] for r in ranges})
-        if font.code_space == [2]:
-            font.code_space = None
-
-
-def _pdf_cid_widths(doc, w):
-    """CID -> width from a /W array (``c [w1 w2 ...]`` and ``c1 c2 w`` entries)."""
-    out = {}
-    if not isinstance(w, list):
-        return out
-    i, n = 0, len(w)
-    while i + 1 < n and len(out) < 65536:
-        first = w[i]
-        nxt = doc.resolve(w[i + 1])
-        if type(first) is not int:
-            break
-        if isinstance(nxt, list):
-            for k, value in enumerate(nxt):
-                if isinstance(value, (int, float)):
-                    out[first + k] = float(value)
-            i += 2
-        elif i + 2 < n and type(nxt) is int and isinstance(w[i + 2], (int, float)):
-            for cid in range(first, min(nxt, first + 65536) + 1):
-                out[cid] = float(w[i + 2])
-            i += 3
-        else:
-            break
-    return out
-
-
-def _pdf_tounicode(doc, fd):
-    """(code -> text, large ranges, code space ranges) of a font's ToUnicode CMap, or None."""
-    stream = doc.resolve(fd.get("ToUnicode"))
-    if not isinstance(stream, _PdfStream):
-        return None
-    body = doc.decode(stream)
-    if not body:
-        return None
-    mapping, ranges, space, _, _ = _pdf_parse_cmap(body, doc)
-    return mapping, ranges, space
-
-
-def _pdf_parse_cmap(body, doc):
-    """A CMap's (code -> text, large ranges (lo, hi, text), code space ranges
-    (length, lo bytes, hi bytes), code -> CID or None, vertical)."""
-    mapping, ranges, space, cids = {}, [], [], None
-    operands, stack = [], []
-    vertical = False
-    for kind, value, _ in _pdf_tokens(body, 0, None, doc.tick):
-        if kind == 5:
-            operands.append(_pdf_hex(value))
-        elif kind == 3 or kind == 1:
-            operands.append(value)
-        elif kind == 2:
-            operands.append(_pdf_name(value))
-        elif kind == 6:
-            if value == b"[":
-                stack.append(operands)
-                operands = []
-            elif value == b"]" and stack:
-                inner = operands
-                operands = stack.pop()
-                operands.append(inner)
-        elif value == b"endcodespacerange":
-            for i in range(0, len(operands) - 1, 2):
-                lo, hi = operands[i], operands[i + 1]
-                if isinstance(lo, bytes) and isinstance(hi, bytes) and len(lo) == len(hi) \
-                        and 1 <= len(lo) <= 4:
-                    space.append((len(lo), lo, hi))
-            operands = []
-        elif len(mapping) + len(cids or ()) > _PDF_MAX_CMAP:
-            operands = []
-        elif value == b"endbfchar":
-            for i in range(0, len(operands) - 1, 2):
-                src, dst = operands[i], operands[i + 1]
-                if isinstance(src, bytes):
-                    mapping[int.from_bytes(src, "big")] = _pdf_cmap_text(dst)
-            operands = []
-        elif value == b"endbfrange":
-            for i in range(0, len(operands) - 2, 3):
-                _pdf_cmap_range(mapping, ranges, operands[i], operands[i + 1], operands[i + 2])
-            operands = []
-        elif value == b"endcidrange" or value == b"endcidchar":
-            cids = {} if cids is None else cids
-            step = 3 if value == b"endcidrange" else 2
-            for i in range(0, len(operands) - step + 1, step):
-                lo, hi, cid = operands[i], operands[i + step - 2], operands[i + step - 1]
-                if isinstance(lo, bytes) and isinstance(hi, bytes) and isinstance(cid, bytes):
-                    first, last = int.from_bytes(lo, "big"), int.from_bytes(hi, "big")
-                    for code in range(first, min(last, first + 65535) + 1):
-                        cids[code] = int(cid) + code - first
-            operands = []
-        elif value == b"def" and len(operands) >= 2 and operands[-2] == "WMode":
-            vertical = operands[-1] == b"1"
-            operands = []
-        elif kind == 7:
-            operands = [] if value.startswith(b"begin") else operands
-    return mapping, ranges, space, cids, vertical
-
-
-def _pdf_cmap_text(dst):
-    """The text of a bfchar destination: UTF-16BE bytes, or a glyph name."""
-    if isinstance(dst, bytes):
-        if len(dst) % 2:
-            dst = b"\0" + dst
-        return dst.decode("utf-16-be", "ignore")
-    if isinstance(dst, str):
-        return _pdf_glyph_text(dst)
-    return ""
-
-
-def _pdf_cmap_range(mapping, ranges, lo, hi, dst):
-    if not isinstance(lo, bytes) or not isinstance(hi, bytes):
-        return
-    first, last = int.from_bytes(lo, "big"), int.from_bytes(hi, "big")
-    if last < first:
-        return
-    if isinstance(dst, list):
-        for k, item in enumerate(dst[:last - first + 1]):
-            mapping[first + k] = _pdf_cmap_text(item)
-        return
-    text = _pdf_cmap_text(dst)
-    if not text:
-        return
-    if last - first > 4096:
-        if len(ranges) < 64:
-            ranges.append((first, last, text))
-        return
-    head, tail = text[:-1], ord(text[-1])
-    for k in range(last - first + 1):
-        mapping[first + k] = head + _pdf_chr(tail + k)
+    cached = doc.fonts.get(key)
+    if cached is not None:
+        return cached[0]
+    fd = doc.resolve(ref)
+    font = _PdfFont()
+    if isinstance(fd, dict):
+        if fd.get("Subtype") == "Type0":
+            font = _PdfCompositeFont()
+        try:
+            font.setup(doc, fd)
+        except Exception:               # a damaged font keeps what was read before the damage
+            if doc.stopped is not None:
+                raise
+    doc.fonts[key] = (font, fd)         # holding fd keeps the id() of a direct dictionary unique
+    return font
 
 
 # ---------------------------------------------------------------------------
 # §8 PDF: text layout
 # ---------------------------------------------------------------------------
 
-_PDF_MAX_FORM_DEPTH = 12            # form XObjects drawn inside form XObjects
-
-_PDF_MAX_GSTATE = 256               # graphics states saved with q
+# The content streams of each page are run for their text operators, with the CTM, q/Q
+# and form XObjects; each shown string is placed by where it starts on the page relative
+# to where the previous one ended: a move across the baseline is a line break (a
+# paragraph break when large), a jump forward along it a space.  Text comes in drawing
+# order (columns and tables are not reordered); annotations, text starting outside the
+# page's visible box and the text in images (scans) are not read.  pdf_to_text, the
+# entry point, comes last.
 
 _PDF_WORD_GAP = 0.18                # a forward jump wider than this share of the font size is a space
 _PDF_LINE_GAP = 0.55                # a vertical move beyond this share of the font size is a new line
@@ -3704,15 +3878,6 @@ _PDF_LIGATURES = {0xFB00: "ff", 0xFB01: "fi", 0xFB02: "fl", 0xFB03: "ffi", 0xFB0
                   0xFB05: "st", 0xFB06: "st", 0: None}
 
 
-# Operators the text reader acts on; every other operator just drops its operands.
-_PDF_OP_TJ, _PDF_OP_TJ_ARRAY, _PDF_OP_TD, _PDF_OP_TF, _PDF_OP_TM, _PDF_OP_TD_LEADING, \
-    _PDF_OP_TSTAR, _PDF_OP_QUOTE, _PDF_OP_DQUOTE, _PDF_OP_TL, _PDF_OP_TC, _PDF_OP_TW, _PDF_OP_TZ, \
-    _PDF_OP_BT, _PDF_OP_CM, _PDF_OP_SAVE, _PDF_OP_RESTORE, _PDF_OP_DO, _PDF_OP_ID = range(1, 20)
-_PDF_OPERATORS = {b"Tj": _PDF_OP_TJ, b"TJ": _PDF_OP_TJ_ARRAY, b"Td": _PDF_OP_TD, b"Tf": _PDF_OP_TF,
-                  b"Tm": _PDF_OP_TM, b"TD": _PDF_OP_TD_LEADING, b"T*": _PDF_OP_TSTAR,
-                  b"'": _PDF_OP_QUOTE, b'"': _PDF_OP_DQUOTE, b"TL": _PDF_OP_TL, b"Tc": _PDF_OP_TC,
-                  b"Tw": _PDF_OP_TW, b"Tz": _PDF_OP_TZ, b"BT": _PDF_OP_BT, b"cm": _PDF_OP_CM,
-                  b"q": _PDF_OP_SAVE, b"Q": _PDF_OP_RESTORE, b"Do": _PDF_OP_DO, b"ID": _PDF_OP_ID}
 _PDF_IDENTITY = (1.0, 0.0, 0.0, 1.0, 0.0, 0.0)
 
 
@@ -3747,6 +3912,21 @@ def _pdf_compose_accents(text):
     return _PDF_ACCENT_RE.sub(compose, text)
 
 
+def _pdf_nest_operands(delimiter, ops, nest):
+    """The operand list after an array or dictionary delimiter in a content stream: an
+    opener starts a new list (up to ``_PDF_MAX_NESTING`` deep; deeper openers are ignored),
+    a closer appends the finished list to the one around it."""
+    if delimiter == b"[" or delimiter == b"<<":
+        if len(nest) < _PDF_MAX_NESTING:
+            nest.append(ops)
+            return []
+    elif (delimiter == b"]" or delimiter == b">>") and nest:
+        inner = ops
+        ops = nest.pop()
+        ops.append(inner)
+    return ops
+
+
 class _PdfTextReader:
     """Runs the content streams of one page and lays their text out as lines.
 
@@ -3772,6 +3952,9 @@ class _PdfTextReader:
         self.tl = 0.0
         self.stack = []
         self.box = None                 # (x0, y0, x1, y1): text starting outside is not shown
+        self.resources = {}             # of the content stream being run (a form's are restored after it)
+        self.fonts = {}
+        self.depth = 0                  # form XObjects the stream being run is inside
 
     def text(self):
         return "".join(self.out).strip()
@@ -3793,89 +3976,33 @@ class _PdfTextReader:
             self.run(b"\n".join(parts), resources if isinstance(resources, dict) else {}, 0)
 
     def run(self, data, resources, depth):
-        """Interpret one content stream with ``resources``; ``depth`` counts form nesting."""
+        """Interpret one content stream with ``resources``; ``depth`` counts form nesting.
+        Each operator acts on the operands collected since the one before it."""
         doc = self.doc
         if doc.operators < 0:
             return
-        operators = _PDF_OPERATORS
-        ops, nest = [], []
-        count = 0
         fonts = doc.resolve(resources.get("Font"))
-        fonts = fonts if isinstance(fonts, dict) else {}
+        self.resources, self.depth = resources, depth
+        self.fonts = fonts if isinstance(fonts, dict) else {}
+        handlers = self._OPERATORS
+        ops, nest, count = [], [], 0
         for kind, value, _ in _pdf_tokens(data, 0, None, doc.tick):
             if kind == 1:
                 ops.append(float(value))
-                continue
-            if kind == 7:
+            elif kind == 7:
                 count += 1
-                if count >= 256:
+                if count >= 256:            # the document's budget of operators, charged in batches
                     doc.operators -= count
                     count = 0
                     if doc.operators < 0:
                         return
-                op = operators.get(value)
-                if op is None:
-                    ops = []
-                    continue
-                try:
-                    if op == _PDF_OP_TJ:
-                        if ops:
-                            self.show(ops[-1])
-                    elif op == _PDF_OP_TJ_ARRAY:
-                        if ops and isinstance(ops[-1], list):
-                            self.show_array(ops[-1])
-                    elif op == _PDF_OP_TD:
-                        self.move(ops[-2], ops[-1])
-                    elif op == _PDF_OP_TF:
-                        self.fs = ops[-1]
-                        self.font = _pdf_load_font(doc, fonts.get(ops[-2]))
-                    elif op == _PDF_OP_TM:
-                        m = _pdf_matrix(ops)
-                        if m is not None:
-                            self.tlm = m
-                            self.tm = list(m)
-                    elif op == _PDF_OP_TD_LEADING:
-                        self.tl = -ops[-1]
-                        self.move(ops[-2], ops[-1])
-                    elif op == _PDF_OP_TSTAR:
-                        self.move(0.0, -self.tl)
-                    elif op == _PDF_OP_QUOTE:
-                        self.move(0.0, -self.tl)
-                        self.show(ops[-1])
-                    elif op == _PDF_OP_DQUOTE:
-                        self.tw, self.tc = ops[-3], ops[-2]
-                        self.move(0.0, -self.tl)
-                        self.show(ops[-1])
-                    elif op == _PDF_OP_TL:
-                        self.tl = ops[-1]
-                    elif op == _PDF_OP_TC:
-                        self.tc = ops[-1]
-                    elif op == _PDF_OP_TW:
-                        self.tw = ops[-1]
-                    elif op == _PDF_OP_TZ:
-                        self.th = ops[-1] / 100.0
-                    elif op == _PDF_OP_BT:
-                        self.tlm = _PDF_IDENTITY
-                        self.tm = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
-                    elif op == _PDF_OP_CM:
-                        m = _pdf_matrix(ops)
-                        if m is not None:
-                            self.ctm = _pdf_multiply(m, self.ctm)
-                    elif op == _PDF_OP_SAVE:
-                        if len(self.stack) < _PDF_MAX_GSTATE:
-                            self.stack.append((self.ctm, self.font, self.fs, self.tc, self.tw,
-                                               self.th, self.tl))
-                    elif op == _PDF_OP_RESTORE:
-                        if self.stack:
-                            (self.ctm, self.font, self.fs, self.tc, self.tw,
-                             self.th, self.tl) = self.stack.pop()
-                    elif op == _PDF_OP_DO:
-                        self.draw(ops[-1], resources, depth)
-                    elif op == _PDF_OP_ID:
-                        self.images += 1
-                except (IndexError, TypeError, ValueError, ZeroDivisionError, OverflowError):
-                    if doc.stopped is not None:
-                        raise
+                handler = handlers.get(value)
+                if handler is not None:
+                    try:
+                        handler(self, ops)
+                    except (IndexError, TypeError, ValueError, ZeroDivisionError, OverflowError):
+                        if doc.stopped is not None:     # else operands missing or of the wrong kind
+                            raise
                 ops = []
             elif kind == 3:
                 ops.append(value)
@@ -3884,15 +4011,93 @@ class _PdfTextReader:
             elif kind == 5:
                 ops.append(_pdf_hex(value))
             elif kind == 6:
-                if value == b"[" or value == b"<<":
-                    if len(nest) < _PDF_MAX_NESTING:
-                        nest.append(ops)
-                        ops = []
-                elif (value == b"]" or value == b">>") and nest:
-                    inner = ops
-                    ops = nest.pop()
-                    ops.append(inner)
+                ops = _pdf_nest_operands(value, ops, nest)
         doc.operators -= count
+
+    # -- the operators: each reads its operands from the end of ``ops``
+
+    def _op_show(self, ops):                        # Tj
+        if ops:
+            self.show(ops[-1])
+
+    def _op_show_array(self, ops):                  # TJ
+        if ops and isinstance(ops[-1], list):
+            self.show_array(ops[-1])
+
+    def _op_move(self, ops):                        # Td
+        self.move(ops[-2], ops[-1])
+
+    def _op_move_leading(self, ops):                # TD: Td, and the leading of T*
+        self.tl = -ops[-1]
+        self.move(ops[-2], ops[-1])
+
+    def _op_next_line(self, ops):                   # T*
+        self.move(0.0, -self.tl)
+
+    def _op_next_line_show(self, ops):              # '
+        self.move(0.0, -self.tl)
+        self.show(ops[-1])
+
+    def _op_spaced_next_line_show(self, ops):       # "
+        self.tw, self.tc = ops[-3], ops[-2]
+        self.move(0.0, -self.tl)
+        self.show(ops[-1])
+
+    def _op_font(self, ops):                        # Tf
+        self.fs = ops[-1]
+        self.font = _pdf_load_font(self.doc, self.fonts.get(ops[-2]))
+
+    def _op_text_matrix(self, ops):                 # Tm
+        m = _pdf_matrix(ops)
+        if m is not None:
+            self.tlm = m
+            self.tm = list(m)
+
+    def _op_leading(self, ops):                     # TL
+        self.tl = ops[-1]
+
+    def _op_char_spacing(self, ops):                # Tc
+        self.tc = ops[-1]
+
+    def _op_word_spacing(self, ops):                # Tw
+        self.tw = ops[-1]
+
+    def _op_horizontal_scale(self, ops):            # Tz
+        self.th = ops[-1] / 100.0
+
+    def _op_begin_text(self, ops):                  # BT
+        self.tlm = _PDF_IDENTITY
+        self.tm = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+
+    def _op_transform(self, ops):                   # cm
+        m = _pdf_matrix(ops)
+        if m is not None:
+            self.ctm = _pdf_multiply(m, self.ctm)
+
+    def _op_save(self, ops):                        # q
+        if len(self.stack) < _PDF_MAX_GSTATE:
+            self.stack.append((self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl))
+
+    def _op_restore(self, ops):                     # Q
+        if self.stack:
+            self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl = self.stack.pop()
+
+    def _op_draw(self, ops):                        # Do
+        self.draw(ops[-1], self.resources, self.depth)
+
+    def _op_inline_image(self, ops):                # ID (the lexer skips the image data)
+        self.images += 1
+
+    # The operators acted on, and their methods (called as ``handler(reader, ops)``); every
+    # other operator just drops its operands.
+    _OPERATORS = {b"Tj": _op_show, b"TJ": _op_show_array, b"Td": _op_move, b"TD": _op_move_leading,
+                  b"T*": _op_next_line, b"'": _op_next_line_show, b'"': _op_spaced_next_line_show,
+                  b"Tf": _op_font, b"Tm": _op_text_matrix, b"TL": _op_leading, b"Tc": _op_char_spacing,
+                  b"Tw": _op_word_spacing, b"Tz": _op_horizontal_scale, b"BT": _op_begin_text,
+                  b"cm": _op_transform, b"q": _op_save, b"Q": _op_restore, b"Do": _op_draw,
+                  b"ID": _op_inline_image}
+
+    # -- text
 
     def move(self, tx, ty):
         """Td: start a new line offset from the start of the current one."""
@@ -3931,8 +4136,7 @@ class _PdfTextReader:
                     self.show(piece)
                 return
         text, width, spaces, codes = font.decode(s)
-        tm, ctm = self.tm, self.ctm
-        c0, c1, c2, c3, c4, c5 = ctm
+        tm = self.tm
         x0, y0 = tm[4], tm[5]
         fs, tc = self.fs, self.tc
         # The text ends before the character spacing that follows its last glyph.
@@ -3940,21 +4144,29 @@ class _PdfTextReader:
             advance = -(width * 0.001 * fs + tc * codes + self.tw * spaces)
             visible = advance + tc
             ax, ay = tm[2], tm[3]
-            bx = -(tm[2] * c0 + tm[3] * c2)
-            by = -(tm[2] * c1 + tm[3] * c3)
         else:
             advance = (width * 0.001 * fs + tc * codes + self.tw * spaces) * self.th
             visible = advance - tc * self.th
             ax, ay = tm[0], tm[1]
-            bx = tm[0] * c0 + tm[1] * c2
-            by = tm[0] * c1 + tm[1] * c3
         tm[4] = x0 + advance * ax
         tm[5] = y0 + advance * ay
-        if not text:
-            return
+        if text:
+            self._place_shown(text, x0, y0, x0 + visible * ax, y0 + visible * ay, font)
+
+    def _place_shown(self, text, x0, y0, ex, ey, font):
+        """Place ``text`` shown from (x0, y0) to (ex, ey) in text space, unless it starts
+        outside the page's visible box."""
+        tm = self.tm
+        c0, c1, c2, c3, c4, c5 = self.ctm
+        if font.vertical:                   # the direction of writing in device space
+            bx = -(tm[2] * c0 + tm[3] * c2)
+            by = -(tm[2] * c1 + tm[3] * c3)
+        else:
+            bx = tm[0] * c0 + tm[1] * c2
+            by = tm[0] * c1 + tm[1] * c3
         ux = tm[2] * c0 + tm[3] * c2
         uy = tm[2] * c1 + tm[3] * c3
-        size = abs(fs) * (ux * ux + uy * uy) ** 0.5 * font.scale
+        size = abs(self.fs) * (ux * ux + uy * uy) ** 0.5 * font.scale
         norm = (bx * bx + by * by) ** 0.5
         if norm > 0:
             bx /= norm
@@ -3966,7 +4178,6 @@ class _PdfTextReader:
         if box is not None and not (box[0] - size <= x <= box[2] and box[1] - size <= y <= box[3] + size):
             return
         self.place(text, x, y, bx, by, size)
-        ex, ey = x0 + visible * ax, y0 + visible * ay
         self.last = (ex * c0 + ey * c2 + c4, ex * c1 + ey * c3 + c5, bx, by, size)
 
     def place(self, text, x, y, bx, by, size):
@@ -3988,6 +4199,8 @@ class _PdfTextReader:
                     out.append(" ")
         out.append(text)
 
+    # -- form XObjects
+
     def draw(self, name, resources, depth):
         """Do: run a form XObject's content (an image only counts as one)."""
         doc = self.doc
@@ -4001,18 +4214,29 @@ class _PdfTextReader:
         subtype = xobj.get("Subtype")
         if subtype == "Image":
             self.images += 1
-            return
-        if subtype != "Form" or depth >= _PDF_MAX_FORM_DEPTH:
-            return
+        elif subtype == "Form" and depth < _PDF_MAX_FORM_DEPTH:
+            body = self._form_body(ref, xobj)
+            if body:
+                self._run_form(xobj, body, resources, depth)
+
+    def _form_body(self, ref, xobj):
+        """The content of a form XObject, decoded once per document."""
+        doc = self.doc
         key = ref.num if type(ref) is _PdfRef else id(xobj)
         body = doc.forms.get(key)
         if body is None:
             body = doc.decode(xobj) or b""
             doc.forms[key] = body
-        if not body:
-            return
+        return body
+
+    def _run_form(self, xobj, body, resources, depth):
+        """Run a form's content with its own resources (else the caller's) and matrix; the
+        graphics and text state, and the resources of the caller, are as before once it is
+        done."""
+        doc = self.doc
         inner = doc.resolve(xobj.get("Resources"))
-        saved = (self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl, self.tm, self.tlm)
+        saved = (self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl, self.tm, self.tlm,
+                 self.resources, self.fonts, self.depth)
         matrix = _pdf_matrix(doc.resolve(xobj.get("Matrix")) or [])
         if matrix is not None:
             self.ctm = _pdf_multiply(matrix, self.ctm)
@@ -4021,8 +4245,8 @@ class _PdfTextReader:
             self.run(body, inner if isinstance(inner, dict) else resources, depth + 1)
         finally:
             del self.stack[depth_saved:]
-            (self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl,
-             self.tm, self.tlm) = saved
+            (self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl, self.tm, self.tlm,
+             self.resources, self.fonts, self.depth) = saved
 
 
 def pdf_to_text(data, *, check=None, max_pages=PDF_MAX_PAGES):
@@ -4049,7 +4273,7 @@ def pdf_to_text(data, *, check=None, max_pages=PDF_MAX_PAGES):
         reader = _PdfTextReader(doc)
         try:
             reader.run_page(page, resources, box)
-        except Exception:
+        except Exception:               # a damaged page: keep what was read of it
             if doc.stopped is not None:
                 raise
             failures += 1
