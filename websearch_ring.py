@@ -383,34 +383,41 @@ class Redactor:
         string gets the full treatment.
         """
         found = set()
-        self._walk(message, None, found, collect=True)
-        return self._walk(message, None, tuple(sorted(found, key=len, reverse=True)), collect=False)
+        self._collect(message, None, found)
+        return self._masked(message, None, tuple(sorted(found, key=len, reverse=True)))
 
-    def _walk(self, value, field, found, collect):
+    def _collect(self, value, field, found):
+        """Add to ``found`` the key-shaped strings of every field that is neither document text nor a bare URL."""
+        if isinstance(value, str):
+            if field not in _DOCUMENT_FIELDS and not _is_bare_url(value) \
+                    and any(marker in value for marker in _SECRET_MARKERS):
+                found.update(m.group(0) for m in _SECRET_PATTERNS.finditer(value))
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                self._collect(item, key, found)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                self._collect(item, field, found)
+
+    def _masked(self, value, field, found):
+        """``value`` masked as :meth:`outgoing` says; ``found`` are the strings :meth:`_collect` gathered."""
         if isinstance(value, str):
             if field in _DOCUMENT_FIELDS:
-                return value if collect else self.known(value, found)
-            if value.startswith(("http://", "https://")) and not any(c.isspace() for c in value[:2048]):
-                return value if collect else mask_url_credentials(self.known(value))
-            if collect:
-                if any(marker in value for marker in _SECRET_MARKERS):
-                    found.update(m.group(0) for m in _SECRET_PATTERNS.finditer(value))
-                return value
+                return self.known(value, found)
+            if _is_bare_url(value):
+                return mask_url_credentials(self.known(value))
             return self(value)
         if isinstance(value, dict):
-            if collect:
-                for key, item in value.items():
-                    self._walk(item, key, found, True)
-                return value
-            return {self.known(key) if isinstance(key, str) else key: self._walk(item, key, found, False)
+            return {self.known(key) if isinstance(key, str) else key: self._masked(item, key, found)
                     for key, item in value.items()}
         if isinstance(value, (list, tuple)):
-            if collect:
-                for item in value:
-                    self._walk(item, field, found, True)
-                return value
-            return [self._walk(item, field, found, False) for item in value]
+            return [self._masked(item, field, found) for item in value]
         return value
+
+
+def _is_bare_url(text):
+    """True for a string that is one http(s) URL (no white space in its first 2,048 characters)."""
+    return text.startswith(("http://", "https://")) and not any(c.isspace() for c in text[:2048])
 
 
 def _mask_cut(text, secret, mask):
@@ -758,37 +765,71 @@ def parse_published(text, now=None):
         return None
     text = text.strip()
     now = time.time() if now is None else now
-    m = re.match(r"^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?(?:\.\d+)?)?\s*(Z|[+-]\d{2}:?\d{2})?$",
-                 text)
-    if m:
-        y, mo, d, hh, mm, ss, tz = m.groups()
-        try:
-            value = _calendar.timegm((int(y), int(mo), int(d), int(hh or 0), int(mm or 0), int(ss or 0), 0, 0, 0))
-        except (ValueError, OverflowError):
-            return None
-        if tz and tz != "Z":
-            sign = 1 if tz[0] == "+" else -1
-            digits = tz[1:].replace(":", "")
-            value -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
-        return float(value)
-    m = re.match(r"^([A-Za-z]{3})[a-z]*\.? (\d{1,2}),? (\d{4})$", text) or None
-    if m and m.group(1).lower() in _MONTHS:
-        return float(_calendar.timegm((int(m.group(3)), _MONTHS[m.group(1).lower()], int(m.group(2)),
-                                       0, 0, 0, 0, 0, 0)))
-    m = re.match(r"^(\d{1,2}) ([A-Za-z]{3})[a-z]*\.?,? (\d{4})$", text)
-    if m and m.group(2).lower() in _MONTHS:
-        return float(_calendar.timegm((int(m.group(3)), _MONTHS[m.group(2).lower()], int(m.group(1)),
-                                       0, 0, 0, 0, 0, 0)))
-    m = _RELATIVE.match(text)
-    if m:
-        count = 1 if not m.group(1).isdigit() else int(m.group(1))
-        return now - count * _UNIT_S[m.group(2).lower()]
-    if "," in text and re.search(r"\d{1,2}:\d{2}", text):
-        try:
-            return _email_utils.parsedate_to_datetime(text).timestamp()
-        except (TypeError, ValueError, IndexError):
-            return None
+    # The forms exclude one another: at most one of them reads a given text.
+    for parse in (_iso_epoch, _named_month_epoch, _relative_epoch, _rfc2822_epoch):
+        value = parse(text, now)
+        if value is not None:
+            return value
     return None
+
+
+_ISO_DATE = LazyPattern(r"^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?(?:\.\d+)?)?"
+                        r"\s*(Z|[+-]\d{2}:?\d{2})?$")
+_MONTH_DAY_YEAR = LazyPattern(r"^([A-Za-z]{3})[a-z]*\.? (\d{1,2}),? (\d{4})$")
+_DAY_MONTH_YEAR = LazyPattern(r"^(\d{1,2}) ([A-Za-z]{3})[a-z]*\.?,? (\d{4})$")
+_CLOCK_TIME = LazyPattern(r"\d{1,2}:\d{2}")
+
+
+def _iso_epoch(text, now):
+    """``2024-01-14``, ``2024-01-14T10:30:15.123+02:00`` and the forms between."""
+    m = _ISO_DATE.match(text)
+    if not m:
+        return None
+    y, mo, d, hh, mm, ss, tz = m.groups()
+    try:
+        value = _calendar.timegm((int(y), int(mo), int(d), int(hh or 0), int(mm or 0), int(ss or 0), 0, 0, 0))
+    except (ValueError, OverflowError):
+        return None
+    if tz and tz != "Z":
+        sign = 1 if tz[0] == "+" else -1
+        digits = tz[1:].replace(":", "")
+        value -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+    return float(value)
+
+
+def _named_month_epoch(text, now):
+    """``Jan 14, 2024``, ``Sept. 3 2023`` or ``14 January 2024``."""
+    m = _MONTH_DAY_YEAR.match(text)
+    if m:
+        month, day, year = m.groups()
+    else:
+        m = _DAY_MONTH_YEAR.match(text)
+        if not m:
+            return None
+        day, month, year = m.groups()
+    month = _MONTHS.get(month.lower())
+    if month is None:
+        return None
+    return float(_calendar.timegm((int(year), month, int(day), 0, 0, 0, 0, 0, 0)))
+
+
+def _relative_epoch(text, now):
+    """``3 days ago``, ``an hour ago``: counted back from ``now``."""
+    m = _RELATIVE.match(text)
+    if not m:
+        return None
+    count = 1 if not m.group(1).isdigit() else int(m.group(1))
+    return now - count * _UNIT_S[m.group(2).lower()]
+
+
+def _rfc2822_epoch(text, now):
+    """``Sun, 14 Jan 2024 10:00:00 GMT`` (a comma and a clock time tell it from the other forms)."""
+    if "," not in text or not _CLOCK_TIME.search(text):
+        return None
+    try:
+        return _email_utils.parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 class Logger:
