@@ -5362,6 +5362,43 @@ _TIMEOUTS = (TimeoutError, _socket.timeout) if sys.version_info < (3, 10) else (
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
+class _Exchange(collections.namedtuple("_Exchange", "method url headers body ctx max_bytes truncate wait_s parts key",
+                                       defaults=(False, None, None, None))):
+    """One request on its way through the transport.
+
+    What is sent (``method``, ``url``, ``headers``, ``body``; a redirect changes them), the call it
+    serves (``ctx``: cancellation and the deadline), the cap on its body (``max_bytes``; with
+    ``truncate`` a longer body is cut there instead of failing) and, for a stream, the longest wait
+    for one piece of the body (``wait_s``).  On the wire (:meth:`on_wire`) it also holds its URL's
+    ``parts`` and the ``key`` of its connection: ``(scheme, host, port, checked address)``.
+    """
+
+    __slots__ = ()
+
+    def on_wire(self, parts, key):
+        """This request as one hop sends it to ``key``: a ``user:password@`` of the URL goes out as a
+        header instead, and the body as bytes."""
+        url, parts, headers = _credentials_to_header(self.url, parts, self.headers)
+        body = self.body.encode("utf-8") if isinstance(self.body, str) else self.body
+        return self._replace(url=url, headers=headers, body=body, parts=parts, key=key)
+
+    def target(self, absolute):
+        """The request target: the whole URL for a proxy (``absolute``), else the path and query."""
+        if absolute:
+            return self.url
+        return (self.parts.path or "/") + ("?" + self.parts.query if self.parts.query else "")
+
+    def redirected(self, status, trusted):
+        """This request sent on to its new ``url`` after a ``status`` redirect, the first URL's origin
+        being ``trusted``."""
+        headers = self.headers
+        if _origin(self.url) != trusted and headers:      # a key is for the host it was configured for
+            headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
+        if status == 303 or (status in (301, 302) and self.method == "POST"):
+            return self._replace(method="GET", headers=headers, body=None)
+        return self._replace(headers=headers)
+
+
 class Transport:
     """All upstream HTTP goes through :meth:`request`, built on ``http.client``.
 
@@ -5497,36 +5534,28 @@ class Transport:
             url = iri_to_uri(url)
         except ValueError as exc:
             raise TransportError("network_error", "bad_url", "invalid URL %r (%s)" % (url[:200], exc)) from None
-        seen = set()
-        trusted = _origin(url)
+        ex = _Exchange(method, url, headers or {}, body, ctx, max_bytes, truncate)
+        seen, trusted = set(), _origin(url)
         self._take_slot(ctx)
         try:
             for _ in range(max_redirects + 1):
-                seen.add(url)
-                response = self._exchange(method, url, headers or {}, body, ctx, max_bytes,
-                                          public_only or _origin(url) != trusted, truncate)
+                seen.add(ex.url)
+                response = self._exchange(ex, public_only or _origin(ex.url) != trusted)
                 location = response.headers.get("location")
                 if response.status not in _REDIRECTS or not location or max_redirects == 0:
                     break
-                try:
-                    url = iri_to_uri(_urllib_parse.urljoin(url, location_url(location)))
-                except ValueError:
-                    raise TransportError("network_error", "bad_url",
-                                         "redirect to an invalid URL: %r" % location[:200]) from None
-                if url in seen:
-                    raise TransportError("bad_response", "too_many_redirects", "redirect loop at %s" % url)
-                if _origin(url) != trusted and headers:      # a key is for the host it was configured for
-                    headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
-                if response.status == 303 or (response.status in (301, 302) and method == "POST"):
-                    method, body = "GET", None
+                ex = ex._replace(url=_redirect_url(ex.url, location))
+                if ex.url in seen:
+                    raise TransportError("bad_response", "too_many_redirects", "redirect loop at %s" % ex.url)
+                ex = ex.redirected(response.status, trusted)
             else:
                 raise TransportError("bad_response", "too_many_redirects", "more than %d redirects" % max_redirects)
             response.elapsed_s = self._clock() - started
-            self._log.debug("%s %s: HTTP %d, %d bytes in %.0f ms", method, _log_url(url), response.status,
+            self._log.debug("%s %s: HTTP %d, %d bytes in %.0f ms", ex.method, _log_url(ex.url), response.status,
                             len(response.body), response.elapsed_s * 1000.0)
             return response
         except TransportError as exc:
-            self._log.debug("%s %s: %s/%s after %.0f ms: %s", method, _log_url(url), exc.outcome, exc.code,
+            self._log.debug("%s %s: %s/%s after %.0f ms: %s", ex.method, _log_url(ex.url), exc.outcome, exc.code,
                             (self._clock() - started) * 1000.0, exc.message)
             raise
         finally:
@@ -5560,53 +5589,44 @@ class Transport:
                 return
         conn.close()
 
-    def _exchange(self, method, url, headers, body, ctx, max_bytes, public_only, truncate):
-        try:
-            parts = _urllib_parse.urlsplit(url)
-            host = parts.hostname
-            port = parts.port
-        except ValueError:
-            raise TransportError("network_error", "bad_url", "invalid URL %r" % url) from None
-        if parts.scheme not in ("http", "https") or not host:
-            raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
-        port = port or (443 if parts.scheme == "https" else 80)
-        address = None
-        if public_only:
-            if parts.username is not None or parts.password is not None:
-                raise TransportError("network_error", "bad_url",
-                                     "URLs with credentials are refused: %s" % url.split("@")[-1])
-            address = self._public_address(host, port, self._proxy_for(parts.scheme, host) is not None)
-        url, parts, headers = _credentials_to_header(url, parts, headers)
-        if isinstance(body, str):
-            body = body.encode("utf-8")
-        key = (parts.scheme, host, port, address)
+    def _exchange(self, ex, public_only):
+        """One hop of ``ex``, on a kept-alive connection when one is idle; ``public_only`` refuses
+        credentials in the URL and a host without a public address."""
+        parts, host, port = _http_target(ex.url)
+        address = self._checked_address(ex.url, parts, host, port) if public_only else None
+        ex = ex.on_wire(parts, (parts.scheme, host, port, address))
+        ctx = ex.ctx
         # A kept-alive connection may have been closed by the server meanwhile:
         # such a failure before any answer is retried once on a new connection.
         for attempt in (0, 1):
             ctx.check()
             if ctx.expired():
                 raise TransportError("timeout", "timeout", "deadline passed before connecting")
-            conn = self._take(key) if attempt == 0 else None
-            reused = conn is not None
-            absolute = False
+            conn = self._take(ex.key) if attempt == 0 else None
+            reused, absolute = conn is not None, False
             if conn is None:
                 conn, absolute = self._connect(parts.scheme, host, port, max(0.05, ctx.remaining()), address)
             try:
-                return self._send(conn, reused, absolute, key, method, url, parts, headers, body,
-                                  ctx, max_bytes, truncate)
+                return self._send(ex, conn, reused, absolute)
             except _StaleConnection:
                 continue
         raise TransportError("network_error", "connection_error", "the connection was closed before an answer")
 
-    def _send(self, conn, reused, absolute, key, method, url, parts, headers, body, ctx, max_bytes, truncate):
-        target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
-        hdrs = {"Accept-Encoding": "gzip, deflate"}
-        hdrs.update(headers)
+    def _checked_address(self, url, parts, host, port):
+        """The checked public address of ``host`` to connect to; a URL with credentials is refused."""
+        if parts.username is not None or parts.password is not None:
+            raise TransportError("network_error", "bad_url",
+                                 "URLs with credentials are refused: %s" % url.split("@")[-1])
+        return self._public_address(host, port, self._proxy_for(parts.scheme, host) is not None)
+
+    def _send(self, ex, conn, reused, absolute):
+        """Send ``ex`` on ``conn`` and read the whole answer; raises :class:`_StaleConnection` when a
+        ``reused`` connection turns out to have been closed before it answered."""
+        ctx, handle, answered, keep = ex.ctx, None, False, False
+        headers = {"Accept-Encoding": "gzip, deflate"}
+        headers.update(ex.headers)
         if absolute:
-            hdrs.update(conn._proxy_headers)
-        handle = None
-        keep = False
-        answered = False
+            headers.update(conn._proxy_headers)
         try:
             if conn.sock is None:
                 _open_connection(conn)
@@ -5615,66 +5635,24 @@ class Transport:
             ctx.check()
             sock.settimeout(max(0.05, ctx.remaining()))
             self.requests_sent += 1
-            conn.request(method, target, body=body, headers=hdrs)
+            conn.request(ex.method, ex.target(absolute), body=ex.body, headers=headers)
             resp = conn.getresponse()
             answered = True
-            length = resp.getheader("content-length")
-            if length and length.isdigit() and int(length) > max_bytes and not truncate:
-                raise TransportError("bad_response", "body_too_large",
-                                     "body of %s bytes is over the %d byte cap" % (length, max_bytes))
-            chunks, total = [], 0
-            while True:
-                remaining = ctx.remaining()
-                if remaining <= 0:
-                    raise TransportError("timeout", "timeout", "timed out reading the body")
-                chunk = _read_piece(resp, sock, remaining)
-                if not chunk:
-                    ctx.check()    # a cancel shuts the socket: what looks like the end is not
-                    if resp.length:   # read1() ends quietly when the peer closes before Content-Length
-                        raise TransportError("bad_response", "truncated_body",
-                                             "connection closed with %d of the body's bytes "
-                                             "missing" % resp.length)
-                    break
-                total += len(chunk)
-                if total > max_bytes:
-                    if not truncate:
-                        raise TransportError("bad_response", "body_too_large", "body over the %d byte cap" % max_bytes)
-                    chunks.append(chunk[:max_bytes - (total - len(chunk))])
-                    break
-                chunks.append(chunk)
-            raw = b"".join(chunks)
-            headers_out = {}
-            for k, v in resp.getheaders():
-                k = k.lower()
-                headers_out[k] = headers_out[k] + ", " + v if k in headers_out else v
+            raw, whole = _read_body(resp, sock, ex)
+            headers = _merged_headers(resp)
             resp.close()    # a body read to its length leaves the response open; reuse needs it closed
-            keep = total <= max_bytes and not resp.will_close and not absolute \
-                and getattr(conn, "_tunnel_host", None) is None
-            encoding = headers_out.get("content-encoding", "").lower()
-            if encoding in ("gzip", "deflate", "x-gzip"):
-                raw = _decompress(raw, max_bytes, truncate)
-            return Response(resp.status, resp.reason, headers_out, raw, url, 0.0)
+            keep = whole and not resp.will_close and not absolute and getattr(conn, "_tunnel_host", None) is None
+            if headers.get("content-encoding", "").lower() in ("gzip", "deflate", "x-gzip"):
+                raw = _decompress(raw, ex.max_bytes, ex.truncate)
+            return Response(resp.status, resp.reason, headers, raw, ex.url, 0.0)
         except (TransportError, Cancelled):
             raise
-        except _http_client.IncompleteRead as exc:
-            ctx.check()
-            raise TransportError("bad_response", "truncated_body",
-                                 "connection closed after %d bytes of the body" % len(exc.partial)) from None
-        except _TIMEOUTS:
-            ctx.check()
-            raise TransportError("timeout", "timeout", "timed out waiting for the upstream") from None
         except (OSError, _http_client.HTTPException) as exc:
-            ctx.check()
-            if reused and not answered and isinstance(exc, (ConnectionError, _http_client.RemoteDisconnected,
-                                                            _http_client.BadStatusLine)):
-                raise _StaleConnection() from None
-            if ctx.expired():
-                raise TransportError("timeout", "timeout", "timed out") from None
-            raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
+            raise _send_failure(exc, ctx, reused and not answered) from None
         finally:
             ctx.token.remove(handle)
             if keep:
-                self._give(key, conn)
+                self._give(ex.key, conn)
             else:
                 conn.close()
 
@@ -5694,52 +5672,47 @@ class Transport:
             raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         url, parts, headers = _credentials_to_header(url, parts, headers or {})
+        ex = _Exchange(method, url, dict(headers), body, ctx, max_bytes, wait_s=timeout_s, parts=parts)
         self._take_slot(ctx)
         conn = handle = None
         try:
             wait_s = max(0.05, min(timeout_s, ctx.remaining()))
             conn, absolute = self._connect(parts.scheme, parts.hostname, port, wait_s)
-            target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
-            hdrs = dict(headers or {})
             if absolute:
-                hdrs.update(conn._proxy_headers)
+                ex.headers.update(conn._proxy_headers)
             _open_connection(conn)
             sock = conn.sock
             handle = ctx.token.add_callback(lambda: _shutdown(sock))
             ctx.check()
             sock.settimeout(wait_s)
             self.requests_sent += 1
-            conn.request(method, target, body=body.encode("utf-8") if isinstance(body, str) else body, headers=hdrs)
-            resp = conn.getresponse()
-            return HttpStream(self, conn, resp, sock, ctx, handle, timeout_s, max_bytes, url)
+            conn.request(method, ex.target(absolute), body=body.encode("utf-8") if isinstance(body, str) else body,
+                         headers=ex.headers)
+            return HttpStream(self, ex, conn, sock, conn.getresponse(), handle)
         except BaseException as exc:
             ctx.token.remove(handle)
             if conn is not None:
                 conn.close()
             self.slots.release()
-            if isinstance(exc, (TransportError, Cancelled)):
+            failure = _open_failure(exc, ctx)
+            if failure is None:
                 raise
-            ctx.check()
-            if isinstance(exc, _TIMEOUTS) or ctx.expired():
-                raise TransportError("timeout", "timeout", "timed out waiting for the upstream") from None
-            if isinstance(exc, (OSError, _http_client.HTTPException)):
-                raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
-            raise
+            raise failure from None
 
 
 class HttpStream:
     """An HTTP response being read piece by piece; lines come out of :meth:`lines`."""
 
-    def __init__(self, transport, conn, resp, sock, ctx, handle, timeout_s, max_bytes, url):
+    def __init__(self, transport, ex, conn, sock, resp, handle):
         self._transport = transport
         self._conn = conn
         self._resp = resp
         self._sock = sock
-        self._ctx = ctx
+        self._ctx = ex.ctx
         self._handle = handle
-        self._timeout_s = timeout_s
-        self._max_bytes = max_bytes
-        self.url = url
+        self._timeout_s = ex.wait_s
+        self._max_bytes = ex.max_bytes
+        self.url = ex.url
         self.status = resp.status
         self.headers = {k.lower(): v for k, v in resp.getheaders()}
         self.received = 0
@@ -5855,6 +5828,27 @@ def _log_url(url):
     return base[:300] + ("?(%d parameters)" % (query.count("&") + 1) if query else "")
 
 
+def _http_target(url):
+    """``(urlsplit parts, host, port)`` of an http(s) URL; raises TransportError for anything else."""
+    try:
+        parts = _urllib_parse.urlsplit(url)
+        host = parts.hostname
+        port = parts.port
+    except ValueError:
+        raise TransportError("network_error", "bad_url", "invalid URL %r" % url) from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
+    return parts, host, port or (443 if parts.scheme == "https" else 80)
+
+
+def _redirect_url(url, location):
+    """Where a redirect from ``url`` with this ``Location`` goes; raises TransportError for an invalid one."""
+    try:
+        return iri_to_uri(_urllib_parse.urljoin(url, location_url(location)))
+    except ValueError:
+        raise TransportError("network_error", "bad_url", "redirect to an invalid URL: %r" % location[:200]) from None
+
+
 def _origin(url):
     """``(scheme, host, port)`` of ``url``, or None when it cannot be parsed."""
     try:
@@ -5956,6 +5950,77 @@ def _read_piece(resp, sock, wait_s):
         return b""
     sock.settimeout(wait_s)
     return resp.read1(65536)
+
+
+def _read_body(resp, sock, ex):
+    """``(body, whole)``: the body of ``resp`` within the cap and the deadline of ``ex``; ``whole``
+    is False when ``ex.truncate`` cut it at the cap."""
+    ctx, cap = ex.ctx, ex.max_bytes
+    length = resp.getheader("content-length")
+    if length and length.isdigit() and int(length) > cap and not ex.truncate:
+        raise TransportError("bad_response", "body_too_large",
+                             "body of %s bytes is over the %d byte cap" % (length, cap))
+    chunks, total = [], 0
+    while True:
+        remaining = ctx.remaining()
+        if remaining <= 0:
+            raise TransportError("timeout", "timeout", "timed out reading the body")
+        chunk = _read_piece(resp, sock, remaining)
+        if not chunk:
+            ctx.check()    # a cancel shuts the socket: what looks like the end is not
+            if resp.length:   # read1() ends quietly when the peer closes before Content-Length
+                raise TransportError("bad_response", "truncated_body",
+                                     "connection closed with %d of the body's bytes missing" % resp.length)
+            return b"".join(chunks), True
+        total += len(chunk)
+        if total > cap:
+            if not ex.truncate:
+                raise TransportError("bad_response", "body_too_large", "body over the %d byte cap" % cap)
+            chunks.append(chunk[:cap - (total - len(chunk))])
+            return b"".join(chunks), False
+        chunks.append(chunk)
+
+
+def _merged_headers(resp):
+    """The headers of ``resp``, names in lower case, a repeated header's values joined by ``", "``."""
+    headers = {}
+    for name, value in resp.getheaders():
+        name = name.lower()
+        headers[name] = headers[name] + ", " + value if name in headers else value
+    return headers
+
+
+def _send_failure(exc, ctx, maybe_stale):
+    """The error to raise for ``exc``, an OS or HTTP failure while a request was sent or its answer read.
+
+    ``maybe_stale``: a kept-alive connection that has not answered yet, so a closed connection is a
+    :class:`_StaleConnection`, to be tried again on a new one.
+    """
+    ctx.check()
+    if isinstance(exc, _http_client.IncompleteRead):
+        return TransportError("bad_response", "truncated_body",
+                              "connection closed after %d bytes of the body" % len(exc.partial))
+    if isinstance(exc, _TIMEOUTS):
+        return TransportError("timeout", "timeout", "timed out waiting for the upstream")
+    if maybe_stale and isinstance(exc, (ConnectionError, _http_client.RemoteDisconnected,
+                                        _http_client.BadStatusLine)):
+        return _StaleConnection()
+    if ctx.expired():
+        return TransportError("timeout", "timeout", "timed out")
+    return TransportError("network_error", "connection_error", _describe_os_error(exc))
+
+
+def _open_failure(exc, ctx):
+    """The TransportError for ``exc``, raised while a stream was being opened, or None when ``exc``
+    itself goes on (our own errors, and what is neither a timeout nor an OS or HTTP error)."""
+    if isinstance(exc, (TransportError, Cancelled)):
+        return None
+    ctx.check()
+    if isinstance(exc, _TIMEOUTS) or ctx.expired():
+        return TransportError("timeout", "timeout", "timed out waiting for the upstream")
+    if isinstance(exc, (OSError, _http_client.HTTPException)):
+        return TransportError("network_error", "connection_error", _describe_os_error(exc))
+    return None
 
 
 def _shutdown(sock):
