@@ -6197,20 +6197,23 @@ def _code_key(text):
     return re.sub(r"[\s-]+", "_", str(text).strip().lower())
 
 
+# Refusals that the error's code and message give away, or its status, in this order; none of them
+# is worth a retry: (pattern, statuses, outcome, code, the start of the message).
+_ANSWER_REFUSALS = (
+    (_INVALID_KEY, (401,), "auth_error", "invalid_key", "the answer endpoint rejected GROK_API_KEY: "),
+    (_CREDITS, (402,), "quota_exhausted", "no_credits", "the answer account has no credits left: "),
+    (_DEAD_ACCOUNT, (), "auth_error", "account_unusable", "the relay's upstream account is unusable: "),
+    (_UNKNOWN_MODEL, (404,), "http_error", "unknown_model", "unknown model: "),
+)
+
+
 def classify_answer_error(status, code, message, retryable_codes, retry_after_s=None):
     """The :class:`UpstreamError` of an answer endpoint's HTTP status (None inside a 200) and error code and message."""
     text = "%s %s" % (code or "", message or "")
     kw = {"status": status, "upstream_code": code, "retryable": False}
-    if _INVALID_KEY.search(text) or status == 401:
-        return answer_error("auth_error", "invalid_key", "the answer endpoint rejected GROK_API_KEY: " + message, **kw)
-    if _CREDITS.search(text) or status == 402:
-        return answer_error("quota_exhausted", "no_credits", "the answer account has no credits left: " + message,
-                            **kw)
-    if _DEAD_ACCOUNT.search(text):
-        return answer_error("auth_error", "account_unusable", "the relay's upstream account is unusable: " + message,
-                            **kw)
-    if _UNKNOWN_MODEL.search(text) or status == 404:
-        return answer_error("http_error", "unknown_model", "unknown model: " + message, **kw)
+    for pattern, statuses, outcome, reason, prefix in _ANSWER_REFUSALS:
+        if pattern.search(text) or status in statuses:
+            return answer_error(outcome, reason, prefix + message, **kw)
     if status == 403 or (status is None and code and "permission" in code.lower()):
         return answer_error("auth_error", "forbidden", "no permission: " + message, **kw)
     if status in (400, 405, 410, 413, 415, 422):
@@ -6220,11 +6223,16 @@ def classify_answer_error(status, code, message, retryable_codes, retry_after_s=
         return answer_error("rate_limited", "rate_limited", message, **kw)
     if status == 408 or (status is not None and status >= 500):
         return answer_error("http_error", "server_error", message, **kw)
-    wanted = {_code_key(c) for c in retryable_codes}
-    said = _code_key(message)
-    if not (_code_key(code or "") in wanted or any(c in said for c in wanted if len(c) > 6)):
+    if not _names_retryable_code(code, message, retryable_codes):
         kw.update(retryable=False, retry_after_s=None)
     return answer_error("http_error", "upstream_error", message, **kw)
+
+
+def _names_retryable_code(code, message, retryable_codes):
+    """True when ``code`` is one of ``retryable_codes``, or the message spells out one of more than six characters."""
+    wanted = {_code_key(c) for c in retryable_codes}
+    said = _code_key(message)
+    return _code_key(code or "") in wanted or any(c in said for c in wanted if len(c) > 6)
 
 
 class AnswerResult:
@@ -6302,6 +6310,11 @@ class AnswerStreamParser:
         code, message = fields
         raise classify_answer_error(None, code, message, self.retryable_codes)
 
+    def _add_text(self, text):
+        self.parts.append(text)
+        if self.on_text is not None:
+            self.on_text(len(text))
+
     def _chat(self, data):
         fields = error_fields(data)
         if fields:
@@ -6312,61 +6325,78 @@ class AnswerStreamParser:
             _add_citation(self.citations, url)
         choices = data.get("choices")
         for choice in choices if isinstance(choices, list) else []:
-            if not isinstance(choice, dict):
-                continue
-            delta = choice.get("delta") or choice.get("message") or {}
-            if not isinstance(delta, dict):      # a relay's malformed chunk: no text in it
-                delta = {}
-            text = delta.get("content")
-            if isinstance(text, str) and text:
-                self.parts.append(text)
-                if self.on_text is not None:
-                    self.on_text(len(text))
-            for ann in delta.get("annotations") or []:
-                cite = ann.get("url_citation") if isinstance(ann, dict) else None
-                if isinstance(cite, dict):
-                    _add_citation(self.citations, cite.get("url"), cite.get("title"))
-            finish = choice.get("finish_reason")
-            if finish == "error":
-                self._fail(("error", "the stream ended with finish_reason error"))
-            if finish:
-                self.finish = finish
-                self.done = True
+            if isinstance(choice, dict):
+                self._chat_choice(choice)
+
+    def _chat_choice(self, choice):
+        delta = choice.get("delta") or choice.get("message") or {}
+        if not isinstance(delta, dict):      # a relay's malformed chunk: no text in it
+            delta = {}
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            self._add_text(text)
+        for ann in delta.get("annotations") or []:
+            cite = ann.get("url_citation") if isinstance(ann, dict) else None
+            if isinstance(cite, dict):
+                _add_citation(self.citations, cite.get("url"), cite.get("title"))
+        finish = choice.get("finish_reason")
+        if finish == "error":
+            self._fail(("error", "the stream ended with finish_reason error"))
+        if finish:
+            self.finish = finish
+            self.done = True
 
     def _responses(self, data):
         kind = data.get("type") or ""
-        if kind == "error":
-            self._fail(error_fields(data) or ("error", "error event"))
         response = data.get("response") if isinstance(data.get("response"), dict) else None
-        if kind == "response.failed":
-            err = (response or {}).get("error") or {}
-            self._fail((str(err.get("code") or "failed"), str(err.get("message") or "the response failed")))
-        if kind == "response.incomplete":
-            reason = ((response or {}).get("incomplete_details") or {}).get("reason") or "unknown"
-            raise answer_error("bad_response", "incomplete", "the response stopped early (%s)" % reason,
-                               upstream_code=reason, retryable=False)
-        if kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
-            self.parts.append(data["delta"])
-            if self.on_text is not None:
-                self.on_text(len(data["delta"]))
-        elif kind == "response.output_text.annotation.added":
-            ann = data.get("annotation") or {}
-            _add_citation(self.citations, ann.get("url"), ann.get("title"))
-        elif kind in ("response.content_part.done", "response.output_item.done"):
-            self._collect(data.get("part") or data.get("item") or {})
-        elif kind in ("response.completed", "response.done"):
-            response = response or {}
-            self.model = response.get("model") or self.model
-            texts = []
-            for item in response.get("output") or []:
-                texts.extend(self._collect(item))
-            for url in response.get("citations") or []:
-                _add_citation(self.citations, url)
-            self.completed_text = "".join(texts)
-            self.finish = response.get("status") or "completed"
-            self.done = True
+        handler = self._RESPONSE_EVENTS.get(kind) if isinstance(kind, str) else None
+        if handler is not None:
+            handler(self, data, response or {})
         if response and response.get("model"):
             self.model = response["model"]
+
+    # One method per /responses event that matters: each takes the event and its response ({} if none).
+
+    def _on_error(self, data, response):
+        self._fail(error_fields(data) or ("error", "error event"))
+
+    def _on_failed(self, data, response):
+        err = response.get("error") or {}
+        self._fail((str(err.get("code") or "failed"), str(err.get("message") or "the response failed")))
+
+    def _on_incomplete(self, data, response):
+        reason = (response.get("incomplete_details") or {}).get("reason") or "unknown"
+        raise answer_error("bad_response", "incomplete", "the response stopped early (%s)" % reason,
+                           upstream_code=reason, retryable=False)
+
+    def _on_delta(self, data, response):
+        if isinstance(data.get("delta"), str):
+            self._add_text(data["delta"])
+
+    def _on_annotation(self, data, response):
+        ann = data.get("annotation") or {}
+        _add_citation(self.citations, ann.get("url"), ann.get("title"))
+
+    def _on_part_done(self, data, response):
+        self._collect(data.get("part") or data.get("item") or {})
+
+    def _on_completed(self, data, response):
+        self.model = response.get("model") or self.model
+        texts = []
+        for item in response.get("output") or []:
+            texts.extend(self._collect(item))
+        for url in response.get("citations") or []:
+            _add_citation(self.citations, url)
+        self.completed_text = "".join(texts)
+        self.finish = response.get("status") or "completed"
+        self.done = True
+
+    _RESPONSE_EVENTS = {
+        "error": _on_error, "response.failed": _on_failed, "response.incomplete": _on_incomplete,
+        "response.output_text.delta": _on_delta, "response.output_text.annotation.added": _on_annotation,
+        "response.content_part.done": _on_part_done, "response.output_item.done": _on_part_done,
+        "response.completed": _on_completed, "response.done": _on_completed,
+    }
 
     def _collect(self, node):
         """Citations of a message item or content part; returns its output texts."""
