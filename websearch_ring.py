@@ -6632,34 +6632,10 @@ class KeyPool:
                     if token is not None and token.cancelled:
                         raise Cancelled(token.reason or "cancelled")
                     now = self._clock()
-                    self._refresh_locked(now)
-                    allowed, probe = self.breaker.allow_locked()
-                    if not allowed:
-                        wait = max(0.0, self.breaker.until - now)
-                        raise KeysUnavailable(
-                            "%s circuit breaker is %s after repeated %s failures of distinct keys; "
-                            "retry in %.0f s" % (self.service, self.breaker.state.value, self.breaker.kind, wait),
-                            self.describe_locked(now), wait or None, code="%s_service_unavailable" % self.service)
-                    healthy = [k for k in self.keys if k.state is KeyState.HEALTHY]
-                    idle = [k for k in healthy if k.busy < self.per_key]
-                    if idle:
-                        key = min(idle, key=lambda k: (k.last_used, k.uses))
-                        key.busy += 1
-                        key.uses += 1
-                        key.last_used = now
-                        return key, probe
-                    if probe:
-                        self.breaker.release_probe_locked()
-                    if healthy:
-                        wake_at = None          # busy: wait for a release
-                    else:
-                        cooling = [k.until for k in self.keys if k.state is not KeyState.INVALID]
-                        wake_at = min(cooling) if cooling else None
-                        if wake_at is None or (deadline is not None and wake_at > deadline.at):
-                            raise KeysUnavailable(
-                                "every %s key is unusable%s" % (self.service, "" if wake_at is None else
-                                                                " until after this call's deadline"),
-                                self.describe_locked(now), None if wake_at is None else wake_at - now)
+                    lease = self._lease_locked(now)
+                    if lease is not None:
+                        return lease
+                    wake_at = self._wake_at_locked(now, deadline)
                     if deadline is not None and deadline.expired():
                         raise DeadlineExceeded("waited for a free %s key until the deadline" % self.service)
                     limits = [t for t in (wake_at - now if wake_at else None,
@@ -6668,6 +6644,43 @@ class KeyPool:
         finally:
             if token is not None:
                 token.remove(handle)
+
+    def _lease_locked(self, now):
+        """``(key, probe)``: the healthy idle key used least recently, now busy with one more request;
+        None when no key is idle.  Raises KeysUnavailable while the breaker refuses."""
+        self._refresh_locked(now)
+        allowed, probe = self.breaker.allow_locked()
+        if not allowed:
+            wait = max(0.0, self.breaker.until - now)
+            raise KeysUnavailable(
+                "%s circuit breaker is %s after repeated %s failures of distinct keys; "
+                "retry in %.0f s" % (self.service, self.breaker.state.value, self.breaker.kind, wait),
+                self.describe_locked(now), wait or None, code="%s_service_unavailable" % self.service)
+        idle = [k for k in self.keys if k.state is KeyState.HEALTHY and k.busy < self.per_key]
+        if not idle:
+            if probe:
+                self.breaker.release_probe_locked()
+            return None
+        key = min(idle, key=lambda k: (k.last_used, k.uses))
+        key.busy += 1
+        key.uses += 1
+        key.last_used = now
+        return key, probe
+
+    def _wake_at_locked(self, now, deadline):
+        """When to look again while no key is idle: None while a healthy key is only busy (its
+        release wakes us), else the end of the earliest cooldown.  Raises KeysUnavailable when no
+        key will serve before the deadline."""
+        if any(k.state is KeyState.HEALTHY for k in self.keys):
+            return None
+        cooling = [k.until for k in self.keys if k.state is not KeyState.INVALID]
+        wake_at = min(cooling) if cooling else None
+        if wake_at is None or (deadline is not None and wake_at > deadline.at):
+            raise KeysUnavailable(
+                "every %s key is unusable%s" % (self.service, "" if wake_at is None else
+                                                " until after this call's deadline"),
+                self.describe_locked(now), None if wake_at is None else wake_at - now)
+        return wake_at
 
     def release(self, key, probe, outcome, retry_after_s=None, message=None):
         """Record how a request with ``key`` ended: ``success``, ``cancelled``, ``no_results``
@@ -6779,32 +6792,20 @@ class HealthBoard:
 
     def record(self, name, outcome, headers=None, retry_after_s=None, code=None, message=None):
         """Update ``name`` after an attempt that ended with ``outcome``."""
-        headers = headers or {}
-        cooldown, long = None, False
         with self._lock:
             h = self._vendors[name]
-            was = h.state
-            h.probing = False
+            was, h.probing = h.state, False
             if outcome == "cancelled":
-                if h.state is Health.HALF_OPEN:
+                if was is Health.HALF_OPEN:
                     h.state = Health.COOLDOWN       # expired: the next caller probes again
                 return
-            if outcome in ("auth_error", "quota_exhausted"):
-                cooldown, long = self.config.auth_cooldown_s, True
-                if retry_after_s is not None:
-                    cooldown = max(retry_after_s, 1.0)
-            elif outcome == "rate_limited":
-                # Retry-After: 0 still means "not now": rest at least a second.
-                cooldown = max(retry_after_s, 1.0) if retry_after_s is not None else self.config.cooldown_s
-            elif outcome == "blocked":
-                cooldown = self.config.cooldown_s       # a captcha does not go away in seconds
-            elif outcome in self.NEUTRAL or code in ("bad_parameters", "bad_request"):
+            cooldown, long = self._rest_s(outcome, retry_after_s)
+            if cooldown is None and (outcome in self.NEUTRAL or code in ("bad_parameters", "bad_request")):
                 h.failures = 0
-                if outcome == "success":
-                    window = exhausted_window(headers)
-                    if window:
-                        cooldown, message = window, "no requests left in the rate-limit window"
-            else:
+                window = exhausted_window(headers or {}) if outcome == "success" else None
+                if window:
+                    cooldown, message = window, "no requests left in the rate-limit window"
+            elif cooldown is None:
                 h.failures += 1
                 if h.failures >= self.config.failure_threshold or was is Health.HALF_OPEN:
                     cooldown = self.config.cooldown_s
@@ -6819,6 +6820,18 @@ class HealthBoard:
             h.failures = 0
         self.log.warning("%s in cooldown for %.0f s (%s)%s", name, cooldown, h.reason,
                          "; check its key or plan" if long else "")
+
+    def _rest_s(self, outcome, retry_after_s):
+        """``(seconds, long)`` of the cooldown that ``outcome`` itself calls for; ``(None, False)``
+        for the others (a neutral outcome, or a failure that counts towards the threshold)."""
+        if outcome in ("auth_error", "quota_exhausted"):
+            return (self.config.auth_cooldown_s if retry_after_s is None else max(retry_after_s, 1.0)), True
+        if outcome == "rate_limited":
+            # Retry-After: 0 still means "not now": rest at least a second.
+            return (self.config.cooldown_s if retry_after_s is None else max(retry_after_s, 1.0)), False
+        if outcome == "blocked":
+            return self.config.cooldown_s, False       # a captcha does not go away in seconds
+        return None, False
 
     def snapshot(self, names):
         """Health of ``names`` for structured output."""
