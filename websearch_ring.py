@@ -7292,6 +7292,19 @@ class Vendor:
                                 "response is not JSON: " + body_message(response, 120),
                                 status=response.status) from None
 
+    # Statuses the vendor documents, ``status: (outcome, code, message)`` (``{}`` in the message: the
+    # body's own); each ends the request for good, any other goes through fail_http.
+    REFUSALS = {}
+
+    def fail_status(self, response, message):
+        """Raise the attempt error for a non-success ``response`` whose body says ``message``."""
+        refusal = self.REFUSALS.get(response.status)
+        if refusal is not None:
+            outcome, code, text = refusal
+            raise UpstreamError(self.name, outcome, code, text.format(message), status=response.status,
+                                retryable=False)
+        self.fail_http(response, message)
+
 
 class ExaVendor(Vendor):
     """Exa: keyless through the hosted MCP endpoint, or REST ``/search`` with ``EXA_API_KEY``."""
@@ -7313,8 +7326,21 @@ class ExaVendor(Vendor):
         return self._search_mcp(ctx, query, num, filters)
 
     def _search_rest(self, ctx, query, num, filters):
+        resp = self.http(ctx, "POST", self.config.exa_url + "/search", body=json.dumps(
+            self._rest_request(query, num, filters)), headers={
+            "Content-Type": "application/json", "Accept": "application/json",
+            "x-api-key": self.config.exa_api_key})
+        if resp.status != 200:
+            self._fail_rest(resp)
+        results = [self._rest_result(item) for item in self.parse_json(resp).get("results") or []
+                   if isinstance(item, dict) and item.get("url")]
+        if not results:
+            self.no_results()
+        return results
+
+    @staticmethod
+    def _rest_request(query, num, f):
         request = {"query": query, "numResults": num, "type": "auto", "contents": {"highlights": True}}
-        f = filters
         if f.include:
             request["includeDomains"] = list(f.include)
         if f.exclude:
@@ -7327,39 +7353,31 @@ class ExaVendor(Vendor):
             request["userLocation"] = f.country
         if f.topic:
             request["category"] = "news"
-        body = json.dumps(request)
-        resp = self.http(ctx, "POST", self.config.exa_url + "/search", body=body, headers={
-            "Content-Type": "application/json", "Accept": "application/json",
-            "x-api-key": self.config.exa_api_key})
-        if resp.status != 200:
+        return request
+
+    def _fail_rest(self, resp):
+        """Raise the attempt error of a REST answer other than 200 (the body's ``tag`` names a spent budget)."""
+        try:
+            data = resp.json()
+        except ValueError:
             data = None
-            try:
-                data = resp.json()
-            except ValueError:
-                pass
-            tag = data.get("tag") if isinstance(data, dict) else None
-            if tag in ("NO_MORE_CREDITS", "API_KEY_BUDGET_EXCEEDED", "TEAM_BUDGET_EXCEEDED"):
-                raise UpstreamError(self.name, "quota_exhausted", "quota_exhausted", body_message(resp),
-                                    status=resp.status, retryable=False, upstream_code=tag)
-            try:
-                self.fail_http(resp)
-            except UpstreamError as exc:
-                exc.upstream_code = tag
-                raise
-        data = self.parse_json(resp)
-        results = []
-        for item in data.get("results") or []:
-            if not isinstance(item, dict) or not item.get("url"):
-                continue
-            highlights = item.get("highlights") or []
-            snippet = " ".join(h for h in highlights if isinstance(h, str)) or item.get("summary") \
-                or (item.get("text") or "")[:500]
-            score = item.get("score") if isinstance(item.get("score"), (int, float)) else None
-            results.append(make_result(item.get("title") or "", item["url"], snippet,
-                                       item.get("publishedDate"), score))
-        if not results:
-            self.no_results()
-        return results
+        tag = data.get("tag") if isinstance(data, dict) else None
+        if tag in ("NO_MORE_CREDITS", "API_KEY_BUDGET_EXCEEDED", "TEAM_BUDGET_EXCEEDED"):
+            raise UpstreamError(self.name, "quota_exhausted", "quota_exhausted", body_message(resp),
+                                status=resp.status, retryable=False, upstream_code=tag)
+        try:
+            self.fail_http(resp)
+        except UpstreamError as exc:
+            exc.upstream_code = tag
+            raise
+
+    @staticmethod
+    def _rest_result(item):
+        highlights = item.get("highlights") or []
+        snippet = " ".join(h for h in highlights if isinstance(h, str)) or item.get("summary") \
+            or (item.get("text") or "")[:500]
+        score = item.get("score") if isinstance(item.get("score"), (int, float)) else None
+        return make_result(item.get("title") or "", item["url"], snippet, item.get("publishedDate"), score)
 
     def _search_mcp(self, ctx, query, num, filters):
         rpc_id = 1
@@ -7554,17 +7572,21 @@ class TavilyClient:
         return call_upstream(self.service, self.transport, "POST", url, ctx=ctx, timeout_s=timeout_s,
                              headers=headers, body=body)
 
+    # Statuses that end a request at once (but a keyless 401 or 403 is a block).
+    REFUSALS = {400: ("http_error", "bad_parameters"), 422: ("http_error", "bad_parameters"),
+                401: ("auth_error", "invalid_key"), 403: ("auth_error", "forbidden"),
+                432: ("quota_exhausted", "plan_limit"), 433: ("quota_exhausted", "payg_limit")}
+
     def _check(self, resp, path, keyless=False):
         """The JSON of a 200 answer, or the classified error.
 
         The keyless-limit envelope counts only for a keyless request; any
         other ``{"error": {...}}`` body is classified by its status.
         """
-        data = None
         try:
             data = resp.json()
         except ValueError:
-            pass
+            data = None
         envelope = data.get("error") if isinstance(data, dict) else None
         if resp.status == 200 and isinstance(data, dict) and not isinstance(envelope, dict):
             return data, resp.headers
@@ -7576,33 +7598,31 @@ class TavilyClient:
                                 str(envelope.get("message") or envelope["code"])[:300], status=resp.status,
                                 retry_after_s=float(wait) if isinstance(wait, (int, float))
                                 else retry_after_of(resp.headers), upstream_code=envelope["code"])
+        raise self._refusal(resp, path, keyless, envelope)
+
+    def _refusal(self, resp, path, keyless, envelope):
+        """The UpstreamError of an answer that is not a usable 200 (``envelope``: its ``error`` field)."""
         message = body_message(resp)
         status = resp.status
         if status == 200:
-            raise UpstreamError(self.service, "bad_response", "upstream_error" if envelope else "invalid_json",
-                                "Tavily answered 200 %s: %s" % ("with an error" if envelope else "without a JSON object",
-                                                                message), status=200)
-        if status in (432, 433):
-            raise UpstreamError(self.service, "quota_exhausted", "plan_limit" if status == 432 else "payg_limit",
-                                message, status=status, retryable=False)
-        if status in (400, 422):
-            raise UpstreamError(self.service, "http_error", "bad_parameters", message, status=status,
-                                retryable=False)
-        if status == 404:
-            raise UpstreamError(self.service, "http_error", "not_found",
-                                "Tavily answered 404 for %s: check TAVILY_API_URL (now %s)" % (
-                                    path, self.config.tavily_url), status=404, retryable=False)
-        if status == 429:
-            raise UpstreamError(self.service, "rate_limited", "rate_limited", message, status=429,
-                                retry_after_s=retry_after_of(resp.headers))
+            return UpstreamError(self.service, "bad_response", "upstream_error" if envelope else "invalid_json",
+                                 "Tavily answered 200 %s: %s" % ("with an error" if envelope
+                                                                 else "without a JSON object", message), status=200)
         if status in (401, 403) and keyless:       # no key was sent: Tavily refused this client
-            raise UpstreamError(self.service, "blocked", "forbidden", "Tavily refused a keyless request (HTTP %d): "
-                                "%s" % (status, message), status=status)
-        if status in (401, 403):
-            raise UpstreamError(self.service, "auth_error", "invalid_key" if status == 401 else "forbidden",
-                                message, status=status, retryable=False)
-        raise UpstreamError(self.service, "http_error", "server_error" if status >= 500 else "http_error",
-                            message, status=status)
+            return UpstreamError(self.service, "blocked", "forbidden", "Tavily refused a keyless request (HTTP %d): "
+                                 "%s" % (status, message), status=status)
+        if status in self.REFUSALS:
+            outcome, code = self.REFUSALS[status]
+            return UpstreamError(self.service, outcome, code, message, status=status, retryable=False)
+        if status == 404:
+            return UpstreamError(self.service, "http_error", "not_found",
+                                 "Tavily answered 404 for %s: check TAVILY_API_URL (now %s)" % (
+                                     path, self.config.tavily_url), status=404, retryable=False)
+        if status == 429:
+            return UpstreamError(self.service, "rate_limited", "rate_limited", message, status=429,
+                                 retry_after_s=retry_after_of(resp.headers))
+        return UpstreamError(self.service, "http_error", "server_error" if status >= 500 else "http_error",
+                             message, status=status)
 
 
 class TavilyVendor(Vendor):
@@ -7981,22 +8001,7 @@ class BraveVendor(Vendor):
     KEYED = True
 
     def search(self, ctx, query, num, filters):
-        f = filters
-        params = {"q": f.site_query(query), "count": min(num, 20)}
-        if f.lang:
-            params["search_lang"] = self._search_lang(f)
-        if f.time_range:
-            params["freshness"] = "p" + f.time_range[0]     # pd, pw, pm, py
-        if f.start_date or f.end_date:
-            params["freshness"] = "%sto%s" % (f.start_date or "1970-01-01",
-                                              f.end_date or time.strftime("%Y-%m-%d", time.gmtime()))
-        if f.country:
-            params["country"] = f.country
-        if f.safesearch:
-            params["safesearch"] = f.safesearch
-        if f.page:
-            params["offset"] = f.page - 1       # a page index (at most 9), not a result offset
-        url = self.config.brave_url + "/res/v1/web/search?" + _urllib_parse.urlencode(params)
+        url = self.config.brave_url + "/res/v1/web/search?" + _urllib_parse.urlencode(self._params(query, num, filters))
         resp = self.http(ctx, "GET", url, headers={
             "Accept": "application/json", "X-Subscription-Token": self.config.brave_api_key})
         if resp.status != 200:
@@ -8014,6 +8019,23 @@ class BraveVendor(Vendor):
         if not results:
             self.no_results()
         return results
+
+    def _params(self, query, num, f):
+        params = {"q": f.site_query(query), "count": min(num, 20)}
+        if f.lang:
+            params["search_lang"] = self._search_lang(f)
+        if f.time_range:
+            params["freshness"] = "p" + f.time_range[0]     # pd, pw, pm, py
+        if f.start_date or f.end_date:
+            params["freshness"] = "%sto%s" % (f.start_date or "1970-01-01",
+                                              f.end_date or time.strftime("%Y-%m-%d", time.gmtime()))
+        if f.country:
+            params["country"] = f.country
+        if f.safesearch:
+            params["safesearch"] = f.safesearch
+        if f.page:
+            params["offset"] = f.page - 1       # a page index (at most 9), not a result offset
+        return params
 
     def _fail(self, resp):
         try:
@@ -8040,16 +8062,20 @@ class BraveVendor(Vendor):
                                 retry_after_s=exhausted_window(resp.headers) or retry_after_of(resp.headers),
                                 upstream_code=code)
         if code == "VALIDATION" or resp.status in (400, 422):
-            fields = ["%s: %s" % (".".join(str(p) for p in e.get("loc") or [] if p != "query"), e.get("msg"))
-                      for e in meta.get("errors") or [] if isinstance(e, dict)]
-            raise UpstreamError(self.name, "http_error", "bad_parameters",
-                                detail + (" (%s)" % "; ".join(fields) if fields else ""), status=resp.status,
-                                retryable=False, upstream_code=code)
+            raise UpstreamError(self.name, "http_error", "bad_parameters", detail + self._invalid_fields(meta),
+                                status=resp.status, retryable=False, upstream_code=code)
         if resp.status == 403:
             raise UpstreamError(self.name, "blocked", "forbidden",
                                 "a firewall in front of Brave refused the request: " + body_message(resp),
                                 status=403)
         self.fail_http(resp, detail)
+
+    @staticmethod
+    def _invalid_fields(meta):
+        """`` (field: problem; ...)`` of a VALIDATION error's meta, or ``""``."""
+        fields = ["%s: %s" % (".".join(str(p) for p in e.get("loc") or [] if p != "query"), e.get("msg"))
+                  for e in meta.get("errors") or [] if isinstance(e, dict)]
+        return " (%s)" % "; ".join(fields) if fields else ""
 
 
 class SerperVendor(Vendor):
@@ -8057,36 +8083,24 @@ class SerperVendor(Vendor):
 
     name = "serper"
     NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains", "country", "page", "topic"})
+    REFUSALS = {403: ("auth_error", "invalid_key", "Serper rejected SERPER_API_KEY: {}"),
+                400: ("http_error", "bad_parameters", "{}")}
 
     KEYED = True
 
     def search(self, ctx, query, num, filters):
         f = filters
-        request = {"q": f.site_query(query), "num": 10 if num <= 10 else 20}
-        if f.lang:
-            request["hl"] = f.lang
-        if f.time_range:
-            request["tbs"] = "qdr:" + f.time_range[0]
-        if f.country:
-            request["gl"] = f.country.lower()
-        if f.page:
-            request["page"] = f.page
         vertical = "news" if f.topic else "search"      # /news answers with news[] instead of organic[]
-        resp = self.http(ctx, "POST", self.config.serper_url + "/" + vertical, body=json.dumps(request), headers={
+        resp = self.http(ctx, "POST", self.config.serper_url + "/" + vertical, body=json.dumps(
+            self._request(query, num, f)), headers={
             "Content-Type": "application/json", "Accept": "application/json",
             "X-API-KEY": self.config.serper_api_key})
         if resp.status != 200:
             message = body_message(resp)
-            if resp.status == 403:
-                raise UpstreamError(self.name, "auth_error", "invalid_key",
-                                    "Serper rejected SERPER_API_KEY: " + message, status=403, retryable=False)
             if resp.status == 400 and "credit" in message.lower():
                 raise UpstreamError(self.name, "quota_exhausted", "quota_exhausted",
                                     "Serper has no credits left: " + message, status=400, retryable=False)
-            if resp.status == 400:
-                raise UpstreamError(self.name, "http_error", "bad_parameters", message, status=400,
-                                    retryable=False)
-            self.fail_http(resp, message)
+            self.fail_status(resp, message)
         data = self.parse_json(resp)
         results = []
         for item in (data.get("news" if f.topic else "organic") or []) if isinstance(data, dict) else []:
@@ -8097,6 +8111,19 @@ class SerperVendor(Vendor):
             self.no_results()
         return results
 
+    @staticmethod
+    def _request(query, num, f):
+        request = {"q": f.site_query(query), "num": 10 if num <= 10 else 20}
+        if f.lang:
+            request["hl"] = f.lang
+        if f.time_range:
+            request["tbs"] = "qdr:" + f.time_range[0]
+        if f.country:
+            request["gl"] = f.country.lower()
+        if f.page:
+            request["page"] = f.page
+        return request
+
 
 class YepVendor(Vendor):
     """Yep's search API: Bearer key, ``{"error", "request_id"}`` bodies, X-RateLimit-* on every answer."""
@@ -8104,11 +8131,33 @@ class YepVendor(Vendor):
     name = "yep"
     NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains", "country", "safesearch",
                         "start_date"})
+    REFUSALS = {400: ("http_error", "bad_parameters", "{}"),
+                401: ("auth_error", "invalid_key", "Yep rejected YEP_API_KEY: {}"),
+                402: ("quota_exhausted", "insufficient_balance", "Yep account balance is used up: {}")}
 
     KEYED = True
 
     def search(self, ctx, query, num, filters):
-        f = filters
+        resp = self.http(ctx, "POST", self.config.yep_url + "/api/search", body=json.dumps(
+            self._request(query, num, filters)), headers={
+            "Content-Type": "application/json", "Accept": "application/json",
+            "Authorization": "Bearer " + self.config.yep_api_key})
+        if resp.status != 200:
+            self.fail_status(resp, body_message(resp))
+        data = self.parse_json(resp)
+        results = []
+        for item in (data.get("results") or []) if isinstance(data, dict) else []:
+            if isinstance(item, dict) and item.get("url"):
+                highlights = [h for h in item.get("highlights") or [] if isinstance(h, str)]
+                snippet = item.get("description") or " ".join(highlights)
+                results.append(make_result(item.get("title") or "", item["url"], snippet,
+                                           item.get("published_date")))
+        if not results:
+            self.no_results()
+        return results
+
+    @staticmethod
+    def _request(query, num, f):
         request = {"query": query, "type": "highlights", "limit": num}
         if f.lang:
             request["language"] = [f.lang]
@@ -8122,32 +8171,7 @@ class YepVendor(Vendor):
             request["location"] = f.country            # UNCONFIRMED field semantics (clients send it)
         if f.safesearch:
             request["safe_search"] = f.safesearch != "off"
-        resp = self.http(ctx, "POST", self.config.yep_url + "/api/search", body=json.dumps(request), headers={
-            "Content-Type": "application/json", "Accept": "application/json",
-            "Authorization": "Bearer " + self.config.yep_api_key})
-        if resp.status != 200:
-            message = body_message(resp)
-            if resp.status == 400:
-                raise UpstreamError(self.name, "http_error", "bad_parameters", message, status=400,
-                                    retryable=False)
-            if resp.status == 401:
-                raise UpstreamError(self.name, "auth_error", "invalid_key",
-                                    "Yep rejected YEP_API_KEY: " + message, status=401, retryable=False)
-            if resp.status == 402:
-                raise UpstreamError(self.name, "quota_exhausted", "insufficient_balance",
-                                    "Yep account balance is used up: " + message, status=402, retryable=False)
-            self.fail_http(resp, message)
-        data = self.parse_json(resp)
-        results = []
-        for item in (data.get("results") or []) if isinstance(data, dict) else []:
-            if isinstance(item, dict) and item.get("url"):
-                highlights = [h for h in item.get("highlights") or [] if isinstance(h, str)]
-                snippet = item.get("description") or " ".join(highlights)
-                results.append(make_result(item.get("title") or "", item["url"], snippet,
-                                           item.get("published_date")))
-        if not results:
-            self.no_results()
-        return results
+        return request
 
 
 class SearxngVendor(Vendor):
@@ -8155,6 +8179,9 @@ class SearxngVendor(Vendor):
 
     name = "searxng"
     NATIVE = frozenset({"lang", "time_range", "safesearch", "page", "topic"})
+    REFUSALS = {403: ("http_error", "json_disabled", "this SearXNG instance has JSON output disabled: add json to "
+                      "search.formats in its settings.yml"),
+                400: ("http_error", "bad_parameters", "{}")}
     # SearXNG's bot limiter rejects Python's default User-Agent, JSON-only Accept,
     # a missing Accept-Language and clients that cannot take gzip.
     HEADERS = {"User-Agent": "websearch-ring/%s (+MCP server)" % __version__,
@@ -8165,38 +8192,11 @@ class SearxngVendor(Vendor):
         return split_credentials(self.config.searxng_url)[1] is not None     # a user and password in SEARXNG_URL
 
     def search(self, ctx, query, num, filters):
-        f = filters
-        params = {"q": query, "format": "json", "pageno": f.page or 1}
-        if f.lang:
-            params["language"] = f.lang
-        if f.time_range:
-            params["time_range"] = f.time_range
-        if f.safesearch:
-            params["safesearch"] = {"off": 0, "moderate": 1, "strict": 2}[f.safesearch]
-        if f.topic:
-            params["categories"] = "news"
-        headers = dict(self.HEADERS)
-        if f.lang:
-            headers["Accept-Language"] = "%s,en;q=0.5" % f.lang
+        params, headers = self._request(query, filters)
         url = self.config.searxng_url + "/search?" + _urllib_parse.urlencode(params)
         resp = self.http(ctx, "GET", url, headers=headers, max_redirects=2)
-        if resp.status == 403:
-            raise UpstreamError(self.name, "http_error", "json_disabled",
-                                "this SearXNG instance has JSON output disabled: add json to search.formats "
-                                "in its settings.yml", status=403, retryable=False)
-        if resp.status == 429:
-            raise UpstreamError(self.name, "rate_limited", "rate_limited",
-                                "SearXNG's limiter refused the request: " + body_message(resp), status=429,
-                                retry_after_s=retry_after_of(resp.headers))
-        if resp.status == 400:
-            raise UpstreamError(self.name, "http_error", "bad_parameters", body_message(resp), status=400,
-                                retryable=False)
-        if resp.status == 401 and self.keyed():
-            raise UpstreamError(self.name, "auth_error", "invalid_credentials",
-                                "SearXNG refused the user and password in SEARXNG_URL: check them", status=401,
-                                retryable=False)
         if resp.status != 200:
-            self.fail_http(resp)
+            self._fail(resp)
         data = self.parse_json(resp)
         if not isinstance(data, dict):
             raise UpstreamError(self.name, "bad_response", "invalid_json", "unexpected JSON shape", status=200)
@@ -8215,6 +8215,32 @@ class SearxngVendor(Vendor):
                                     "no results; unresponsive engines: " + reasons[:300], status=200)
             self.no_results()
         return results
+
+    def _request(self, query, f):
+        params = {"q": query, "format": "json", "pageno": f.page or 1}
+        if f.lang:
+            params["language"] = f.lang
+        if f.time_range:
+            params["time_range"] = f.time_range
+        if f.safesearch:
+            params["safesearch"] = {"off": 0, "moderate": 1, "strict": 2}[f.safesearch]
+        if f.topic:
+            params["categories"] = "news"
+        headers = dict(self.HEADERS)
+        if f.lang:
+            headers["Accept-Language"] = "%s,en;q=0.5" % f.lang
+        return params, headers
+
+    def _fail(self, resp):
+        if resp.status == 429:
+            raise UpstreamError(self.name, "rate_limited", "rate_limited",
+                                "SearXNG's limiter refused the request: " + body_message(resp), status=429,
+                                retry_after_s=retry_after_of(resp.headers))
+        if resp.status == 401 and self.keyed():
+            raise UpstreamError(self.name, "auth_error", "invalid_credentials",
+                                "SearXNG refused the user and password in SEARXNG_URL: check them", status=401,
+                                retryable=False)
+        self.fail_status(resp, body_message(resp))
 
 
 VENDOR_CLASSES = {cls.name: cls for cls in (BraveVendor, SerperVendor, YepVendor, SearxngVendor,
