@@ -8827,19 +8827,21 @@ def apply_post_filters(results, filters, native, now=None):
     since = filters.since(now) if ((filters.time_range and "time_range" not in native)
                                    or (filters.start_date and "start_date" not in native)) else None
     until = filters.until() if filters.end_date and "end_date" not in native else None
-    kept = []
-    for item in results:
-        host = url_host(item["url"])
-        if filters.include and not any(host_in_domain(host, d) for d in filters.include):
-            continue
-        if any(host_in_domain(host, d) for d in filters.exclude):
-            continue
-        if since is not None or until is not None:
-            when = parse_published(item.get("published"), now)
-            if when is None or (since is not None and when < since) or (until is not None and when >= until):
-                continue
-        kept.append(item)
-    return kept
+    dated = since is not None or until is not None
+    return [item for item in results if _in_domains(url_host(item["url"]), filters)
+            and not (dated and _outside_window(parse_published(item.get("published"), now), since, until))]
+
+
+def _in_domains(host, filters):
+    """True when ``host`` is inside the include filter (if any) and outside the exclude filter."""
+    if filters.include and not any(host_in_domain(host, d) for d in filters.include):
+        return False
+    return not any(host_in_domain(host, d) for d in filters.exclude)
+
+
+def _outside_window(when, since, until):
+    """True for a result published at ``when`` (None: undated) outside ``[since, until)``."""
+    return when is None or (since is not None and when < since) or (until is not None and when >= until)
 
 
 def cap_per_domain(results, per_domain):
@@ -8918,6 +8920,17 @@ def fuse_rrf(lists, num, per_domain=None, k=RRF_K):
     return fused, total - len(merged)
 
 
+def _applied_across(filters, lists, how):
+    """``filters_applied`` of a fan-out: per active filter the one verdict of the vendors in ``lists``,
+    or ``mixed: <vendor> <verdict>, ...`` when they differ (``how``: each vendor's own)."""
+    applied = {}
+    for name in filters.active() if lists else ():
+        values = {how[v].get(name) for v in lists}
+        applied[name] = values.pop() if len(values) == 1 else "mixed: " + ", ".join(
+            "%s %s" % (v, how[v].get(name)) for v in lists)
+    return applied
+
+
 class Ring:
     """The vendors, their health, failover in order and fan-out in parallel."""
 
@@ -8937,17 +8950,8 @@ class Ring:
         """
         vendor = self.vendors[name]
         native = vendor.native_filters()
-        for wanted, (code, why) in _SKIPPED_WITHOUT.items():
-            if getattr(filters, wanted) and wanted not in native:
-                return None, attempt_record(name, "skipped", 0.0, code=code, message=why % name), {}
-        if ctx.expired():      # before admit(): a probe slot must never be taken and left
-            return None, attempt_record(name, "timeout", 0.0, code="deadline_exhausted",
-                                        message="the call's deadline passed before this vendor was tried"), {}
-        gate = self.health.admit(name)
-        if gate is not None:
-            record = attempt_record(name, "skipped_cooldown", 0.0, code="cooldown",
-                                    message="in cooldown for %.1f s more (%s)" % gate)
-            record["cooldown_remaining_s"] = round(gate[0], 1)
+        record = self._not_asked(name, native, filters, ctx)
+        if record is not None:
             return None, record, {}
         post = bool(filters.include or filters.exclude or filters.per_domain or filters.dated())
         ask = min(MAX_RESULTS, num * 2) if post else num
@@ -8958,27 +8962,8 @@ class Ring:
         except Cancelled:
             self.health.record(name, "cancelled")
             raise
-        except UpstreamError as exc:
-            if ctx.cancelled:
-                self.health.record(name, "cancelled")
-                raise Cancelled(ctx.token.reason or "cancelled") from None
-            record = attempt_record(name, exc.outcome, self._clock() - started, code=exc.code,
-                                    http_status=exc.status, message=exc.message)
-            record["retryable"] = exc.retryable
-            if exc.retry_after_s is not None:
-                record["retry_after_s"] = round(exc.retry_after_s, 1)
-            if exc.diagnostics:
-                record["diagnostics"] = exc.diagnostics
-            self.health.record(name, exc.outcome, ctx.headers, exc.retry_after_s, exc.code, exc.message)
-            return None, record, {}
-        except Exception as exc:   # a parser bug must not end the ring
-            if ctx.cancelled:
-                self.health.record(name, "cancelled")
-                raise Cancelled(ctx.token.reason or "cancelled") from None
-            self.log.unexpected("%s raised" % name, exc)
-            self.health.record(name, "bad_response", ctx.headers, None, "internal_error", str(exc))
-            return None, attempt_record(name, "bad_response", self._clock() - started, code="internal_error",
-                                        message="%s: %s" % (type(exc).__name__, exc)), {}
+        except Exception as exc:   # an UpstreamError, or a parser bug: neither may end the ring
+            return None, self._failed(name, exc, ctx, started), {}
         self.health.record(name, "success", ctx.headers)
         elapsed = self._clock() - started
         kept = apply_post_filters(results, filters, native) if post else results
@@ -8986,6 +8971,44 @@ class Ring:
             return None, attempt_record(name, "no_results", elapsed, code="filtered_out", http_status=200,
                                         message="%d results, none inside the filters" % len(results)), {}
         return kept, attempt_record(name, "success", elapsed, http_status=200), filters_how(filters, native, name)
+
+    def _not_asked(self, name, native, filters, ctx):
+        """The record of an attempt that is not made (a filter the vendor cannot serve, the deadline
+        already passed, a cooldown), or None when the vendor may be asked."""
+        for wanted, (code, why) in _SKIPPED_WITHOUT.items():
+            if getattr(filters, wanted) and wanted not in native:
+                return attempt_record(name, "skipped", 0.0, code=code, message=why % name)
+        if ctx.expired():      # before admit(): a probe slot must never be taken and left
+            return attempt_record(name, "timeout", 0.0, code="deadline_exhausted",
+                                  message="the call's deadline passed before this vendor was tried")
+        gate = self.health.admit(name)
+        if gate is None:
+            return None
+        record = attempt_record(name, "skipped_cooldown", 0.0, code="cooldown",
+                                message="in cooldown for %.1f s more (%s)" % gate)
+        record["cooldown_remaining_s"] = round(gate[0], 1)
+        return record
+
+    def _failed(self, name, exc, ctx, started):
+        """The record of a search that raised ``exc``, the vendor's health updated with it; raises
+        Cancelled instead when the call was cancelled meanwhile."""
+        if ctx.cancelled:
+            self.health.record(name, "cancelled")
+            raise Cancelled(ctx.token.reason or "cancelled") from None
+        if not isinstance(exc, UpstreamError):
+            self.log.unexpected("%s raised" % name, exc)
+            self.health.record(name, "bad_response", ctx.headers, None, "internal_error", str(exc))
+            return attempt_record(name, "bad_response", self._clock() - started, code="internal_error",
+                                  message="%s: %s" % (type(exc).__name__, exc))
+        record = attempt_record(name, exc.outcome, self._clock() - started, code=exc.code,
+                                http_status=exc.status, message=exc.message)
+        record["retryable"] = exc.retryable
+        if exc.retry_after_s is not None:
+            record["retry_after_s"] = round(exc.retry_after_s, 1)
+        if exc.diagnostics:
+            record["diagnostics"] = exc.diagnostics
+        self.health.record(name, exc.outcome, ctx.headers, exc.retry_after_s, exc.code, exc.message)
+        return record
 
     def order(self, vendor=None):
         return [vendor] if vendor else list(self.config.vendors)
@@ -9023,6 +9046,25 @@ class Ring:
         """
         order = self.order()
         started = self._clock()
+        done = self._ask_all(order, query, num, filters, ctx)
+        ctx.check()
+        attempts, lists, how = [], {}, {}
+        for name in order:
+            results, record, applied = done.get(name) or (None, attempt_record(
+                name, "timeout", self._clock() - started, code="deadline_exhausted",
+                message="no answer before the call's deadline"), {})
+            attempts.append(record)
+            if results is not None:
+                lists[name] = results
+                how[name] = applied
+        fused, removed = fuse_rrf(lists, num, filters.per_domain)
+        return {"ok": bool(fused), "vendor": None, "vendors": list(lists), "results": fused,
+                "attempts": attempts, "filters_applied": _applied_across(filters, lists, how),
+                "duplicates_removed": removed, "partial": bool(fused) and len(lists) < len(order)}
+
+    def _ask_all(self, order, query, num, filters, ctx):
+        """``{vendor: (results, record, filters_applied) or None}`` of the vendors in ``order``, each
+        asked on a thread of its own; returns at the deadline (and a grace) with what has come in."""
         done, finished = {}, [0]
         cond, emit_lock = threading.Condition(), threading.Lock()
 
@@ -9059,25 +9101,7 @@ class Ring:
                 done = dict(done)
         finally:
             ctx.token.remove(handle)
-        ctx.check()
-        attempts, lists, how = [], {}, {}
-        for name in order:
-            results, record, applied = done.get(name) or (None, attempt_record(
-                name, "timeout", self._clock() - started, code="deadline_exhausted",
-                message="no answer before the call's deadline"), {})
-            attempts.append(record)
-            if results is not None:
-                lists[name] = results
-                how[name] = applied
-        fused, removed = fuse_rrf(lists, num, filters.per_domain)
-        applied = {}
-        for name in filters.active() if lists else ():
-            values = {how[v].get(name) for v in lists}
-            applied[name] = values.pop() if len(values) == 1 else "mixed: " + ", ".join(
-                "%s %s" % (v, how[v].get(name)) for v in lists)
-        return {"ok": bool(fused), "vendor": None, "vendors": list(lists), "results": fused,
-                "attempts": attempts, "filters_applied": applied, "duplicates_removed": removed,
-                "partial": bool(fused) and len(lists) < len(order)}
+        return done
 
 
 # ---------------------------------------------------------------------------
