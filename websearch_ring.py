@@ -764,28 +764,34 @@ def parse_published(text, now=None):
     if not text or not isinstance(text, str):
         return None
     text = text.strip()
-    now = time.time() if now is None else now
-    # The forms exclude one another: at most one of them reads a given text.
-    for parse in (_iso_epoch, _named_month_epoch, _relative_epoch, _rfc2822_epoch):
-        value = parse(text, now)
-        if value is not None:
-            return value
+    iso = re.match(_ISO_DATE, text)
+    if iso:
+        return _iso_epoch(iso.groups())
+    # A month name first (Jan 14, 2024) or a day first (14 January 2024): the first character tells.
+    named = re.match(_MONTH_DAY_YEAR if text[:1].isalpha() else _DAY_MONTH_YEAR, text)
+    if named and named.group("month").lower() in _MONTHS:
+        return float(_calendar.timegm((int(named.group("year")), _MONTHS[named.group("month").lower()],
+                                       int(named.group("day")), 0, 0, 0, 0, 0, 0)))
+    relative = _RELATIVE.match(text)
+    if relative:
+        count = 1 if not relative.group(1).isdigit() else int(relative.group(1))
+        return (time.time() if now is None else now) - count * _UNIT_S[relative.group(2).lower()]
+    if "," in text and re.search(_CLOCK_TIME, text):
+        return _rfc2822_epoch(text)
     return None
 
 
-_ISO_DATE = LazyPattern(r"^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?(?:\.\d+)?)?"
-                        r"\s*(Z|[+-]\d{2}:?\d{2})?$")
-_MONTH_DAY_YEAR = LazyPattern(r"^([A-Za-z]{3})[a-z]*\.? (\d{1,2}),? (\d{4})$")
-_DAY_MONTH_YEAR = LazyPattern(r"^(\d{1,2}) ([A-Za-z]{3})[a-z]*\.?,? (\d{4})$")
-_CLOCK_TIME = LazyPattern(r"\d{1,2}:\d{2}")
+# The date forms as plain strings: re's own cache compiles each once, and on this hot path a
+# lookup there costs less than a LazyPattern's.
+_ISO_DATE = r"^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?(?:\.\d+)?)?\s*(Z|[+-]\d{2}:?\d{2})?$"
+_MONTH_DAY_YEAR = r"^(?P<month>[A-Za-z]{3})[a-z]*\.? (?P<day>\d{1,2}),? (?P<year>\d{4})$"
+_DAY_MONTH_YEAR = r"^(?P<day>\d{1,2}) (?P<month>[A-Za-z]{3})[a-z]*\.?,? (?P<year>\d{4})$"
+_CLOCK_TIME = r"\d{1,2}:\d{2}"
 
 
-def _iso_epoch(text, now):
-    """``2024-01-14``, ``2024-01-14T10:30:15.123+02:00`` and the forms between."""
-    m = _ISO_DATE.match(text)
-    if not m:
-        return None
-    y, mo, d, hh, mm, ss, tz = m.groups()
+def _iso_epoch(groups):
+    """Epoch seconds of the fields of an :data:`_ISO_DATE` match, or None for a day that does not exist."""
+    y, mo, d, hh, mm, ss, tz = groups
     try:
         value = _calendar.timegm((int(y), int(mo), int(d), int(hh or 0), int(mm or 0), int(ss or 0), 0, 0, 0))
     except (ValueError, OverflowError):
@@ -797,35 +803,8 @@ def _iso_epoch(text, now):
     return float(value)
 
 
-def _named_month_epoch(text, now):
-    """``Jan 14, 2024``, ``Sept. 3 2023`` or ``14 January 2024``."""
-    m = _MONTH_DAY_YEAR.match(text)
-    if m:
-        month, day, year = m.groups()
-    else:
-        m = _DAY_MONTH_YEAR.match(text)
-        if not m:
-            return None
-        day, month, year = m.groups()
-    month = _MONTHS.get(month.lower())
-    if month is None:
-        return None
-    return float(_calendar.timegm((int(year), month, int(day), 0, 0, 0, 0, 0, 0)))
-
-
-def _relative_epoch(text, now):
-    """``3 days ago``, ``an hour ago``: counted back from ``now``."""
-    m = _RELATIVE.match(text)
-    if not m:
-        return None
-    count = 1 if not m.group(1).isdigit() else int(m.group(1))
-    return now - count * _UNIT_S[m.group(2).lower()]
-
-
-def _rfc2822_epoch(text, now):
-    """``Sun, 14 Jan 2024 10:00:00 GMT`` (a comma and a clock time tell it from the other forms)."""
-    if "," not in text or not _CLOCK_TIME.search(text):
-        return None
+def _rfc2822_epoch(text):
+    """Epoch seconds of an RFC 2822 date (``Sun, 14 Jan 2024 10:00:00 GMT``), or None."""
     try:
         return _email_utils.parsedate_to_datetime(text).timestamp()
     except (TypeError, ValueError, IndexError):
@@ -8824,24 +8803,29 @@ def apply_post_filters(results, filters, native, now=None):
     start_date, end_date) only when the vendor has no native parameter for
     it, and then undated results go too.
     """
+    since, until = _unapplied_window(filters, native, now)
+    kept = []
+    for item in results:
+        host = url_host(item["url"])
+        if filters.include and not any(host_in_domain(host, d) for d in filters.include):
+            continue
+        if any(host_in_domain(host, d) for d in filters.exclude):
+            continue
+        if since is not None or until is not None:
+            when = parse_published(item.get("published"), now)
+            if when is None or (since is not None and when < since) or (until is not None and when >= until):
+                continue
+        kept.append(item)
+    return kept
+
+
+def _unapplied_window(filters, native, now):
+    """``(since, until)``: each end of the filters' time window that the vendor did not apply
+    natively, in epoch seconds (None: no such end, or applied)."""
     since = filters.since(now) if ((filters.time_range and "time_range" not in native)
                                    or (filters.start_date and "start_date" not in native)) else None
     until = filters.until() if filters.end_date and "end_date" not in native else None
-    dated = since is not None or until is not None
-    return [item for item in results if _in_domains(url_host(item["url"]), filters)
-            and not (dated and _outside_window(parse_published(item.get("published"), now), since, until))]
-
-
-def _in_domains(host, filters):
-    """True when ``host`` is inside the include filter (if any) and outside the exclude filter."""
-    if filters.include and not any(host_in_domain(host, d) for d in filters.include):
-        return False
-    return not any(host_in_domain(host, d) for d in filters.exclude)
-
-
-def _outside_window(when, since, until):
-    """True for a result published at ``when`` (None: undated) outside ``[since, until)``."""
-    return when is None or (since is not None and when < since) or (until is not None and when >= until)
+    return since, until
 
 
 def cap_per_domain(results, per_domain):
