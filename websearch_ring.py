@@ -5359,7 +5359,7 @@ class _Exchange(collections.namedtuple("_Exchange", "method url headers body ctx
         header instead, and the body as bytes."""
         url, parts, headers = _credentials_to_header(self.url, parts, self.headers)
         body = self.body.encode("utf-8") if isinstance(self.body, str) else self.body
-        return self._replace(url=url, headers=headers, body=body, parts=parts, key=key)
+        return _Exchange(self.method, url, headers, body, self.ctx, self.max_bytes, self.truncate, parts=parts, key=key)
 
     def target(self, absolute):
         """The request target: the whole URL for a proxy (``absolute``), else the path and query."""
@@ -5517,9 +5517,10 @@ class Transport:
         seen, trusted = set(), _origin(url)
         self._take_slot(ctx)
         try:
-            for _ in range(max_redirects + 1):
+            for hop in range(max_redirects + 1):
                 seen.add(ex.url)
-                response = self._exchange(ex, public_only or _origin(ex.url) != trusted)
+                # The first hop goes to the trusted origin by definition; a redirect may leave it.
+                response = self._exchange(ex, public_only or (hop > 0 and _origin(ex.url) != trusted))
                 location = response.headers.get("location")
                 if response.status not in _REDIRECTS or not location or max_redirects == 0:
                     break
@@ -6289,11 +6290,6 @@ class AnswerStreamParser:
         code, message = fields
         raise classify_answer_error(None, code, message, self.retryable_codes)
 
-    def _add_text(self, text):
-        self.parts.append(text)
-        if self.on_text is not None:
-            self.on_text(len(text))
-
     def _chat(self, data):
         fields = error_fields(data)
         if fields:
@@ -6313,28 +6309,37 @@ class AnswerStreamParser:
             delta = {}
         text = delta.get("content")
         if isinstance(text, str) and text:
-            self._add_text(text)
+            self.parts.append(text)
+            if self.on_text is not None:
+                self.on_text(len(text))
         for ann in delta.get("annotations") or []:
             cite = ann.get("url_citation") if isinstance(ann, dict) else None
             if isinstance(cite, dict):
                 _add_citation(self.citations, cite.get("url"), cite.get("title"))
         finish = choice.get("finish_reason")
-        if finish == "error":
-            self._fail(("error", "the stream ended with finish_reason error"))
         if finish:
+            if finish == "error":
+                self._fail(("error", "the stream ended with finish_reason error"))
             self.finish = finish
             self.done = True
 
     def _responses(self, data):
         kind = data.get("type") or ""
         response = data.get("response") if isinstance(data.get("response"), dict) else None
-        handler = self._RESPONSE_EVENTS.get(kind) if isinstance(kind, str) else None
-        if handler is not None:
-            handler(self, data, response or {})
+        if kind == "response.output_text.delta":       # nearly every event: read in place
+            text = data.get("delta")
+            if isinstance(text, str):
+                self.parts.append(text)
+                if self.on_text is not None:
+                    self.on_text(len(text))
+        else:
+            handler = self._RESPONSE_EVENTS.get(kind) if isinstance(kind, str) else None
+            if handler is not None:
+                handler(self, data, response or {})
         if response and response.get("model"):
             self.model = response["model"]
 
-    # One method per /responses event that matters: each takes the event and its response ({} if none).
+    # One method per other /responses event that matters: each takes the event and its response ({} if none).
 
     def _on_error(self, data, response):
         self._fail(error_fields(data) or ("error", "error event"))
@@ -6347,10 +6352,6 @@ class AnswerStreamParser:
         reason = (response.get("incomplete_details") or {}).get("reason") or "unknown"
         raise answer_error("bad_response", "incomplete", "the response stopped early (%s)" % reason,
                            upstream_code=reason, retryable=False)
-
-    def _on_delta(self, data, response):
-        if isinstance(data.get("delta"), str):
-            self._add_text(data["delta"])
 
     def _on_annotation(self, data, response):
         ann = data.get("annotation") or {}
@@ -6372,7 +6373,7 @@ class AnswerStreamParser:
 
     _RESPONSE_EVENTS = {
         "error": _on_error, "response.failed": _on_failed, "response.incomplete": _on_incomplete,
-        "response.output_text.delta": _on_delta, "response.output_text.annotation.added": _on_annotation,
+        "response.output_text.annotation.added": _on_annotation,
         "response.content_part.done": _on_part_done, "response.output_item.done": _on_part_done,
         "response.completed": _on_completed, "response.done": _on_completed,
     }
