@@ -391,34 +391,41 @@ class Redactor:
         string gets the full treatment.
         """
         found = set()
-        self._walk(message, None, found, collect=True)
-        return self._walk(message, None, tuple(sorted(found, key=len, reverse=True)), collect=False)
+        self._collect(message, None, found)
+        return self._masked(message, None, tuple(sorted(found, key=len, reverse=True)))
 
-    def _walk(self, value, field, found, collect):
+    def _collect(self, value, field, found):
+        """Add to ``found`` the key-shaped strings of every field that is neither document text nor a bare URL."""
+        if isinstance(value, str):
+            if field not in _DOCUMENT_FIELDS and not _is_bare_url(value) \
+                    and any(marker in value for marker in _SECRET_MARKERS):
+                found.update(m.group(0) for m in _SECRET_PATTERNS.finditer(value))
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                self._collect(item, key, found)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                self._collect(item, field, found)
+
+    def _masked(self, value, field, found):
+        """``value`` masked as :meth:`outgoing` says; ``found`` are the strings :meth:`_collect` gathered."""
         if isinstance(value, str):
             if field in _DOCUMENT_FIELDS:
-                return value if collect else self.known(value, found)
-            if value.startswith(("http://", "https://")) and not any(c.isspace() for c in value[:2048]):
-                return value if collect else mask_url_credentials(self.known(value))
-            if collect:
-                if any(marker in value for marker in _SECRET_MARKERS):
-                    found.update(m.group(0) for m in _SECRET_PATTERNS.finditer(value))
-                return value
+                return self.known(value, found)
+            if _is_bare_url(value):
+                return mask_url_credentials(self.known(value))
             return self(value)
         if isinstance(value, dict):
-            if collect:
-                for key, item in value.items():
-                    self._walk(item, key, found, True)
-                return value
-            return {self.known(key) if isinstance(key, str) else key: self._walk(item, key, found, False)
+            return {self.known(key) if isinstance(key, str) else key: self._masked(item, key, found)
                     for key, item in value.items()}
         if isinstance(value, (list, tuple)):
-            if collect:
-                for item in value:
-                    self._walk(item, field, found, True)
-                return value
-            return [self._walk(item, field, found, False) for item in value]
+            return [self._masked(item, field, found) for item in value]
         return value
+
+
+def _is_bare_url(text):
+    """True for a string that is one http(s) URL (no white space in its first 2,048 characters)."""
+    return text.startswith(("http://", "https://")) and not any(c.isspace() for c in text[:2048])
 
 
 def _mask_cut(text, secret, mask):
@@ -765,38 +772,51 @@ def parse_published(text, now=None):
     if not text or not isinstance(text, str):
         return None
     text = text.strip()
-    now = time.time() if now is None else now
-    m = re.match(r"^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?(?:\.\d+)?)?\s*(Z|[+-]\d{2}:?\d{2})?$",
-                 text)
-    if m:
-        y, mo, d, hh, mm, ss, tz = m.groups()
-        try:
-            value = _calendar.timegm((int(y), int(mo), int(d), int(hh or 0), int(mm or 0), int(ss or 0), 0, 0, 0))
-        except (ValueError, OverflowError):
-            return None
-        if tz and tz != "Z":
-            sign = 1 if tz[0] == "+" else -1
-            digits = tz[1:].replace(":", "")
-            value -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
-        return float(value)
-    m = re.match(r"^([A-Za-z]{3})[a-z]*\.? (\d{1,2}),? (\d{4})$", text) or None
-    if m and m.group(1).lower() in _MONTHS:
-        return float(_calendar.timegm((int(m.group(3)), _MONTHS[m.group(1).lower()], int(m.group(2)),
-                                       0, 0, 0, 0, 0, 0)))
-    m = re.match(r"^(\d{1,2}) ([A-Za-z]{3})[a-z]*\.?,? (\d{4})$", text)
-    if m and m.group(2).lower() in _MONTHS:
-        return float(_calendar.timegm((int(m.group(3)), _MONTHS[m.group(2).lower()], int(m.group(1)),
-                                       0, 0, 0, 0, 0, 0)))
-    m = _RELATIVE.match(text)
-    if m:
-        count = 1 if not m.group(1).isdigit() else int(m.group(1))
-        return now - count * _UNIT_S[m.group(2).lower()]
-    if "," in text and re.search(r"\d{1,2}:\d{2}", text):
-        try:
-            return _email_utils.parsedate_to_datetime(text).timestamp()
-        except (TypeError, ValueError, IndexError):
-            return None
+    iso = re.match(_ISO_DATE, text)
+    if iso:
+        return _iso_epoch(iso.groups())
+    # A month name first (Jan 14, 2024) or a day first (14 January 2024): the first character tells.
+    named = re.match(_MONTH_DAY_YEAR if text[:1].isalpha() else _DAY_MONTH_YEAR, text)
+    if named and named.group("month").lower() in _MONTHS:
+        return float(_calendar.timegm((int(named.group("year")), _MONTHS[named.group("month").lower()],
+                                       int(named.group("day")), 0, 0, 0, 0, 0, 0)))
+    relative = _RELATIVE.match(text)
+    if relative:
+        count = 1 if not relative.group(1).isdigit() else int(relative.group(1))
+        return (time.time() if now is None else now) - count * _UNIT_S[relative.group(2).lower()]
+    if "," in text and re.search(_CLOCK_TIME, text):
+        return _rfc2822_epoch(text)
     return None
+
+
+# The date forms as plain strings: re's own cache compiles each once, and on this hot path a
+# lookup there costs less than a LazyPattern's.
+_ISO_DATE = r"^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?(?:\.\d+)?)?\s*(Z|[+-]\d{2}:?\d{2})?$"
+_MONTH_DAY_YEAR = r"^(?P<month>[A-Za-z]{3})[a-z]*\.? (?P<day>\d{1,2}),? (?P<year>\d{4})$"
+_DAY_MONTH_YEAR = r"^(?P<day>\d{1,2}) (?P<month>[A-Za-z]{3})[a-z]*\.?,? (?P<year>\d{4})$"
+_CLOCK_TIME = r"\d{1,2}:\d{2}"
+
+
+def _iso_epoch(groups):
+    """Epoch seconds of the fields of an :data:`_ISO_DATE` match, or None for a day that does not exist."""
+    y, mo, d, hh, mm, ss, tz = groups
+    try:
+        value = _calendar.timegm((int(y), int(mo), int(d), int(hh or 0), int(mm or 0), int(ss or 0), 0, 0, 0))
+    except (ValueError, OverflowError):
+        return None
+    if tz and tz != "Z":
+        sign = 1 if tz[0] == "+" else -1
+        digits = tz[1:].replace(":", "")
+        value -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+    return float(value)
+
+
+def _rfc2822_epoch(text):
+    """Epoch seconds of an RFC 2822 date (``Sun, 14 Jan 2024 10:00:00 GMT``), or None."""
+    try:
+        return _email_utils.parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 class Logger:
@@ -6175,6 +6195,43 @@ _TIMEOUTS = (TimeoutError, _socket.timeout) if sys.version_info < (3, 10) else (
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
+class _Exchange(collections.namedtuple("_Exchange", "method url headers body ctx max_bytes truncate wait_s parts key",
+                                       defaults=(False, None, None, None))):
+    """One request on its way through the transport.
+
+    What is sent (``method``, ``url``, ``headers``, ``body``; a redirect changes them), the call it
+    serves (``ctx``: cancellation and the deadline), the cap on its body (``max_bytes``; with
+    ``truncate`` a longer body is cut there instead of failing) and, for a stream, the longest wait
+    for one piece of the body (``wait_s``).  On the wire (:meth:`on_wire`) it also holds its URL's
+    ``parts`` and the ``key`` of its connection: ``(scheme, host, port, checked address)``.
+    """
+
+    __slots__ = ()
+
+    def on_wire(self, parts, key):
+        """This request as one hop sends it to ``key``: a ``user:password@`` of the URL goes out as a
+        header instead, and the body as bytes."""
+        url, parts, headers = _credentials_to_header(self.url, parts, self.headers)
+        body = self.body.encode("utf-8") if isinstance(self.body, str) else self.body
+        return _Exchange(self.method, url, headers, body, self.ctx, self.max_bytes, self.truncate, parts=parts, key=key)
+
+    def target(self, absolute):
+        """The request target: the whole URL for a proxy (``absolute``), else the path and query."""
+        if absolute:
+            return self.url
+        return (self.parts.path or "/") + ("?" + self.parts.query if self.parts.query else "")
+
+    def redirected(self, status, trusted):
+        """This request sent on to its new ``url`` after a ``status`` redirect, the first URL's origin
+        being ``trusted``."""
+        headers = self.headers
+        if _origin(self.url) != trusted and headers:      # a key is for the host it was configured for
+            headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
+        if status == 303 or (status in (301, 302) and self.method == "POST"):
+            return self._replace(method="GET", headers=headers, body=None)
+        return self._replace(headers=headers)
+
+
 class Transport:
     """All upstream HTTP goes through :meth:`request`, built on ``http.client``.
 
@@ -6310,36 +6367,29 @@ class Transport:
             url = iri_to_uri(url)
         except ValueError as exc:
             raise TransportError("network_error", "bad_url", "invalid URL %r (%s)" % (url[:200], exc)) from None
-        seen = set()
-        trusted = _origin(url)
+        ex = _Exchange(method, url, headers or {}, body, ctx, max_bytes, truncate)
+        seen, trusted = set(), _origin(url)
         self._take_slot(ctx)
         try:
-            for _ in range(max_redirects + 1):
-                seen.add(url)
-                response = self._exchange(method, url, headers or {}, body, ctx, max_bytes,
-                                          public_only or _origin(url) != trusted, truncate)
+            for hop in range(max_redirects + 1):
+                seen.add(ex.url)
+                # The first hop goes to the trusted origin by definition; a redirect may leave it.
+                response = self._exchange(ex, public_only or (hop > 0 and _origin(ex.url) != trusted))
                 location = response.headers.get("location")
                 if response.status not in _REDIRECTS or not location or max_redirects == 0:
                     break
-                try:
-                    url = iri_to_uri(_urllib_parse.urljoin(url, location_url(location)))
-                except ValueError:
-                    raise TransportError("network_error", "bad_url",
-                                         "redirect to an invalid URL: %r" % location[:200]) from None
-                if url in seen:
-                    raise TransportError("bad_response", "too_many_redirects", "redirect loop at %s" % url)
-                if _origin(url) != trusted and headers:      # a key is for the host it was configured for
-                    headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
-                if response.status == 303 or (response.status in (301, 302) and method == "POST"):
-                    method, body = "GET", None
+                ex = ex._replace(url=_redirect_url(ex.url, location))
+                if ex.url in seen:
+                    raise TransportError("bad_response", "too_many_redirects", "redirect loop at %s" % ex.url)
+                ex = ex.redirected(response.status, trusted)
             else:
                 raise TransportError("bad_response", "too_many_redirects", "more than %d redirects" % max_redirects)
             response.elapsed_s = self._clock() - started
-            self._log.debug("%s %s: HTTP %d, %d bytes in %.0f ms", method, _log_url(url), response.status,
+            self._log.debug("%s %s: HTTP %d, %d bytes in %.0f ms", ex.method, _log_url(ex.url), response.status,
                             len(response.body), response.elapsed_s * 1000.0)
             return response
         except TransportError as exc:
-            self._log.debug("%s %s: %s/%s after %.0f ms: %s", method, _log_url(url), exc.outcome, exc.code,
+            self._log.debug("%s %s: %s/%s after %.0f ms: %s", ex.method, _log_url(ex.url), exc.outcome, exc.code,
                             (self._clock() - started) * 1000.0, exc.message)
             raise
         finally:
@@ -6373,53 +6423,44 @@ class Transport:
                 return
         conn.close()
 
-    def _exchange(self, method, url, headers, body, ctx, max_bytes, public_only, truncate):
-        try:
-            parts = _urllib_parse.urlsplit(url)
-            host = parts.hostname
-            port = parts.port
-        except ValueError:
-            raise TransportError("network_error", "bad_url", "invalid URL %r" % url) from None
-        if parts.scheme not in ("http", "https") or not host:
-            raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
-        port = port or (443 if parts.scheme == "https" else 80)
-        address = None
-        if public_only:
-            if parts.username is not None or parts.password is not None:
-                raise TransportError("network_error", "bad_url",
-                                     "URLs with credentials are refused: %s" % url.split("@")[-1])
-            address = self._public_address(host, port, self._proxy_for(parts.scheme, host) is not None)
-        url, parts, headers = _credentials_to_header(url, parts, headers)
-        if isinstance(body, str):
-            body = body.encode("utf-8")
-        key = (parts.scheme, host, port, address)
+    def _exchange(self, ex, public_only):
+        """One hop of ``ex``, on a kept-alive connection when one is idle; ``public_only`` refuses
+        credentials in the URL and a host without a public address."""
+        parts, host, port = _http_target(ex.url)
+        address = self._checked_address(ex.url, parts, host, port) if public_only else None
+        ex = ex.on_wire(parts, (parts.scheme, host, port, address))
+        ctx = ex.ctx
         # A kept-alive connection may have been closed by the server meanwhile:
         # such a failure before any answer is retried once on a new connection.
         for attempt in (0, 1):
             ctx.check()
             if ctx.expired():
                 raise TransportError("timeout", "timeout", "deadline passed before connecting")
-            conn = self._take(key) if attempt == 0 else None
-            reused = conn is not None
-            absolute = False
+            conn = self._take(ex.key) if attempt == 0 else None
+            reused, absolute = conn is not None, False
             if conn is None:
                 conn, absolute = self._connect(parts.scheme, host, port, max(0.05, ctx.remaining()), address)
             try:
-                return self._send(conn, reused, absolute, key, method, url, parts, headers, body,
-                                  ctx, max_bytes, truncate)
+                return self._send(ex, conn, reused, absolute)
             except _StaleConnection:
                 continue
         raise TransportError("network_error", "connection_error", "the connection was closed before an answer")
 
-    def _send(self, conn, reused, absolute, key, method, url, parts, headers, body, ctx, max_bytes, truncate):
-        target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
-        hdrs = {"Accept-Encoding": "gzip, deflate"}
-        hdrs.update(headers)
+    def _checked_address(self, url, parts, host, port):
+        """The checked public address of ``host`` to connect to; a URL with credentials is refused."""
+        if parts.username is not None or parts.password is not None:
+            raise TransportError("network_error", "bad_url",
+                                 "URLs with credentials are refused: %s" % url.split("@")[-1])
+        return self._public_address(host, port, self._proxy_for(parts.scheme, host) is not None)
+
+    def _send(self, ex, conn, reused, absolute):
+        """Send ``ex`` on ``conn`` and read the whole answer; raises :class:`_StaleConnection` when a
+        ``reused`` connection turns out to have been closed before it answered."""
+        ctx, handle, answered, keep = ex.ctx, None, False, False
+        headers = {"Accept-Encoding": "gzip, deflate"}
+        headers.update(ex.headers)
         if absolute:
-            hdrs.update(conn._proxy_headers)
-        handle = None
-        keep = False
-        answered = False
+            headers.update(conn._proxy_headers)
         try:
             if conn.sock is None:
                 _open_connection(conn)
@@ -6428,66 +6469,24 @@ class Transport:
             ctx.check()
             sock.settimeout(max(0.05, ctx.remaining()))
             self.requests_sent += 1
-            conn.request(method, target, body=body, headers=hdrs)
+            conn.request(ex.method, ex.target(absolute), body=ex.body, headers=headers)
             resp = conn.getresponse()
             answered = True
-            length = resp.getheader("content-length")
-            if length and length.isdigit() and int(length) > max_bytes and not truncate:
-                raise TransportError("bad_response", "body_too_large",
-                                     "body of %s bytes is over the %d byte cap" % (length, max_bytes))
-            chunks, total = [], 0
-            while True:
-                remaining = ctx.remaining()
-                if remaining <= 0:
-                    raise TransportError("timeout", "timeout", "timed out reading the body")
-                chunk = _read_piece(resp, sock, remaining)
-                if not chunk:
-                    ctx.check()    # a cancel shuts the socket: what looks like the end is not
-                    if resp.length:   # read1() ends quietly when the peer closes before Content-Length
-                        raise TransportError("bad_response", "truncated_body",
-                                             "connection closed with %d of the body's bytes "
-                                             "missing" % resp.length)
-                    break
-                total += len(chunk)
-                if total > max_bytes:
-                    if not truncate:
-                        raise TransportError("bad_response", "body_too_large", "body over the %d byte cap" % max_bytes)
-                    chunks.append(chunk[:max_bytes - (total - len(chunk))])
-                    break
-                chunks.append(chunk)
-            raw = b"".join(chunks)
-            headers_out = {}
-            for k, v in resp.getheaders():
-                k = k.lower()
-                headers_out[k] = headers_out[k] + ", " + v if k in headers_out else v
+            raw, whole = _read_body(resp, sock, ex)
+            headers = _merged_headers(resp)
             resp.close()    # a body read to its length leaves the response open; reuse needs it closed
-            keep = total <= max_bytes and not resp.will_close and not absolute \
-                and getattr(conn, "_tunnel_host", None) is None
-            encoding = headers_out.get("content-encoding", "").lower()
-            if encoding in ("gzip", "deflate", "x-gzip"):
-                raw = _decompress(raw, max_bytes, truncate)
-            return Response(resp.status, resp.reason, headers_out, raw, url, 0.0)
+            keep = whole and not resp.will_close and not absolute and getattr(conn, "_tunnel_host", None) is None
+            if headers.get("content-encoding", "").lower() in ("gzip", "deflate", "x-gzip"):
+                raw = _decompress(raw, ex.max_bytes, ex.truncate)
+            return Response(resp.status, resp.reason, headers, raw, ex.url, 0.0)
         except (TransportError, Cancelled):
             raise
-        except _http_client.IncompleteRead as exc:
-            ctx.check()
-            raise TransportError("bad_response", "truncated_body",
-                                 "connection closed after %d bytes of the body" % len(exc.partial)) from None
-        except _TIMEOUTS:
-            ctx.check()
-            raise TransportError("timeout", "timeout", "timed out waiting for the upstream") from None
         except (OSError, _http_client.HTTPException) as exc:
-            ctx.check()
-            if reused and not answered and isinstance(exc, (ConnectionError, _http_client.RemoteDisconnected,
-                                                            _http_client.BadStatusLine)):
-                raise _StaleConnection() from None
-            if ctx.expired():
-                raise TransportError("timeout", "timeout", "timed out") from None
-            raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
+            raise _send_failure(exc, ctx, reused and not answered) from None
         finally:
             ctx.token.remove(handle)
             if keep:
-                self._give(key, conn)
+                self._give(ex.key, conn)
             else:
                 conn.close()
 
@@ -6507,52 +6506,47 @@ class Transport:
             raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         url, parts, headers = _credentials_to_header(url, parts, headers or {})
+        ex = _Exchange(method, url, dict(headers), body, ctx, max_bytes, wait_s=timeout_s, parts=parts)
         self._take_slot(ctx)
         conn = handle = None
         try:
             wait_s = max(0.05, min(timeout_s, ctx.remaining()))
             conn, absolute = self._connect(parts.scheme, parts.hostname, port, wait_s)
-            target = url if absolute else (parts.path or "/") + ("?" + parts.query if parts.query else "")
-            hdrs = dict(headers or {})
             if absolute:
-                hdrs.update(conn._proxy_headers)
+                ex.headers.update(conn._proxy_headers)
             _open_connection(conn)
             sock = conn.sock
             handle = ctx.token.add_callback(lambda: _shutdown(sock))
             ctx.check()
             sock.settimeout(wait_s)
             self.requests_sent += 1
-            conn.request(method, target, body=body.encode("utf-8") if isinstance(body, str) else body, headers=hdrs)
-            resp = conn.getresponse()
-            return HttpStream(self, conn, resp, sock, ctx, handle, timeout_s, max_bytes, url)
+            conn.request(method, ex.target(absolute), body=body.encode("utf-8") if isinstance(body, str) else body,
+                         headers=ex.headers)
+            return HttpStream(self, ex, conn, sock, conn.getresponse(), handle)
         except BaseException as exc:
             ctx.token.remove(handle)
             if conn is not None:
                 conn.close()
             self.slots.release()
-            if isinstance(exc, (TransportError, Cancelled)):
+            failure = _open_failure(exc, ctx)
+            if failure is None:
                 raise
-            ctx.check()
-            if isinstance(exc, _TIMEOUTS) or ctx.expired():
-                raise TransportError("timeout", "timeout", "timed out waiting for the upstream") from None
-            if isinstance(exc, (OSError, _http_client.HTTPException)):
-                raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
-            raise
+            raise failure from None
 
 
 class HttpStream:
     """An HTTP response being read piece by piece; lines come out of :meth:`lines`."""
 
-    def __init__(self, transport, conn, resp, sock, ctx, handle, timeout_s, max_bytes, url):
+    def __init__(self, transport, ex, conn, sock, resp, handle):
         self._transport = transport
         self._conn = conn
         self._resp = resp
         self._sock = sock
-        self._ctx = ctx
+        self._ctx = ex.ctx
         self._handle = handle
-        self._timeout_s = timeout_s
-        self._max_bytes = max_bytes
-        self.url = url
+        self._timeout_s = ex.wait_s
+        self._max_bytes = ex.max_bytes
+        self.url = ex.url
         self.status = resp.status
         self.headers = {k.lower(): v for k, v in resp.getheaders()}
         self.received = 0
@@ -6668,6 +6662,27 @@ def _log_url(url):
     return base[:300] + ("?(%d parameters)" % (query.count("&") + 1) if query else "")
 
 
+def _http_target(url):
+    """``(urlsplit parts, host, port)`` of an http(s) URL; raises TransportError for anything else."""
+    try:
+        parts = _urllib_parse.urlsplit(url)
+        host = parts.hostname
+        port = parts.port
+    except ValueError:
+        raise TransportError("network_error", "bad_url", "invalid URL %r" % url) from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
+    return parts, host, port or (443 if parts.scheme == "https" else 80)
+
+
+def _redirect_url(url, location):
+    """Where a redirect from ``url`` with this ``Location`` goes; raises TransportError for an invalid one."""
+    try:
+        return iri_to_uri(_urllib_parse.urljoin(url, location_url(location)))
+    except ValueError:
+        raise TransportError("network_error", "bad_url", "redirect to an invalid URL: %r" % location[:200]) from None
+
+
 def _origin(url):
     """``(scheme, host, port)`` of ``url``, or None when it cannot be parsed."""
     try:
@@ -6769,6 +6784,77 @@ def _read_piece(resp, sock, wait_s):
         return b""
     sock.settimeout(wait_s)
     return resp.read1(65536)
+
+
+def _read_body(resp, sock, ex):
+    """``(body, whole)``: the body of ``resp`` within the cap and the deadline of ``ex``; ``whole``
+    is False when ``ex.truncate`` cut it at the cap."""
+    ctx, cap = ex.ctx, ex.max_bytes
+    length = resp.getheader("content-length")
+    if length and length.isdigit() and int(length) > cap and not ex.truncate:
+        raise TransportError("bad_response", "body_too_large",
+                             "body of %s bytes is over the %d byte cap" % (length, cap))
+    chunks, total = [], 0
+    while True:
+        remaining = ctx.remaining()
+        if remaining <= 0:
+            raise TransportError("timeout", "timeout", "timed out reading the body")
+        chunk = _read_piece(resp, sock, remaining)
+        if not chunk:
+            ctx.check()    # a cancel shuts the socket: what looks like the end is not
+            if resp.length:   # read1() ends quietly when the peer closes before Content-Length
+                raise TransportError("bad_response", "truncated_body",
+                                     "connection closed with %d of the body's bytes missing" % resp.length)
+            return b"".join(chunks), True
+        total += len(chunk)
+        if total > cap:
+            if not ex.truncate:
+                raise TransportError("bad_response", "body_too_large", "body over the %d byte cap" % cap)
+            chunks.append(chunk[:cap - (total - len(chunk))])
+            return b"".join(chunks), False
+        chunks.append(chunk)
+
+
+def _merged_headers(resp):
+    """The headers of ``resp``, names in lower case, a repeated header's values joined by ``", "``."""
+    headers = {}
+    for name, value in resp.getheaders():
+        name = name.lower()
+        headers[name] = headers[name] + ", " + value if name in headers else value
+    return headers
+
+
+def _send_failure(exc, ctx, maybe_stale):
+    """The error to raise for ``exc``, an OS or HTTP failure while a request was sent or its answer read.
+
+    ``maybe_stale``: a kept-alive connection that has not answered yet, so a closed connection is a
+    :class:`_StaleConnection`, to be tried again on a new one.
+    """
+    ctx.check()
+    if isinstance(exc, _http_client.IncompleteRead):
+        return TransportError("bad_response", "truncated_body",
+                              "connection closed after %d bytes of the body" % len(exc.partial))
+    if isinstance(exc, _TIMEOUTS):
+        return TransportError("timeout", "timeout", "timed out waiting for the upstream")
+    if maybe_stale and isinstance(exc, (ConnectionError, _http_client.RemoteDisconnected,
+                                        _http_client.BadStatusLine)):
+        return _StaleConnection()
+    if ctx.expired():
+        return TransportError("timeout", "timeout", "timed out")
+    return TransportError("network_error", "connection_error", _describe_os_error(exc))
+
+
+def _open_failure(exc, ctx):
+    """The TransportError for ``exc``, raised while a stream was being opened, or None when ``exc``
+    itself goes on (our own errors, and what is neither a timeout nor an OS or HTTP error)."""
+    if isinstance(exc, (TransportError, Cancelled)):
+        return None
+    ctx.check()
+    if isinstance(exc, _TIMEOUTS) or ctx.expired():
+        return TransportError("timeout", "timeout", "timed out waiting for the upstream")
+    if isinstance(exc, (OSError, _http_client.HTTPException)):
+        return TransportError("network_error", "connection_error", _describe_os_error(exc))
+    return None
 
 
 def _shutdown(sock):
@@ -6945,20 +7031,23 @@ def _code_key(text):
     return re.sub(r"[\s-]+", "_", str(text).strip().lower())
 
 
+# Refusals that the error's code and message give away, or its status, in this order; none of them
+# is worth a retry: (pattern, statuses, outcome, code, the start of the message).
+_ANSWER_REFUSALS = (
+    (_INVALID_KEY, (401,), "auth_error", "invalid_key", "the answer endpoint rejected GROK_API_KEY: "),
+    (_CREDITS, (402,), "quota_exhausted", "no_credits", "the answer account has no credits left: "),
+    (_DEAD_ACCOUNT, (), "auth_error", "account_unusable", "the relay's upstream account is unusable: "),
+    (_UNKNOWN_MODEL, (404,), "http_error", "unknown_model", "unknown model: "),
+)
+
+
 def classify_answer_error(status, code, message, retryable_codes, retry_after_s=None):
     """The :class:`UpstreamError` of an answer endpoint's HTTP status (None inside a 200) and error code and message."""
     text = "%s %s" % (code or "", message or "")
     kw = {"status": status, "upstream_code": code, "retryable": False}
-    if _INVALID_KEY.search(text) or status == 401:
-        return answer_error("auth_error", "invalid_key", "the answer endpoint rejected GROK_API_KEY: " + message, **kw)
-    if _CREDITS.search(text) or status == 402:
-        return answer_error("quota_exhausted", "no_credits", "the answer account has no credits left: " + message,
-                            **kw)
-    if _DEAD_ACCOUNT.search(text):
-        return answer_error("auth_error", "account_unusable", "the relay's upstream account is unusable: " + message,
-                            **kw)
-    if _UNKNOWN_MODEL.search(text) or status == 404:
-        return answer_error("http_error", "unknown_model", "unknown model: " + message, **kw)
+    for pattern, statuses, outcome, reason, prefix in _ANSWER_REFUSALS:
+        if pattern.search(text) or status in statuses:
+            return answer_error(outcome, reason, prefix + message, **kw)
     if status == 403 or (status is None and code and "permission" in code.lower()):
         return answer_error("auth_error", "forbidden", "no permission: " + message, **kw)
     if status in (400, 405, 410, 413, 415, 422):
@@ -6968,11 +7057,16 @@ def classify_answer_error(status, code, message, retryable_codes, retry_after_s=
         return answer_error("rate_limited", "rate_limited", message, **kw)
     if status == 408 or (status is not None and status >= 500):
         return answer_error("http_error", "server_error", message, **kw)
-    wanted = {_code_key(c) for c in retryable_codes}
-    said = _code_key(message)
-    if not (_code_key(code or "") in wanted or any(c in said for c in wanted if len(c) > 6)):
+    if not _names_retryable_code(code, message, retryable_codes):
         kw.update(retryable=False, retry_after_s=None)
     return answer_error("http_error", "upstream_error", message, **kw)
+
+
+def _names_retryable_code(code, message, retryable_codes):
+    """True when ``code`` is one of ``retryable_codes``, or the message spells out one of more than six characters."""
+    wanted = {_code_key(c) for c in retryable_codes}
+    said = _code_key(message)
+    return _code_key(code or "") in wanted or any(c in said for c in wanted if len(c) > 6)
 
 
 class AnswerResult:
@@ -7060,61 +7154,83 @@ class AnswerStreamParser:
             _add_citation(self.citations, url)
         choices = data.get("choices")
         for choice in choices if isinstance(choices, list) else []:
-            if not isinstance(choice, dict):
-                continue
-            delta = choice.get("delta") or choice.get("message") or {}
-            if not isinstance(delta, dict):      # a relay's malformed chunk: no text in it
-                delta = {}
-            text = delta.get("content")
-            if isinstance(text, str) and text:
-                self.parts.append(text)
-                if self.on_text is not None:
-                    self.on_text(len(text))
-            for ann in delta.get("annotations") or []:
-                cite = ann.get("url_citation") if isinstance(ann, dict) else None
-                if isinstance(cite, dict):
-                    _add_citation(self.citations, cite.get("url"), cite.get("title"))
-            finish = choice.get("finish_reason")
+            if isinstance(choice, dict):
+                self._chat_choice(choice)
+
+    def _chat_choice(self, choice):
+        delta = choice.get("delta") or choice.get("message") or {}
+        if not isinstance(delta, dict):      # a relay's malformed chunk: no text in it
+            delta = {}
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            self.parts.append(text)
+            if self.on_text is not None:
+                self.on_text(len(text))
+        for ann in delta.get("annotations") or []:
+            cite = ann.get("url_citation") if isinstance(ann, dict) else None
+            if isinstance(cite, dict):
+                _add_citation(self.citations, cite.get("url"), cite.get("title"))
+        finish = choice.get("finish_reason")
+        if finish:
             if finish == "error":
                 self._fail(("error", "the stream ended with finish_reason error"))
-            if finish:
-                self.finish = finish
-                self.done = True
+            self.finish = finish
+            self.done = True
 
     def _responses(self, data):
         kind = data.get("type") or ""
-        if kind == "error":
-            self._fail(error_fields(data) or ("error", "error event"))
         response = data.get("response") if isinstance(data.get("response"), dict) else None
-        if kind == "response.failed":
-            err = (response or {}).get("error") or {}
-            self._fail((str(err.get("code") or "failed"), str(err.get("message") or "the response failed")))
-        if kind == "response.incomplete":
-            reason = ((response or {}).get("incomplete_details") or {}).get("reason") or "unknown"
-            raise answer_error("bad_response", "incomplete", "the response stopped early (%s)" % reason,
-                               upstream_code=reason, retryable=False)
-        if kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
-            self.parts.append(data["delta"])
-            if self.on_text is not None:
-                self.on_text(len(data["delta"]))
-        elif kind == "response.output_text.annotation.added":
-            ann = data.get("annotation") or {}
-            _add_citation(self.citations, ann.get("url"), ann.get("title"))
-        elif kind in ("response.content_part.done", "response.output_item.done"):
-            self._collect(data.get("part") or data.get("item") or {})
-        elif kind in ("response.completed", "response.done"):
-            response = response or {}
-            self.model = response.get("model") or self.model
-            texts = []
-            for item in response.get("output") or []:
-                texts.extend(self._collect(item))
-            for url in response.get("citations") or []:
-                _add_citation(self.citations, url)
-            self.completed_text = "".join(texts)
-            self.finish = response.get("status") or "completed"
-            self.done = True
+        if kind == "response.output_text.delta":       # nearly every event: read in place
+            text = data.get("delta")
+            if isinstance(text, str):
+                self.parts.append(text)
+                if self.on_text is not None:
+                    self.on_text(len(text))
+        else:
+            handler = self._RESPONSE_EVENTS.get(kind) if isinstance(kind, str) else None
+            if handler is not None:
+                handler(self, data, response or {})
         if response and response.get("model"):
             self.model = response["model"]
+
+    # One method per other /responses event that matters: each takes the event and its response ({} if none).
+
+    def _on_error(self, data, response):
+        self._fail(error_fields(data) or ("error", "error event"))
+
+    def _on_failed(self, data, response):
+        err = response.get("error") or {}
+        self._fail((str(err.get("code") or "failed"), str(err.get("message") or "the response failed")))
+
+    def _on_incomplete(self, data, response):
+        reason = (response.get("incomplete_details") or {}).get("reason") or "unknown"
+        raise answer_error("bad_response", "incomplete", "the response stopped early (%s)" % reason,
+                           upstream_code=reason, retryable=False)
+
+    def _on_annotation(self, data, response):
+        ann = data.get("annotation") or {}
+        _add_citation(self.citations, ann.get("url"), ann.get("title"))
+
+    def _on_part_done(self, data, response):
+        self._collect(data.get("part") or data.get("item") or {})
+
+    def _on_completed(self, data, response):
+        self.model = response.get("model") or self.model
+        texts = []
+        for item in response.get("output") or []:
+            texts.extend(self._collect(item))
+        for url in response.get("citations") or []:
+            _add_citation(self.citations, url)
+        self.completed_text = "".join(texts)
+        self.finish = response.get("status") or "completed"
+        self.done = True
+
+    _RESPONSE_EVENTS = {
+        "error": _on_error, "response.failed": _on_failed, "response.incomplete": _on_incomplete,
+        "response.output_text.annotation.added": _on_annotation,
+        "response.content_part.done": _on_part_done, "response.output_item.done": _on_part_done,
+        "response.completed": _on_completed, "response.done": _on_completed,
+    }
 
     def _collect(self, node):
         """Citations of a message item or content part; returns its output texts."""
@@ -7350,34 +7466,10 @@ class KeyPool:
                     if token is not None and token.cancelled:
                         raise Cancelled(token.reason or "cancelled")
                     now = self._clock()
-                    self._refresh_locked(now)
-                    allowed, probe = self.breaker.allow_locked()
-                    if not allowed:
-                        wait = max(0.0, self.breaker.until - now)
-                        raise KeysUnavailable(
-                            "%s circuit breaker is %s after repeated %s failures of distinct keys; "
-                            "retry in %.0f s" % (self.service, self.breaker.state.value, self.breaker.kind, wait),
-                            self.describe_locked(now), wait or None, code="%s_service_unavailable" % self.service)
-                    healthy = [k for k in self.keys if k.state is KeyState.HEALTHY]
-                    idle = [k for k in healthy if k.busy < self.per_key]
-                    if idle:
-                        key = min(idle, key=lambda k: (k.last_used, k.uses))
-                        key.busy += 1
-                        key.uses += 1
-                        key.last_used = now
-                        return key, probe
-                    if probe:
-                        self.breaker.release_probe_locked()
-                    if healthy:
-                        wake_at = None          # busy: wait for a release
-                    else:
-                        cooling = [k.until for k in self.keys if k.state is not KeyState.INVALID]
-                        wake_at = min(cooling) if cooling else None
-                        if wake_at is None or (deadline is not None and wake_at > deadline.at):
-                            raise KeysUnavailable(
-                                "every %s key is unusable%s" % (self.service, "" if wake_at is None else
-                                                                " until after this call's deadline"),
-                                self.describe_locked(now), None if wake_at is None else wake_at - now)
+                    lease = self._lease_locked(now)
+                    if lease is not None:
+                        return lease
+                    wake_at = self._wake_at_locked(now, deadline)
                     if deadline is not None and deadline.expired():
                         raise DeadlineExceeded("waited for a free %s key until the deadline" % self.service)
                     limits = [t for t in (wake_at - now if wake_at else None,
@@ -7386,6 +7478,43 @@ class KeyPool:
         finally:
             if token is not None:
                 token.remove(handle)
+
+    def _lease_locked(self, now):
+        """``(key, probe)``: the healthy idle key used least recently, now busy with one more request;
+        None when no key is idle.  Raises KeysUnavailable while the breaker refuses."""
+        self._refresh_locked(now)
+        allowed, probe = self.breaker.allow_locked()
+        if not allowed:
+            wait = max(0.0, self.breaker.until - now)
+            raise KeysUnavailable(
+                "%s circuit breaker is %s after repeated %s failures of distinct keys; "
+                "retry in %.0f s" % (self.service, self.breaker.state.value, self.breaker.kind, wait),
+                self.describe_locked(now), wait or None, code="%s_service_unavailable" % self.service)
+        idle = [k for k in self.keys if k.state is KeyState.HEALTHY and k.busy < self.per_key]
+        if not idle:
+            if probe:
+                self.breaker.release_probe_locked()
+            return None
+        key = min(idle, key=lambda k: (k.last_used, k.uses))
+        key.busy += 1
+        key.uses += 1
+        key.last_used = now
+        return key, probe
+
+    def _wake_at_locked(self, now, deadline):
+        """When to look again while no key is idle: None while a healthy key is only busy (its
+        release wakes us), else the end of the earliest cooldown.  Raises KeysUnavailable when no
+        key will serve before the deadline."""
+        if any(k.state is KeyState.HEALTHY for k in self.keys):
+            return None
+        cooling = [k.until for k in self.keys if k.state is not KeyState.INVALID]
+        wake_at = min(cooling) if cooling else None
+        if wake_at is None or (deadline is not None and wake_at > deadline.at):
+            raise KeysUnavailable(
+                "every %s key is unusable%s" % (self.service, "" if wake_at is None else
+                                                " until after this call's deadline"),
+                self.describe_locked(now), None if wake_at is None else wake_at - now)
+        return wake_at
 
     def release(self, key, probe, outcome, retry_after_s=None, message=None):
         """Record how a request with ``key`` ended: ``success``, ``cancelled``, ``no_results``
@@ -7497,32 +7626,20 @@ class HealthBoard:
 
     def record(self, name, outcome, headers=None, retry_after_s=None, code=None, message=None):
         """Update ``name`` after an attempt that ended with ``outcome``."""
-        headers = headers or {}
-        cooldown, long = None, False
         with self._lock:
             h = self._vendors[name]
-            was = h.state
-            h.probing = False
+            was, h.probing = h.state, False
             if outcome == "cancelled":
-                if h.state is Health.HALF_OPEN:
+                if was is Health.HALF_OPEN:
                     h.state = Health.COOLDOWN       # expired: the next caller probes again
                 return
-            if outcome in ("auth_error", "quota_exhausted"):
-                cooldown, long = self.config.auth_cooldown_s, True
-                if retry_after_s is not None:
-                    cooldown = max(retry_after_s, 1.0)
-            elif outcome == "rate_limited":
-                # Retry-After: 0 still means "not now": rest at least a second.
-                cooldown = max(retry_after_s, 1.0) if retry_after_s is not None else self.config.cooldown_s
-            elif outcome == "blocked":
-                cooldown = self.config.cooldown_s       # a captcha does not go away in seconds
-            elif outcome in self.NEUTRAL or code in ("bad_parameters", "bad_request"):
+            cooldown, long = self._rest_s(outcome, retry_after_s)
+            if cooldown is None and (outcome in self.NEUTRAL or code in ("bad_parameters", "bad_request")):
                 h.failures = 0
-                if outcome == "success":
-                    window = exhausted_window(headers)
-                    if window:
-                        cooldown, message = window, "no requests left in the rate-limit window"
-            else:
+                window = exhausted_window(headers or {}) if outcome == "success" else None
+                if window:
+                    cooldown, message = window, "no requests left in the rate-limit window"
+            elif cooldown is None:
                 h.failures += 1
                 if h.failures >= self.config.failure_threshold or was is Health.HALF_OPEN:
                     cooldown = self.config.cooldown_s
@@ -7537,6 +7654,18 @@ class HealthBoard:
             h.failures = 0
         self.log.warning("%s in cooldown for %.0f s (%s)%s", name, cooldown, h.reason,
                          "; check its key or plan" if long else "")
+
+    def _rest_s(self, outcome, retry_after_s):
+        """``(seconds, long)`` of the cooldown that ``outcome`` itself calls for; ``(None, False)``
+        for the others (a neutral outcome, or a failure that counts towards the threshold)."""
+        if outcome in ("auth_error", "quota_exhausted"):
+            return (self.config.auth_cooldown_s if retry_after_s is None else max(retry_after_s, 1.0)), True
+        if outcome == "rate_limited":
+            # Retry-After: 0 still means "not now": rest at least a second.
+            return (self.config.cooldown_s if retry_after_s is None else max(retry_after_s, 1.0)), False
+        if outcome == "blocked":
+            return self.config.cooldown_s, False       # a captcha does not go away in seconds
+        return None, False
 
     def snapshot(self, names):
         """Health of ``names`` for structured output."""
@@ -7997,6 +8126,19 @@ class Vendor:
                                 "response is not JSON: " + body_message(response, 120),
                                 status=response.status) from None
 
+    # Statuses the vendor documents, ``status: (outcome, code, message)`` (``{}`` in the message: the
+    # body's own); each ends the request for good, any other goes through fail_http.
+    REFUSALS = {}
+
+    def fail_status(self, response, message):
+        """Raise the attempt error for a non-success ``response`` whose body says ``message``."""
+        refusal = self.REFUSALS.get(response.status)
+        if refusal is not None:
+            outcome, code, text = refusal
+            raise UpstreamError(self.name, outcome, code, text.format(message), status=response.status,
+                                retryable=False)
+        self.fail_http(response, message)
+
 
 class ExaVendor(Vendor):
     """Exa: keyless through the hosted MCP endpoint, or REST ``/search`` with ``EXA_API_KEY``."""
@@ -8018,8 +8160,21 @@ class ExaVendor(Vendor):
         return self._search_mcp(ctx, query, num, filters)
 
     def _search_rest(self, ctx, query, num, filters):
+        resp = self.http(ctx, "POST", self.config.exa_url + "/search", body=json.dumps(
+            self._rest_request(query, num, filters)), headers={
+            "Content-Type": "application/json", "Accept": "application/json",
+            "x-api-key": self.config.exa_api_key})
+        if resp.status != 200:
+            self._fail_rest(resp)
+        results = [self._rest_result(item) for item in self.parse_json(resp).get("results") or []
+                   if isinstance(item, dict) and item.get("url")]
+        if not results:
+            self.no_results()
+        return results
+
+    @staticmethod
+    def _rest_request(query, num, f):
         request = {"query": query, "numResults": num, "type": "auto", "contents": {"highlights": True}}
-        f = filters
         if f.include:
             request["includeDomains"] = list(f.include)
         if f.exclude:
@@ -8032,39 +8187,31 @@ class ExaVendor(Vendor):
             request["userLocation"] = f.country
         if f.topic:
             request["category"] = "news"
-        body = json.dumps(request)
-        resp = self.http(ctx, "POST", self.config.exa_url + "/search", body=body, headers={
-            "Content-Type": "application/json", "Accept": "application/json",
-            "x-api-key": self.config.exa_api_key})
-        if resp.status != 200:
+        return request
+
+    def _fail_rest(self, resp):
+        """Raise the attempt error of a REST answer other than 200 (the body's ``tag`` names a spent budget)."""
+        try:
+            data = resp.json()
+        except ValueError:
             data = None
-            try:
-                data = resp.json()
-            except ValueError:
-                pass
-            tag = data.get("tag") if isinstance(data, dict) else None
-            if tag in ("NO_MORE_CREDITS", "API_KEY_BUDGET_EXCEEDED", "TEAM_BUDGET_EXCEEDED"):
-                raise UpstreamError(self.name, "quota_exhausted", "quota_exhausted", body_message(resp),
-                                    status=resp.status, retryable=False, upstream_code=tag)
-            try:
-                self.fail_http(resp)
-            except UpstreamError as exc:
-                exc.upstream_code = tag
-                raise
-        data = self.parse_json(resp)
-        results = []
-        for item in data.get("results") or []:
-            if not isinstance(item, dict) or not item.get("url"):
-                continue
-            highlights = item.get("highlights") or []
-            snippet = " ".join(h for h in highlights if isinstance(h, str)) or item.get("summary") \
-                or (item.get("text") or "")[:500]
-            score = item.get("score") if isinstance(item.get("score"), (int, float)) else None
-            results.append(make_result(item.get("title") or "", item["url"], snippet,
-                                       item.get("publishedDate"), score))
-        if not results:
-            self.no_results()
-        return results
+        tag = data.get("tag") if isinstance(data, dict) else None
+        if tag in ("NO_MORE_CREDITS", "API_KEY_BUDGET_EXCEEDED", "TEAM_BUDGET_EXCEEDED"):
+            raise UpstreamError(self.name, "quota_exhausted", "quota_exhausted", body_message(resp),
+                                status=resp.status, retryable=False, upstream_code=tag)
+        try:
+            self.fail_http(resp)
+        except UpstreamError as exc:
+            exc.upstream_code = tag
+            raise
+
+    @staticmethod
+    def _rest_result(item):
+        highlights = item.get("highlights") or []
+        snippet = " ".join(h for h in highlights if isinstance(h, str)) or item.get("summary") \
+            or (item.get("text") or "")[:500]
+        score = item.get("score") if isinstance(item.get("score"), (int, float)) else None
+        return make_result(item.get("title") or "", item["url"], snippet, item.get("publishedDate"), score)
 
     def _search_mcp(self, ctx, query, num, filters):
         rpc_id = 1
@@ -8259,17 +8406,21 @@ class TavilyClient:
         return call_upstream(self.service, self.transport, "POST", url, ctx=ctx, timeout_s=timeout_s,
                              headers=headers, body=body)
 
+    # Statuses that end a request at once (but a keyless 401 or 403 is a block).
+    REFUSALS = {400: ("http_error", "bad_parameters"), 422: ("http_error", "bad_parameters"),
+                401: ("auth_error", "invalid_key"), 403: ("auth_error", "forbidden"),
+                432: ("quota_exhausted", "plan_limit"), 433: ("quota_exhausted", "payg_limit")}
+
     def _check(self, resp, path, keyless=False):
         """The JSON of a 200 answer, or the classified error.
 
         The keyless-limit envelope counts only for a keyless request; any
         other ``{"error": {...}}`` body is classified by its status.
         """
-        data = None
         try:
             data = resp.json()
         except ValueError:
-            pass
+            data = None
         envelope = data.get("error") if isinstance(data, dict) else None
         if resp.status == 200 and isinstance(data, dict) and not isinstance(envelope, dict):
             return data, resp.headers
@@ -8281,33 +8432,31 @@ class TavilyClient:
                                 str(envelope.get("message") or envelope["code"])[:300], status=resp.status,
                                 retry_after_s=float(wait) if isinstance(wait, (int, float))
                                 else retry_after_of(resp.headers), upstream_code=envelope["code"])
+        raise self._refusal(resp, path, keyless, envelope)
+
+    def _refusal(self, resp, path, keyless, envelope):
+        """The UpstreamError of an answer that is not a usable 200 (``envelope``: its ``error`` field)."""
         message = body_message(resp)
         status = resp.status
         if status == 200:
-            raise UpstreamError(self.service, "bad_response", "upstream_error" if envelope else "invalid_json",
-                                "Tavily answered 200 %s: %s" % ("with an error" if envelope else "without a JSON object",
-                                                                message), status=200)
-        if status in (432, 433):
-            raise UpstreamError(self.service, "quota_exhausted", "plan_limit" if status == 432 else "payg_limit",
-                                message, status=status, retryable=False)
-        if status in (400, 422):
-            raise UpstreamError(self.service, "http_error", "bad_parameters", message, status=status,
-                                retryable=False)
-        if status == 404:
-            raise UpstreamError(self.service, "http_error", "not_found",
-                                "Tavily answered 404 for %s: check TAVILY_API_URL (now %s)" % (
-                                    path, self.config.tavily_url), status=404, retryable=False)
-        if status == 429:
-            raise UpstreamError(self.service, "rate_limited", "rate_limited", message, status=429,
-                                retry_after_s=retry_after_of(resp.headers))
+            return UpstreamError(self.service, "bad_response", "upstream_error" if envelope else "invalid_json",
+                                 "Tavily answered 200 %s: %s" % ("with an error" if envelope
+                                                                 else "without a JSON object", message), status=200)
         if status in (401, 403) and keyless:       # no key was sent: Tavily refused this client
-            raise UpstreamError(self.service, "blocked", "forbidden", "Tavily refused a keyless request (HTTP %d): "
-                                "%s" % (status, message), status=status)
-        if status in (401, 403):
-            raise UpstreamError(self.service, "auth_error", "invalid_key" if status == 401 else "forbidden",
-                                message, status=status, retryable=False)
-        raise UpstreamError(self.service, "http_error", "server_error" if status >= 500 else "http_error",
-                            message, status=status)
+            return UpstreamError(self.service, "blocked", "forbidden", "Tavily refused a keyless request (HTTP %d): "
+                                 "%s" % (status, message), status=status)
+        if status in self.REFUSALS:
+            outcome, code = self.REFUSALS[status]
+            return UpstreamError(self.service, outcome, code, message, status=status, retryable=False)
+        if status == 404:
+            return UpstreamError(self.service, "http_error", "not_found",
+                                 "Tavily answered 404 for %s: check TAVILY_API_URL (now %s)" % (
+                                     path, self.config.tavily_url), status=404, retryable=False)
+        if status == 429:
+            return UpstreamError(self.service, "rate_limited", "rate_limited", message, status=429,
+                                 retry_after_s=retry_after_of(resp.headers))
+        return UpstreamError(self.service, "http_error", "server_error" if status >= 500 else "http_error",
+                             message, status=status)
 
 
 class TavilyVendor(Vendor):
@@ -8593,22 +8742,7 @@ class BraveVendor(Vendor):
     KEYED = True
 
     def search(self, ctx, query, num, filters):
-        f = filters
-        params = {"q": f.site_query(query), "count": min(num, 20)}
-        if f.lang:
-            params["search_lang"] = self._search_lang(f)
-        if f.time_range:
-            params["freshness"] = "p" + f.time_range[0]     # pd, pw, pm, py
-        if f.start_date or f.end_date:
-            params["freshness"] = "%sto%s" % (f.start_date or "1970-01-01",
-                                              f.end_date or time.strftime("%Y-%m-%d", time.gmtime()))
-        if f.country:
-            params["country"] = f.country
-        if f.safesearch:
-            params["safesearch"] = f.safesearch
-        if f.page:
-            params["offset"] = f.page - 1       # a page index (at most 9), not a result offset
-        url = self.config.brave_url + "/res/v1/web/search?" + _urllib_parse.urlencode(params)
+        url = self.config.brave_url + "/res/v1/web/search?" + _urllib_parse.urlencode(self._params(query, num, filters))
         resp = self.http(ctx, "GET", url, headers={
             "Accept": "application/json", "X-Subscription-Token": self.config.brave_api_key})
         if resp.status != 200:
@@ -8626,6 +8760,23 @@ class BraveVendor(Vendor):
         if not results:
             self.no_results()
         return results
+
+    def _params(self, query, num, f):
+        params = {"q": f.site_query(query), "count": min(num, 20)}
+        if f.lang:
+            params["search_lang"] = self._search_lang(f)
+        if f.time_range:
+            params["freshness"] = "p" + f.time_range[0]     # pd, pw, pm, py
+        if f.start_date or f.end_date:
+            params["freshness"] = "%sto%s" % (f.start_date or "1970-01-01",
+                                              f.end_date or time.strftime("%Y-%m-%d", time.gmtime()))
+        if f.country:
+            params["country"] = f.country
+        if f.safesearch:
+            params["safesearch"] = f.safesearch
+        if f.page:
+            params["offset"] = f.page - 1       # a page index (at most 9), not a result offset
+        return params
 
     def _fail(self, resp):
         try:
@@ -8652,16 +8803,20 @@ class BraveVendor(Vendor):
                                 retry_after_s=exhausted_window(resp.headers) or retry_after_of(resp.headers),
                                 upstream_code=code)
         if code == "VALIDATION" or resp.status in (400, 422):
-            fields = ["%s: %s" % (".".join(str(p) for p in e.get("loc") or [] if p != "query"), e.get("msg"))
-                      for e in meta.get("errors") or [] if isinstance(e, dict)]
-            raise UpstreamError(self.name, "http_error", "bad_parameters",
-                                detail + (" (%s)" % "; ".join(fields) if fields else ""), status=resp.status,
-                                retryable=False, upstream_code=code)
+            raise UpstreamError(self.name, "http_error", "bad_parameters", detail + self._invalid_fields(meta),
+                                status=resp.status, retryable=False, upstream_code=code)
         if resp.status == 403:
             raise UpstreamError(self.name, "blocked", "forbidden",
                                 "a firewall in front of Brave refused the request: " + body_message(resp),
                                 status=403)
         self.fail_http(resp, detail)
+
+    @staticmethod
+    def _invalid_fields(meta):
+        """`` (field: problem; ...)`` of a VALIDATION error's meta, or ``""``."""
+        fields = ["%s: %s" % (".".join(str(p) for p in e.get("loc") or [] if p != "query"), e.get("msg"))
+                  for e in meta.get("errors") or [] if isinstance(e, dict)]
+        return " (%s)" % "; ".join(fields) if fields else ""
 
 
 class SerperVendor(Vendor):
@@ -8669,36 +8824,24 @@ class SerperVendor(Vendor):
 
     name = "serper"
     NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains", "country", "page", "topic"})
+    REFUSALS = {403: ("auth_error", "invalid_key", "Serper rejected SERPER_API_KEY: {}"),
+                400: ("http_error", "bad_parameters", "{}")}
 
     KEYED = True
 
     def search(self, ctx, query, num, filters):
         f = filters
-        request = {"q": f.site_query(query), "num": 10 if num <= 10 else 20}
-        if f.lang:
-            request["hl"] = f.lang
-        if f.time_range:
-            request["tbs"] = "qdr:" + f.time_range[0]
-        if f.country:
-            request["gl"] = f.country.lower()
-        if f.page:
-            request["page"] = f.page
         vertical = "news" if f.topic else "search"      # /news answers with news[] instead of organic[]
-        resp = self.http(ctx, "POST", self.config.serper_url + "/" + vertical, body=json.dumps(request), headers={
+        resp = self.http(ctx, "POST", self.config.serper_url + "/" + vertical, body=json.dumps(
+            self._request(query, num, f)), headers={
             "Content-Type": "application/json", "Accept": "application/json",
             "X-API-KEY": self.config.serper_api_key})
         if resp.status != 200:
             message = body_message(resp)
-            if resp.status == 403:
-                raise UpstreamError(self.name, "auth_error", "invalid_key",
-                                    "Serper rejected SERPER_API_KEY: " + message, status=403, retryable=False)
             if resp.status == 400 and "credit" in message.lower():
                 raise UpstreamError(self.name, "quota_exhausted", "quota_exhausted",
                                     "Serper has no credits left: " + message, status=400, retryable=False)
-            if resp.status == 400:
-                raise UpstreamError(self.name, "http_error", "bad_parameters", message, status=400,
-                                    retryable=False)
-            self.fail_http(resp, message)
+            self.fail_status(resp, message)
         data = self.parse_json(resp)
         results = []
         for item in (data.get("news" if f.topic else "organic") or []) if isinstance(data, dict) else []:
@@ -8709,6 +8852,19 @@ class SerperVendor(Vendor):
             self.no_results()
         return results
 
+    @staticmethod
+    def _request(query, num, f):
+        request = {"q": f.site_query(query), "num": 10 if num <= 10 else 20}
+        if f.lang:
+            request["hl"] = f.lang
+        if f.time_range:
+            request["tbs"] = "qdr:" + f.time_range[0]
+        if f.country:
+            request["gl"] = f.country.lower()
+        if f.page:
+            request["page"] = f.page
+        return request
+
 
 class YepVendor(Vendor):
     """Yep's search API: Bearer key, ``{"error", "request_id"}`` bodies, X-RateLimit-* on every answer."""
@@ -8716,11 +8872,33 @@ class YepVendor(Vendor):
     name = "yep"
     NATIVE = frozenset({"lang", "time_range", "include_domains", "exclude_domains", "country", "safesearch",
                         "start_date"})
+    REFUSALS = {400: ("http_error", "bad_parameters", "{}"),
+                401: ("auth_error", "invalid_key", "Yep rejected YEP_API_KEY: {}"),
+                402: ("quota_exhausted", "insufficient_balance", "Yep account balance is used up: {}")}
 
     KEYED = True
 
     def search(self, ctx, query, num, filters):
-        f = filters
+        resp = self.http(ctx, "POST", self.config.yep_url + "/api/search", body=json.dumps(
+            self._request(query, num, filters)), headers={
+            "Content-Type": "application/json", "Accept": "application/json",
+            "Authorization": "Bearer " + self.config.yep_api_key})
+        if resp.status != 200:
+            self.fail_status(resp, body_message(resp))
+        data = self.parse_json(resp)
+        results = []
+        for item in (data.get("results") or []) if isinstance(data, dict) else []:
+            if isinstance(item, dict) and item.get("url"):
+                highlights = [h for h in item.get("highlights") or [] if isinstance(h, str)]
+                snippet = item.get("description") or " ".join(highlights)
+                results.append(make_result(item.get("title") or "", item["url"], snippet,
+                                           item.get("published_date")))
+        if not results:
+            self.no_results()
+        return results
+
+    @staticmethod
+    def _request(query, num, f):
         request = {"query": query, "type": "highlights", "limit": num}
         if f.lang:
             request["language"] = [f.lang]
@@ -8734,32 +8912,7 @@ class YepVendor(Vendor):
             request["location"] = f.country            # UNCONFIRMED field semantics (clients send it)
         if f.safesearch:
             request["safe_search"] = f.safesearch != "off"
-        resp = self.http(ctx, "POST", self.config.yep_url + "/api/search", body=json.dumps(request), headers={
-            "Content-Type": "application/json", "Accept": "application/json",
-            "Authorization": "Bearer " + self.config.yep_api_key})
-        if resp.status != 200:
-            message = body_message(resp)
-            if resp.status == 400:
-                raise UpstreamError(self.name, "http_error", "bad_parameters", message, status=400,
-                                    retryable=False)
-            if resp.status == 401:
-                raise UpstreamError(self.name, "auth_error", "invalid_key",
-                                    "Yep rejected YEP_API_KEY: " + message, status=401, retryable=False)
-            if resp.status == 402:
-                raise UpstreamError(self.name, "quota_exhausted", "insufficient_balance",
-                                    "Yep account balance is used up: " + message, status=402, retryable=False)
-            self.fail_http(resp, message)
-        data = self.parse_json(resp)
-        results = []
-        for item in (data.get("results") or []) if isinstance(data, dict) else []:
-            if isinstance(item, dict) and item.get("url"):
-                highlights = [h for h in item.get("highlights") or [] if isinstance(h, str)]
-                snippet = item.get("description") or " ".join(highlights)
-                results.append(make_result(item.get("title") or "", item["url"], snippet,
-                                           item.get("published_date")))
-        if not results:
-            self.no_results()
-        return results
+        return request
 
 
 class SearxngVendor(Vendor):
@@ -8767,6 +8920,9 @@ class SearxngVendor(Vendor):
 
     name = "searxng"
     NATIVE = frozenset({"lang", "time_range", "safesearch", "page", "topic"})
+    REFUSALS = {403: ("http_error", "json_disabled", "this SearXNG instance has JSON output disabled: add json to "
+                      "search.formats in its settings.yml"),
+                400: ("http_error", "bad_parameters", "{}")}
     # SearXNG's bot limiter rejects Python's default User-Agent, JSON-only Accept,
     # a missing Accept-Language and clients that cannot take gzip.
     HEADERS = {"User-Agent": "websearch-ring/%s (+MCP server)" % __version__,
@@ -8777,38 +8933,11 @@ class SearxngVendor(Vendor):
         return split_credentials(self.config.searxng_url)[1] is not None     # a user and password in SEARXNG_URL
 
     def search(self, ctx, query, num, filters):
-        f = filters
-        params = {"q": query, "format": "json", "pageno": f.page or 1}
-        if f.lang:
-            params["language"] = f.lang
-        if f.time_range:
-            params["time_range"] = f.time_range
-        if f.safesearch:
-            params["safesearch"] = {"off": 0, "moderate": 1, "strict": 2}[f.safesearch]
-        if f.topic:
-            params["categories"] = "news"
-        headers = dict(self.HEADERS)
-        if f.lang:
-            headers["Accept-Language"] = "%s,en;q=0.5" % f.lang
+        params, headers = self._request(query, filters)
         url = self.config.searxng_url + "/search?" + _urllib_parse.urlencode(params)
         resp = self.http(ctx, "GET", url, headers=headers, max_redirects=2)
-        if resp.status == 403:
-            raise UpstreamError(self.name, "http_error", "json_disabled",
-                                "this SearXNG instance has JSON output disabled: add json to search.formats "
-                                "in its settings.yml", status=403, retryable=False)
-        if resp.status == 429:
-            raise UpstreamError(self.name, "rate_limited", "rate_limited",
-                                "SearXNG's limiter refused the request: " + body_message(resp), status=429,
-                                retry_after_s=retry_after_of(resp.headers))
-        if resp.status == 400:
-            raise UpstreamError(self.name, "http_error", "bad_parameters", body_message(resp), status=400,
-                                retryable=False)
-        if resp.status == 401 and self.keyed():
-            raise UpstreamError(self.name, "auth_error", "invalid_credentials",
-                                "SearXNG refused the user and password in SEARXNG_URL: check them", status=401,
-                                retryable=False)
         if resp.status != 200:
-            self.fail_http(resp)
+            self._fail(resp)
         data = self.parse_json(resp)
         if not isinstance(data, dict):
             raise UpstreamError(self.name, "bad_response", "invalid_json", "unexpected JSON shape", status=200)
@@ -8827,6 +8956,32 @@ class SearxngVendor(Vendor):
                                     "no results; unresponsive engines: " + reasons[:300], status=200)
             self.no_results()
         return results
+
+    def _request(self, query, f):
+        params = {"q": query, "format": "json", "pageno": f.page or 1}
+        if f.lang:
+            params["language"] = f.lang
+        if f.time_range:
+            params["time_range"] = f.time_range
+        if f.safesearch:
+            params["safesearch"] = {"off": 0, "moderate": 1, "strict": 2}[f.safesearch]
+        if f.topic:
+            params["categories"] = "news"
+        headers = dict(self.HEADERS)
+        if f.lang:
+            headers["Accept-Language"] = "%s,en;q=0.5" % f.lang
+        return params, headers
+
+    def _fail(self, resp):
+        if resp.status == 429:
+            raise UpstreamError(self.name, "rate_limited", "rate_limited",
+                                "SearXNG's limiter refused the request: " + body_message(resp), status=429,
+                                retry_after_s=retry_after_of(resp.headers))
+        if resp.status == 401 and self.keyed():
+            raise UpstreamError(self.name, "auth_error", "invalid_credentials",
+                                "SearXNG refused the user and password in SEARXNG_URL: check them", status=401,
+                                retryable=False)
+        self.fail_status(resp, body_message(resp))
 
 
 VENDOR_CLASSES = {cls.name: cls for cls in (BraveVendor, SerperVendor, YepVendor, SearxngVendor,
@@ -9564,9 +9719,7 @@ def apply_post_filters(results, filters, native, now=None):
     start_date, end_date) only when the vendor has no native parameter for
     it, and then undated results go too.
     """
-    since = filters.since(now) if ((filters.time_range and "time_range" not in native)
-                                   or (filters.start_date and "start_date" not in native)) else None
-    until = filters.until() if filters.end_date and "end_date" not in native else None
+    since, until = _unapplied_window(filters, native, now)
     kept = []
     for item in results:
         host = url_host(item["url"])
@@ -9580,6 +9733,15 @@ def apply_post_filters(results, filters, native, now=None):
                 continue
         kept.append(item)
     return kept
+
+
+def _unapplied_window(filters, native, now):
+    """``(since, until)``: each end of the filters' time window that the vendor did not apply
+    natively, in epoch seconds (None: no such end, or applied)."""
+    since = filters.since(now) if ((filters.time_range and "time_range" not in native)
+                                   or (filters.start_date and "start_date" not in native)) else None
+    until = filters.until() if filters.end_date and "end_date" not in native else None
+    return since, until
 
 
 def cap_per_domain(results, per_domain):
@@ -9658,6 +9820,17 @@ def fuse_rrf(lists, num, per_domain=None, k=RRF_K):
     return fused, total - len(merged)
 
 
+def _applied_across(filters, lists, how):
+    """``filters_applied`` of a fan-out: per active filter the one verdict of the vendors in ``lists``,
+    or ``mixed: <vendor> <verdict>, ...`` when they differ (``how``: each vendor's own)."""
+    applied = {}
+    for name in filters.active() if lists else ():
+        values = {how[v].get(name) for v in lists}
+        applied[name] = values.pop() if len(values) == 1 else "mixed: " + ", ".join(
+            "%s %s" % (v, how[v].get(name)) for v in lists)
+    return applied
+
+
 class Ring:
     """The vendors, their health, failover in order and fan-out in parallel."""
 
@@ -9677,17 +9850,8 @@ class Ring:
         """
         vendor = self.vendors[name]
         native = vendor.native_filters()
-        for wanted, (code, why) in _SKIPPED_WITHOUT.items():
-            if getattr(filters, wanted) and wanted not in native:
-                return None, attempt_record(name, "skipped", 0.0, code=code, message=why % name), {}
-        if ctx.expired():      # before admit(): a probe slot must never be taken and left
-            return None, attempt_record(name, "timeout", 0.0, code="deadline_exhausted",
-                                        message="the call's deadline passed before this vendor was tried"), {}
-        gate = self.health.admit(name)
-        if gate is not None:
-            record = attempt_record(name, "skipped_cooldown", 0.0, code="cooldown",
-                                    message="in cooldown for %.1f s more (%s)" % gate)
-            record["cooldown_remaining_s"] = round(gate[0], 1)
+        record = self._not_asked(name, native, filters, ctx)
+        if record is not None:
             return None, record, {}
         post = bool(filters.include or filters.exclude or filters.per_domain or filters.dated())
         ask = min(MAX_RESULTS, num * 2) if post else num
@@ -9698,27 +9862,8 @@ class Ring:
         except Cancelled:
             self.health.record(name, "cancelled")
             raise
-        except UpstreamError as exc:
-            if ctx.cancelled:
-                self.health.record(name, "cancelled")
-                raise Cancelled(ctx.token.reason or "cancelled") from None
-            record = attempt_record(name, exc.outcome, self._clock() - started, code=exc.code,
-                                    http_status=exc.status, message=exc.message)
-            record["retryable"] = exc.retryable
-            if exc.retry_after_s is not None:
-                record["retry_after_s"] = round(exc.retry_after_s, 1)
-            if exc.diagnostics:
-                record["diagnostics"] = exc.diagnostics
-            self.health.record(name, exc.outcome, ctx.headers, exc.retry_after_s, exc.code, exc.message)
-            return None, record, {}
-        except Exception as exc:   # a parser bug must not end the ring
-            if ctx.cancelled:
-                self.health.record(name, "cancelled")
-                raise Cancelled(ctx.token.reason or "cancelled") from None
-            self.log.unexpected("%s raised" % name, exc)
-            self.health.record(name, "bad_response", ctx.headers, None, "internal_error", str(exc))
-            return None, attempt_record(name, "bad_response", self._clock() - started, code="internal_error",
-                                        message="%s: %s" % (type(exc).__name__, exc)), {}
+        except Exception as exc:   # an UpstreamError, or a parser bug: neither may end the ring
+            return None, self._failed(name, exc, ctx, started), {}
         self.health.record(name, "success", ctx.headers)
         elapsed = self._clock() - started
         kept = apply_post_filters(results, filters, native) if post else results
@@ -9726,6 +9871,44 @@ class Ring:
             return None, attempt_record(name, "no_results", elapsed, code="filtered_out", http_status=200,
                                         message="%d results, none inside the filters" % len(results)), {}
         return kept, attempt_record(name, "success", elapsed, http_status=200), filters_how(filters, native, name)
+
+    def _not_asked(self, name, native, filters, ctx):
+        """The record of an attempt that is not made (a filter the vendor cannot serve, the deadline
+        already passed, a cooldown), or None when the vendor may be asked."""
+        for wanted, (code, why) in _SKIPPED_WITHOUT.items():
+            if getattr(filters, wanted) and wanted not in native:
+                return attempt_record(name, "skipped", 0.0, code=code, message=why % name)
+        if ctx.expired():      # before admit(): a probe slot must never be taken and left
+            return attempt_record(name, "timeout", 0.0, code="deadline_exhausted",
+                                  message="the call's deadline passed before this vendor was tried")
+        gate = self.health.admit(name)
+        if gate is None:
+            return None
+        record = attempt_record(name, "skipped_cooldown", 0.0, code="cooldown",
+                                message="in cooldown for %.1f s more (%s)" % gate)
+        record["cooldown_remaining_s"] = round(gate[0], 1)
+        return record
+
+    def _failed(self, name, exc, ctx, started):
+        """The record of a search that raised ``exc``, the vendor's health updated with it; raises
+        Cancelled instead when the call was cancelled meanwhile."""
+        if ctx.cancelled:
+            self.health.record(name, "cancelled")
+            raise Cancelled(ctx.token.reason or "cancelled") from None
+        if not isinstance(exc, UpstreamError):
+            self.log.unexpected("%s raised" % name, exc)
+            self.health.record(name, "bad_response", ctx.headers, None, "internal_error", str(exc))
+            return attempt_record(name, "bad_response", self._clock() - started, code="internal_error",
+                                  message="%s: %s" % (type(exc).__name__, exc))
+        record = attempt_record(name, exc.outcome, self._clock() - started, code=exc.code,
+                                http_status=exc.status, message=exc.message)
+        record["retryable"] = exc.retryable
+        if exc.retry_after_s is not None:
+            record["retry_after_s"] = round(exc.retry_after_s, 1)
+        if exc.diagnostics:
+            record["diagnostics"] = exc.diagnostics
+        self.health.record(name, exc.outcome, ctx.headers, exc.retry_after_s, exc.code, exc.message)
+        return record
 
     def order(self, vendor=None):
         return [vendor] if vendor else list(self.config.vendors)
@@ -9763,6 +9946,25 @@ class Ring:
         """
         order = self.order()
         started = self._clock()
+        done = self._ask_all(order, query, num, filters, ctx)
+        ctx.check()
+        attempts, lists, how = [], {}, {}
+        for name in order:
+            results, record, applied = done.get(name) or (None, attempt_record(
+                name, "timeout", self._clock() - started, code="deadline_exhausted",
+                message="no answer before the call's deadline"), {})
+            attempts.append(record)
+            if results is not None:
+                lists[name] = results
+                how[name] = applied
+        fused, removed = fuse_rrf(lists, num, filters.per_domain)
+        return {"ok": bool(fused), "vendor": None, "vendors": list(lists), "results": fused,
+                "attempts": attempts, "filters_applied": _applied_across(filters, lists, how),
+                "duplicates_removed": removed, "partial": bool(fused) and len(lists) < len(order)}
+
+    def _ask_all(self, order, query, num, filters, ctx):
+        """``{vendor: (results, record, filters_applied) or None}`` of the vendors in ``order``, each
+        asked on a thread of its own; returns at the deadline (and a grace) with what has come in."""
         done, finished = {}, [0]
         cond, emit_lock = threading.Condition(), threading.Lock()
 
@@ -9799,25 +10001,7 @@ class Ring:
                 done = dict(done)
         finally:
             ctx.token.remove(handle)
-        ctx.check()
-        attempts, lists, how = [], {}, {}
-        for name in order:
-            results, record, applied = done.get(name) or (None, attempt_record(
-                name, "timeout", self._clock() - started, code="deadline_exhausted",
-                message="no answer before the call's deadline"), {})
-            attempts.append(record)
-            if results is not None:
-                lists[name] = results
-                how[name] = applied
-        fused, removed = fuse_rrf(lists, num, filters.per_domain)
-        applied = {}
-        for name in filters.active() if lists else ():
-            values = {how[v].get(name) for v in lists}
-            applied[name] = values.pop() if len(values) == 1 else "mixed: " + ", ".join(
-                "%s %s" % (v, how[v].get(name)) for v in lists)
-        return {"ok": bool(fused), "vendor": None, "vendors": list(lists), "results": fused,
-                "attempts": attempts, "filters_applied": applied, "duplicates_removed": removed,
-                "partial": bool(fused) and len(lists) < len(order)}
+        return done
 
 
 # ---------------------------------------------------------------------------
