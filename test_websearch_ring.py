@@ -10172,6 +10172,7 @@ def test_cli_check_probes_every_vendor_with_outcome_and_latency(fake_upstream):
     assert "configuration: ok" in run.out
     assert "search: available" in run.out
     assert "GROK_API_KEY is unset" in run.out
+    assert "map providers: direct (tavily skipped: no Tavily key" in run.out
     assert fake_upstream.hits("POST", "/search") == 1
 
 
@@ -13366,3 +13367,21 @@ r1pVvesPk0+81+Oy7zY4sI1uWIahRANCAAQ1Hz/4mZv0qrPYqrFUKX1FsD/ixml5
 VGjMQZc8xhlrnwQP14Ao2vXQwn65YaXy/9TDgQzn60QKasyAD7piPz3r
 -----END PRIVATE KEY-----
 """
+
+
+def test_readme_air_gapped_recipe_turns_every_outside_service_off(readme_text, fake_upstream):
+    block = readme_block(readme_text, "airgap")
+    env = dict(line.split("=", 1) for line in block.splitlines() if re.match(r"^[A-Z_]+=", line))
+    assert env["WEBSEARCH_VENDORS"] == "searxng"
+    fake_upstream.route("GET", "/search", "searxng/success.json")
+    env.update({"SEARXNG_URL": fake_upstream.url, "TAVILY_API_KEY": "tvly-" + "k" * 32, "GROK_API_KEY": ""})
+    run = run_cli("check", "--json", env=env)
+    assert run.code == 0, run
+    report = json.loads(run.out)
+    assert [(v["vendor"], v["outcome"]) for v in report["vendors"]] == [("searxng", "success")]
+    assert report["tavily"] == {"mode": "disabled"}, report["tavily"]
+    for kind in ("fetch_providers", "map_providers"):
+        assert [p["name"] for p in report[kind] if not p["skipped"]] == ["direct"], report[kind]
+    text = run_cli("check", env=env).out
+    assert "tavily: disabled\nfetch providers: direct; map providers: direct\n" in text
+    assert "answers: off (GROK_API_KEY is unset)" in text
