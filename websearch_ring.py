@@ -12870,7 +12870,7 @@ def cli_check(server, as_json=False):
     ok = any(r["outcome"] == "success" for r in results)
     if as_json:
         _emit(_json_text(server.redact.outgoing(_check_report(server.config, server.ring.tavily, results, ok,
-                                                              answer))))
+                                                              answer, _usable_providers(server)))))
     else:
         for line in _check_lines(server, results, ok, answer):
             _emit(server.redact(line))
@@ -12897,15 +12897,38 @@ def _probe_vendors(server):
     return results
 
 
-def _check_report(config, keys, results, ok, answer):
+def _usable_providers(server):
+    """``(fetch, map)``: the page and map providers this configuration will really ask, in order, each
+    a list of ``{"name", "skipped"}`` (the reason a configured one is left out, or None), so an
+    air-gapped set-up can be confirmed at a glance."""
+    usable, skipped = server.page_tools.fetcher.providers("markdown")
+    reasons = dict(skipped)
+    fetch = [{"name": n, "skipped": reasons.get(n)} for n in server.config.fetch_providers]
+    tavily_ok = server.ring.tavily.keyed and server.config.tavily_enabled
+    tavily_why = "Tavily is disabled (TAVILY_ENABLED=0)" if not server.config.tavily_enabled else reasons.get(
+        "tavily", "no Tavily key (TAVILY_API_KEY or TAVILY_API_KEYS)")
+    mapping = [{"name": n, "skipped": None if n != "tavily" or tavily_ok else tavily_why}
+               for n in server.config.map_providers]
+    return fetch, mapping
+
+
+def _provider_words(providers):
+    """``direct, jina (tavily skipped: …)`` for the ``check`` text."""
+    used = [p["name"] for p in providers if not p["skipped"]]
+    left = ["%s skipped: %s" % (p["name"], p["skipped"]) for p in providers if p["skipped"]]
+    return (", ".join(used) or "none") + ("".join(" (%s)" % why for why in left))
+
+
+def _check_report(config, keys, results, ok, answer, providers):
     """``check --json``."""
+    fetch, mapping = providers
     by_name = {r["vendor"]: r for r in results}
     return {"version": __version__, "search_available": ok, "problems": [p.as_dict() for p in config.problems],
             "vendors": [by_name.get(n) or attempt_record(n, "timeout", 0.0, message="no answer")
                         for n in config.vendors],
             "tavily": keys.pool.describe() if keys.keyed else {"mode": "keyless" if config.tavily_enabled
                                                                else "disabled"},
-            "fetch_providers": list(config.fetch_providers), "map_providers": list(config.map_providers),
+            "fetch_providers": fetch, "map_providers": mapping,
             "answer": answer}
 
 
@@ -12924,10 +12947,11 @@ def _check_lines(server, results, ok, answer):
             name, r["outcome"], r["elapsed_ms"], server.redact(r["message"] or "")[:90]))
     lines.append("tavily: " + ("%d key(s) in the pool" % len(keys.pool) if keys.keyed else
                                "keyless mode" if config.tavily_enabled else "disabled"))
-    lines.append("fetch providers: %s; map providers: %s" % (", ".join(config.fetch_providers),
-                                                             ", ".join(config.map_providers)))
-    lines.append("answers: model %s (from %s) at %s: %s" % (answer["model"], answer["model_source"], answer["url"],
-                                                           test["message"]))
+    fetch, mapping = _usable_providers(server)
+    lines.append("fetch providers: %s; map providers: %s" % (_provider_words(fetch), _provider_words(mapping)))
+    lines.append("answers: off (GROK_API_KEY is unset)" if not config.grok_key else
+                 "answers: model %s (from %s) at %s: %s" % (answer["model"], answer["model_source"], answer["url"],
+                                                            test["message"]))
     if any(TLS_HINT in (r["message"] or "") for r in results) or TLS_HINT in (test["message"] or ""):
         lines.append("TLS certificates could not be verified: " + TLS_HINT)
     lines.append("search: " + ("available" if ok else "NOT available: no vendor answered"))
