@@ -4476,6 +4476,176 @@ def test_pdf_check_is_called_and_its_exception_propagates():
         pdf_text_of(data, check=stop)
 
 
+# ---- Marked content: /ActualText (issue 21) ---------------------------------------------------
+
+def test_pdf_actual_text_replaces_the_glyphs_it_spans():
+    content = (b"BT /F1 12 Tf 72 700 Td (The ) Tj /Span << /Lang (en) /ActualText <FEFF0066006C> >> BDC "
+               b"(\\002) Tj (\\003) Tj EMC (ow is ) Tj /P << /MCID 3 >> BDC (marked) Tj EMC ET "
+               b"BT /F1 12 Tf 72 680 Td /Span /P1 BDC [(xx) -20 (yy)] TJ EMC ( done) Tj ET")
+    objects = pdf_one_page(content, resources=b"/Font << /F1 4 0 R >> /Properties << /P1 6 0 R >>",
+                           extra=[b"<< /ActualText (named) >>"])
+    assert pdf_text_of(pdf_file(objects)) == "The flow is marked\nnamed done"
+
+
+def test_pdf_actual_text_in_nested_and_unbalanced_marked_content():
+    content = (b"BT /F1 12 Tf 72 700 Td /Span << /ActualText (outer) >> BDC /X BMC "
+               b"/Span << /ActualText (inner) >> BDC (a) Tj EMC (b) Tj EMC EMC EMC EMC (after) Tj ET")
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "outerafter"
+
+
+# ---- Hostile documents: work, memory, deadline (issue 23) -------------------------------------
+
+def pdf_nested_forms(levels, fanout=10):
+    """A page drawing form 6, each form drawing the next ``fanout`` times: fanout ** levels drawings."""
+    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (start) Tj ET /X Do",
+                           resources=b"/Font << /F1 4 0 R >> /XObject << /X 6 0 R >>")
+    for i in range(levels):
+        inner = b"/Resources << /XObject << /X %d 0 R >> /Font << /F1 4 0 R >> >>" % (7 + i) if i < levels - 1 else b""
+        objects.append(pdf_stream(b"/X Do " * fanout + b"BT /F1 12 Tf (x) Tj ET",
+                                  b"/Type /XObject /Subtype /Form /BBox [0 0 10 10] " + inner))
+    return pdf_file(objects)
+
+
+def test_pdf_nested_forms_stop_at_the_check_and_within_the_work_allowance(ring, monkeypatch):
+    data = pdf_nested_forms(12)             # 10 ** 12 drawings if nothing stopped them
+    assert len(data) < 6000
+
+    class Stop(Exception):
+        pass
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) > 20:
+            raise Stop()
+    with pytest.raises(Stop):
+        pdf_text_of(data, check=check)
+    monkeypatch.setattr(ring, "_PDF_WORK", (1, 50000, 50000))
+    doc = ring._PdfDocument(data, None)
+    text = pdf_text_of(data)
+    assert text.startswith("start") and 10 < text.count("x") < 50000 // ring._PDF_FORM_COST
+    assert doc.work == 50000
+
+
+def test_pdf_nested_forms_end_with_extraction_timeout_or_cancelled(ring):
+    data = pdf_nested_forms(12)
+    ctx = ring.CallContext(deadline=ring.Deadline(-1.0))
+    with pytest.raises(ring.UpstreamError) as info:
+        ring._pdf_page_text("http://x/forms.pdf", data, ring._extraction_check("http://x/forms.pdf", ctx))
+    assert info.value.code == "extraction_timeout"
+    ctx = ring.CallContext()
+    ctx.token.cancel()
+    with pytest.raises(ring.Cancelled):
+        ring._pdf_page_text("http://x/forms.pdf", data, ring._extraction_check("http://x/forms.pdf", ctx))
+
+
+def test_pdf_long_number_runs_keep_a_bounded_operand_list(ring, monkeypatch):
+    monkeypatch.setattr(ring, "_PDF_MAX_OPERANDS", 1000)
+    content = b"BT /F1 12 Tf 72 700 Td " + b"1 " * 50000 + b"/N " * 5000 + b"(kept) Tj ET"
+    lists = []
+    real = ring._PdfTextReader._op_show
+
+    def spy(reader, ops):
+        lists.append(len(ops))
+        real(reader, ops)
+    monkeypatch.setitem(ring._PdfTextReader._OPERATORS, b"Tj", spy)
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "kept"
+    assert lists == [lists[0]] and lists[0] <= 1000
+
+
+def test_pdf_memory_is_charged_and_a_spent_budget_stops_the_read(ring):
+    body = zlib.compress(b"BT /F1 12 Tf 72 700 Td (big) Tj ET\n" + b"% padding\n" * 200000)
+    objects = pdf_one_page(b"")
+    objects[4] = pdf_stream(body, b"/Filter /FlateDecode")
+    data = pdf_file(objects)
+    charged = []
+    assert pdf_text_of(data, charge=charged.append) == "big"
+    assert sum(charged) >= 2000000 and max(charged) < 2 << 20
+    budget = ring.MemoryBudget(1 << 20, "this call")
+    with pytest.raises(ring.UpstreamError) as info:
+        ring._pdf_page_text("http://x/big.pdf", data, None, budget)
+    assert info.value.code == "too_large" and budget.used == 0
+    assert ring._pdf_page_text("http://x/big.pdf", data, None, ring.MemoryBudget(64 << 20)) == "big"
+
+
+def test_pdf_document_over_its_memory_cap_is_too_large(ring, monkeypatch):
+    monkeypatch.setattr(ring, "_PDF_MAX_HELD", 1 << 20)
+    body = zlib.compress(b"BT /F1 12 Tf 72 700 Td (big) Tj ET\n" + b"% padding\n" * 200000)
+    objects = pdf_one_page(b"")
+    objects[4] = pdf_stream(body, b"/Filter /FlateDecode")
+    with pytest.raises(ring.PdfError) as info:
+        pdf_text_of(pdf_file(objects))
+    assert info.value.code == "too_large"
+
+
+def test_pdf_huge_integers_and_array_cmap_caps_are_per_document(ring, monkeypatch):
+    big = b"9" * 5000                       # int() refuses 4,300 digits on Python 3.11+
+    values, _, _ = ring._pdf_parse(b"<< /A " + big + b" /B -" + big + b" >>")
+    assert values[0]["A"] == 3.4e38 and values[0]["B"] == -3.4e38
+    content = b"BT /F1 " + big + b" Tf 72 700 Td (huge) Tj ET"
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "huge"
+    ranges = b"".join(b"<%04x> <%04x> 1\n" % (i * 1000, i * 1000 + 999) for i in range(60))
+    cmap = b"begincidrange\n" + ranges + b"endcidrange\n"
+    doc = ring._PdfDocument(pdf_file(pdf_one_page(b"")), None)
+    doc.entries = 25000
+    assert len(ring._PdfCMap(cmap, doc).cids) == 25000 and doc.entries == 0
+    assert not ring._PdfCMap(cmap, doc).cids                        # the document's allowance is spent
+    doc.entries = 3000
+    widths = ring._PdfCompositeFont._cid_widths(doc, [0, 65535, 500, 1, [1, 2, 3]])
+    assert len(widths) == 3000 and doc.entries == 0
+
+
+# ---- Fuzz: generated hostile documents (issue 23) ---------------------------------------------
+
+def pdf_hostile_documents(scale):
+    """Hostile PDFs (name, bytes) whose cost should grow with ``scale`` at most linearly."""
+    def page_with(content_ref, extra):
+        objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (p) Tj ET", extra=extra)
+        objects[2] = objects[2].replace(b"/Contents 5 0 R", b"/Contents [5 0 R %s]" % content_ref)
+        return pdf_file(objects)
+    deep = b"[" * (2000 * scale) + b"<<" * (1000 * scale)
+    yield "forms", pdf_nested_forms(6 + scale)
+    yield "numbers", page_with(b"6 0 R", [pdf_stream(zlib.compress(b"1 " * (10000 * scale)), b"/Filter /FlateDecode")])
+    yield "nesting", page_with(b"6 0 R 7 0 R", [pdf_stream(b"BT " + deep + b" (d) Tj ET"), b"<< /D " + deep + b" >>"])
+    yield "values", page_with(b"6 0 R", [b"[" + b"1.5 /N (s) " * (2000 * scale) + b"]"])
+    broken = bytearray(pdf_file(pdf_one_page(b"BT /F1 12 Tf (xref) Tj ET")))
+    broken[broken.rindex(b"startxref"):] = b"startxref\n999999999\n%%EOF\n"
+    yield "bad xref", bytes(broken) + b"9 0 obj << /Type /ObjStm >> endobj\n" * (1000 * scale)
+    yield "big stream", page_with(b"6 0 R", [pdf_stream(zlib.compress(b"q Q " * (1 << 14) * scale, 9),
+                                                        b"/Filter /FlateDecode")])
+    yield "cmap", pdf_file(pdf_one_page(b"BT /F1 12 Tf (ab) Tj ET", font=(
+        b"<< /Type /Font /Subtype /Type0 /BaseFont /X /Encoding /Identity-H /ToUnicode 6 0 R >>"), extra=[
+        pdf_stream(b"beginbfrange\n" + b"".join(b"<%04x> <%04x> <0041>\n" % (i << 8, (i << 8) + 255)
+                                                 for i in range(100 * scale)) + b"endbfrange\n")]))
+
+
+def test_pdf_fuzz_hostile_documents_grow_linearly_in_work_and_memory(ring, monkeypatch):
+    import tracemalloc
+    # small allowances, so that the caps bite in a short test: what is checked is the growth
+    monkeypatch.setattr(ring, "_PDF_WORK", (4, 30000, 1 << 26))
+    monkeypatch.setattr(ring, "_PDF_VALUES", (1, 20000, 1 << 22))
+    monkeypatch.setattr(ring, "_PDF_ENTRIES", (1, 20000, 1 << 21))
+
+    def checks(data, traced=False):
+        calls = []
+        if traced:
+            tracemalloc.start()
+        try:
+            pdf_text_of(data, check=lambda: calls.append(1))
+        except ring.PdfError:
+            pass
+        peak = tracemalloc.get_traced_memory()[1] if traced else 0
+        tracemalloc.stop()
+        return len(calls), peak
+    small = {name: (len(data), checks(data)[0]) for name, data in pdf_hostile_documents(1)}
+    for name, data in pdf_hostile_documents(4):
+        size, work = small[name]
+        calls, peak = checks(data, traced=True)
+        grown = max(4.0, len(data) / size)
+        assert calls <= 2 * grown * work + 20, (name, calls, work)      # work (checks) at most linear
+        assert peak < 24 << 20, (name, peak)                             # and memory bounded
+
+
 # ----------------------------------------------------------------------------------------------
 # §9 Key pool and circuit breaker
 # ----------------------------------------------------------------------------------------------
@@ -7838,6 +8008,18 @@ def test_web_fetch_direct_reads_a_pdf_whatever_type_it_is_served_with(start_serv
         False, "A paper about write-ahead logs.", "application/pdf")
     content, is_error = call_fetch(server, fake_upstream.url + "/scan.pdf")
     assert is_error is True and content["error"] in ("pdf_damaged", "pdf_no_text"), content["error_detail"]
+
+
+def test_web_fetch_direct_reports_a_pdf_that_needs_a_password(start_server, fake_upstream):
+    closed = pdf_encrypted_rc4(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (closed) Tj ET"), b"openpassword")
+    fake_upstream.route("GET", "/closed.pdf", {"headers": {"Content-Type": "application/pdf"}, "body": closed})
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_fetch(server, fake_upstream.url + "/closed.pdf")
+    assert is_error is True and content["error"] == "pdf_password_required"
+    detail = content["error_detail"]
+    assert detail["code"] == "pdf_password_required" and detail["retryable"] is False
+    assert "password" in detail["message"] and "AES" not in detail["message"]
 
 
 @pytest.mark.parametrize("content_type, body", [

@@ -2027,6 +2027,7 @@ _PDF_FORM_COST = 64                         # work units of drawing a form XObje
 _PDF_VALUE_BYTES = 40               # a parsed value in its list or dictionary
 _PDF_ENTRY_BYTES = 100              # a code and its text in a dictionary
 _PDF_CHARGE_EVERY = 1 << 16         # bytes counted before ``charge`` is called with them
+_PDF_MAX_HELD = 128 << 20           # bytes one document may hold, counted so: PdfError("too_large")
 
 _PDF_CHECK_EVERY = 2048             # work units between two calls of ``check``
 
@@ -3304,6 +3305,7 @@ class _PdfDocument:
         self.stopped = None             # what ``check`` or ``charge`` raised, re-raised past recovery
         self.ticks = 0
         self.unpaid = 0                 # bytes held but not yet passed to ``charge``
+        self.held = 0                   # bytes held and counted
         self.xref = {}                  # num -> (offset, None) or (object stream num, index)
         self.trailer = {}
         self.cache = {}
@@ -3345,12 +3347,19 @@ class _PdfDocument:
 
     def hold(self, nbytes):
         """Count ``nbytes`` more held (decoded data, parsed values, map entries, text), passed to
-        ``charge`` every ``_PDF_CHARGE_EVERY`` bytes; what ``charge`` raises stops the read."""
+        ``charge`` every ``_PDF_CHARGE_EVERY`` bytes; what ``charge`` raises stops the read, and
+        so does a document that would hold more than ``_PDF_MAX_HELD`` bytes
+        (``PdfError("too_large")``)."""
         self.unpaid += nbytes
-        if self.unpaid >= _PDF_CHARGE_EVERY and self._charge is not None:
+        if self.unpaid >= _PDF_CHARGE_EVERY:
             nbytes, self.unpaid = self.unpaid, 0
+            self.held += nbytes
             try:
-                self._charge(nbytes)
+                if self.held > _PDF_MAX_HELD:
+                    raise PdfError("too_large", "reading this PDF would take more than %d MB of memory"
+                                   % (_PDF_MAX_HELD >> 20))
+                if self._charge is not None:
+                    self._charge(nbytes)
             except BaseException as exc:
                 self.stopped = exc
                 raise
@@ -4167,18 +4176,31 @@ class _PdfCMap:
     cidrange, None without them) and ``vertical`` (/WMode 1).
 
     The operands before each ``end...`` keyword are collected as PostScript would (hex
-    strings as bytes, numbers as their digits, arrays as lists); once more than
-    ``_PDF_MAX_CMAP`` codes are defined, further definitions are dropped.
+    strings as bytes, numbers as their digits, arrays as lists; past ``_PDF_MAX_OPERANDS`` in
+    a row the older ones are dropped).  At most ``_PDF_MAX_CMAP`` codes are defined, and no
+    more than what is left of the document's allowance (``doc``, a :class:`_PdfDocument` or
+    None): further definitions are dropped, and the codes defined are charged to it.
     """
 
     # The keyword that ends each section of definitions, and the method that reads them.
     _SECTIONS = {b"endbfchar": "_bf_chars", b"endbfrange": "_bf_ranges",
                  b"endcidchar": "_cid_chars", b"endcidrange": "_cid_ranges"}
 
-    def __init__(self, body, tick):
+    def __init__(self, body, doc=None):
         self.mapping, self.ranges, self.space, self.cids, self.vertical = {}, [], [], None, False
+        self.room = min(_PDF_MAX_CMAP, doc.entries) if doc is not None else _PDF_MAX_CMAP
+        room = self.room
+        try:
+            self._read(body, doc.tick if doc is not None else None)
+        finally:
+            if doc is not None:
+                doc.spend_entries(room - self.room)
+
+    def _read(self, body, tick):
         operands, stack = [], []
         for kind, value, _ in _pdf_tokens(body, 0, None, tick):
+            if len(operands) >= _PDF_MAX_OPERANDS:
+                del operands[:-64]          # a run too long for any definition: keep its end
             if kind == 5:
                 operands.append(_pdf_hex(value))
             elif kind == 3 or kind == 1:
@@ -4201,7 +4223,7 @@ class _PdfCMap:
         if keyword == b"endcodespacerange":
             self._code_space(operands)
             return True
-        if len(self.mapping) + len(self.cids or ()) > _PDF_MAX_CMAP:
+        if self.room <= 0:
             return True
         if keyword in self._SECTIONS:
             getattr(self, self._SECTIONS[keyword])(operands)
@@ -4218,10 +4240,11 @@ class _PdfCMap:
                 self.space.append((len(lo), lo, hi))
 
     def _bf_chars(self, operands):
-        for i in range(0, len(operands) - 1, 2):
+        for i in range(0, min(len(operands) - 1, 2 * self.room), 2):
             src, dst = operands[i], operands[i + 1]
             if isinstance(src, bytes):
                 self.mapping[int.from_bytes(src, "big")] = _pdf_cmap_text(dst)
+                self.room -= 1
 
     def _bf_ranges(self, operands):
         for i in range(0, len(operands) - 2, 3):
@@ -4236,8 +4259,9 @@ class _PdfCMap:
         if last < first:
             return
         if isinstance(dst, list):
-            for k, item in enumerate(dst[:last - first + 1]):
+            for k, item in enumerate(dst[:min(last - first + 1, max(0, self.room))]):
                 self.mapping[first + k] = _pdf_cmap_text(item)
+                self.room -= 1
             return
         text = _pdf_cmap_text(dst)
         if not text:
@@ -4247,7 +4271,9 @@ class _PdfCMap:
                 self.ranges.append((first, last, text))
             return
         head, tail = text[:-1], ord(text[-1])
-        for k in range(last - first + 1):
+        count = max(0, min(last - first + 1, self.room))
+        self.room -= count
+        for k in range(count):
             self.mapping[first + k] = head + _pdf_chr(tail + k)
 
     def _cid_chars(self, operands):
@@ -4261,10 +4287,13 @@ class _PdfCMap:
         cids = self.cids = {} if self.cids is None else self.cids
         for i in range(0, len(operands) - step + 1, step):
             lo, hi, cid = operands[i], operands[i + step - 2], operands[i + step - 1]
-            if isinstance(lo, bytes) and isinstance(hi, bytes) and isinstance(cid, bytes):
+            if isinstance(lo, bytes) and isinstance(hi, bytes) and isinstance(cid, bytes) and self.room > 0:
                 first, last = int.from_bytes(lo, "big"), int.from_bytes(hi, "big")
-                for code in range(first, min(last, first + 65535) + 1):
-                    cids[code] = int(cid) + code - first
+                start = int(_pdf_number(cid)) if cid[:1].isdigit() else 0
+                count = max(0, min(last - first + 1, 65536, self.room))
+                self.room -= count
+                for code in range(first, first + count):
+                    cids[code] = start + code - first
 
 
 def _pdf_cmap_text(dst):
@@ -4396,7 +4425,7 @@ class _PdfFont:
         body = doc.decode(stream)
         if not body:
             return None
-        return _PdfCMap(body, doc.tick)
+        return _PdfCMap(body, doc)
 
     def _set_widths(self, doc, fd, descriptor, plain_name):
         """Widths from /FirstChar and /Widths, else those of a standard 14 font."""
@@ -4540,7 +4569,7 @@ class _PdfCompositeFont(_PdfFont):
         elif isinstance(encoding, _PdfStream):
             body = doc.decode(encoding)
             if body:
-                cmap = _PdfCMap(body, doc.tick)
+                cmap = _PdfCMap(body, doc)
                 self.cids = cmap.cids
                 self.vertical = encoding.get("WMode") == 1 or cmap.vertical
                 self._set_code_space(cmap.space)
@@ -4554,28 +4583,39 @@ class _PdfCompositeFont(_PdfFont):
 
     @staticmethod
     def _cid_widths(doc, w):
-        """CID -> width from a /W array (``c [w1 w2 ...]`` and ``c1 c2 w`` entries)."""
+        """CID -> width from a /W array (``c [w1 w2 ...]`` and ``c1 c2 w`` entries), of at most
+        ``_PDF_MAX_CMAP`` CIDs and what is left of the document's allowance of codes."""
         out = {}
         if not isinstance(w, list):
             return out
-        i, n = 0, len(w)
-        while i + 1 < n and len(out) < 65536:
-            first = w[i]
-            nxt = doc.resolve(w[i + 1])
-            if type(first) is not int:
-                break
-            if isinstance(nxt, list):
-                for k, value in enumerate(nxt):
-                    if isinstance(value, (int, float)):
-                        out[first + k] = float(value)
-                i += 2
-            elif i + 2 < n and type(nxt) is int and isinstance(w[i + 2], (int, float)):
-                for cid in range(first, min(nxt, first + 65536) + 1):
-                    out[cid] = float(w[i + 2])
-                i += 3
-            else:
-                break
+        room = min(_PDF_MAX_CMAP, doc.entries)
+        try:
+            _pdf_read_widths(doc, w, out, room)
+        finally:
+            doc.spend_entries(len(out))
         return out
+
+
+def _pdf_read_widths(doc, w, out, room):
+    """The entries of the /W array ``w`` into ``out``, until it holds ``room`` CIDs."""
+    i, n = 0, len(w)
+    while i + 1 < n and len(out) < room:
+        first = w[i]
+        nxt = doc.resolve(w[i + 1])
+        if type(first) is not int:
+            break
+        doc.tick()
+        if isinstance(nxt, list):
+            for k, value in enumerate(nxt[:room - len(out)]):
+                if isinstance(value, (int, float)):
+                    out[first + k] = float(value)
+            i += 2
+        elif i + 2 < n and type(nxt) is int and isinstance(w[i + 2], (int, float)):
+            for cid in range(first, min(nxt, first + 65535, first + room - len(out) - 1) + 1):
+                out[cid] = float(w[i + 2])
+            i += 3
+        else:
+            break
 
 
 def _pdf_load_font(doc, ref):
@@ -4707,6 +4747,8 @@ class _PdfTextReader:
         self.resources = {}             # of the content stream being run (a form's are restored after it)
         self.fonts = {}
         self.depth = 0                  # form XObjects the stream being run is inside
+        self.marks = []                 # open marked-content sequences: None, or their ActualText entry
+        self.actual = None              # [text, shown yet] of the ActualText span the glyphs are in
 
     def text(self):
         return "".join(self.out).strip()
@@ -4739,11 +4781,16 @@ class _PdfTextReader:
         handlers = self._OPERATORS
         ops, nest, count = [], [], 0
         for kind, value, _ in _pdf_tokens(data, 0, None, doc.tick):
+            if len(ops) >= _PDF_MAX_OPERANDS:   # no operator takes that many: keep the end of the run
+                doc.work -= len(ops)
+                del ops[:-64]
+                if doc.work < 0:
+                    return
             if kind == 1:
                 ops.append(float(value))
             elif kind == 7:
                 count += 1
-                if count >= 256:            # the document's budget of work, charged in batches
+                if count >= 256:            # the document's allowance of work, charged in batches
                     doc.work -= count
                     count = 0
                     if doc.work < 0:
@@ -4840,6 +4887,26 @@ class _PdfTextReader:
     def _op_inline_image(self, ops):                # ID (the lexer skips the image data)
         self.images += 1
 
+    def _op_begin_marked(self, ops):                # BMC
+        if len(self.marks) < _PDF_MAX_GSTATE:
+            self.marks.append(None)
+
+    def _op_begin_marked_properties(self, ops):     # BDC: a tag and its properties
+        if len(self.marks) >= _PDF_MAX_GSTATE:
+            return
+        entry = None
+        if self.actual is None:         # an ActualText inside another is part of the outer one
+            text = _pdf_actual_text(self.doc, ops[-1], self.resources)
+            if text is not None:
+                entry = self.actual = [text, False]
+        self.marks.append(entry)
+
+    def _op_end_marked(self, ops):                  # EMC
+        if self.marks:
+            entry = self.marks.pop()
+            if entry is not None and entry is self.actual:
+                self.actual = None
+
     # The operators acted on, and their methods (called as ``handler(reader, ops)``); every
     # other operator just drops its operands.
     _OPERATORS = {b"Tj": _op_show, b"TJ": _op_show_array, b"Td": _op_move, b"TD": _op_move_leading,
@@ -4847,7 +4914,8 @@ class _PdfTextReader:
                   b"Tf": _op_font, b"Tm": _op_text_matrix, b"TL": _op_leading, b"Tc": _op_char_spacing,
                   b"Tw": _op_word_spacing, b"Tz": _op_horizontal_scale, b"BT": _op_begin_text,
                   b"cm": _op_transform, b"q": _op_save, b"Q": _op_restore, b"Do": _op_draw,
-                  b"ID": _op_inline_image}
+                  b"ID": _op_inline_image, b"BMC": _op_begin_marked, b"BDC": _op_begin_marked_properties,
+                  b"EMC": _op_end_marked}
 
     # -- text
 
@@ -4888,6 +4956,10 @@ class _PdfTextReader:
                     self.show(piece)
                 return
         text, width, spaces, codes = font.decode(s)
+        actual = self.actual
+        if actual is not None:          # the span's text replaces its glyphs, shown at the first
+            text = "" if actual[1] else actual[0]
+            actual[1] = True
         tm = self.tm
         x0, y0 = tm[4], tm[5]
         fs, tc = self.fs, self.tc
@@ -4902,12 +4974,12 @@ class _PdfTextReader:
             ax, ay = tm[0], tm[1]
         tm[4] = x0 + advance * ax
         tm[5] = y0 + advance * ay
-        if text:
+        if text or actual is not None:
             self._place_shown(text, x0, y0, x0 + visible * ax, y0 + visible * ay, font)
 
     def _place_shown(self, text, x0, y0, ex, ey, font):
         """Place ``text`` shown from (x0, y0) to (ex, ey) in text space, unless it starts
-        outside the page's visible box."""
+        outside the page's visible box (empty ``text`` only moves the end of the last text)."""
         tm = self.tm
         c0, c1, c2, c3, c4, c5 = self.ctm
         if font.vertical:                   # the direction of writing in device space
@@ -4929,11 +5001,17 @@ class _PdfTextReader:
         box = self.box
         if box is not None and not (box[0] - size <= x <= box[2] and box[1] - size <= y <= box[3] + size):
             return
-        self.place(text, x, y, bx, by, size)
+        if text:
+            self.place(text, x, y, bx, by, size)
         self.last = (ex * c0 + ey * c2 + c4, ex * c1 + ey * c3 + c5, bx, by, size)
 
     def place(self, text, x, y, bx, by, size):
-        """Append ``text`` starting at (x, y) with the separator its position calls for."""
+        """Append ``text`` starting at (x, y) with the separator its position calls for, while
+        the document's allowance of text lasts."""
+        doc = self.doc
+        doc.text -= len(text)
+        if doc.text < 0:
+            return
         out = self.out
         last = self.last
         if last is not None:
@@ -4967,6 +5045,10 @@ class _PdfTextReader:
         if subtype == "Image":
             self.images += 1
         elif subtype == "Form" and depth < _PDF_MAX_FORM_DEPTH:
+            doc.work -= _PDF_FORM_COST      # forms drawing forms multiply: each drawing costs
+            doc.tick(_PDF_FORM_COST)
+            if doc.work < 0:
+                return
             body = self._form_body(ref, xobj)
             if body:
                 self._run_form(xobj, body, resources, depth)
@@ -4992,31 +5074,65 @@ class _PdfTextReader:
         matrix = _pdf_matrix(doc.resolve(xobj.get("Matrix")) or [])
         if matrix is not None:
             self.ctm = _pdf_multiply(matrix, self.ctm)
-        depth_saved = len(self.stack)
+        depth_saved, marks_saved, actual_saved = len(self.stack), len(self.marks), self.actual
         try:
             self.run(body, inner if isinstance(inner, dict) else resources, depth + 1)
         finally:
             del self.stack[depth_saved:]
+            del self.marks[marks_saved:]
+            self.actual = actual_saved
             (self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl, self.tm, self.tlm,
              self.resources, self.fonts, self.depth) = saved
 
 
-def pdf_to_text(data, *, check=None, max_pages=PDF_MAX_PAGES):
+def _pdf_actual_text(doc, props, resources):
+    """The /ActualText of the properties of a BDC operator, or None: ``props`` is an inline
+    dictionary (a list of keys and values, as the content stream's operands are read) or the
+    name of one in the resources' /Properties."""
+    if isinstance(props, str):
+        named = doc.resolve(resources.get("Properties"))
+        props = doc.resolve(named.get(props)) if isinstance(named, dict) else None
+        value = doc.resolve(props.get("ActualText")) if isinstance(props, dict) else None
+    elif isinstance(props, list):
+        value = next((props[i + 1] for i in range(0, len(props) - 1, 2) if props[i] == "ActualText"), None)
+    else:
+        return None
+    return _pdf_text_string(value) if isinstance(value, bytes) else None
+
+
+def _pdf_text_string(raw):
+    """A PDF text string: UTF-16 or UTF-8 after its byte order mark, else PDFDocEncoding
+    (read as Latin-1, which it matches for letters).
+
+    >>> _pdf_text_string(b"\\xfe\\xff\\x00f\\x00i"), _pdf_text_string(b"caf\\xe9")
+    ('fi', 'café')
+    """
+    for bom, codec in _BOMS:
+        if raw.startswith(bom):
+            return raw[len(bom):].decode(codec, "ignore")
+    return raw.decode("latin-1")
+
+
+def pdf_to_text(data, *, check=None, charge=None, max_pages=PDF_MAX_PAGES):
     """The text of the PDF document ``data`` (bytes), page after page.
 
     Lines follow the text positions (a new line where the baseline moves, a
     blank line at a larger vertical gap, a space where text jumps forward on
     its line); pages are separated by a blank line.  At most ``max_pages``
-    pages are read.  ``check``, if given, is called every few thousand
-    content tokens and may raise to stop the work (a deadline, a
-    cancellation); its exception propagates unchanged.
+    pages are read.  ``check``, if given, is called every few milliseconds of
+    work (at every level of nested form XObjects too) and may raise to stop
+    the work (a deadline, a cancellation); ``charge(nbytes)``, if given, is
+    told of the memory the reader comes to hold, tens of KB at a time, and
+    may raise too (a memory budget).  Their exceptions propagate unchanged.
 
-    Raises :class:`PdfError`: ``pdf_encrypted`` when the file needs a user
-    password or AES, ``pdf_no_text`` when its pages hold no text (a scan),
-    ``pdf_damaged`` when nothing can be read.  A damaged file otherwise
-    yields whatever text could be recovered.
+    Raises :class:`PdfError`: ``pdf_password_required`` when the file opens
+    only with a password, ``pdf_encrypted`` for another security handler,
+    ``pdf_no_text`` when its pages hold no text (a scan), ``pdf_damaged`` when
+    nothing can be read, ``too_large`` when reading it would hold more than
+    ``_PDF_MAX_HELD`` bytes.  A damaged file otherwise yields whatever text
+    could be recovered; a hostile one, what its allowances of work let through.
     """
-    doc = _PdfDocument(bytes(data), check)
+    doc = _PdfDocument(bytes(data), check, charge)
     pages = doc.pages(max_pages)
     if not pages:
         raise PdfError("pdf_damaged", "no page could be read: the file is damaged or not a PDF")
@@ -9961,7 +10077,8 @@ class Fetcher:
         body = resp.body
         check = _extraction_check(url, ctx)
         if media == "application/pdf" or body.lstrip()[:5] == b"%PDF-":
-            return Document(url, resp.url, "", _pdf_page_text(url, body, check), "direct", "application/pdf")
+            return Document(url, resp.url, "", _pdf_page_text(url, body, check, ctx.budget), "direct",
+                            "application/pdf")
         media = media or _sniff_media(body)
         if media in _MEDIA_HTML:
             html = decode_page(body, ctype)
@@ -10009,13 +10126,26 @@ def _extraction_check(url, ctx):
     return check
 
 
-def _pdf_page_text(url, body, check):
-    """The text of the PDF ``body`` fetched from ``url``; a PdfError becomes an UpstreamError."""
+def _pdf_page_text(url, body, check, budget=None):
+    """The text of the PDF ``body`` fetched from ``url``; a PdfError becomes an UpstreamError.
+    The memory the reader holds is charged to ``budget`` (a :class:`MemoryBudget`, or None)
+    while it reads, and given back once the text is out; a budget spent is ``too_large``."""
+    held = [0]
+
+    def charge(nbytes):
+        budget.charge(nbytes)
+        held[0] += nbytes
     try:
-        return pdf_to_text(body, check=check)
+        return pdf_to_text(body, check=check, charge=charge if budget is not None else None)
     except PdfError as exc:
         raise UpstreamError("direct", "no_results" if exc.code == "pdf_no_text" else "bad_response",
                             exc.code, "%s: %s" % (url, exc.message), status=200, retryable=False) from None
+    except TooLarge as exc:
+        raise UpstreamError("direct", "bad_response", "too_large", "%s: %s" % (url, exc), status=200,
+                            retryable=False) from None
+    finally:
+        if held[0]:
+            budget.release(held[0])
 
 
 def _sniff_media(body):
@@ -11947,7 +12077,8 @@ class SearchTools:
 
 # The codes of a failed fetch that a provider's last attempt passes on (the rest are fetch_failed).
 _FETCH_CODES = ("private_address", "bad_url", "unsupported_content_type", "body_too_large", "too_many_redirects",
-                "pdf_encrypted", "pdf_no_text", "pdf_damaged", "not_found", "extraction_timeout")
+                "pdf_encrypted", "pdf_password_required", "pdf_no_text", "pdf_damaged", "too_large", "not_found",
+                "extraction_timeout")
 
 
 class PageTools:
