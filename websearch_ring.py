@@ -2019,7 +2019,7 @@ _PDF_WORK = (64, 1 << 21, 1 << 26)          # content tokens run (a form drawn c
 _PDF_VALUES = (8, 1 << 18, 1 << 22)         # values (numbers, names, strings, ...) parsed in its objects
 _PDF_ENTRIES = (4, 1 << 17, 1 << 21)        # codes defined by its CMaps and /W arrays
 _PDF_OBJECTS = (1 / 8, 1 << 16, 1 << 22)    # cross-reference entries
-_PDF_TEXT = (4, 1 << 20, 1 << 24)           # characters of text; the rest of the document is left out
+_PDF_TEXT = (8, 1 << 20, 1 << 24)           # characters of text; the rest of the document is left out
 _PDF_FORM_COST = 64                         # work units of drawing a form XObject, besides its tokens
 
 # Bytes of memory the reader counts for what it holds (``charge`` of pdf_to_text), besides
@@ -3779,6 +3779,7 @@ class _PdfDocument:
         stack = [(top, None, None, 0)]
         while stack and len(out) < max_pages:
             ref, resources, box, depth = stack.pop()
+            self.tick()
             if type(ref) is _PdfRef:
                 if ref.num in seen:
                     continue
