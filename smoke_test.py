@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 import traceback
+import zlib
 from html import escape as html_escape
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
@@ -2361,6 +2362,165 @@ def print_table(rows):
             print("  ".join("%-*s" % (w, c) for w, c in zip(widths, r)).rstrip())
 
 
+# ----------------------------------------------------------------------------------------------
+# PDF reader: AES cost and hostile documents (in process)
+# ----------------------------------------------------------------------------------------------
+
+PDF_BENCH_PAGES = 80            # pages of the synthetic document (~5 MB of Flate content)
+PDF_BENCH_RUNS = 3
+
+
+def _load_module(server_path):
+    """websearch_ring.py loaded from ``server_path`` as a module of this process."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("websearch_ring_bench", server_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pdf_bytes(objects, trailer=b""):
+    out = bytearray(b"%PDF-1.7\n")
+    offsets = []
+    for num, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (num, body)
+    start = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % off for off in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R %s >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, trailer, start)
+    return bytes(out)
+
+
+def _pdf_stream(body, extra=b""):
+    return b"<< /Length %d %s >>\nstream\n%s\nendstream" % (len(body), extra, body)
+
+
+def _pdf_bench_document(ring, pages, key=None):
+    """A document of ``pages`` pages of text (Flate streams with incompressible numbers, so that
+    the file is megabytes); with ``key`` (32 bytes), every stream encrypted with AES-256 (V5 R5,
+    empty user password)."""
+    kids = b" ".join(b"%d 0 R" % (4 + 2 * i) for i in range(pages))
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, pages),
+               b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    for i in range(pages):
+        lines = b"".join(b"0 -14 Td (Line %d of page %d: %s) Tj\n" % (n, i, base64.b64encode(
+            hashlib.sha512(b"%d %d" % (i, n)).digest() * 3)) for n in range(300))
+        body = zlib.compress(b"BT /F1 12 Tf 72 760 Td\n" + lines + b"ET", 6)
+        if key is not None:
+            iv = hashlib.md5(b"%d" % i).digest()
+            pad = 16 - len(body) % 16
+            body = iv + ring._pdf_aes_cbc_encrypt(key, iv, body + bytes([pad]) * pad)
+        objects.append(b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> "
+                       b"/Contents %d 0 R >>" % (5 + 2 * i))
+        objects.append(_pdf_stream(body, b"/Filter /FlateDecode"))
+    if key is None:
+        return _pdf_bytes(objects)
+    salts = [hashlib.md5(b"salt%d" % n).digest()[:8] for n in range(4)]
+    user = hashlib.sha256(salts[0]).digest() + salts[0] + salts[1]
+    user_e = ring._pdf_aes_cbc_encrypt(hashlib.sha256(salts[1]).digest(), bytes(16), key)
+    owner = hashlib.sha256(b"owner" + salts[2] + user).digest() + salts[2] + salts[3]
+    owner_e = ring._pdf_aes_cbc_encrypt(hashlib.sha256(b"owner" + salts[3] + user).digest(), bytes(16), key)
+    objects.append(b"<< /Filter /Standard /V 5 /R 5 /Length 256 /P -4 /O <%s> /U <%s> /OE <%s> /UE <%s> "
+                   b"/CF << /StdCF << /CFM /AESV3 /AuthEvent /DocOpen /Length 32 >> >> /StmF /StdCF /StrF /StdCF >>"
+                   % tuple(v.hex().encode() for v in (owner, user, owner_e, user_e)))
+    return _pdf_bytes(objects, b"/Encrypt %d 0 R /ID [<00> <00>]" % len(objects))
+
+
+def _pdf_nested_forms(levels=20, fanout=10):
+    """The hostile case of issue 23: a page drawing form XObjects that each draw the next ten times."""
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 4 0 R >> "
+               b"/XObject << /X 6 0 R >> >> /Contents 5 0 R >>",
+               b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+               _pdf_stream(b"BT /F1 12 Tf 72 700 Td (start) Tj ET /X Do")]
+    for i in range(levels):
+        inner = b"/Resources << /XObject << /X %d 0 R >> /Font << /F1 4 0 R >> >>" % (7 + i) if i < levels - 1 else b""
+        objects.append(_pdf_stream(b"/X Do " * fanout + b"BT (x) Tj ET",
+                                   b"/Type /XObject /Subtype /Form /BBox [0 0 10 10] " + inner))
+    return _pdf_bytes(objects)
+
+
+def _pdf_number_runs(count):
+    """Issue 23's memory case: a page whose two content streams hold ``count`` numbers and no operator."""
+    body = zlib.compress(b"1 " * count, 9)
+    return _pdf_bytes([b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+                       b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents [4 0 R 5 0 R] >>",
+                       _pdf_stream(body, b"/Filter /FlateDecode"), _pdf_stream(body, b"/Filter /FlateDecode")])
+
+
+def _cpu_median(fn, runs):
+    times = []
+    for _ in range(runs):
+        started = time.process_time()
+        fn()
+        times.append(time.process_time() - started)
+    return _median(times)
+
+
+def _stopped_after(ring, data, stop_at_s, cancel):
+    """Seconds pdf_to_text runs on ``data`` when its deadline (or a cancel) comes after ``stop_at_s``."""
+    token, started = ring.CancelToken(), time.monotonic()
+    if cancel:
+        timer = threading.Timer(stop_at_s, token.cancel)
+        timer.start()
+        check = token.check
+    else:
+        def check():
+            if time.monotonic() - started > stop_at_s:
+                raise TimeoutError("deadline")
+    try:
+        ring.pdf_to_text(data, check=check)
+    except (TimeoutError, ring.Cancelled):
+        pass
+    return time.monotonic() - started
+
+
+def bench_pdf(bench):
+    """AES throughput, the cost of an encrypted document against the same one in the clear, and
+    the hostile documents of issue 23 (time to stop at a deadline or a cancel, memory)."""
+    import tracemalloc
+    ring = _load_module(bench.server_path)
+    for size in (16, 32):
+        key, data = bytes(range(size)), os.urandom(4 << 20)
+        cpu = _cpu_median(lambda: ring._pdf_aes_cbc_decrypt(key, bytes(16), data), PDF_BENCH_RUNS)
+        bench.row("AES-%d-CBC decryption, 4 MB" % (size * 8), "%.1f MB/s" % (len(data) / cpu / 1e6))
+    plain = _pdf_bench_document(ring, PDF_BENCH_PAGES)
+    secret = _pdf_bench_document(ring, PDF_BENCH_PAGES, hashlib.sha256(b"bench").digest())
+    if ring.pdf_to_text(plain) != ring.pdf_to_text(secret):
+        raise AssertionError("the encrypted document reads differently")
+    cpu_plain = _cpu_median(lambda: ring.pdf_to_text(plain), PDF_BENCH_RUNS)
+    cpu_secret = _cpu_median(lambda: ring.pdf_to_text(secret), PDF_BENCH_RUNS)
+    bench.row("pdf_to_text, %.1f MB, %d pages, in the clear" % (len(plain) / 1e6, PDF_BENCH_PAGES),
+              "%.2f s CPU" % cpu_plain)
+    bench.row("the same encrypted with AES-256 (R5)", "%.2f s CPU = %.2fx" % (cpu_secret, cpu_secret / cpu_plain),
+              "< 2x", "ok" if cpu_secret < 2 * cpu_plain else "OVER")
+    forms = _pdf_nested_forms()
+    took = _stopped_after(ring, forms, 1.0, cancel=False)
+    bench.row("%.1f KB of nested forms, deadline at 1 s" % (len(forms) / 1e3), "stopped at %.2f s" % took,
+              "< 2 s", "ok" if took < 2.0 else "OVER")
+    took = _stopped_after(ring, forms, 0.3, cancel=True)
+    bench.row("the same, cancelled at 0.3 s", "%.2f s after the cancel" % (took - 0.3), "< 0.5 s",
+              "ok" if took - 0.3 < 0.5 else "OVER")
+    runs = _pdf_number_runs(16 << 20)
+    cpu = _cpu_median(lambda: _pdf_read_or_fail(ring, runs), 1)
+    bench.row("%.0f KB holding 2 x 16 M numbers, no operator" % (len(runs) / 1e3), "%.2f s CPU" % cpu)
+    runs = _pdf_number_runs(2 << 20)            # traced, smaller: tracemalloc slows the lexer tenfold
+    tracemalloc.start()
+    _pdf_read_or_fail(ring, runs)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    bench.row("the same with 2 x 2 M numbers, memory", "%.0f MB peak (tracemalloc)" % (peak / 1e6), "< 128 MB",
+              "ok" if peak < 128e6 else "OVER")
+
+
+def _pdf_read_or_fail(ring, data):
+    try:
+        ring.pdf_to_text(data)
+    except ring.PdfError:
+        pass
+
+
 def run_bench(server_path):
     """--bench: measure every figure, print a table; exit 1 only if a measurement broke."""
     if not os.path.isfile(server_path):
@@ -2382,6 +2542,7 @@ def run_bench(server_path):
         ("web_answer", "web_answer over a streaming chat endpoint (~%.0f ms per normal answer)"
          % (ANSWER_STREAM_S * 1000), bench.answer),
         ("shutdown", "the client going away while a %.0f s web_answer streams" % SLOW_ANSWER_S, bench.shutdown),
+        ("pdf", "PDF reader in process: AES, and the hostile documents of issue 23", lambda: bench_pdf(bench)),
         # Last: it takes a minute.
         ("web_answer progress cadence (one %.0f s answer, please wait)" % SLOW_ANSWER_S, None, bench.progress),
     )

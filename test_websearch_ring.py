@@ -4139,20 +4139,288 @@ def test_pdf_user_password_needed_is_reported(ring):
     objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (closed) Tj ET")
     with pytest.raises(ring.PdfError) as info:
         pdf_text_of(pdf_encrypted_rc4(objects, b"openpassword"))
-    assert info.value.code == "pdf_encrypted"
+    assert info.value.code == "pdf_password_required"
     assert "password" in info.value.message
 
 
-def test_pdf_aes_encryption_is_reported(ring):
-    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (aes) Tj ET") + [
-        b"<< /Filter /Standard /V 4 /R 4 /Length 128 /P -4 /O <%s> /U <%s> "
-        b"/CF << /StdCF << /CFM /AESV2 /AuthEvent /DocOpen /Length 16 >> >> /StmF /StdCF /StrF /StdCF >>"
-        % (b"00" * 32, b"00" * 32)]
-    data = pdf_file(objects, b"/Encrypt 6 0 R /ID [<00112233> <00112233>]")
+# ---- AES (issue 21): FIPS-197 and SP 800-38A known answers, qpdf's files, generated files --------
+
+# FIPS-197 Appendix C (C.1 AES-128, C.2 AES-192, C.3 AES-256): key 00 01 02 ..., this plaintext.
+FIPS197_PLAIN = bytes.fromhex("00112233445566778899aabbccddeeff")
+FIPS197 = [(bytes(range(16)), "69c4e0d86a7b0430d8cdb78070b4c55a"),
+           (bytes(range(24)), "dda97ca4864cdfe06eaf70a0ec0d7191"),
+           (bytes(range(32)), "8ea2b7ca516745bfeafc49904b496089")]
+
+# NIST SP 800-38A F.2.1-F.2.6: CBC-AES128, -AES192, -AES256 (iv 00 01 02 ..., four blocks).
+SP800_38A_PLAIN = bytes.fromhex("6bc1bee22e409f96e93d7e117393172aae2d8a571e03ac9c9eb76fac45af8e51"
+                                "30c81c46a35ce411e5fbc1191a0a52eff69f2445df4f9b17ad2b417be66c3710")
+SP800_38A_CBC = [
+    ("2b7e151628aed2a6abf7158809cf4f3c",
+     "7649abac8119b246cee98e9b12e9197d5086cb9b507219ee95db113a917678b2"
+     "73bed6b8e3c1743b7116e69e222295163ff1caa1681fac09120eca307586e1a7"),
+    ("8e73b0f7da0e6452c810f32b809079e562f8ead2522c6b7b",
+     "4f021db243bc633d7178183a9fa071e8b4d9ada9ad7dedf4e5e738763f69145a"
+     "571b242012fb7ae07fa9baac3df102e008b0e27988598881d920a9e64f5615cd"),
+    ("603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4",
+     "f58c4c04d6e5f1ba779eabfb5f7bfbd69cfc4e967edb808d679f777bc6702c7d"
+     "39f23369a9d9bacfa530e26304231461b2eb05e2c39be9fcda6c19078c6a9d1b"),
+]
+
+
+@pytest.mark.parametrize("key, cipher", FIPS197)
+def test_aes_fips197_appendix_c(ring, key, cipher):
+    assert ring._pdf_aes_ecb_encrypt(key, FIPS197_PLAIN).hex() == cipher
+    assert ring._pdf_aes_ecb_decrypt(key, bytes.fromhex(cipher)) == FIPS197_PLAIN
+    assert ring._pdf_aes_cbc_decrypt(key, bytes(16), bytes.fromhex(cipher)) == FIPS197_PLAIN
+
+
+@pytest.mark.parametrize("key, cipher", SP800_38A_CBC)
+def test_aes_sp800_38a_cbc_on_both_paths(ring, key, cipher):
+    key, cipher = bytes.fromhex(key), bytes.fromhex(cipher)
+    iv = bytes(range(16))
+    assert ring._pdf_aes_cbc_decrypt(key, iv, cipher) == SP800_38A_PLAIN          # block by block
+    assert ring._pdf_aes_cbc_encrypt(key, iv, SP800_38A_PLAIN) == cipher
+    blocks = [cipher[i:i + 16] for i in range(0, 64, 16)] * 40                  # byte-sliced: >= 160 bytes
+    chain = [iv] + blocks[:3]
+    want = b"".join(bytes(a ^ b for a, b in zip(SP800_38A_PLAIN[i:i + 16], chain[i // 16])) for i in range(0, 64, 16))
+    assert ring._pdf_aes_ecb_decrypt(key, b"".join(blocks)) == want * 40
+
+
+# SHA-256 of the AES-CBC decryption of 69,984 bytes (i * 7 + 3 mod 256), iv 16..31, key 0..n-1,
+# computed with the cryptography package (OpenSSL) when the code was written.
+AES_LONG_DIGESTS = {16: "9c4af8212b1cec4bcce0c67e6e6eab677d6f43a93f69766a4883219208924a23",
+                    32: "e34ef96d4c891b534d381c0f1222b34003006f86243bd03b43169dadb3958a94"}
+
+
+@pytest.mark.parametrize("size", [16, 32])
+def test_aes_long_buffer_against_openssl_digest(ring, size):
+    data = bytes((i * 7 + 3) & 255 for i in range(70000 // 16 * 16))
+    plain = ring._pdf_aes_cbc_decrypt(bytes(range(size)), bytes(range(16, 32)), data)
+    assert hashlib.sha256(plain).hexdigest() == AES_LONG_DIGESTS[size]
+
+
+def test_aes_sliced_and_block_paths_agree_at_every_size(ring, monkeypatch):
+    monkeypatch.setattr(ring, "_AES_CHUNK", 1024)          # several chunks, and short last chunks
+    for size in (16, 32):
+        key, iv = hashlib.sha256(b"k%d" % size).digest()[:size], hashlib.md5(b"iv").digest()
+        for n in (16, 32, 144, 160, 176, 1008, 1024, 1040, 3072, 5000):
+            plain = (hashlib.sha512(b"%d" % n).digest() * (n // 64 + 1))[:n // 16 * 16]
+            cipher = ring._pdf_aes_cbc_encrypt(key, iv, plain)
+            assert ring._pdf_aes_cbc_decrypt(key, iv, cipher) == plain, (size, n)
+            assert ring._pdf_aes_cbc_decrypt(key, iv, cipher + b"xyz") == plain    # a partial block is dropped
+    assert ring._pdf_aes_cbc_decrypt(bytes(16), bytes(16), b"short") == b""
+
+
+# qpdf 11.3.0 (--static-id) on one small file: the encryption dictionary, the file's first ID and
+# the page's content stream (object 6) of: aes128 (--encrypt "" owner 128 --use-aes=y: V4 R4 AESV2),
+# aes256 (--encrypt "" owner 256: V5 R6 AESV3), aes256r5 (... --force-R5), aes256-user (user
+# password "user").  The real file behind the AESV2 case: encrypted-aes-128-empty-password.
+QPDF_ID = bytes.fromhex("31415926535897932384626433832795")
+QPDF_CONTENT = (b"BT /F1 12 Tf 72 700 Td (Attack at dawn, said the AES test file.) Tj "
+                b"0 -20 Td (Second line of secret text.) Tj ET")
+QPDF_VECTORS = {
+    "aes128": (
+        {"CF": {"StdCF": {"AuthEvent": "DocOpen", "CFM": "AESV2", "Length": 16}}, "Filter": "Standard",
+         "Length": 128, "P": -4, "R": 4, "V": 4, "StmF": "StdCF", "StrF": "StdCF",
+         "O": bytes.fromhex("566fa873ee33c797cd3b904fdadf814afa34df9a38f6ed41b984e2c6da2aa6f5"),
+         "U": bytes.fromhex("e21cc3d13b0faa9934db7d20f11e333e0122456a91bae5134273a6db134c87c4")},
+        "1b5c9f000ca144b46671b50bdb7988a634dad30d016bb6dabee7b3ea4edeef09738a6f3b30cf9793492198ecfa8fb283"
+        "2cf24447fea2e34fb513bf520346cfef30fe5addacad1ea23dfa2cdb61c64dd319713a23018ef413be5f3a3185f4b563"
+        "8dea74d735540159ad62320431d79a40816f9c84b291de671fc351d252ed1938600e872ec808905d4442cdbee42e12a3"),
+    "aes256": (
+        {"CF": {"StdCF": {"AuthEvent": "DocOpen", "CFM": "AESV3", "Length": 32}}, "Filter": "Standard",
+         "Length": 256, "P": -4, "R": 6, "V": 5, "StmF": "StdCF", "StrF": "StdCF",
+         "O": bytes.fromhex("139c5e4c3087eac79160ad7ef30ef511cd65d5899336382f7d639c7f5703544f"
+                            "757d02acc5c206200d3ac01b814cb6d6"),
+         "OE": bytes.fromhex("38d831e44924ceed3ef051b769bc41d29ed020ec6fdcf067fdd6f384b5398591"),
+         "Perms": bytes.fromhex("1313a3931a50ef613111753c81a3d2c3"),
+         "U": bytes.fromhex("ec5c97169ffd7a853726fe8e4e4d5190a8c9e91d16abe076be8b12bdaf6d08e7"
+                            "4b267da9755c4ce037155423d2fa2258"),
+         "UE": bytes.fromhex("cf1d817982106e472a1bc73bde90e105275a278173d568174755835611000085")},
+        "bb110f2b6d08878b080e980125ae04c7dd8a2db7165c3883b24149a1f3ba4485161a6530776a82f01df8f2f2ed67a36c"
+        "ec510836c0ecd2003960e785c9addec7cc8b1a6921f04ea6c50f63ebf29bce420c049b536c39368723659719cfe014b3"
+        "6c9c0e369df04eed4597bf214025374a4cd90c2ff84e2b2aa1a101e3a56182d66b33db0d2885ca281c13406575c1ef70"),
+    "aes256r5": (
+        {"CF": {"StdCF": {"AuthEvent": "DocOpen", "CFM": "AESV3", "Length": 32}}, "Filter": "Standard",
+         "Length": 256, "P": -4, "R": 5, "V": 5, "StmF": "StdCF", "StrF": "StdCF",
+         "O": bytes.fromhex("0621bf8baf0dd1dd8d801f6d1a416f90516ac1605e2fd0be92f34245b4919151"
+                            "f87c1f2d827ca2efdbb30329bbfa80c7"),
+         "OE": bytes.fromhex("6d61faeb219f74e48d6bef7792ac6e021ffd0c5093c3ed4a60cf5dba193f511b"),
+         "Perms": bytes.fromhex("adf6e66d4d573a5ddd97ff8ecb486af9"),
+         "U": bytes.fromhex("43f95e7d220df0ffc80f6b25e31eb33d5160eb557f17805879ad813d5f03643b"
+                            "de16abed10ed13b8cfb7e5ddcef4f772"),
+         "UE": bytes.fromhex("25fc0bb0ac5136a0cbc9ad671f73afa138359f03ea5fd45465927f2b606765bd")},
+        "ed69ff2215c21f0652d6b044e70e8c6e7766ff9822611a735b150255b42aff481a554281e91c43a70755315cd32c7c37"
+        "1de6fc9762543b8c762b7babd3b4f011ebb4c531137124d864ac3ffa1cf30adc2d16cce1cc586efa4abfbafb6a3eccaf"
+        "8a787c60b71a8f46f4b7744c5357ad9d9ec9bfd5b0e81cba1fd16d62acca3c5c2102ecebaf793ef18a71f897be1d6226"),
+    "aes256-user": (
+        {"CF": {"StdCF": {"AuthEvent": "DocOpen", "CFM": "AESV3", "Length": 32}}, "Filter": "Standard",
+         "Length": 256, "P": -4, "R": 6, "V": 5, "StmF": "StdCF", "StrF": "StdCF",
+         "O": bytes.fromhex("1e863d8e65ce73e76c710ed47968f02515a83a501c61f0e36e2085982928e69f"
+                            "eee755425958732f81bda2bba79f68d6"),
+         "OE": bytes.fromhex("699c12e239705d80c53991ccd9912e49c32cc5cba525be2527177b29fa8217e1"),
+         "Perms": bytes.fromhex("9a9e3a247472b6a34ff4da46d8e97aa5"),
+         "U": bytes.fromhex("9680e3c832fdfd3eb982ff242b6d0bf4722ee7b748f6bed9bd5b5b9bf31b4463"
+                            "33186f4485fe23b88dfcd4740770d7d5"),
+         "UE": bytes.fromhex("7dcd2ad83ea485b716b18b912cf22e8a32c5ffde3c35c5b6ef6cf2ebe5ec41d4")},
+        "f7d41e34b827d4cfa9ec885c49ee5a0877f5c106da374a3ed846470e0b969cfba69cec6abebf5025bdc83f0781828c98"
+        "7a017fba021b35f7fd260f6aa6f0f4cd2fdcaaaf18efadfe6478ebe9707e760f42eb251c85f91266f6a604508482ad37"
+        "ced8179a0f2e76f694ddae7ab1e4b8eb6865a2a3f8eb93b1f9908b48c26b2ec3cd6e79737a3549be792baa2bbf25c148"),
+}
+
+
+@pytest.mark.parametrize("name", ["aes128", "aes256", "aes256r5"])
+def test_pdf_qpdf_aes_files_open_with_the_empty_password(ring, name):
+    enc, content = QPDF_VECTORS[name]
+    handler = ring._PdfSecurity(enc, QPDF_ID)
+    assert handler.decrypt_stream(bytes.fromhex(content), 6, 0, {"Length": 1}) == QPDF_CONTENT
+    if name != "aes128":
+        assert len(handler.key) == 32 and handler.perms_ok is True
+
+
+def test_pdf_qpdf_aes256_with_a_user_password_needs_it(ring):
+    enc, _ = QPDF_VECTORS["aes256-user"]
     with pytest.raises(ring.PdfError) as info:
-        pdf_text_of(data)
-    assert info.value.code == "pdf_encrypted"
-    assert "AES" in info.value.message
+        ring._PdfSecurity(enc, QPDF_ID)
+    assert info.value.code == "pdf_password_required"
+    assert "AES" not in info.value.message and "password" in info.value.message
+
+
+def test_pdf_r6_hash_matches_qpdf(ring):
+    user = QPDF_VECTORS["aes256"][0]["U"]
+    assert ring._pdf_hash_r6(b"", user[32:40], b"") == user[:32]
+    user = QPDF_VECTORS["aes256r5"][0]["U"]
+    assert ring._pdf_hash_r5(b"", user[32:40], b"") == user[:32]
+
+
+PDF_FILE_ID = b"0123456789abcdef"
+
+
+def pdf_aes_object(ring, key, data, iv):
+    """IV + AES-CBC of ``data`` with its PKCS#5 padding, as a PDF stores a string or a stream."""
+    n = 16 - len(data) % 16
+    return iv + ring._pdf_aes_cbc_encrypt(key, iv, data + bytes([n]) * n)
+
+
+def pdf_encrypt_dict_r4(user_pw, owner_pw):
+    """(encryption dictionary, file key) of V4 R4 /AESV2 (PDF 1.7 algorithms 3, 2 and 5)."""
+    digest = hashlib.md5((owner_pw + PDF_PAD)[:32]).digest()
+    for _ in range(50):
+        digest = hashlib.md5(digest).digest()
+    owner = (user_pw + PDF_PAD)[:32]
+    for i in range(20):
+        owner = pdf_rc4(bytes(b ^ i for b in digest[:16]), owner)
+    key = hashlib.md5((user_pw + PDF_PAD)[:32] + owner + (-4 & 0xFFFFFFFF).to_bytes(4, "little")
+                      + PDF_FILE_ID).digest()
+    for _ in range(50):
+        key = hashlib.md5(key[:16]).digest()
+    key = key[:16]
+    check = pdf_rc4(key, hashlib.md5(PDF_PAD + PDF_FILE_ID).digest())
+    for i in range(1, 20):
+        check = pdf_rc4(bytes(b ^ i for b in key), check)
+    body = (b"<< /Filter /Standard /V 4 /R 4 /Length 128 /P -4 /O <%s> /U <%s> "
+            b"/CF << /StdCF << /CFM /AESV2 /AuthEvent /DocOpen /Length 16 >> >> /StmF /StdCF /StrF /StdCF >>"
+            % (owner.hex().encode(), (check + bytes(16)).hex().encode()))
+    return body, key
+
+
+def pdf_encrypt_dict_r5(ring, user_pw, owner_pw):
+    """(encryption dictionary, file key) of V5 R5 /AESV3 (SHA-256 password hashes; R6 differs
+    only by its slow hash, tested on qpdf's dictionary above)."""
+    file_key = hashlib.sha256(b"file key").digest()
+    salts = [hashlib.md5(b"salt%d" % i).digest()[:8] for i in range(4)]
+    user = hashlib.sha256(user_pw + salts[0]).digest() + salts[0] + salts[1]
+    user_e = ring._pdf_aes_cbc_encrypt(hashlib.sha256(user_pw + salts[1]).digest(), bytes(16), file_key)
+    owner = hashlib.sha256(owner_pw + salts[2] + user).digest() + salts[2] + salts[3]
+    owner_e = ring._pdf_aes_cbc_encrypt(hashlib.sha256(owner_pw + salts[3] + user).digest(), bytes(16), file_key)
+    perms = ring._pdf_aes_ecb_encrypt(file_key, (-4 & 0xFFFFFFFF).to_bytes(4, "little") + b"\xff" * 4 + b"Tadb" + bytes(4))
+    body = (b"<< /Filter /Standard /V 5 /R 5 /Length 256 /P -4 /O <%s> /U <%s> /OE <%s> /UE <%s> /Perms <%s> "
+            b"/CF << /StdCF << /CFM /AESV3 /AuthEvent /DocOpen /Length 32 >> >> /StmF /StdCF /StrF /StdCF >>"
+            % tuple(v.hex().encode() for v in (owner, user, owner_e, user_e, perms)))
+    return body, file_key
+
+
+def pdf_encrypted_aes(ring, objects, revision=4, user_password=b""):
+    """A file with AES-128 (V 4 R 4) or AES-256 (V 5 R 5) encryption opened by ``user_password``:
+    every stream and every literal string of ``objects`` is encrypted."""
+    if revision == 4:
+        enc, key = pdf_encrypt_dict_r4(user_password, b"owner")
+    else:
+        enc, key = pdf_encrypt_dict_r5(ring, user_password, b"owner")
+    out = []
+    for num, body in enumerate(objects, 1):
+        obj_key = key if revision >= 5 else hashlib.md5(key + num.to_bytes(3, "little") + b"\0\0sAlT").digest()
+        iv = hashlib.md5(b"iv%d" % num).digest()
+        if b"stream\n" in body:
+            head, rest = body.split(b"stream\n", 1)
+            data = pdf_aes_object(ring, obj_key, rest[:rest.rindex(b"\nendstream")], iv)
+            head = re.sub(rb"/Length \d+", b"/Length %d" % len(data), head)
+            body = head + b"stream\n" + data + b"\nendstream"
+        else:
+            body = re.sub(rb"\(([^()\\]*)\)",
+                          lambda m: b"<%s>" % pdf_aes_object(ring, obj_key, m.group(1), iv).hex().encode(), body)
+        out.append(body)
+    out.append(enc)
+    return pdf_file(out, b"/Encrypt %d 0 R /ID [<%s> <%s>]" % (
+        len(out), PDF_FILE_ID.hex().encode(), PDF_FILE_ID.hex().encode()))
+
+
+@pytest.mark.parametrize("revision", [4, 5])
+def test_pdf_aes_with_empty_user_password_is_decrypted(ring, revision):
+    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (secret but open) Tj ET")
+    objects[0] = b"<< /Type /Catalog /Pages 2 0 R /Lang (en) >>"        # a string, encrypted too
+    assert pdf_text_of(pdf_encrypted_aes(ring, objects, revision)) == "secret but open"
+
+
+@pytest.mark.parametrize("revision", [4, 5])
+def test_pdf_aes_user_password_needed_is_reported(ring, revision):
+    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (closed) Tj ET")
+    with pytest.raises(ring.PdfError) as info:
+        pdf_text_of(pdf_encrypted_aes(ring, objects, revision, b"openpassword"))
+    assert info.value.code == "pdf_password_required"
+
+
+def test_pdf_aes_owner_password_empty_opens_the_file(ring):
+    enc, key = pdf_encrypt_dict_r4(b"secret", b"")
+    values, _, _ = ring._pdf_parse(enc)
+    assert ring._PdfSecurity(values[0], PDF_FILE_ID).key == key
+
+
+def test_pdf_crypt_filters_identity_array_and_per_stream(ring):
+    enc, key = pdf_encrypt_dict_r4(b"", b"o")
+    enc = ring._pdf_parse(enc)[0][0]
+    assert ring._PdfSecurity(dict(enc, StmF="Identity", StrF="Identity"), PDF_FILE_ID).identity
+    handler = ring._PdfSecurity(dict(enc, StmF=["StdCF"], StrF="Identity"), PDF_FILE_ID)  # an array: its name
+    obj_key = hashlib.md5(key + (4).to_bytes(3, "little") + b"\0\0sAlT").digest()
+    data = pdf_aes_object(ring, obj_key, b"xyz", bytes(16))
+    assert handler.decrypt_stream(data, 4, 0, {}) == b"xyz"
+    assert handler.decrypt(b"plain string", 4, 0) == b"plain string"
+    parms = {"Filter": ["Crypt", "FlateDecode"], "DecodeParms": [{"Name": "Identity"}, None]}
+    assert handler.decrypt_stream(b"raw", 4, 0, parms) == b"raw"
+    assert handler.decrypt_stream(b"<x>", 4, 0, {"Type": "XRef"}) == b"<x>"
+
+
+def test_pdf_other_handlers_and_damaged_dictionaries_are_pdf_encrypted(ring):
+    for enc in ({"Filter": "Adobe.PubSec", "V": 4, "R": 4},
+                {"Filter": "Standard", "V": 4, "R": 4, "O": b"x" * 32, "U": b"y" * 32, "StmF": "StdCF",
+                 "CF": {"StdCF": {"CFM": "Rot13"}}},
+                {"Filter": "Standard", "V": 5, "R": 6, "O": b"x" * 48, "U": b"y" * 20, "UE": b"z" * 32,
+                 "StmF": "StdCF", "StrF": "StdCF", "CF": {"StdCF": {"CFM": "AESV3"}}},
+                {"Filter": "Standard", "V": 2, "R": 3, "O": 5, "U": b"y" * 32},
+                {"Filter": "Standard", "V": 2, "R": 3, "O": b"", "U": b""}):
+        with pytest.raises(ring.PdfError) as info:
+            ring._PdfSecurity(enc, PDF_FILE_ID)
+        assert info.value.code == "pdf_encrypted", enc
+
+
+def test_pdf_aes_damaged_data_never_raises(ring):
+    enc, key = pdf_encrypt_dict_r5(ring, b"", b"owner")
+    handler = ring._PdfSecurity(ring._pdf_parse(enc)[0][0], PDF_FILE_ID)
+    assert handler.key == key
+    assert handler.decrypt(b"0123456789abcdef", 1, 0) == b""                     # an IV alone
+    assert handler.decrypt(pdf_aes_object(ring, key, b"hello", bytes(16)) + b"\n", 1, 0) == b"hello"
+    for n in range(0, 200, 7):
+        handler.decrypt(hashlib.sha512(b"%d" % n).digest() * 4, n, 0)           # garbage: some bytes
 
 
 # ---- No text, bounds, cancellation ------------------------------------------------------------
@@ -4170,7 +4438,7 @@ def test_pdf_image_only_page_is_no_text(ring):
 
 def test_pdf_zip_bomb_stops_at_the_cap(ring, monkeypatch):
     monkeypatch.setattr(ring, "_PDF_MAX_STREAM", 1 << 20)
-    monkeypatch.setattr(ring, "_PDF_MAX_DECODED", 2 << 20)
+    monkeypatch.setattr(ring, "_PDF_DECODED", (64, 2 << 20, 2 << 20))
     inflater = zlib.compressobj(9)
     bomb = inflater.compress(b"BT /F1 12 Tf 72 700 Td (boom) Tj ET\n") + inflater.compress(b" " * (64 << 20))
     bomb += inflater.flush()
@@ -4215,6 +4483,176 @@ def test_pdf_check_is_called_and_its_exception_propagates():
         raise Stop()
     with pytest.raises(Stop):
         pdf_text_of(data, check=stop)
+
+
+# ---- Marked content: /ActualText (issue 21) ---------------------------------------------------
+
+def test_pdf_actual_text_replaces_the_glyphs_it_spans():
+    content = (b"BT /F1 12 Tf 72 700 Td (The ) Tj /Span << /Lang (en) /ActualText <FEFF0066006C> >> BDC "
+               b"(\\002) Tj (\\003) Tj EMC (ow is ) Tj /P << /MCID 3 >> BDC (marked) Tj EMC ET "
+               b"BT /F1 12 Tf 72 680 Td /Span /P1 BDC [(xx) -20 (yy)] TJ EMC ( done) Tj ET")
+    objects = pdf_one_page(content, resources=b"/Font << /F1 4 0 R >> /Properties << /P1 6 0 R >>",
+                           extra=[b"<< /ActualText (named) >>"])
+    assert pdf_text_of(pdf_file(objects)) == "The flow is marked\nnamed done"
+
+
+def test_pdf_actual_text_in_nested_and_unbalanced_marked_content():
+    content = (b"BT /F1 12 Tf 72 700 Td /Span << /ActualText (outer) >> BDC /X BMC "
+               b"/Span << /ActualText (inner) >> BDC (a) Tj EMC (b) Tj EMC EMC EMC EMC (after) Tj ET")
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "outerafter"
+
+
+# ---- Hostile documents: work, memory, deadline (issue 23) -------------------------------------
+
+def pdf_nested_forms(levels, fanout=10):
+    """A page drawing form 6, each form drawing the next ``fanout`` times: fanout ** levels drawings."""
+    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (start) Tj ET /X Do",
+                           resources=b"/Font << /F1 4 0 R >> /XObject << /X 6 0 R >>")
+    for i in range(levels):
+        inner = b"/Resources << /XObject << /X %d 0 R >> /Font << /F1 4 0 R >> >>" % (7 + i) if i < levels - 1 else b""
+        objects.append(pdf_stream(b"/X Do " * fanout + b"BT /F1 12 Tf (x) Tj ET",
+                                  b"/Type /XObject /Subtype /Form /BBox [0 0 10 10] " + inner))
+    return pdf_file(objects)
+
+
+def test_pdf_nested_forms_stop_at_the_check_and_within_the_work_allowance(ring, monkeypatch):
+    data = pdf_nested_forms(12)             # 10 ** 12 drawings if nothing stopped them
+    assert len(data) < 6000
+
+    class Stop(Exception):
+        pass
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) > 20:
+            raise Stop()
+    with pytest.raises(Stop):
+        pdf_text_of(data, check=check)
+    monkeypatch.setattr(ring, "_PDF_WORK", (1, 50000, 50000))
+    doc = ring._PdfDocument(data, None)
+    text = pdf_text_of(data)
+    assert text.startswith("start") and 10 < text.count("x") < 50000 // ring._PDF_FORM_COST
+    assert doc.work == 50000
+
+
+def test_pdf_nested_forms_end_with_extraction_timeout_or_cancelled(ring):
+    data = pdf_nested_forms(12)
+    ctx = ring.CallContext(deadline=ring.Deadline(-1.0))
+    with pytest.raises(ring.UpstreamError) as info:
+        ring._pdf_page_text("http://x/forms.pdf", data, ring._extraction_check("http://x/forms.pdf", ctx))
+    assert info.value.code == "extraction_timeout"
+    ctx = ring.CallContext()
+    ctx.token.cancel()
+    with pytest.raises(ring.Cancelled):
+        ring._pdf_page_text("http://x/forms.pdf", data, ring._extraction_check("http://x/forms.pdf", ctx))
+
+
+def test_pdf_long_number_runs_keep_a_bounded_operand_list(ring, monkeypatch):
+    monkeypatch.setattr(ring, "_PDF_MAX_OPERANDS", 1000)
+    content = b"BT /F1 12 Tf 72 700 Td " + b"1 " * 50000 + b"/N " * 5000 + b"(kept) Tj ET"
+    lists = []
+    real = ring._PdfTextReader._op_show
+
+    def spy(reader, ops):
+        lists.append(len(ops))
+        real(reader, ops)
+    monkeypatch.setitem(ring._PdfTextReader._OPERATORS, b"Tj", spy)
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "kept"
+    assert lists == [lists[0]] and lists[0] <= 1000
+
+
+def test_pdf_memory_is_charged_and_a_spent_budget_stops_the_read(ring):
+    body = zlib.compress(b"BT /F1 12 Tf 72 700 Td (big) Tj ET\n" + b"% padding\n" * 200000)
+    objects = pdf_one_page(b"")
+    objects[4] = pdf_stream(body, b"/Filter /FlateDecode")
+    data = pdf_file(objects)
+    charged = []
+    assert pdf_text_of(data, charge=charged.append) == "big"
+    assert sum(charged) >= 2000000 and max(charged) < 2 << 20
+    budget = ring.MemoryBudget(1 << 20, "this call")
+    with pytest.raises(ring.UpstreamError) as info:
+        ring._pdf_page_text("http://x/big.pdf", data, None, budget)
+    assert info.value.code == "too_large" and budget.used == 0
+    assert ring._pdf_page_text("http://x/big.pdf", data, None, ring.MemoryBudget(64 << 20)) == "big"
+
+
+def test_pdf_document_over_its_memory_cap_is_too_large(ring, monkeypatch):
+    monkeypatch.setattr(ring, "_PDF_MAX_HELD", 1 << 20)
+    body = zlib.compress(b"BT /F1 12 Tf 72 700 Td (big) Tj ET\n" + b"% padding\n" * 200000)
+    objects = pdf_one_page(b"")
+    objects[4] = pdf_stream(body, b"/Filter /FlateDecode")
+    with pytest.raises(ring.PdfError) as info:
+        pdf_text_of(pdf_file(objects))
+    assert info.value.code == "too_large"
+
+
+def test_pdf_huge_integers_and_array_cmap_caps_are_per_document(ring, monkeypatch):
+    big = b"9" * 5000                       # int() refuses 4,300 digits on Python 3.11+
+    values, _, _ = ring._pdf_parse(b"<< /A " + big + b" /B -" + big + b" >>")
+    assert values[0]["A"] == 3.4e38 and values[0]["B"] == -3.4e38
+    content = b"BT /F1 " + big + b" Tf 72 700 Td (huge) Tj ET"
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "huge"
+    ranges = b"".join(b"<%04x> <%04x> 1\n" % (i * 1000, i * 1000 + 999) for i in range(60))
+    cmap = b"begincidrange\n" + ranges + b"endcidrange\n"
+    doc = ring._PdfDocument(pdf_file(pdf_one_page(b"")), None)
+    doc.entries = 25000
+    assert len(ring._PdfCMap(cmap, doc).cids) == 25000 and doc.entries == 0
+    assert not ring._PdfCMap(cmap, doc).cids                        # the document's allowance is spent
+    doc.entries = 3000
+    widths = ring._PdfCompositeFont._cid_widths(doc, [0, 65535, 500, 1, [1, 2, 3]])
+    assert len(widths) == 3000 and doc.entries == 0
+
+
+# ---- Fuzz: generated hostile documents (issue 23) ---------------------------------------------
+
+def pdf_hostile_documents(scale):
+    """Hostile PDFs (name, bytes) whose cost should grow with ``scale`` at most linearly."""
+    def page_with(content_ref, extra):
+        objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (p) Tj ET", extra=extra)
+        objects[2] = objects[2].replace(b"/Contents 5 0 R", b"/Contents [5 0 R %s]" % content_ref)
+        return pdf_file(objects)
+    deep = b"[" * (2000 * scale) + b"<<" * (1000 * scale)
+    yield "forms", pdf_nested_forms(6 + scale)
+    yield "numbers", page_with(b"6 0 R", [pdf_stream(zlib.compress(b"1 " * (10000 * scale)), b"/Filter /FlateDecode")])
+    yield "nesting", page_with(b"6 0 R 7 0 R", [pdf_stream(b"BT " + deep + b" (d) Tj ET"), b"<< /D " + deep + b" >>"])
+    yield "values", page_with(b"6 0 R", [b"[" + b"1.5 /N (s) " * (2000 * scale) + b"]"])
+    broken = bytearray(pdf_file(pdf_one_page(b"BT /F1 12 Tf (xref) Tj ET")))
+    broken[broken.rindex(b"startxref"):] = b"startxref\n999999999\n%%EOF\n"
+    yield "bad xref", bytes(broken) + b"9 0 obj << /Type /ObjStm >> endobj\n" * (1000 * scale)
+    yield "big stream", page_with(b"6 0 R", [pdf_stream(zlib.compress(b"q Q " * (1 << 14) * scale, 9),
+                                                        b"/Filter /FlateDecode")])
+    yield "cmap", pdf_file(pdf_one_page(b"BT /F1 12 Tf (ab) Tj ET", font=(
+        b"<< /Type /Font /Subtype /Type0 /BaseFont /X /Encoding /Identity-H /ToUnicode 6 0 R >>"), extra=[
+        pdf_stream(b"beginbfrange\n" + b"".join(b"<%04x> <%04x> <0041>\n" % (i << 8, (i << 8) + 255)
+                                                 for i in range(100 * scale)) + b"endbfrange\n")]))
+
+
+def test_pdf_fuzz_hostile_documents_grow_linearly_in_work_and_memory(ring, monkeypatch):
+    import tracemalloc
+    # small allowances, so that the caps bite in a short test: what is checked is the growth
+    monkeypatch.setattr(ring, "_PDF_WORK", (4, 30000, 1 << 26))
+    monkeypatch.setattr(ring, "_PDF_VALUES", (1, 20000, 1 << 22))
+    monkeypatch.setattr(ring, "_PDF_ENTRIES", (1, 20000, 1 << 21))
+
+    def checks(data, traced=False):
+        calls = []
+        if traced:
+            tracemalloc.start()
+        try:
+            pdf_text_of(data, check=lambda: calls.append(1))
+        except ring.PdfError:
+            pass
+        peak = tracemalloc.get_traced_memory()[1] if traced else 0
+        tracemalloc.stop()
+        return len(calls), peak
+    small = {name: (len(data), checks(data)[0]) for name, data in pdf_hostile_documents(1)}
+    for name, data in pdf_hostile_documents(4):
+        size, work = small[name]
+        calls, peak = checks(data, traced=True)
+        grown = max(4.0, len(data) / size)
+        assert calls <= 2 * grown * work + 20, (name, calls, work)      # work (checks) at most linear
+        assert peak < 24 << 20, (name, peak)                             # and memory bounded
 
 
 # ----------------------------------------------------------------------------------------------
@@ -7579,6 +8017,18 @@ def test_web_fetch_direct_reads_a_pdf_whatever_type_it_is_served_with(start_serv
         False, "A paper about write-ahead logs.", "application/pdf")
     content, is_error = call_fetch(server, fake_upstream.url + "/scan.pdf")
     assert is_error is True and content["error"] in ("pdf_damaged", "pdf_no_text"), content["error_detail"]
+
+
+def test_web_fetch_direct_reports_a_pdf_that_needs_a_password(start_server, fake_upstream):
+    closed = pdf_encrypted_rc4(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (closed) Tj ET"), b"openpassword")
+    fake_upstream.route("GET", "/closed.pdf", {"headers": {"Content-Type": "application/pdf"}, "body": closed})
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_fetch(server, fake_upstream.url + "/closed.pdf")
+    assert is_error is True and content["error"] == "pdf_password_required"
+    detail = content["error_detail"]
+    assert detail["code"] == "pdf_password_required" and detail["retryable"] is False
+    assert "password" in detail["message"] and "AES" not in detail["message"]
 
 
 @pytest.mark.parametrize("content_type, body", [

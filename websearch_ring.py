@@ -304,6 +304,7 @@ _random = LazyModule("random")
 _shlex = LazyModule("shlex")
 _socket = LazyModule("socket")
 _ssl = LazyModule("ssl")
+_struct = LazyModule("struct")
 _tempfile = LazyModule("tempfile")
 _traceback = LazyModule("traceback")
 _unicodedata = LazyModule("unicodedata")
@@ -1983,19 +1984,21 @@ def _render_table(rows, plain):
 # simple encodings with /Differences, Type0 CID fonts); §8 runs the text operators of
 # content streams and lays the text out as lines and paragraphs.
 #
-# Every loop is bounded by the limits below, and the caller's ``check`` is called every
-# ``_PDF_CHECK_EVERY`` tokens or objects: every such call goes through _PdfDocument.tick.
+# Work and memory are bounded by the limits below, most of them in proportion to the size of
+# the file, so that a small hostile file cannot cost more than a large honest one; every loop
+# tells _PdfDocument.tick of its work, which calls the caller's ``check`` every
+# ``_PDF_CHECK_EVERY`` units (a unit is about half a microsecond: a token, an object, a byte
+# through a Python loop), so a deadline or a cancellation stops the reader within milliseconds.
 #
-# Decryption is RC4 opened with the empty user password only: a user password, AES (the
-# standard library has no AES) or another security handler is a PdfError("pdf_encrypted").
+# Decryption is the standard security handler opened with the empty password: RC4, AES-128 and
+# AES-256 (AES is implemented here: the standard library has none); a file that needs a password
+# is a PdfError("pdf_password_required"), another security handler PdfError("pdf_encrypted").
 # The filters are Flate (what inflates before damage is kept), LZW, ASCIIHex, ASCII85 and
 # RunLength, with PNG and TIFF predictors; image codecs are not decoded: their data holds
 # no text.
 
 PDF_MAX_PAGES = 2000                # pages read from one document; later pages are left out
 _PDF_MAX_STREAM = 32 << 20          # bytes one stream may inflate to: a zip bomb stops here
-_PDF_MAX_DECODED = 64 << 20         # bytes all the streams of one document may inflate to
-_PDF_MAX_OPERATORS = 20000000       # content tokens run per document (form XObjects repeat)
 _PDF_MAX_NESTING = 64               # depth of nested arrays and dictionaries kept by the parser
 _PDF_MAX_CHAIN = 32                 # indirect references followed in a row
 
@@ -2003,11 +2006,41 @@ _PDF_MAX_SECTIONS = 256             # cross-reference sections followed through 
 _PDF_MAX_TRAILERS = 64              # trailer dictionaries read by the scan of a damaged file
 _PDF_MAX_DICT_BYTES = 65536         # bytes a trailer or xref stream dictionary may span
 
-_PDF_MAX_CMAP = 1 << 17             # codes a CMap or /W array may define
+_PDF_MAX_CMAP = 1 << 17             # codes one CMap or /W array may define
 _PDF_MAX_FORM_DEPTH = 12            # form XObjects drawn inside form XObjects
 _PDF_MAX_GSTATE = 256               # graphics states saved with q
+_PDF_MAX_OPERANDS = 1 << 16         # operands held before an operator (a longer run is dropped)
 
-_PDF_CHECK_EVERY = 2048             # tokens (or objects) between two calls of ``check``
+# What one document may use, as (per byte of the file, at least, at most): see _pdf_allowance.
+# Honest files use a small part of each (the real-file corpus: under 2 decoded bytes, 1 content
+# token and 0.03 parsed values per byte of file).
+_PDF_DECODED = (64, 8 << 20, 64 << 20)      # bytes all its streams may inflate to
+_PDF_WORK = (64, 1 << 21, 1 << 26)          # content tokens run (a form drawn costs _PDF_FORM_COST more)
+_PDF_VALUES = (8, 1 << 18, 1 << 22)         # values (numbers, names, strings, ...) parsed in its objects
+_PDF_ENTRIES = (4, 1 << 17, 1 << 21)        # codes defined by its CMaps and /W arrays
+_PDF_OBJECTS = (1 / 8, 1 << 16, 1 << 22)    # cross-reference entries
+_PDF_TEXT = (8, 1 << 20, 1 << 24)           # characters of text; the rest of the document is left out
+_PDF_FORM_COST = 64                         # work units of drawing a form XObject, besides its tokens
+
+# Bytes of memory the reader counts for what it holds (``charge`` of pdf_to_text), besides
+# decoded bytes one for one: rough sizes of the Python objects.
+_PDF_VALUE_BYTES = 40               # a parsed value in its list or dictionary
+_PDF_ENTRY_BYTES = 100              # a code and its text in a dictionary
+_PDF_CHARGE_EVERY = 1 << 16         # bytes counted before ``charge`` is called with them
+_PDF_MAX_HELD = 128 << 20           # bytes one document may hold, counted so: PdfError("too_large")
+
+_PDF_CHECK_EVERY = 2048             # work units between two calls of ``check``
+
+
+def _pdf_allowance(size, rule):
+    """How much of something a document of ``size`` bytes may use, by ``rule`` (per byte, at
+    least, at most).
+
+    >>> _pdf_allowance(1000, (64, 8 << 20, 64 << 20)), _pdf_allowance(10 ** 7, (64, 8 << 20, 64 << 20))
+    (8388608, 67108864)
+    """
+    per_byte, floor, ceiling = rule
+    return int(min(ceiling, max(floor, size * per_byte)))
 
 
 # Key padding of the standard security handler (PDF 1.7, 7.6.3.3, algorithm 2).
@@ -2017,11 +2050,12 @@ _PDF_PASSWORD_PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683
 class PdfError(RingError):
     """A PDF whose text could not be extracted.
 
-    ``code`` says why, for the caller to branch on: ``"pdf_encrypted"`` (a
-    password is needed, or a cipher the standard library lacks),
-    ``"pdf_no_text"`` (no text layer: a scan), ``"pdf_damaged"`` (nothing
-    readable).  ``message`` is for people; ``partial`` is the text recovered
-    before the failure, possibly empty.
+    ``code`` says why, for the caller to branch on: ``"pdf_password_required"``
+    (the file opens only with a password), ``"pdf_encrypted"`` (another
+    security handler, such as certificates, or a damaged encryption
+    dictionary), ``"pdf_no_text"`` (no text layer: a scan), ``"pdf_damaged"``
+    (nothing readable).  ``message`` is for people; ``partial`` is the text
+    recovered before the failure, possibly empty.
     """
 
     def __init__(self, code, message, partial=""):
@@ -2031,75 +2065,618 @@ class PdfError(RingError):
         self.partial = partial
 
 
-class _PdfRc4Security:
-    """The standard security handler with RC4 (V 1, 2 or 4 with /V2, revisions 2 to 4), opened
-    with the empty user password; anything else raises ``PdfError("pdf_encrypted")``.
-    ``identity`` is true when a V 4 handler's crypt filters encrypt nothing."""
+# -- AES (FIPS-197) ---------------------------------------------------------------------------
 
-    def __init__(self, enc, first_id):
+def _aes_tables(_cache=[]):
+    """The S-boxes and T-tables, computed once from GF(2^8) arithmetic.
+
+    Returns (sbox, inv_sbox, te, td, inv_sbox_bytes, shifted) where te and td are 4-tuples of
+    256-entry lists of 32-bit words (big-endian column order, as in rijndael-alg-fst.c),
+    inv_sbox_bytes is the inverse S-box as a 256-byte translate table and shifted holds the
+    S-box, then the inverse S-box, shifted left by 24, 16 and 8 bits (for the last round).
+    """
+    if _cache:
+        return _cache[0]
+    exp, log = [0] * 512, [0] * 256
+    x = 1
+    for i in range(255):                    # 3 generates the multiplicative group
+        exp[i] = exp[i + 255] = x
+        log[x] = i
+        x ^= (x << 1) ^ (0x11B if x & 0x80 else 0)
+    sbox, inv = [0] * 256, [0] * 256
+    for a in range(256):
+        b = exp[255 - log[a]] if a else 0   # multiplicative inverse
+        s = b
+        for _ in range(4):                  # the affine transformation
+            b = ((b << 1) | (b >> 7)) & 0xFF
+            s ^= b
+        s ^= 0x63
+        sbox[a] = s
+        inv[s] = a
+
+    def mul(a, b):
+        return exp[log[a] + log[b]] if a and b else 0
+
+    te0, td0 = [], []
+    for a in range(256):
+        s, i = sbox[a], inv[a]
+        te0.append((mul(s, 2) << 24) | (s << 16) | (s << 8) | mul(s, 3))
+        td0.append((mul(i, 14) << 24) | (mul(i, 9) << 16) | (mul(i, 13) << 8) | mul(i, 11))
+
+    def rotations(t0):
+        t1 = [((w >> 8) | (w << 24)) & 0xFFFFFFFF for w in t0]
+        t2 = [((w >> 8) | (w << 24)) & 0xFFFFFFFF for w in t1]
+        t3 = [((w >> 8) | (w << 24)) & 0xFFFFFFFF for w in t2]
+        return (t0, t1, t2, t3)
+
+    shifted = tuple([s << n for s in box] for box in (sbox, inv) for n in (24, 16, 8))
+    _cache.append((sbox, inv, rotations(te0), rotations(td0), bytes(inv), shifted))
+    return _cache[0]
+
+
+class _AesKey:
+    """An expanded AES key (128, 192 or 256 bits).  ``ek`` holds the round keys as 32-bit words;
+    the forms each cipher direction uses are made on first use: ``encryption()`` and
+    ``decryption()`` (equivalent inverse cipher) give (first round key, middle round keys, last
+    round key) as 4-tuples of words, ``round_bytes()`` the round keys as bytes."""
+
+    __slots__ = ("rounds", "ek", "_enc", "_dec", "_rkb", "_sliced")
+
+    def __init__(self, key):
+        if len(key) not in (16, 24, 32):
+            raise ValueError("an AES key is 16, 24 or 32 bytes, not %d" % len(key))
+        sbox = _aes_tables()[0]
+        nk = len(key) // 4
+        self.rounds = nr = nk + 6
+        w = list(_struct.unpack(">%dI" % nk, key))
+        rcon = 1
+        for i in range(nk, 4 * (nr + 1)):
+            t = w[i - 1]
+            if i % nk == 0:
+                t = ((sbox[(t >> 16) & 255] << 24) | (sbox[(t >> 8) & 255] << 16)
+                     | (sbox[t & 255] << 8) | sbox[t >> 24]) ^ (rcon << 24)
+                rcon = (rcon << 1) ^ (0x11B if rcon & 0x80 else 0)
+            elif nk > 6 and i % nk == 4:
+                t = ((sbox[t >> 24] << 24) | (sbox[(t >> 16) & 255] << 16)
+                     | (sbox[(t >> 8) & 255] << 8) | sbox[t & 255])
+            w.append(w[i - nk] ^ t)
+        self.ek = w
+        self._enc = self._dec = self._rkb = self._sliced = None
+
+    def _split(self, words):
+        nr = self.rounds
+        return (tuple(words[0:4]), [tuple(words[i:i + 4]) for i in range(4, 4 * nr, 4)],
+                tuple(words[4 * nr:4 * nr + 4]))
+
+    def encryption(self):
+        if self._enc is None:
+            self._enc = self._split(self.ek)
+        return self._enc
+
+    def decryption(self):
+        """The round keys in reverse, InvMixColumns applied to all but the first and last."""
+        if self._dec is None:
+            sbox, _, _, td, _, _ = _aes_tables()
+            td0, td1, td2, td3 = td
+            w, nr = self.ek, self.rounds
+            dk = []
+            for r in range(nr, -1, -1):
+                words = w[4 * r:4 * r + 4]
+                if 0 < r < nr:
+                    words = [td0[sbox[x >> 24]] ^ td1[sbox[(x >> 16) & 255]]
+                             ^ td2[sbox[(x >> 8) & 255]] ^ td3[sbox[x & 255]] for x in words]
+                dk.extend(words)
+            self._dec = self._split(dk)
+        return self._dec
+
+    def round_bytes(self):
+        if self._rkb is None:
+            w = self.ek
+            self._rkb = [_struct.pack(">4I", *w[i:i + 4]) for i in range(0, len(w), 4)]
+        return self._rkb
+
+
+def _pdf_aes_key(key, _cache={}):
+    """The expanded key for ``key`` (bytes of 16, 24 or 32), from a cache of the last few: the
+    per-object keys of a document repeat."""
+    key = bytes(key)
+    k = _cache.get(key)
+    if k is None:
+        if len(_cache) >= 64:
+            _cache.clear()
+        k = _cache[key] = _AesKey(key)
+    return k
+
+
+# -- AES block at a time (T-tables) ------------------------------------------------------------
+
+def _aes_wide_tables(_cache=[]):
+    """Te1 indexed by the top 16 bits of a word and Te2 by its bits 8 to 15 in place
+    (``w & 0xff00``), so that a round computes 4 indices per column instead of 6: a quarter
+    faster for the chained encryption of algorithm 2.B (1 MB, made on first use)."""
+    if not _cache:
+        te1, te2 = _aes_tables()[2][1:3]
+        _cache.append((te1 * 256, [w for w in te2 for _ in range(256)]))
+    return _cache[0]
+
+
+def _aes_encrypt_words(k, words, iv=None):
+    """Encrypt the 32-bit big-endian ``words`` (4 per block) with the expanded key ``k``: ECB, or
+    CBC when ``iv`` (4 words) is given.  Returns the list of output words."""
+    sbox, _, te, _, _, shifted = _aes_tables()
+    t0, t3 = te[0], te[3]
+    t1, t2 = _aes_wide_tables()
+    (f0, f1, f2, f3), mid, (l0, l1, l2, l3) = k.encryption()
+    s24, s16, s8 = shifted[0:3]
+    out = []
+    append = out.extend
+    chain = iv is not None
+    c0, c1, c2, c3 = iv if chain else (0, 0, 0, 0)
+    for i in range(0, len(words) - 3, 4):
+        s0 = words[i] ^ c0 ^ f0
+        s1 = words[i + 1] ^ c1 ^ f1
+        s2 = words[i + 2] ^ c2 ^ f2
+        s3 = words[i + 3] ^ c3 ^ f3
+        for k0, k1, k2, k3 in mid:
+            s0, s1, s2, s3 = (
+                t0[s0 >> 24] ^ t1[s1 >> 16] ^ t2[s2 & 0xFF00] ^ t3[s3 & 255] ^ k0,
+                t0[s1 >> 24] ^ t1[s2 >> 16] ^ t2[s3 & 0xFF00] ^ t3[s0 & 255] ^ k1,
+                t0[s2 >> 24] ^ t1[s3 >> 16] ^ t2[s0 & 0xFF00] ^ t3[s1 & 255] ^ k2,
+                t0[s3 >> 24] ^ t1[s0 >> 16] ^ t2[s1 & 0xFF00] ^ t3[s2 & 255] ^ k3)
+        c0 = s24[s0 >> 24] ^ s16[(s1 >> 16) & 255] ^ s8[(s2 >> 8) & 255] ^ sbox[s3 & 255] ^ l0
+        c1 = s24[s1 >> 24] ^ s16[(s2 >> 16) & 255] ^ s8[(s3 >> 8) & 255] ^ sbox[s0 & 255] ^ l1
+        c2 = s24[s2 >> 24] ^ s16[(s3 >> 16) & 255] ^ s8[(s0 >> 8) & 255] ^ sbox[s1 & 255] ^ l2
+        c3 = s24[s3 >> 24] ^ s16[(s0 >> 16) & 255] ^ s8[(s1 >> 8) & 255] ^ sbox[s2 & 255] ^ l3
+        append((c0, c1, c2, c3))
+        if not chain:
+            c0 = c1 = c2 = c3 = 0
+    return out
+
+
+def _aes_decrypt_words(k, words):
+    """Decrypt (ECB) the 32-bit big-endian ``words`` (4 per block) with the expanded key ``k``."""
+    _, inv, _, td, _, shifted = _aes_tables()
+    t0, t1, t2, t3 = td
+    (f0, f1, f2, f3), mid, (l0, l1, l2, l3) = k.decryption()
+    s24, s16, s8 = shifted[3:6]
+    out = []
+    append = out.extend
+    for i in range(0, len(words) - 3, 4):
+        s0 = words[i] ^ f0
+        s1 = words[i + 1] ^ f1
+        s2 = words[i + 2] ^ f2
+        s3 = words[i + 3] ^ f3
+        for k0, k1, k2, k3 in mid:
+            s0, s1, s2, s3 = (
+                t0[s0 >> 24] ^ t1[(s3 >> 16) & 255] ^ t2[(s2 >> 8) & 255] ^ t3[s1 & 255] ^ k0,
+                t0[s1 >> 24] ^ t1[(s0 >> 16) & 255] ^ t2[(s3 >> 8) & 255] ^ t3[s2 & 255] ^ k1,
+                t0[s2 >> 24] ^ t1[(s1 >> 16) & 255] ^ t2[(s0 >> 8) & 255] ^ t3[s3 & 255] ^ k2,
+                t0[s3 >> 24] ^ t1[(s2 >> 16) & 255] ^ t2[(s1 >> 8) & 255] ^ t3[s0 & 255] ^ k3)
+        append((s24[s0 >> 24] ^ s16[(s3 >> 16) & 255] ^ s8[(s2 >> 8) & 255] ^ inv[s1 & 255] ^ l0,
+                s24[s1 >> 24] ^ s16[(s0 >> 16) & 255] ^ s8[(s3 >> 8) & 255] ^ inv[s2 & 255] ^ l1,
+                s24[s2 >> 24] ^ s16[(s1 >> 16) & 255] ^ s8[(s0 >> 8) & 255] ^ inv[s3 & 255] ^ l2,
+                s24[s3 >> 24] ^ s16[(s2 >> 16) & 255] ^ s8[(s1 >> 8) & 255] ^ inv[s0 & 255] ^ l3))
+    return out
+
+
+# -- AES many blocks at once (byte-sliced) ------------------------------------------------------
+
+_AES_SLICE_MIN = 160        # bytes: below this the T-tables are faster (measured)
+_AES_CHUNK = 1 << 18        # bytes deciphered per sliced pass (keeps the working set in cache)
+
+
+def _aes_sliced_setup(_cache=[]):
+    """Translate tables: ``x ^ k`` and ``inv_sbox[x] ^ k`` for each k."""
+    if not _cache:
+        inv = _aes_tables()[4]
+        ident = int.from_bytes(bytes(range(256)), "little")
+        xor = [(ident ^ int.from_bytes(bytes((k,)) * 256, "little")).to_bytes(256, "little") for k in range(256)]
+        _cache.append((xor, [inv.translate(t) for t in xor]))
+    return _cache[0]
+
+
+def _aes_masks(size, _cache=[(0, None)]):
+    """The bytes 0x7f, 0x3f, 0x01 and 0x02 repeated over at least ``size`` bytes, as integers."""
+    covered, masks = _cache[-1]
+    if covered < size:
+        covered = max(size, _AES_CHUNK // 4)
+        masks = tuple(int.from_bytes(bytes((m,)) * covered, "little") for m in (0x7F, 0x3F, 0x01, 0x02))
+        _cache[:] = [(covered, masks)]
+    return masks
+
+
+def _aes_sliced_tables(k):
+    """For each round (last first) and each state byte r + 4c, (source byte, translate table):
+    InvShiftRows picks the source, the table does InvSubBytes then AddRoundKey; the first
+    round's tables also fold in the initial AddRoundKey."""
+    if k._sliced is None:
+        xor, sbox_xor = _aes_sliced_setup()
+        rkb, nr = k.round_bytes(), k.rounds
+        rounds = []
+        for rnd in range(nr - 1, -1, -1):
+            key = rkb[rnd]
+            state = []
+            for r in range(4):
+                for c in range(4):
+                    src = r + 4 * ((c - r) % 4)
+                    table = sbox_xor[key[r + 4 * c]]
+                    if rnd == nr - 1:
+                        table = xor[rkb[nr][src]].translate(table)
+                    state.append((src, table))
+            rounds.append(state)
+        k._sliced = rounds
+    return k._sliced
+
+
+def _aes_sliced_decrypt(k, data):
+    """ECB decryption of ``data`` (bytes, a multiple of 16 long)."""
+    rounds = _aes_sliced_tables(k)
+    n = len(data) // 16
+    q = 4 * n                                           # bytes in one row of the state
+    m7f, m3f, m01, m02 = _aes_masks(q)
+    segs = [data[i::16] for i in range(16)]             # segs[r + 4c]: byte (r, c) of every block
+    last = len(rounds) - 1
+    for rnd, state in enumerate(rounds):
+        if rnd == last:
+            break
+        # InvShiftRows + InvSubBytes + AddRoundKey: one translate per state byte, rows joined
+        y0 = int.from_bytes(b"".join([segs[s].translate(t) for s, t in state[0:4]]), "little")
+        y1 = int.from_bytes(b"".join([segs[s].translate(t) for s, t in state[4:8]]), "little")
+        y2 = int.from_bytes(b"".join([segs[s].translate(t) for s, t in state[8:12]]), "little")
+        y3 = int.from_bytes(b"".join([segs[s].translate(t) for s, t in state[12:16]]), "little")
+        # InvMixColumns on whole rows (every byte of an integer is one column's byte of its row):
+        # premultiply by (5 0 4 0 / 0 5 0 4 / 4 0 5 0 / 0 4 0 5), then MixColumns.  Shifts and
+        # products cost much, xor and and little: hence 4a in one go and the fourth 2(...) free.
+        a = y0 ^ y2
+        b = y1 ^ y3
+        t = a ^ b
+        h = a >> 6                                      # 4a: bits 6 and 7 reduce to 0x1b, 0x36
+        u = ((a & m3f) << 2) ^ (h & m01) * 0x1B ^ (h & m02) * 0x1B
+        h = b >> 6
+        v = ((b & m3f) << 2) ^ (h & m01) * 0x1B ^ (h & m02) * 0x1B
+        y0 ^= u
+        y1 ^= v
+        y2 ^= u
+        y3 ^= v
+        w = y0 ^ y1                                     # MixColumns: y_r ^ t ^ 2(y_r ^ y_r+1)
+        d0 = ((w & m7f) << 1) ^ ((w >> 7) & m01) * 0x1B
+        w = y1 ^ y2
+        d1 = ((w & m7f) << 1) ^ ((w >> 7) & m01) * 0x1B
+        w = y2 ^ y3
+        d2 = ((w & m7f) << 1) ^ ((w >> 7) & m01) * 0x1B
+        o0 = y0 ^ t ^ d0
+        o1 = y1 ^ t ^ d1
+        o2 = y2 ^ t ^ d2
+        o3 = y3 ^ t ^ d0 ^ d1 ^ d2                      # the four doubled terms xor to 0
+        rows = (o0.to_bytes(q, "little"), o1.to_bytes(q, "little"), o2.to_bytes(q, "little"),
+                o3.to_bytes(q, "little"))
+        segs = [rows[r][c * n:c * n + n] for c in range(4) for r in range(4)]
+    out = bytearray(len(data))
+    for i, (s, t) in enumerate(rounds[last]):
+        out[(i >> 2) + 4 * (i & 3)::16] = segs[s].translate(t)
+    return out
+
+
+def _aes_ecb_decrypt(k, data, iv=None, tick=None):
+    """ECB decryption of ``data`` (a multiple of 16 bytes) with the expanded key ``k``; CBC when
+    ``iv`` (16 bytes) is given.  Chunk by chunk, so that each stays in the processor's cache;
+    ``tick(n)``, if given, is told of each chunk's bytes."""
+    parts = []
+    for at in range(0, len(data), _AES_CHUNK):
+        piece = data[at:at + _AES_CHUNK]
+        n = len(piece)
+        if n < _AES_SLICE_MIN:
+            words = _aes_decrypt_words(k, _struct.unpack(">%dI" % (n // 4), piece))
+            plain = _struct.pack(">%dI" % len(words), *words)
+        else:
+            plain = _aes_sliced_decrypt(k, piece)
+        if iv is not None:
+            chain = data[at - 16:at + n - 16] if at else iv + data[:n - 16]
+            plain = (int.from_bytes(plain, "little") ^ int.from_bytes(chain, "little")).to_bytes(n, "little")
+        parts.append(plain)
+        if tick is not None:
+            tick(n)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+# -- AES modes ---------------------------------------------------------------------------------
+
+def _pdf_aes_cbc_decrypt(key, iv, data, tick=None):
+    """AES-CBC decryption of ``data`` with ``key`` (16, 24 or 32 bytes) and ``iv`` (16 bytes); no
+    padding is removed.  A trailing partial block is ignored; ``tick(n)`` is told of the work.
+
+    >>> _pdf_aes_cbc_decrypt(bytes(range(16)), bytes(16),
+    ...                      bytes.fromhex("69c4e0d86a7b0430d8cdb78070b4c55a")).hex()
+    '00112233445566778899aabbccddeeff'
+    """
+    data = bytes(data[:len(data) & ~15])
+    if not data:
+        return b""
+    return bytes(_aes_ecb_decrypt(_pdf_aes_key(key), data, bytes(iv[:16]).ljust(16, b"\0"), tick))
+
+
+def _pdf_aes_cbc_encrypt(key, iv, data):
+    """AES-CBC encryption of ``data`` (a multiple of 16 bytes: no padding is added; a trailing
+    partial block is ignored) with ``key`` and ``iv``."""
+    n = len(data) & ~15
+    words = _struct.unpack(">%dI" % (n // 4), data[:n])
+    out = _aes_encrypt_words(_pdf_aes_key(key), words, _struct.unpack(">4I", bytes(iv[:16]).ljust(16, b"\0")))
+    return _struct.pack(">%dI" % len(out), *out)
+
+
+def _pdf_aes_ecb_encrypt(key, data):
+    """AES-ECB encryption of ``data`` (a multiple of 16 bytes)."""
+    n = len(data) & ~15
+    out = _aes_encrypt_words(_pdf_aes_key(key), _struct.unpack(">%dI" % (n // 4), data[:n]))
+    return _struct.pack(">%dI" % len(out), *out)
+
+
+def _pdf_aes_ecb_decrypt(key, data):
+    """AES-ECB decryption of ``data`` (a multiple of 16 bytes)."""
+    data = bytes(data[:len(data) & ~15])
+    return bytes(_aes_ecb_decrypt(_pdf_aes_key(key), data)) if data else b""
+
+
+# -- The standard security handler -------------------------------------------------------------
+
+# At most this many rounds of algorithm 2.B (ISO 32000-2, 7.6.4.3.4): it stops after round 64 at
+# the first round whose last byte of E is at most (round - 32), so never after round 288.
+_PDF_R6_MAX_ROUNDS = 288
+
+
+class _PdfSecurity:
+    """The standard security handler: RC4 (V 1 and 2, and V 4 with /V2 crypt filters; R 2 to 4),
+    AES-128 (V 4 with /AESV2, R 4) and AES-256 (V 5 with /AESV3: R 5, Adobe's extension level 3,
+    and R 6, ISO 32000-2), opened with ``password`` (by default the empty one; bytes: Latin-1
+    up to R 4, UTF-8 from R 5), tried as the user password, then as the owner password (a file
+    whose owner password is empty opens in every viewer, so it is read too).
+
+    A file it does not open raises ``PdfError("pdf_password_required")``; another security
+    handler, an unknown crypt filter method or a damaged encryption dictionary raises
+    ``PdfError("pdf_encrypted")``.  ``identity`` is true when nothing is encrypted (every crypt
+    filter is /Identity).  ``decrypt`` deciphers a string, ``decrypt_stream`` a stream's data.
+    ``resolve``, if given, follows indirect references in the encryption dictionary; ``tick(n)``
+    is told of the work (the R6 password hash, long data).
+    """
+
+    def __init__(self, enc, first_id, resolve=None, password=b"", tick=None):
+        self.resolve = resolve = resolve or _pdf_same
+        self.tick = tick
         self.identity = False
+        self.cache = {}
+        self.key = b""
+        self.perms_ok = None                # R5/R6: whether /Perms agrees with the key (not enforced)
+        enc = {k: resolve(v) for k, v in enc.items()}
         if enc.get("Filter") != "Standard":
             raise PdfError("pdf_encrypted", "the PDF is encrypted with the %s security handler, "
                            "which needs a password or certificate" % enc.get("Filter"))
         version, revision = _pdf_int(enc.get("V"), 0), _pdf_int(enc.get("R"), 2)
-        if version >= 5 or revision >= 5:
-            raise PdfError("pdf_encrypted", "the PDF is encrypted with AES-256 (AESV3); the standard "
-                           "library has no AES cipher to decrypt it")
-        length = _pdf_int(enc.get("Length"), 40)
-        if version == 4:
-            length = self._crypt_filter_length(enc, length)
-            if length is None:
-                self.identity = True
-                return
-        if not 40 <= length <= 128:
-            length = 40
-        self.key = self._open(enc, first_id, revision, 5 if revision == 2 else length // 8)
-        self.cache = {}
-
-    @staticmethod
-    def _crypt_filter_length(enc, length):
-        """The key length in bits of a V 4 handler, whose crypt filters (/CF) name the cipher
-        of streams (/StmF) and strings (/StrF); None when neither is encrypted."""
-        filters = enc.get("CF") if isinstance(enc.get("CF"), dict) else {}
-        methods = set()
-        for key in ("StmF", "StrF"):
-            name = enc.get(key, "Identity")
-            cf = filters.get(name) if name != "Identity" else None
-            if isinstance(cf, dict):
-                methods.add(cf.get("CFM", "None"))
-                size = _pdf_int(cf.get("Length"), 0)
-                if size:
-                    length = size * 8 if size <= 32 else size
-        if "AESV2" in methods or "AESV3" in methods:
-            raise PdfError("pdf_encrypted", "the PDF is encrypted with AES (AESV2); the standard "
-                           "library has no AES cipher to decrypt it")
-        if not methods - {"None"}:
-            return None
-        if type(enc.get("Length")) is not int and length == 40:
-            length = 128
-        return length
-
-    @staticmethod
-    def _open(enc, first_id, revision, n):
-        """The file key of ``n`` bytes from the empty user password, checked against /U."""
+        self.encrypt_metadata = enc.get("EncryptMetadata", True) is not False
+        filters = enc.get("CF")
+        self.filters = {k: resolve(v) for k, v in filters.items()} if isinstance(filters, dict) else {}
+        length = self._set_methods(enc, version, revision)
+        if self.string_method[0] is None and self.stream_method[0] is None:
+            self.identity = True
+            return
         owner, user = enc.get("O", b""), enc.get("U", b"")
         if not isinstance(owner, bytes) or not isinstance(user, bytes):
-            raise PdfError("pdf_encrypted", "the PDF's encryption dictionary is damaged")
-        perms = _pdf_int(enc.get("P"), 0)
-        key = _pdf_file_key(b"", owner, perms, first_id, n, revision,
-                            enc.get("EncryptMetadata", True) is not False)
-        if not _pdf_user_password_ok(key, user, first_id, revision):
-            raise PdfError("pdf_encrypted", "the PDF is encrypted with a user password; "
-                           "its text cannot be read without the password")
-        return key
+            raise _pdf_damaged_encryption()
+        if version >= 5 or revision >= 5:
+            self._open_aes256(enc, revision, user, password)
+        else:
+            self._open_standard(enc, first_id, revision, length, owner, user, password)
+
+    def _set_methods(self, enc, version, revision):
+        """Set the (cipher, key bits) of strings and of streams; returns the key length in bits
+        of an RC4 or AES-128 file."""
+        length = _pdf_int(enc.get("Length"), 40)
+        if version >= 4:
+            self.string_method = self._method(enc.get("StrF", "Identity"))
+            self.stream_method = self._method(enc.get("StmF", "Identity"))
+            for method in (self.string_method, self.stream_method):
+                if method[0] == "RC4" and method[1]:
+                    length = method[1]
+            if type(enc.get("Length")) is not int and length == 40:
+                length = 128
+        elif revision >= 5:
+            self.string_method = self.stream_method = ("AESV3", 256)
+        else:
+            self.string_method = self.stream_method = ("RC4", 0)
+        return length
+
+    def _open_standard(self, enc, first_id, revision, length, owner, user, password):
+        """The file key of revisions 2 to 4 (RC4 or AES-128)."""
+        if "AESV2" in (self.string_method[0], self.stream_method[0]):
+            n = 16
+        else:
+            if not 40 <= length <= 128:
+                length = 40
+            n = 5 if revision == 2 else length // 8
+        if len(user) < 16 or len(owner) < 32:
+            raise _pdf_damaged_encryption()
+        self.key = _pdf_rc4_file_key(owner, user, _pdf_int(enc.get("P"), 0), first_id, n, revision,
+                                     self.encrypt_metadata, password)
+        if self.key is None:
+            raise _pdf_password_error()
+
+    def _open_aes256(self, enc, revision, user, password):
+        """The file key of revisions 5 and 6 (AES-256), used for every object."""
+        user_e = enc.get("UE")
+        if len(user) < 48 or not isinstance(user_e, bytes) or len(user_e) < 32:
+            raise _pdf_damaged_encryption()
+        key = _pdf_aes256_file_key(enc, revision, password, self.tick)
+        if key is None:
+            raise _pdf_password_error()
+        self.key = key
+        perms = enc.get("Perms")
+        if isinstance(perms, bytes) and len(perms) >= 16:
+            self.perms_ok = _pdf_aes_ecb_decrypt(key, perms[:16])[9:12] == b"adb"
+
+    def _method(self, name):
+        """(cipher, key length in bits or 0) of the crypt filter ``name``: cipher is None
+        (Identity), "RC4", "AESV2" or "AESV3".  An array (which some writers give) stands for
+        its first name."""
+        if isinstance(name, list) and name:
+            name = self.resolve(name[0])
+        if not isinstance(name, str):
+            raise _pdf_damaged_encryption()
+        if name == "Identity":
+            return (None, 0)
+        cf = self.filters.get(name)
+        if not isinstance(cf, dict):
+            return (None, 0)                # an undefined filter name: Identity, as pdf.js and pypdf read it
+        cfm = self.resolve(cf.get("CFM", "None"))
+        size = _pdf_int(self.resolve(cf.get("Length")), 0)
+        if size and size <= 32:
+            size *= 8                       # the Length of a crypt filter is often in bytes
+        if cfm == "None":
+            return (None, 0)
+        if cfm == "V2":
+            return ("RC4", size if 40 <= size <= 128 else 0)
+        if cfm in ("AESV2", "AESV3"):
+            return (cfm, size)
+        raise PdfError("pdf_encrypted", "the PDF is encrypted with the crypt filter method %s, "
+                       "which is not supported" % (cfm,))
 
     def decrypt(self, data, num, gen):
-        """``data`` of object ``num``, generation ``gen``, decrypted with the object's key."""
-        key = self.cache.get((num, gen))
+        """A string of object ``num`` (generation ``gen``) deciphered."""
+        return self._decrypt(self.string_method[0], data, num, gen)
+
+    def decrypt_stream(self, data, num, gen, dic=None):
+        """The raw data of a stream of object ``num`` deciphered.  ``dic``, the stream's
+        dictionary, may name a crypt filter of its own or mark unencrypted metadata."""
+        method = self.stream_method[0]
+        if dic is not None:
+            resolve = self.resolve
+            kind = resolve(dic.get("Type"))
+            if kind == "XRef" or (kind == "Metadata" and not self.encrypt_metadata):
+                return data
+            filters = resolve(dic.get("Filter"))
+            if isinstance(filters, list):
+                filters = resolve(filters[0]) if filters else None
+            if filters == "Crypt":
+                parms = resolve(dic.get("DecodeParms", dic.get("DP")))
+                if isinstance(parms, list):
+                    parms = resolve(parms[0]) if parms else None
+                name = resolve(parms.get("Name", "Identity")) if isinstance(parms, dict) else "Identity"
+                try:
+                    method = self._method(name)[0]
+                except PdfError:            # an unusable crypt filter of one stream: the document's
+                    pass
+        return self._decrypt(method, data, num, gen)
+
+    def _decrypt(self, method, data, num, gen):
+        if method is None or not data:
+            return data
+        if method == "AESV3":
+            return _pdf_aes_decrypt_data(self.key, data, self.tick)
+        key = self.cache.get((num, gen, method))
         if key is None:
             raw = self.key + (num & 0xFFFFFF).to_bytes(3, "little") + (gen & 0xFFFF).to_bytes(2, "little")
-            key = self.cache[(num, gen)] = _hashlib.md5(raw).digest()[:min(len(self.key) + 5, 16)]
-        return _pdf_rc4(key, data)
+            if method == "AESV2":
+                raw += b"sAlT"
+            key = _hashlib.md5(raw).digest()[:min(len(self.key) + 5, 16)]
+            self.cache[(num, gen, method)] = key
+        if method == "AESV2":
+            return _pdf_aes_decrypt_data(key, data, self.tick)
+        return _pdf_rc4(key, data, self.tick)
+
+
+def _pdf_same(value):
+    return value
+
+
+def _pdf_damaged_encryption():
+    return PdfError("pdf_encrypted", "the PDF's encryption dictionary is damaged")
+
+
+def _pdf_password_error():
+    return PdfError("pdf_password_required", "the PDF is encrypted with a user password; "
+                    "its text cannot be read without the password")
+
+
+def _pdf_aes_decrypt_data(key, data, tick=None):
+    """AES-CBC ``data`` of a PDF (a 16-byte IV, then the ciphertext) deciphered and its PKCS#5
+    padding removed.  Lenient: less than one block after the IV gives b""; a trailing partial
+    block is dropped; a padding that is not valid is left in place."""
+    if len(data) < 32:
+        return b""
+    plain = _pdf_aes_cbc_decrypt(key, data[:16], data[16:], tick)
+    pad = plain[-1]
+    if 1 <= pad <= 16 and plain[-pad:] == bytes((pad,)) * pad:
+        return plain[:-pad]
+    return plain
+
+
+def _pdf_rc4_file_key(owner, user, perms, first_id, n, revision, encrypt_metadata, password=b""):
+    """The file key of revisions 2 to 4 when ``password`` opens the file, as the user password
+    or else as the owner password (algorithm 7), or None."""
+    key = _pdf_file_key(password[:32], owner, perms, first_id, n, revision, encrypt_metadata)
+    if _pdf_user_password_ok(key, user, first_id, revision):
+        return key
+    digest = _hashlib.md5((password[:32] + _PDF_PASSWORD_PAD)[:32]).digest()
+    if revision >= 3:
+        for _ in range(50):
+            digest = _hashlib.md5(digest).digest()
+    owner_key = digest[:n]
+    password = owner[:32]
+    if revision == 2:
+        password = _pdf_rc4(owner_key, password)
+    else:
+        for i in range(19, -1, -1):
+            password = _pdf_rc4(bytes(b ^ i for b in owner_key), password)
+    key = _pdf_file_key(password, owner, perms, first_id, n, revision, encrypt_metadata)
+    if _pdf_user_password_ok(key, user, first_id, revision):
+        return key
+    return None
+
+
+def _pdf_aes256_file_key(enc, revision, password=b"", tick=None):
+    """The file key of revision 5 or 6 (AES-256) opened by ``password`` (UTF-8 bytes) as the
+    user password, or else as the owner password; None when it opens neither (or /U, /UE are
+    too short).  ISO 32000-2, 7.6.4.3.3 (algorithm 2.A).
+
+    The user password is checked through /Perms first (the key it yields deciphers /Perms to a
+    block with "adb" at bytes 9 to 11; a wrong key does so once in 2**24): with R6 each hash
+    costs a tenth of a second or more, and this check needs only the key's.  When /Perms is
+    missing or does not agree, the validation salt of /U decides, as the standard says."""
+    owner, user = enc.get("O", b""), enc.get("U", b"")
+    owner_e, user_e = enc.get("OE", b""), enc.get("UE", b"")
+    password = password[:127]
+    hash_ = _pdf_hash_r6 if revision >= 6 else _pdf_hash_r5
+    if isinstance(user, bytes) and len(user) >= 48 and isinstance(user_e, bytes) and len(user_e) >= 32:
+        key = _pdf_aes_cbc_decrypt(hash_(password, user[40:48], b"", tick), bytes(16), user_e[:32])
+        perms = enc.get("Perms")
+        if isinstance(perms, bytes) and len(perms) >= 16 and _pdf_aes_ecb_decrypt(key, perms[:16])[9:12] == b"adb":
+            return key                      # /Perms vouches for the key: one costly R6 hash, not two
+        if hash_(password, user[32:40], b"", tick) == user[:32]:
+            return key
+    if (isinstance(owner, bytes) and len(owner) >= 48 and isinstance(owner_e, bytes) and len(owner_e) >= 32
+            and isinstance(user, bytes) and len(user) >= 48):
+        if hash_(password, owner[32:40], user[:48], tick) == owner[:32]:
+            return _pdf_aes_cbc_decrypt(hash_(password, owner[40:48], user[:48], tick), bytes(16), owner_e[:32])
+    return None
+
+
+def _pdf_hash_r5(password, salt, udata, tick=None):
+    """The password hash of revision 5 (Adobe's extension level 3): plain SHA-256."""
+    return _hashlib.sha256(password + salt + udata).digest()
+
+
+def _pdf_hash_r6(password, salt, udata, tick=None):
+    """The password hash of revision 6 (ISO 32000-2, 7.6.4.3.4, algorithm 2.B); ``tick(n)`` is
+    told of each round (a few milliseconds of work)."""
+    k = _hashlib.sha256(password + salt + udata).digest()
+    hashes = (_hashlib.sha256, _hashlib.sha384, _hashlib.sha512)
+    for i in range(1, _PDF_R6_MAX_ROUNDS + 1):
+        k1 = (password + k + udata) * 64
+        e = _pdf_aes_cbc_encrypt(k[:16], k[16:32], k1)
+        k = hashes[int.from_bytes(e[:16], "big") % 3](e).digest()
+        if tick is not None:
+            tick(len(k1))
+        if i >= 64 and e[-1] <= i - 32:
+            break
+    return k[:32]
 
 
 def _pdf_int(value, default):
@@ -2132,8 +2709,8 @@ def _pdf_user_password_ok(key, user, first_id, revision):
     return value == user[:16]
 
 
-def _pdf_rc4(key, data):
-    """RC4 (the cipher is its own inverse).
+def _pdf_rc4(key, data, tick=None):
+    """RC4 (the cipher is its own inverse); ``tick(n)``, if given, is told of every 16 KB.
 
     >>> _pdf_rc4(b"Key", b"Plaintext").hex()
     'bbf316e8d940af0ad3'
@@ -2143,70 +2720,98 @@ def _pdf_rc4(key, data):
     for i in range(256):
         j = (j + s[i] + key[i % klen]) & 255
         s[i], s[j] = s[j], s[i]
-    stream = bytearray(len(data))
-    i = j = 0
-    for n in range(len(data)):
-        i = (i + 1) & 255
-        si = s[i]
-        j = (j + si) & 255
-        sj = s[j]
-        s[i] = sj
-        s[j] = si
-        stream[n] = s[(si + sj) & 255]
     size = len(data)
+    stream = bytearray(size)
+    i = j = 0
+    for start in range(0, size, 16384):
+        for n in range(start, min(start + 16384, size)):
+            i = (i + 1) & 255
+            si = s[i]
+            j = (j + si) & 255
+            sj = s[j]
+            s[i] = sj
+            s[j] = si
+            stream[n] = s[(si + sj) & 255]
+        if tick is not None:
+            tick(16384)
     return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(size, "big")
 
 
+# -- Stream filters ----------------------------------------------------------------------------
+
 def _pdf_filter(name, data, parms, limit, doc):
     """``data`` through the filter ``name``, at most ``limit`` bytes out; None for image codecs
-    (DCT, JPX, JBIG2, CCITT) and unknown filters, whose data holds no text."""
+    (DCT, JPX, JBIG2, CCITT) and unknown filters, whose data holds no text.  ``doc`` (or None)
+    is told of the work and of the bytes made as they come (see :func:`_pdf_progress`)."""
     if name in ("FlateDecode", "Fl"):
-        out = _pdf_inflate(data, limit)
+        out = _pdf_inflate(data, limit, doc)
         if out is None:
             doc.unreadable = True
             return None
-        return _pdf_predict(out, parms)
+        return _pdf_predict(out, parms, doc)
     if name in ("LZWDecode", "LZW"):
-        return _pdf_predict(_pdf_lzw(data, limit, parms.get("EarlyChange", 1) != 0), parms)
+        return _pdf_predict(_pdf_lzw(data, limit, parms.get("EarlyChange", 1) != 0, doc), parms, doc)
     if name in ("ASCIIHexDecode", "AHx"):
-        return _pdf_ascii_hex(data)[:limit]
+        return _pdf_progress(doc, len(data) >> 4, _pdf_ascii_hex(data)[:limit])
     if name in ("ASCII85Decode", "A85"):
-        return _pdf_ascii85(data)[:limit]
+        return _pdf_progress(doc, 0, _pdf_ascii85(data, doc)[:limit])
     if name in ("RunLengthDecode", "RL"):
-        return _pdf_run_length(data, limit)
+        return _pdf_progress(doc, 0, _pdf_run_length(data, limit, doc))
     if name == "Crypt":
         return data
     return None
 
 
-def _pdf_inflate(data, limit):
+def _pdf_progress(doc, work, made=b""):
+    """Tell ``doc`` (None: nobody) of ``work`` units done and of the new bytes ``made`` it now
+    holds (:meth:`_PdfDocument.tick`, :meth:`_PdfDocument.hold`); returns ``made``."""
+    if doc is not None:
+        doc.tick(work)
+        if made:
+            doc.hold(len(made))
+    return made
+
+
+def _pdf_inflate(data, limit, doc=None):
     """zlib data inflated to at most ``limit`` bytes; a damaged stream (bad checksum, cut
     short, missing header) yields what inflates before the damage, or None."""
     try:
-        inflater = zlib.decompressobj()
-        return inflater.decompress(data, limit)
+        return _pdf_inflate_from(zlib.decompressobj(), data, 0, limit, doc, False)
     except zlib.error:
         pass
     best = b""
     for skip in (2, 0):                     # raw deflate after the header, then without one
-        inflater = zlib.decompressobj(-15)
-        out, size = [], 0
-        try:
-            for pos in range(skip, len(data), 4096):
-                piece = inflater.decompress(data[pos:pos + 4096], limit - size)
-                out.append(piece)
-                size += len(piece)
-                if size >= limit or inflater.eof:
-                    break
-        except zlib.error:
-            pass
-        got = b"".join(out)
+        got = _pdf_inflate_from(zlib.decompressobj(-15), data, skip, limit, doc, True)
         if len(got) > len(best):
             best = got
     return best or None
 
 
-def _pdf_predict(data, parms):
+def _pdf_inflate_from(inflater, data, pos, limit, doc, keep):
+    """``data[pos:]`` through ``inflater`` up to ``limit`` bytes out, 64 KB in and at most 1 MB
+    out at a time so that ``doc`` hears of the bytes as they come; a zlib.error is raised, or
+    with ``keep`` ends it with what was inflated before."""
+    out, size, end, pending = [], 0, len(data), b""
+    try:
+        while size < limit and not inflater.eof:
+            if not pending:
+                if pos >= end:
+                    out.append(inflater.flush()[:limit - size])     # the little zlib still holds
+                    break
+                pending = data[pos:pos + 65536]
+                pos += 65536
+            piece = inflater.decompress(pending, min(limit - size, 1 << 20))
+            pending = inflater.unconsumed_tail
+            out.append(piece)
+            size += len(piece)
+            _pdf_progress(doc, _PDF_CHECK_EVERY, piece)
+    except zlib.error:
+        if not keep:
+            raise
+    return b"".join(out)
+
+
+def _pdf_predict(data, parms, doc=None):
     """Undo a PNG (10-15) or TIFF 2 predictor named in the decode parameters."""
     predictor = parms.get("Predictor", 1)
     if type(predictor) is not int or predictor < 2 or not data:
@@ -2217,32 +2822,36 @@ def _pdf_predict(data, parms):
     bpp = max(1, colors * bpc // 8)
     rowlen = (colors * bpc * columns + 7) // 8
     if predictor == 2:
-        return _pdf_tiff_predict(data, bpp, rowlen) if bpc == 8 else data
+        return _pdf_tiff_predict(data, bpp, rowlen, doc) if bpc == 8 else data
     if predictor < 10:
         return data
-    return _pdf_png_predict(data, bpp, rowlen)
+    return _pdf_png_predict(data, bpp, rowlen, doc)
 
 
-def _pdf_tiff_predict(data, bpp, rowlen):
+def _pdf_tiff_predict(data, bpp, rowlen, doc=None):
     """TIFF predictor 2, 8 bits per component: each byte was stored as its difference from
     the one ``bpp`` bytes before it in its row."""
     out = bytearray(data)
     for start in range(0, len(out), rowlen):
         for i in range(start + bpp, min(start + rowlen, len(out))):
             out[i] = (out[i] + out[i - bpp]) & 255
-    return bytes(out)
+        _pdf_progress(doc, rowlen)
+    return _pdf_progress(doc, 0, bytes(out))
 
 
-def _pdf_png_predict(data, bpp, rowlen):
+def _pdf_png_predict(data, bpp, rowlen, doc=None):
     """PNG predictors: each row of ``rowlen`` bytes follows a byte naming its filter, undone
     from the decoded row above (a partial last row is dropped)."""
     out = bytearray()
+    if rowlen >= len(data):             # not one whole row (and no row buffer of a hostile size)
+        return b""
     prev = bytearray(rowlen)
     for start in range(0, len(data) - rowlen, rowlen + 1):
         row = _pdf_png_unfilter(data[start], bytearray(data[start + 1:start + 1 + rowlen]), prev, bpp)
         out += row
         prev = row
-    return bytes(out)
+        _pdf_progress(doc, rowlen)
+    return _pdf_progress(doc, 0, bytes(out))
 
 
 def _pdf_png_unfilter(kind, row, prev, bpp):
@@ -2268,50 +2877,56 @@ def _pdf_png_unfilter(kind, row, prev, bpp):
     return row
 
 
-def _pdf_lzw(data, limit, early):
+def _pdf_lzw(data, limit, early, doc=None):
     """LZW decoding (the TIFF variant PDF uses), at most ``limit`` bytes out."""
     out = bytearray()
     table = [bytes((i,)) for i in range(256)] + [b"", b""]
     width, bits, nbits, prev = 9, 0, 0, b""
-    for byte in data:
-        bits = (bits << 8) | byte
-        nbits += 8
-        while nbits >= width:
-            nbits -= width
-            code = (bits >> nbits) & ((1 << width) - 1)
-            if code == 256:
-                table, width, prev = table[:258], 9, b""
-                continue
-            if code == 257:
-                return bytes(out)
-            if code < len(table):
-                entry = table[code]
-                if prev:
-                    table.append(prev + entry[:1])
-            elif prev:
-                entry = prev + prev[:1]
-                table.append(entry)
-            else:
-                return bytes(out)
-            out += entry
-            if len(out) >= limit:
-                return bytes(out[:limit])
-            prev = entry
-            if len(table) + early >= (1 << width) and width < 12:
-                width += 1
-    return bytes(out)
+    for start in range(0, len(data), 4096):
+        _pdf_progress(doc, 4096)
+        for byte in data[start:start + 4096]:
+            bits = ((bits & 0xFFF) << 8) | byte     # fewer than 12 bits are left from before
+            nbits += 8
+            while nbits >= width:
+                nbits -= width
+                code = (bits >> nbits) & ((1 << width) - 1)
+                if code == 256:
+                    table, width, prev = table[:258], 9, b""
+                    continue
+                if code == 257:
+                    return _pdf_progress(doc, 0, bytes(out))
+                if code < len(table):
+                    entry = table[code]
+                    if prev:
+                        table.append(prev + entry[:1])
+                elif prev:
+                    entry = prev + prev[:1]
+                    table.append(entry)
+                else:
+                    return _pdf_progress(doc, 0, bytes(out))
+                out += entry
+                if len(out) >= limit:
+                    return _pdf_progress(doc, 0, bytes(out[:limit]))
+                prev = entry
+                if len(table) + early >= (1 << width) and width < 12:
+                    width += 1
+    return _pdf_progress(doc, 0, bytes(out))
+
+
+# Every byte that is not a hex digit, for bytes.translate to delete.
+_PDF_NOT_HEX = bytes(c for c in range(256) if c not in b"0123456789abcdefABCDEF")
 
 
 def _pdf_ascii_hex(data):
     """ASCIIHexDecode: hex digits up to ``>``, whitespace ignored."""
     end = data.find(b">")
-    digits = bytes(c for c in (data if end < 0 else data[:end]) if c in b"0123456789abcdefABCDEF")
+    digits = (data if end < 0 else data[:end]).translate(None, _PDF_NOT_HEX)
     if len(digits) % 2:
         digits += b"0"
     return bytes.fromhex(digits.decode("ascii"))
 
 
-def _pdf_ascii85(data):
+def _pdf_ascii85(data, doc=None):
     """ASCII85Decode, ``z`` for four zero bytes, up to ``~>``.
 
     >>> _pdf_ascii85(b'87cURD]i,"Ebo7~>')
@@ -2323,17 +2938,19 @@ def _pdf_ascii85(data):
     if data.startswith(b"<~"):
         data = data[2:]
     out, group = bytearray(), []
-    for c in data:
-        if 33 <= c <= 117:
-            group.append(c - 33)
-            if len(group) == 5:
-                value = 0
-                for d in group:
-                    value = value * 85 + d
-                out += (value & 0xFFFFFFFF).to_bytes(4, "big")
-                group = []
-        elif c == 122 and not group:
-            out += b"\0\0\0\0"
+    for start in range(0, len(data), 4096):
+        _pdf_progress(doc, 4096)
+        for c in data[start:start + 4096]:
+            if 33 <= c <= 117:
+                group.append(c - 33)
+                if len(group) == 5:
+                    value = 0
+                    for d in group:
+                        value = value * 85 + d
+                    out += (value & 0xFFFFFFFF).to_bytes(4, "big")
+                    group = []
+            elif c == 122 and not group:
+                out += b"\0\0\0\0"
     if len(group) > 1:
         n = len(group) - 1
         value = 0
@@ -2343,9 +2960,9 @@ def _pdf_ascii85(data):
     return bytes(out)
 
 
-def _pdf_run_length(data, limit):
+def _pdf_run_length(data, limit, doc=None):
     """RunLengthDecode, at most ``limit`` bytes out."""
-    out, pos, n = bytearray(), 0, len(data)
+    out, pos, n, runs = bytearray(), 0, len(data), 0
     while pos < n and len(out) < limit:
         length = data[pos]
         if length == 128:
@@ -2356,6 +2973,10 @@ def _pdf_run_length(data, limit):
         else:
             out += data[pos + 1:pos + 2] * (257 - length)
             pos += 2
+        runs += 1
+        if runs >= 1024:
+            _pdf_progress(doc, runs)
+            runs = 0
     return bytes(out[:limit])
 
 # ---------------------------------------------------------------------------
@@ -2367,8 +2988,9 @@ def _pdf_run_length(data, limit):
 # /XRefStm) and object streams, and through a scan of the whole file for "N G obj"
 # headers when an entry or the whole xref is wrong.  Damage is tolerated, not reported:
 # an object that cannot be read is None.  Nesting deeper than _PDF_MAX_NESTING is
-# flattened, and reference chains, cross-reference sections and scanned trailers are
-# capped (the limits are at the top of §5).
+# flattened; reference chains, cross-reference sections and scanned trailers are capped,
+# and so are, in proportion to the file's size, the values parsed, the cross-reference
+# entries and the bytes decoded (the limits are at the top of §5).
 
 # The lexer: one alternative per token kind, each a single unambiguous loop, so that a match
 # costs time linear in its length.  Group numbers are the token kinds used by the parsers.
@@ -2391,6 +3013,7 @@ _PDF_HEADER_RE = LazyPattern(rb"[\x00\t\n\x0c\r ]{0,64}(\d{1,10})[\x00\t\n\x0c\r
 _PDF_BEFORE_OBJ_RE = LazyPattern(rb"(?:^|[^0-9])(\d{1,10})[\x00\t\n\x0c\r ]{1,16}(\d{1,5})"
                                 rb"[\x00\t\n\x0c\r ]{0,16}$")
 _PDF_XREF_ENTRY_RE = LazyPattern(rb"[\x00\t\n\x0c\r ]{0,8}(\d{1,10})[ ]{1,4}(\d{1,5})[ ]{1,4}([nf])")
+_PDF_OBJSTM_PAIR_RE = LazyPattern(rb"[\x00\t\n\x0c\r ]{0,64}(\d{1,10})[\x00\t\n\x0c\r ]{1,64}(\d{1,10})")
 _PDF_XREF_HEAD_RE = LazyPattern(rb"[\x00\t\n\x0c\r ]{0,64}(\d{1,10})[ ]{1,8}(\d{1,10})[ \t]{0,8}[\r\n]")
 
 _PDF_WHITESPACE = b"\x00\t\n\x0c\r "
@@ -2428,7 +3051,7 @@ def _pdf_tokens(data, pos=0, end=None, tick=None):
     """Tokens of ``data[pos:end]`` as ``(kind, value, end)``: kinds are the group numbers of
     ``_PDF_TOKEN_RE``; strings (kind 3) come unescaped; comments and stray bytes are left out.
     The data of an inline image (between ``ID`` and ``EI``) is skipped.  ``tick(n)``, if
-    given, is called after every ``_PDF_CHECK_EVERY`` tokens."""
+    given, is told of the tokens every ``_PDF_CHECK_EVERY`` of them and when they end."""
     if end is None:
         end = len(data)
     finditer = _PDF_TOKEN_RE.finditer
@@ -2444,34 +3067,40 @@ def _pdf_tokens(data, pos=0, end=None, tick=None):
                 yield 1, m.group(1), m.end()
             elif kind == 3:
                 raw = m.group(3)[1:-1]
-                yield 3, (_pdf_unescape(raw) if b"\\" in raw else raw), m.end()
+                yield 3, (_pdf_unescape(raw, tick) if b"\\" in raw else raw), m.end()
             elif kind == 4:
-                value, pos = _pdf_literal(data, m.start(4), end)
+                value, pos = _pdf_literal(data, m.start(4), end, tick)
                 yield 3, value, pos
                 break
             elif kind == 7:
                 value = m.group(7)
                 if value == b"ID":
-                    pos = _pdf_skip_inline_image(data, m.end(), end)
+                    pos = _pdf_skip_inline_image(data, m.end(), end, tick)
                     yield 7, value, pos
                     break
                 yield 7, value, m.end()
             elif kind < 8:
                 yield kind, m.group(kind), m.end()
         else:
-            return
+            break
+    if count and tick is not None:      # a short stream's tokens count too: forms drawn often add up
+        tick(count)
 
 
-def _pdf_literal(data, start, end):
+def _pdf_literal(data, start, end, tick=None):
     """A literal string with nested parentheses starting at ``data[start] == '('``:
     (its unescaped bytes, the position after it)."""
-    depth, pos = 0, start
+    depth, pos, count = 0, start, 0
     search = _PDF_PAREN_RE.search
     while True:
         m = search(data, pos, end)
         if m is None:
-            return _pdf_unescape(data[start + 1:end]), end
+            return _pdf_unescape(data[start + 1:end], tick), end
         pos = m.end()
+        count += 1
+        if count >= _PDF_CHECK_EVERY and tick is not None:
+            tick(count)
+            count = 0
         c = data[pos - 1]
         if c == 92:                 # backslash: the next byte is escaped
             pos += 1
@@ -2480,19 +3109,26 @@ def _pdf_literal(data, start, end):
         else:
             depth -= 1
             if depth == 0:
-                return _pdf_unescape(data[start + 1:pos - 1]), pos
+                return _pdf_unescape(data[start + 1:pos - 1], tick), pos
 
 
-def _pdf_unescape(raw):
-    """Bytes of a literal string body with its backslash escapes resolved.
+def _pdf_unescape(raw, tick=None):
+    """Bytes of a literal string body with its backslash escapes resolved (``tick(n)``, if
+    given, is told of every ``_PDF_CHECK_EVERY`` escapes).
 
     >>> _pdf_unescape(rb"a\\(b\\)\\101\\n")
     b'a(b)A\\n'
     """
     if b"\\" not in raw:
         return raw
+    count = [0]
 
     def one(m):
+        if tick is not None:
+            count[0] += 1
+            if count[0] >= _PDF_CHECK_EVERY:
+                count[0] = 0
+                tick(_PDF_CHECK_EVERY)
         octal, newline, char = m.groups()
         if octal:
             return bytes((int(octal, 8) & 255,))
@@ -2528,21 +3164,25 @@ def _pdf_name(token):
     return name.decode("latin-1")
 
 
-def _pdf_skip_inline_image(data, pos, end):
+def _pdf_skip_inline_image(data, pos, end, tick=None):
     """Position after the ``EI`` that ends inline image data starting at ``pos``."""
     find = data.find
-    p = pos + 1
+    p, count = pos + 1, 0
     while True:
         p = find(b"EI", p, end)
         if p < 0:
             return end
+        count += 1
+        if count >= _PDF_CHECK_EVERY and tick is not None:
+            tick(count)
+            count = 0
         after = data[p + 2:p + 3]
         if data[p - 1] in _PDF_WHITESPACE and (not after or after in _PDF_DELIMITERS):
             return p + 2
         p += 2
 
 
-def _pdf_parse(data, pos=0, end=None, tick=None):
+def _pdf_parse(data, pos=0, end=None, doc=None):
     """Parse objects from ``data[pos:end]`` up to the first keyword that is not part of an
     object (``obj``, ``endobj``, ``stream``, ``trailer``, ...).
 
@@ -2550,11 +3190,19 @@ def _pdf_parse(data, pos=0, end=None, tick=None):
     data.  ``N G R`` becomes a :class:`_PdfRef`, dictionaries become dicts with str keys,
     names str, strings bytes.  Arrays and dictionaries nested deeper than
     ``_PDF_MAX_NESTING`` are flattened into their parent, so the result is never deeper.
+    ``doc`` (a :class:`_PdfDocument`, or None) is told of the work and pays for the values out
+    of its allowance: once that is spent, parsing stops there (keyword None).
     """
     stack, cur, flattened = [], [], 0
+    room = doc.values if doc is not None else _PDF_VALUES[1]
+    tick = doc.tick if doc is not None else None
     for kind, value, after in _pdf_tokens(data, pos, end, tick):
+        room -= 1
+        if room < 0:
+            after = None
+            break
         if kind == 1:
-            cur.append(float(value) if b"." in value else int(value))
+            cur.append(_pdf_number(value))
         elif kind == 2:
             cur.append(_pdf_name(value))
         elif kind == 3:
@@ -2570,8 +3218,26 @@ def _pdf_parse(data, pos=0, end=None, tick=None):
         elif value in _PDF_CONSTANTS:
             cur.append(_PDF_CONSTANTS[value])
         elif value in _PDF_STOP_KEYWORDS:
-            return _pdf_close_all(stack, cur), value, after
-    return _pdf_close_all(stack, cur), None, end if end is not None else len(data)
+            break
+    else:
+        value, after = None, None
+    if doc is not None:
+        doc.spend_values(doc.values - room)
+    if after is None:
+        return _pdf_close_all(stack, cur), None, end if end is not None else len(data)
+    return _pdf_close_all(stack, cur), value, after
+
+
+def _pdf_number(token):
+    """A number token as an int or a float.  A token too long for a PDF number (and, from
+    4,300 digits, for int() on Python 3.11) is a float, clamped like a reader's 32-bit reals.
+
+    >>> _pdf_number(b"-12"), _pdf_number(b"3.5"), _pdf_number(b"9" * 5000)
+    (-12, 3.5, 3.4e+38)
+    """
+    if len(token) > 18:
+        return max(-3.4e38, min(3.4e38, float(token)))
+    return float(token) if b"." in token else int(token)
 
 
 _PDF_CONSTANTS = {b"true": True, b"false": False, b"null": None}
@@ -2625,18 +3291,31 @@ class _PdfDocument:
     ``/Prev`` and ``/XRefStm``); an object whose entry does not point at its
     ``N G obj`` header, and a file without a usable cross-reference, fall
     back to an index built by scanning the whole file for object headers.
+
+    The document keeps the accounts of the whole read: :meth:`tick` counts
+    work and calls ``check``; :meth:`hold` counts the bytes the reader comes
+    to hold and passes them to ``charge``; the allowances below (see
+    _pdf_allowance) are what is left of each limit.
     """
 
-    def __init__(self, data, check):
+    def __init__(self, data, check, charge=None):
         self.data = data
         self._check = check
-        self.stopped = None             # the exception ``check`` raised, re-raised past recovery
+        self._charge = charge
+        self.stopped = None             # what ``check`` or ``charge`` raised, re-raised past recovery
         self.ticks = 0
+        self.unpaid = 0                 # bytes held but not yet passed to ``charge``
+        self.held = 0                   # bytes held and counted
         self.xref = {}                  # num -> (offset, None) or (object stream num, index)
         self.trailer = {}
         self.cache = {}
-        self.budget = _PDF_MAX_DECODED
-        self.operators = _PDF_MAX_OPERATORS
+        size = len(data)
+        self.budget = _pdf_allowance(size, _PDF_DECODED)        # bytes streams may still inflate to
+        self.work = _pdf_allowance(size, _PDF_WORK)             # content tokens still to run
+        self.values = _pdf_allowance(size, _PDF_VALUES)         # values still to parse
+        self.entries = _pdf_allowance(size, _PDF_ENTRIES)       # CMap and /W codes still to define
+        self.objects = _pdf_allowance(size, _PDF_OBJECTS)       # cross-reference entries still to add
+        self.text = _pdf_allowance(size, _PDF_TEXT)             # characters of text still to yield
         self.unreadable = False         # a stream could not be decoded
         self.crypt = None
         self.fonts = {}
@@ -2654,7 +3333,8 @@ class _PdfDocument:
         self._setup_encryption()
 
     def tick(self, amount=1):
-        """Count work (tokens, objects); call ``check`` every ``_PDF_CHECK_EVERY`` units."""
+        """Count work (tokens, objects, bytes through a Python loop); call ``check`` every
+        ``_PDF_CHECK_EVERY`` units."""
         self.ticks += amount
         if self.ticks >= _PDF_CHECK_EVERY:
             self.ticks = 0
@@ -2664,6 +3344,35 @@ class _PdfDocument:
                 except BaseException as exc:
                     self.stopped = exc
                     raise
+
+    def hold(self, nbytes):
+        """Count ``nbytes`` more held (decoded data, parsed values, map entries, text), passed to
+        ``charge`` every ``_PDF_CHARGE_EVERY`` bytes; what ``charge`` raises stops the read, and
+        so does a document that would hold more than ``_PDF_MAX_HELD`` bytes
+        (``PdfError("too_large")``)."""
+        self.unpaid += nbytes
+        if self.unpaid >= _PDF_CHARGE_EVERY:
+            nbytes, self.unpaid = self.unpaid, 0
+            self.held += nbytes
+            try:
+                if self.held > _PDF_MAX_HELD:
+                    raise PdfError("too_large", "reading this PDF would take more than %d MB of memory"
+                                   % (_PDF_MAX_HELD >> 20))
+                if self._charge is not None:
+                    self._charge(nbytes)
+            except BaseException as exc:
+                self.stopped = exc
+                raise
+
+    def spend_values(self, count):
+        """``count`` values parsed: out of the allowance, and held."""
+        self.values -= count
+        self.hold(count * _PDF_VALUE_BYTES)
+
+    def spend_entries(self, count):
+        """``count`` CMap or /W codes defined: out of the allowance, and held."""
+        self.entries -= count
+        self.hold(count * _PDF_ENTRY_BYTES)
 
     # -- cross-reference
 
@@ -2733,20 +3442,30 @@ class _PdfDocument:
     def _read_subsection(self, first, count, pos):
         """The ``count`` entries from object ``first`` on, at ``pos``; returns where they end."""
         data, xref = self.data, self.xref
-        block = data[pos:pos + 20 * count]
-        parts = block.split()
-        if len(parts) == 3 * count and count and block[17:18] in (b"n", b"f"):
-            for i in range(count):          # the usual 20-byte entries
-                if parts[3 * i + 2] == b"n":
-                    xref.setdefault(first + i, (int(parts[3 * i]), None))
-            return pos + 20 * count
-        for i in range(count):              # entries of irregular length
-            e = _PDF_XREF_ENTRY_RE.match(data, pos)
-            if e is None:
+        before = len(xref)
+        for start in range(0, min(count, self.objects), 4096):     # a few thousand at a time
+            n = min(4096, count - start)
+            self.tick(n)
+            block = data[pos:pos + 20 * n]
+            parts = block.split()
+            if len(parts) == 3 * n and block[17:18] in (b"n", b"f"):
+                for i in range(n):          # the usual 20-byte entries
+                    if parts[3 * i + 2] == b"n":
+                        xref.setdefault(first + start + i, (int(parts[3 * i]), None))
+                pos += 20 * n
+                continue
+            for i in range(n):              # entries of irregular length
+                e = _PDF_XREF_ENTRY_RE.match(data, pos)
+                if e is None:
+                    count = 0               # the subsection ends here
+                    break
+                pos = e.end()
+                if e.group(3) == b"n":
+                    xref.setdefault(first + start + i, (int(e.group(1)), None))
+            if not count:
                 break
-            pos = e.end()
-            if e.group(3) == b"n":
-                xref.setdefault(first + i, (int(e.group(1)), None))
+        self.objects -= len(xref) - before
+        self.hold((len(xref) - before) * _PDF_ENTRY_BYTES)
         return pos
 
     def _read_xref_stream(self, stream):
@@ -2766,7 +3485,6 @@ class _PdfDocument:
             if type(first) is not int or type(count) is not int:
                 break
             pos = self._read_xref_rows(body, pos, widths, first, count)
-            self.tick(count >> 6)
 
     def _read_xref_rows(self, body, pos, widths, first, count):
         """Up to ``count`` rows of ``body`` from ``pos``, for objects ``first`` on; returns where
@@ -2774,7 +3492,12 @@ class _PdfDocument:
         xref = self.xref
         w0, w1, w2 = widths
         size = w0 + w1 + w2
-        for i in range(min(count, (len(body) - pos) // size)):
+        rows = max(0, min(count, (len(body) - pos) // size, self.objects))
+        self.objects -= rows
+        self.hold(rows * _PDF_ENTRY_BYTES)
+        for i in range(rows):
+            if not i & 1023:
+                self.tick(1024)
             kind = int.from_bytes(body[pos:pos + w0], "big") if w0 else 1
             f1 = int.from_bytes(body[pos + w0:pos + w0 + w1], "big")
             f2 = int.from_bytes(body[pos + w0 + w1:pos + size], "big")
@@ -2797,16 +3520,19 @@ class _PdfDocument:
     def _scan_headers(self):
         data, found = self.data, {}
         find, search = data.find, _PDF_BEFORE_OBJ_RE.search
-        pos = 0
-        while True:
+        pos, room = 0, self.objects
+        while len(found) < room:
             p = find(b"obj", pos)
             if p < 0:
-                return found
+                break
             pos = p + 3
             self.tick()
             m = search(data, max(0, p - 40), p)
             if m is not None and data[p + 3:p + 4] not in b"0123456789abcdefghijklmnopqrstuvwxyz":
                 found[int(m.group(1))] = (m.start(1), None)
+        self.objects -= len(found)
+        self.hold(len(found) * _PDF_ENTRY_BYTES)
+        return found
 
     def _scan_trailers(self):
         """The last ``_PDF_MAX_TRAILERS`` trailer dictionaries of the file, oldest first."""
@@ -2817,8 +3543,9 @@ class _PdfDocument:
             if p < 0:
                 break
             end = p
+            self.tick()
             if data[p + 7:p + 72].lstrip(_PDF_WHITESPACE).startswith(b"<<"):
-                values, _, _ = _pdf_parse(data, p + 7, min(len(data), p + _PDF_MAX_DICT_BYTES), self.tick)
+                values, _, _ = _pdf_parse(data, p + 7, min(len(data), p + _PDF_MAX_DICT_BYTES), self)
                 if values and isinstance(values[0], dict):
                     trailers.insert(0, values[0])
         return trailers
@@ -2869,10 +3596,10 @@ class _PdfDocument:
             pos = data.find(b"/ObjStm", pos)
             if pos < 0:
                 break
+            self.tick()
             i = bisect.bisect_right(keys, pos) - 1
             pos += 7
             if i >= 0 and starts[i][1] not in self._objstms:
-                self.tick()
                 self._index_objstm(starts[i][1])
 
     def _index_objstm(self, num):
@@ -2942,7 +3669,7 @@ class _PdfDocument:
         if m is None:
             return None
         gen = int(m.group(2))
-        values, keyword, pos = _pdf_parse(self.data, m.end(), None, self.tick)
+        values, keyword, pos = _pdf_parse(self.data, m.end(), None, self)
         if keyword == b"obj" and len(values) >= 2:
             values = values[:-2]            # the header of the next object: endobj is missing
         if not values:
@@ -2974,6 +3701,7 @@ class _PdfDocument:
         end = self._stream_end(dic.get("Length"), pos)
         if self.crypt is not None:
             dic = self._decrypt_strings(dic, num, gen, 0)
+        self.hold(end - pos)
         return _PdfStream(dic, data[pos:end], num, gen)
 
     def _stream_end(self, length, pos):
@@ -3007,14 +3735,17 @@ class _PdfDocument:
         first = stm.get("First")
         if not body or type(first) is not int:
             return None
-        head = body[:first].split()
         nums, offsets = [], []
-        for i in range(0, len(head) - 1, 2):
-            try:
-                nums.append(int(head[i]))
-                offsets.append(first + int(head[i + 1]))
-            except ValueError:
+        pos, room = 0, min(self.objects, self.values // 2)
+        while len(nums) < room:             # pairs "number offset" before /First
+            m = _PDF_OBJSTM_PAIR_RE.match(body, pos, first)
+            if m is None:
                 break
+            nums.append(int(m.group(1)))
+            offsets.append(first + int(m.group(2)))
+            pos = m.end()
+        self.objects -= len(nums)
+        self.spend_values(2 * len(nums))
         result = (body, first, nums, offsets, {n: i for i, n in enumerate(nums)})
         self._objstms[num] = result
         return result
@@ -3029,7 +3760,7 @@ class _PdfDocument:
                 return None
             index = where[num]
         end = offsets[index + 1] if index + 1 < len(offsets) else len(body)
-        values, _, _ = _pdf_parse(body, offsets[index], max(end, offsets[index]), self.tick)
+        values, _, _ = _pdf_parse(body, offsets[index], max(end, offsets[index]), self)
         return values[0] if values else None
 
     # -- pages
@@ -3048,6 +3779,7 @@ class _PdfDocument:
         stack = [(top, None, None, 0)]
         while stack and len(out) < max_pages:
             ref, resources, box, depth = stack.pop()
+            self.tick()
             if type(ref) is _PdfRef:
                 if ref.num in seen:
                     continue
@@ -3100,11 +3832,13 @@ class _PdfDocument:
         """The decoded bytes of ``stream``, or None for image codecs and undecodable data.
 
         Decryption comes first; each filter's output is capped at the smaller of
-        ``_PDF_MAX_STREAM`` and what is left of the document's budget of inflated bytes.
+        ``_PDF_MAX_STREAM`` and what is left of the document's budget of inflated bytes,
+        and held (:meth:`hold`) as it is made.
         """
         data = stream.raw
         if crypt and self.crypt is not None and stream.get("Type") != "XRef":
-            data = self.crypt.decrypt(data, stream.num, stream.gen)
+            data = self.crypt.decrypt_stream(data, stream.num, stream.gen, stream.dict)
+            self.hold(len(data))
         filters = self.resolve(stream.get("Filter"))
         params = self.resolve(stream.get("DecodeParms", stream.get("DP")))
         if not isinstance(filters, list):
@@ -3131,14 +3865,22 @@ class _PdfDocument:
             return
         ids = self.resolve(self.trailer.get("ID"))
         first_id = self.resolve(ids[0]) if isinstance(ids, list) and ids else b""
-        self.crypt = _PdfRc4Security(enc, first_id if isinstance(first_id, bytes) else b"")
+        try:
+            self.crypt = _PdfSecurity(enc, first_id if isinstance(first_id, bytes) else b"", self.resolve,
+                                      tick=self.tick)
+        except PdfError:
+            raise
+        except Exception:               # a damaged dictionary (a list where a name belongs, ...)
+            if self.stopped is not None:
+                raise
+            raise _pdf_damaged_encryption() from None
         if self.crypt.identity:
             self.crypt = None
         self.cache = {}
         self._objstms = {}
 
     def _decrypt_strings(self, value, num, gen, depth):
-        """``value`` with every string in it decrypted (RC4 with the object's key)."""
+        """``value`` with every string in it decrypted with the object's key."""
         if isinstance(value, bytes):
             return self.crypt.decrypt(value, num, gen)
         if depth > _PDF_MAX_NESTING:
@@ -3435,18 +4177,31 @@ class _PdfCMap:
     cidrange, None without them) and ``vertical`` (/WMode 1).
 
     The operands before each ``end...`` keyword are collected as PostScript would (hex
-    strings as bytes, numbers as their digits, arrays as lists); once more than
-    ``_PDF_MAX_CMAP`` codes are defined, further definitions are dropped.
+    strings as bytes, numbers as their digits, arrays as lists; past ``_PDF_MAX_OPERANDS`` in
+    a row the older ones are dropped).  At most ``_PDF_MAX_CMAP`` codes are defined, and no
+    more than what is left of the document's allowance (``doc``, a :class:`_PdfDocument` or
+    None): further definitions are dropped, and the codes defined are charged to it.
     """
 
     # The keyword that ends each section of definitions, and the method that reads them.
     _SECTIONS = {b"endbfchar": "_bf_chars", b"endbfrange": "_bf_ranges",
                  b"endcidchar": "_cid_chars", b"endcidrange": "_cid_ranges"}
 
-    def __init__(self, body, tick):
+    def __init__(self, body, doc=None):
         self.mapping, self.ranges, self.space, self.cids, self.vertical = {}, [], [], None, False
+        self.room = min(_PDF_MAX_CMAP, doc.entries) if doc is not None else _PDF_MAX_CMAP
+        room = self.room
+        try:
+            self._read(body, doc.tick if doc is not None else None)
+        finally:
+            if doc is not None:
+                doc.spend_entries(room - self.room)
+
+    def _read(self, body, tick):
         operands, stack = [], []
         for kind, value, _ in _pdf_tokens(body, 0, None, tick):
+            if len(operands) >= _PDF_MAX_OPERANDS:
+                del operands[:-64]          # a run too long for any definition: keep its end
             if kind == 5:
                 operands.append(_pdf_hex(value))
             elif kind == 3 or kind == 1:
@@ -3469,7 +4224,7 @@ class _PdfCMap:
         if keyword == b"endcodespacerange":
             self._code_space(operands)
             return True
-        if len(self.mapping) + len(self.cids or ()) > _PDF_MAX_CMAP:
+        if self.room <= 0:
             return True
         if keyword in self._SECTIONS:
             getattr(self, self._SECTIONS[keyword])(operands)
@@ -3486,10 +4241,11 @@ class _PdfCMap:
                 self.space.append((len(lo), lo, hi))
 
     def _bf_chars(self, operands):
-        for i in range(0, len(operands) - 1, 2):
+        for i in range(0, min(len(operands) - 1, 2 * self.room), 2):
             src, dst = operands[i], operands[i + 1]
             if isinstance(src, bytes):
                 self.mapping[int.from_bytes(src, "big")] = _pdf_cmap_text(dst)
+                self.room -= 1
 
     def _bf_ranges(self, operands):
         for i in range(0, len(operands) - 2, 3):
@@ -3504,8 +4260,9 @@ class _PdfCMap:
         if last < first:
             return
         if isinstance(dst, list):
-            for k, item in enumerate(dst[:last - first + 1]):
+            for k, item in enumerate(dst[:min(last - first + 1, max(0, self.room))]):
                 self.mapping[first + k] = _pdf_cmap_text(item)
+                self.room -= 1
             return
         text = _pdf_cmap_text(dst)
         if not text:
@@ -3515,7 +4272,9 @@ class _PdfCMap:
                 self.ranges.append((first, last, text))
             return
         head, tail = text[:-1], ord(text[-1])
-        for k in range(last - first + 1):
+        count = max(0, min(last - first + 1, self.room))
+        self.room -= count
+        for k in range(count):
             self.mapping[first + k] = head + _pdf_chr(tail + k)
 
     def _cid_chars(self, operands):
@@ -3529,10 +4288,13 @@ class _PdfCMap:
         cids = self.cids = {} if self.cids is None else self.cids
         for i in range(0, len(operands) - step + 1, step):
             lo, hi, cid = operands[i], operands[i + step - 2], operands[i + step - 1]
-            if isinstance(lo, bytes) and isinstance(hi, bytes) and isinstance(cid, bytes):
+            if isinstance(lo, bytes) and isinstance(hi, bytes) and isinstance(cid, bytes) and self.room > 0:
                 first, last = int.from_bytes(lo, "big"), int.from_bytes(hi, "big")
-                for code in range(first, min(last, first + 65535) + 1):
-                    cids[code] = int(cid) + code - first
+                start = int(_pdf_number(cid)) if cid[:1].isdigit() else 0
+                count = max(0, min(last - first + 1, 65536, self.room))
+                self.room -= count
+                for code in range(first, first + count):
+                    cids[code] = start + code - first
 
 
 def _pdf_cmap_text(dst):
@@ -3664,7 +4426,7 @@ class _PdfFont:
         body = doc.decode(stream)
         if not body:
             return None
-        return _PdfCMap(body, doc.tick)
+        return _PdfCMap(body, doc)
 
     def _set_widths(self, doc, fd, descriptor, plain_name):
         """Widths from /FirstChar and /Widths, else those of a standard 14 font."""
@@ -3808,7 +4570,7 @@ class _PdfCompositeFont(_PdfFont):
         elif isinstance(encoding, _PdfStream):
             body = doc.decode(encoding)
             if body:
-                cmap = _PdfCMap(body, doc.tick)
+                cmap = _PdfCMap(body, doc)
                 self.cids = cmap.cids
                 self.vertical = encoding.get("WMode") == 1 or cmap.vertical
                 self._set_code_space(cmap.space)
@@ -3822,28 +4584,39 @@ class _PdfCompositeFont(_PdfFont):
 
     @staticmethod
     def _cid_widths(doc, w):
-        """CID -> width from a /W array (``c [w1 w2 ...]`` and ``c1 c2 w`` entries)."""
+        """CID -> width from a /W array (``c [w1 w2 ...]`` and ``c1 c2 w`` entries), of at most
+        ``_PDF_MAX_CMAP`` CIDs and what is left of the document's allowance of codes."""
         out = {}
         if not isinstance(w, list):
             return out
-        i, n = 0, len(w)
-        while i + 1 < n and len(out) < 65536:
-            first = w[i]
-            nxt = doc.resolve(w[i + 1])
-            if type(first) is not int:
-                break
-            if isinstance(nxt, list):
-                for k, value in enumerate(nxt):
-                    if isinstance(value, (int, float)):
-                        out[first + k] = float(value)
-                i += 2
-            elif i + 2 < n and type(nxt) is int and isinstance(w[i + 2], (int, float)):
-                for cid in range(first, min(nxt, first + 65536) + 1):
-                    out[cid] = float(w[i + 2])
-                i += 3
-            else:
-                break
+        room = min(_PDF_MAX_CMAP, doc.entries)
+        try:
+            _pdf_read_widths(doc, w, out, room)
+        finally:
+            doc.spend_entries(len(out))
         return out
+
+
+def _pdf_read_widths(doc, w, out, room):
+    """The entries of the /W array ``w`` into ``out``, until it holds ``room`` CIDs."""
+    i, n = 0, len(w)
+    while i + 1 < n and len(out) < room:
+        first = w[i]
+        nxt = doc.resolve(w[i + 1])
+        if type(first) is not int:
+            break
+        doc.tick()
+        if isinstance(nxt, list):
+            for k, value in enumerate(nxt[:room - len(out)]):
+                if isinstance(value, (int, float)):
+                    out[first + k] = float(value)
+            i += 2
+        elif i + 2 < n and type(nxt) is int and isinstance(w[i + 2], (int, float)):
+            for cid in range(first, min(nxt, first + 65535, first + room - len(out) - 1) + 1):
+                out[cid] = float(w[i + 2])
+            i += 3
+        else:
+            break
 
 
 def _pdf_load_font(doc, ref):
@@ -3975,6 +4748,8 @@ class _PdfTextReader:
         self.resources = {}             # of the content stream being run (a form's are restored after it)
         self.fonts = {}
         self.depth = 0                  # form XObjects the stream being run is inside
+        self.marks = []                 # open marked-content sequences: None, or their ActualText entry
+        self.actual = None              # [text, shown yet] of the ActualText span the glyphs are in
 
     def text(self):
         return "".join(self.out).strip()
@@ -3999,7 +4774,7 @@ class _PdfTextReader:
         """Interpret one content stream with ``resources``; ``depth`` counts form nesting.
         Each operator acts on the operands collected since the one before it."""
         doc = self.doc
-        if doc.operators < 0:
+        if doc.work < 0:
             return
         fonts = doc.resolve(resources.get("Font"))
         self.resources, self.depth = resources, depth
@@ -4007,14 +4782,19 @@ class _PdfTextReader:
         handlers = self._OPERATORS
         ops, nest, count = [], [], 0
         for kind, value, _ in _pdf_tokens(data, 0, None, doc.tick):
+            if len(ops) >= _PDF_MAX_OPERANDS:   # no operator takes that many: keep the end of the run
+                doc.work -= len(ops)
+                del ops[:-64]
+                if doc.work < 0:
+                    return
             if kind == 1:
                 ops.append(float(value))
             elif kind == 7:
                 count += 1
-                if count >= 256:            # the document's budget of operators, charged in batches
-                    doc.operators -= count
+                if count >= 256:            # the document's allowance of work, charged in batches
+                    doc.work -= count
                     count = 0
-                    if doc.operators < 0:
+                    if doc.work < 0:
                         return
                 handler = handlers.get(value)
                 if handler is not None:
@@ -4032,7 +4812,7 @@ class _PdfTextReader:
                 ops.append(_pdf_hex(value))
             elif kind == 6:
                 ops = _pdf_nest_operands(value, ops, nest)
-        doc.operators -= count
+        doc.work -= count
 
     # -- the operators: each reads its operands from the end of ``ops``
 
@@ -4108,6 +4888,26 @@ class _PdfTextReader:
     def _op_inline_image(self, ops):                # ID (the lexer skips the image data)
         self.images += 1
 
+    def _op_begin_marked(self, ops):                # BMC
+        if len(self.marks) < _PDF_MAX_GSTATE:
+            self.marks.append(None)
+
+    def _op_begin_marked_properties(self, ops):     # BDC: a tag and its properties
+        if len(self.marks) >= _PDF_MAX_GSTATE:
+            return
+        entry = None
+        if self.actual is None:         # an ActualText inside another is part of the outer one
+            text = _pdf_actual_text(self.doc, ops[-1], self.resources)
+            if text is not None:
+                entry = self.actual = [text, False]
+        self.marks.append(entry)
+
+    def _op_end_marked(self, ops):                  # EMC
+        if self.marks:
+            entry = self.marks.pop()
+            if entry is not None and entry is self.actual:
+                self.actual = None
+
     # The operators acted on, and their methods (called as ``handler(reader, ops)``); every
     # other operator just drops its operands.
     _OPERATORS = {b"Tj": _op_show, b"TJ": _op_show_array, b"Td": _op_move, b"TD": _op_move_leading,
@@ -4115,7 +4915,8 @@ class _PdfTextReader:
                   b"Tf": _op_font, b"Tm": _op_text_matrix, b"TL": _op_leading, b"Tc": _op_char_spacing,
                   b"Tw": _op_word_spacing, b"Tz": _op_horizontal_scale, b"BT": _op_begin_text,
                   b"cm": _op_transform, b"q": _op_save, b"Q": _op_restore, b"Do": _op_draw,
-                  b"ID": _op_inline_image}
+                  b"ID": _op_inline_image, b"BMC": _op_begin_marked, b"BDC": _op_begin_marked_properties,
+                  b"EMC": _op_end_marked}
 
     # -- text
 
@@ -4156,6 +4957,10 @@ class _PdfTextReader:
                     self.show(piece)
                 return
         text, width, spaces, codes = font.decode(s)
+        actual = self.actual
+        if actual is not None:          # the span's text replaces its glyphs, shown at the first
+            text = "" if actual[1] else actual[0]
+            actual[1] = True
         tm = self.tm
         x0, y0 = tm[4], tm[5]
         fs, tc = self.fs, self.tc
@@ -4170,12 +4975,12 @@ class _PdfTextReader:
             ax, ay = tm[0], tm[1]
         tm[4] = x0 + advance * ax
         tm[5] = y0 + advance * ay
-        if text:
+        if text or actual is not None:
             self._place_shown(text, x0, y0, x0 + visible * ax, y0 + visible * ay, font)
 
     def _place_shown(self, text, x0, y0, ex, ey, font):
         """Place ``text`` shown from (x0, y0) to (ex, ey) in text space, unless it starts
-        outside the page's visible box."""
+        outside the page's visible box (empty ``text`` only moves the end of the last text)."""
         tm = self.tm
         c0, c1, c2, c3, c4, c5 = self.ctm
         if font.vertical:                   # the direction of writing in device space
@@ -4197,11 +5002,17 @@ class _PdfTextReader:
         box = self.box
         if box is not None and not (box[0] - size <= x <= box[2] and box[1] - size <= y <= box[3] + size):
             return
-        self.place(text, x, y, bx, by, size)
+        if text:
+            self.place(text, x, y, bx, by, size)
         self.last = (ex * c0 + ey * c2 + c4, ex * c1 + ey * c3 + c5, bx, by, size)
 
     def place(self, text, x, y, bx, by, size):
-        """Append ``text`` starting at (x, y) with the separator its position calls for."""
+        """Append ``text`` starting at (x, y) with the separator its position calls for, while
+        the document's allowance of text lasts."""
+        doc = self.doc
+        doc.text -= len(text)
+        if doc.text < 0:
+            return
         out = self.out
         last = self.last
         if last is not None:
@@ -4235,6 +5046,10 @@ class _PdfTextReader:
         if subtype == "Image":
             self.images += 1
         elif subtype == "Form" and depth < _PDF_MAX_FORM_DEPTH:
+            doc.work -= _PDF_FORM_COST      # forms drawing forms multiply: each drawing costs
+            doc.tick(_PDF_FORM_COST)
+            if doc.work < 0:
+                return
             body = self._form_body(ref, xobj)
             if body:
                 self._run_form(xobj, body, resources, depth)
@@ -4260,31 +5075,65 @@ class _PdfTextReader:
         matrix = _pdf_matrix(doc.resolve(xobj.get("Matrix")) or [])
         if matrix is not None:
             self.ctm = _pdf_multiply(matrix, self.ctm)
-        depth_saved = len(self.stack)
+        depth_saved, marks_saved, actual_saved = len(self.stack), len(self.marks), self.actual
         try:
             self.run(body, inner if isinstance(inner, dict) else resources, depth + 1)
         finally:
             del self.stack[depth_saved:]
+            del self.marks[marks_saved:]
+            self.actual = actual_saved
             (self.ctm, self.font, self.fs, self.tc, self.tw, self.th, self.tl, self.tm, self.tlm,
              self.resources, self.fonts, self.depth) = saved
 
 
-def pdf_to_text(data, *, check=None, max_pages=PDF_MAX_PAGES):
+def _pdf_actual_text(doc, props, resources):
+    """The /ActualText of the properties of a BDC operator, or None: ``props`` is an inline
+    dictionary (a list of keys and values, as the content stream's operands are read) or the
+    name of one in the resources' /Properties."""
+    if isinstance(props, str):
+        named = doc.resolve(resources.get("Properties"))
+        props = doc.resolve(named.get(props)) if isinstance(named, dict) else None
+        value = doc.resolve(props.get("ActualText")) if isinstance(props, dict) else None
+    elif isinstance(props, list):
+        value = next((props[i + 1] for i in range(0, len(props) - 1, 2) if props[i] == "ActualText"), None)
+    else:
+        return None
+    return _pdf_text_string(value) if isinstance(value, bytes) else None
+
+
+def _pdf_text_string(raw):
+    """A PDF text string: UTF-16 or UTF-8 after its byte order mark, else PDFDocEncoding
+    (read as Latin-1, which it matches for letters).
+
+    >>> _pdf_text_string(b"\\xfe\\xff\\x00f\\x00i"), _pdf_text_string(b"caf\\xe9")
+    ('fi', 'café')
+    """
+    for bom, codec in _BOMS:
+        if raw.startswith(bom):
+            return raw[len(bom):].decode(codec, "ignore")
+    return raw.decode("latin-1")
+
+
+def pdf_to_text(data, *, check=None, charge=None, max_pages=PDF_MAX_PAGES):
     """The text of the PDF document ``data`` (bytes), page after page.
 
     Lines follow the text positions (a new line where the baseline moves, a
     blank line at a larger vertical gap, a space where text jumps forward on
     its line); pages are separated by a blank line.  At most ``max_pages``
-    pages are read.  ``check``, if given, is called every few thousand
-    content tokens and may raise to stop the work (a deadline, a
-    cancellation); its exception propagates unchanged.
+    pages are read.  ``check``, if given, is called every few milliseconds of
+    work (at every level of nested form XObjects too) and may raise to stop
+    the work (a deadline, a cancellation); ``charge(nbytes)``, if given, is
+    told of the memory the reader comes to hold, tens of KB at a time, and
+    may raise too (a memory budget).  Their exceptions propagate unchanged.
 
-    Raises :class:`PdfError`: ``pdf_encrypted`` when the file needs a user
-    password or AES, ``pdf_no_text`` when its pages hold no text (a scan),
-    ``pdf_damaged`` when nothing can be read.  A damaged file otherwise
-    yields whatever text could be recovered.
+    Raises :class:`PdfError`: ``pdf_password_required`` when the file opens
+    only with a password, ``pdf_encrypted`` for another security handler,
+    ``pdf_no_text`` when its pages hold no text (a scan), ``pdf_damaged`` when
+    nothing can be read, ``too_large`` when reading it would hold more than
+    ``_PDF_MAX_HELD`` bytes.  A damaged file otherwise yields whatever text
+    could be recovered; a hostile one, what its allowances of work let through.
     """
-    doc = _PdfDocument(bytes(data), check)
+    doc = _PdfDocument(bytes(data), check, charge)
     pages = doc.pages(max_pages)
     if not pages:
         raise PdfError("pdf_damaged", "no page could be read: the file is damaged or not a PDF")
@@ -9229,7 +10078,8 @@ class Fetcher:
         body = resp.body
         check = _extraction_check(url, ctx)
         if media == "application/pdf" or body.lstrip()[:5] == b"%PDF-":
-            return Document(url, resp.url, "", _pdf_page_text(url, body, check), "direct", "application/pdf")
+            return Document(url, resp.url, "", _pdf_page_text(url, body, check, ctx.budget), "direct",
+                            "application/pdf")
         media = media or _sniff_media(body)
         if media in _MEDIA_HTML:
             html = decode_page(body, ctype)
@@ -9277,13 +10127,26 @@ def _extraction_check(url, ctx):
     return check
 
 
-def _pdf_page_text(url, body, check):
-    """The text of the PDF ``body`` fetched from ``url``; a PdfError becomes an UpstreamError."""
+def _pdf_page_text(url, body, check, budget=None):
+    """The text of the PDF ``body`` fetched from ``url``; a PdfError becomes an UpstreamError.
+    The memory the reader holds is charged to ``budget`` (a :class:`MemoryBudget`, or None)
+    while it reads, and given back once the text is out; a budget spent is ``too_large``."""
+    held = [0]
+
+    def charge(nbytes):
+        budget.charge(nbytes)
+        held[0] += nbytes
     try:
-        return pdf_to_text(body, check=check)
+        return pdf_to_text(body, check=check, charge=charge if budget is not None else None)
     except PdfError as exc:
         raise UpstreamError("direct", "no_results" if exc.code == "pdf_no_text" else "bad_response",
                             exc.code, "%s: %s" % (url, exc.message), status=200, retryable=False) from None
+    except TooLarge as exc:
+        raise UpstreamError("direct", "bad_response", "too_large", "%s: %s" % (url, exc), status=200,
+                            retryable=False) from None
+    finally:
+        if held[0]:
+            budget.release(held[0])
 
 
 def _sniff_media(body):
@@ -11215,7 +12078,8 @@ class SearchTools:
 
 # The codes of a failed fetch that a provider's last attempt passes on (the rest are fetch_failed).
 _FETCH_CODES = ("private_address", "bad_url", "unsupported_content_type", "body_too_large", "too_many_redirects",
-                "pdf_encrypted", "pdf_no_text", "pdf_damaged", "not_found", "extraction_timeout")
+                "pdf_encrypted", "pdf_password_required", "pdf_no_text", "pdf_damaged", "too_large", "not_found",
+                "extraction_timeout")
 
 
 class PageTools:
