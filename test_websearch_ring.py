@@ -2949,6 +2949,108 @@ def test_a_gzip_body_cut_before_its_end_is_truncated_and_every_member_is_read(ri
         assert transport.request("GET", upstream.url + "/members", timeout_s=DEFAULT_TIMEOUT_S).body == _BODY
 
 
+# ---- Hostile compressed bodies: linear time, a memory ceiling, the call's deadline and cancel ----
+
+_EMPTY_MEMBER = gzip.compress(b"")
+
+
+_BOMB = []     # 20 MB of zeros compressed (20 KB), made once
+
+
+def _hostile_bodies(n):
+    """Generated hostile compressed bodies of about ``n`` bytes each, by name."""
+    import random
+    rng = random.Random(n)
+    if not _BOMB:
+        _BOMB.append(zlib.compress(b"\0" * 20_000_000, 9))
+    one_member = gzip.compress(rng.randbytes(n // 2))
+    return {
+        "many empty members": _EMPTY_MEMBER * (n // len(_EMPTY_MEMBER)),
+        "members of one byte": gzip.compress(b"x") * (n // len(gzip.compress(b"x"))),
+        "deflate bomb": _BOMB[0] + rng.randbytes(n),
+        "gzip bomb in members": gzip.compress(b"\0" * 200_000, 9) * max(1, n // 300),
+        "truncated stream": one_member[: len(one_member) // 2],
+        "member then garbage": gzip.compress(b"good") + rng.randbytes(n // 4),
+        "garbage": rng.randbytes(n // 4),
+        "header only, many times": one_member[:10] * (n // 10),
+    }
+
+
+def _inflate_or_error(ring, body, cap, truncate=False, ctx=None):
+    try:
+        return ring._decompress(body, cap, truncate, ctx)
+    except ring.TransportError as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("name", sorted(_hostile_bodies(1000)))
+def test_decompress_time_grows_linearly_on_hostile_bodies(ring, name):
+    bodies = {}
+
+    def inflate(n):
+        if n not in bodies:
+            bodies[n] = _hostile_bodies(n)[name]
+        for truncate in (False, True):
+            result = _inflate_or_error(ring, bodies[n], 1_000_000, truncate)
+            assert isinstance(result, bytes) or result in ("body_too_large", "truncated_body", "bad_encoding")
+            assert len(result) <= 1_000_000
+    assert_linear(inflate, 300_000, name)   # the copy-per-member decompressor failed from ~200 KB
+
+
+def test_decompress_holds_no_more_than_its_cap_and_the_body(ring):
+    import tracemalloc
+    cap = 2_000_000
+    bodies = _hostile_bodies(200_000)
+    tracemalloc.start()
+    try:
+        for name, body in bodies.items():
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            for truncate in (False, True):
+                _inflate_or_error(ring, body, cap, truncate)
+            peak = tracemalloc.get_traced_memory()[1] - base
+            # the pieces and their join, plus one step of each: never the body once per member
+            assert peak < 2 * cap + 2 * ring._INFLATE_OUT_STEP + 100_000, (name, peak)
+    finally:
+        tracemalloc.stop()
+
+
+def test_decompress_reads_every_member_and_the_cases_a_hostile_body_can_make(ring):
+    assert ring._decompress(_EMPTY_MEMBER * 5000 + gzip.compress(b"end"), 100) == b"end"
+    assert ring._decompress(gzip.compress(b"one ") + gzip.compress(b"two") + b"trailing", 100) == b"one two"
+    assert ring._decompress(zlib.compress(b"zlib"), 100) == b"zlib"
+    assert ring._decompress(zlib.compress(b"raw deflate")[2:-4], 100) == b"raw deflate"
+    bomb = zlib.compress(b"\0" * 10_000_000, 9)
+    assert _inflate_or_error(ring, bomb, 1_000_000) == "body_too_large"
+    assert ring._decompress(bomb, 1_000_000, truncate=True) == b"\0" * 1_000_000
+    cut = gzip.compress(b"".join(b"words %d " % i for i in range(5000)))[:-300]
+    assert _inflate_or_error(ring, cut, 100_000) == "truncated_body"
+    assert ring._decompress(cut, 100_000, truncate=True).startswith(b"words 0 words 1")
+    assert _inflate_or_error(ring, b"not compressed at all", 100) == "bad_encoding"
+    assert ring._decompress(gzip.compress(b"good") + b"\x1f\x8b\x08" + bytes(7) + b"\xff\xff", 100) == b"good"
+
+
+def test_decompress_stops_at_the_calls_cancel_and_deadline(ring):
+    import random
+    token = ring.CancelToken()
+    token.cancel("client cancelled")
+    many = _EMPTY_MEMBER * 50_000
+    with pytest.raises(ring.Cancelled):
+        ring._decompress(many, 1_000_000, ctx=ring.CallContext(token, ring.Deadline(60.0)))
+    with pytest.raises(ring.Cancelled):
+        ring._decompress(zlib.compress(b"\0" * 5_000_000), 10_000_000, ctx=ring.CallContext(token))
+    now = [0.0]
+
+    def clock():
+        now[0] += 0.001          # every look at the clock costs a millisecond of "work"
+        return now[0]
+    for body in (many, zlib.compress(random.Random(1).randbytes(200_000))):
+        with pytest.raises(ring.TransportError) as caught:
+            ring._decompress(body, 10_000_000, ctx=ring.CallContext(deadline=ring.Deadline(0.05, clock)))
+        assert caught.value.outcome == "timeout"
+    assert ring._decompress(many, 100, ctx=ring.CallContext(deadline=ring.Deadline(60.0))) == b""
+
+
 _TAVILY_OK = json.dumps({"query": "q", "results": [
     {"title": "Asyncio timeouts", "url": "https://docs.python.org/3/library/asyncio-task.html",
      "content": "How to time out a coroutine.", "score": 0.9}]}).encode()

@@ -6477,7 +6477,7 @@ class Transport:
             resp.close()    # a body read to its length leaves the response open; reuse needs it closed
             keep = whole and not resp.will_close and not absolute and getattr(conn, "_tunnel_host", None) is None
             if headers.get("content-encoding", "").lower() in ("gzip", "deflate", "x-gzip"):
-                raw = _decompress(raw, ex.max_bytes, ex.truncate)
+                raw = _decompress(raw, ex.max_bytes, ex.truncate, ctx)
             return Response(resp.status, resp.reason, headers, raw, ex.url, 0.0)
         except (TransportError, Cancelled):
             raise
@@ -6882,40 +6882,78 @@ def _describe_os_error(exc):
     return text if name in text else "%s: %s" % (name, text)
 
 
-def _decompress(raw, max_bytes, truncate=False):
+# Compressed bytes fed to the inflater per step: small enough that the copy zlib makes of the
+# unread input at each member's end (``unused_data``) stays a constant, so a body of many tiny
+# gzip members inflates in linear time; inflated bytes per step: the call's deadline and cancel
+# are checked between steps, a few milliseconds of work apart at most.
+_INFLATE_IN_STEP = 1024
+_INFLATE_OUT_STEP = 256 * 1024
+
+
+def _decompress(raw, max_bytes, truncate=False, ctx=None):
     """A gzip (every member), zlib or raw deflate body, capped at ``max_bytes`` once inflated.
 
     A compressed stream that stops before its end marker is a truncated body, unless
-    ``truncate`` asked for a cut (the compressed body was itself cut at the cap).
+    ``truncate`` asked for a cut (the compressed body was itself cut at the cap).  Time is linear
+    in the body's size (many empty members too); with ``ctx``, the call's cancel and deadline
+    stop the work (``Cancelled``, or a ``timeout``).
 
     >>> import gzip; _decompress(gzip.compress(b"one ") + gzip.compress(b"two"), 100)
     b'one two'
     """
+    out = []
     for wbits in (47, -15):     # 47: gzip or zlib, told apart by the header; -15: raw deflate
-        out, size, rest = [], 0, raw
+        out = []
         try:
-            while True:
-                inflater = zlib.decompressobj(wbits)
-                piece = inflater.decompress(rest, max_bytes + 1 - size)
-                out.append(piece)
-                size += len(piece)
-                if size > max_bytes:
-                    if truncate:
-                        return b"".join(out)[:max_bytes]
-                    raise TransportError("bad_response", "body_too_large",
-                                         "decompressed body over the %d byte cap" % max_bytes)
-                if not inflater.eof:
-                    if truncate:
-                        return b"".join(out)
-                    raise TransportError("bad_response", "truncated_body",
-                                         "the compressed body ends before its end marker")
-                rest = inflater.unused_data
-                if not (wbits == 47 and rest[:2] == b"\x1f\x8b"):
-                    return b"".join(out)          # no further gzip member; trailing bytes are ignored
+            return _inflate(raw, wbits, max_bytes, truncate, ctx, out)
         except zlib.error:
-            if size:
+            if out:
                 return b"".join(out)              # a damaged member after good ones
     raise TransportError("bad_response", "bad_encoding", "body is not valid gzip/deflate data")
+
+
+def _inflate_check(ctx):
+    """Between two steps of inflating: stop on the call's cancel or at its deadline."""
+    if ctx is not None:
+        ctx.check()
+        if ctx.expired():
+            raise TransportError("timeout", "timeout", "timed out decompressing the body")
+
+
+def _inflate(raw, wbits, max_bytes, truncate, ctx, out):
+    """Inflate every member of ``raw`` into ``out`` (a list of pieces), in bounded steps."""
+    view, pos, end, size = memoryview(raw), 0, len(raw), 0
+    inflater, members = zlib.decompressobj(wbits), 0
+    while True:
+        data = view[pos:pos + _INFLATE_IN_STEP]
+        pos += len(data)
+        while True:
+            piece = inflater.decompress(data, min(_INFLATE_OUT_STEP, max_bytes + 1 - size))
+            size += len(piece)
+            if size > max_bytes:
+                if truncate:                  # cut the last piece, not the joined whole: one copy less
+                    out.append(piece[:len(piece) - (size - max_bytes)])
+                    return b"".join(out)
+                raise TransportError("bad_response", "body_too_large",
+                                     "decompressed body over the %d byte cap" % max_bytes)
+            if piece:
+                out.append(piece)
+                _inflate_check(ctx)
+            data = inflater.unconsumed_tail
+            if not data or inflater.eof:
+                break
+        if inflater.eof:
+            pos -= len(inflater.unused_data)
+            if not (wbits == 47 and view[pos:pos + 2] == b"\x1f\x8b"):
+                return b"".join(out)          # no further gzip member; trailing bytes are ignored
+            inflater = zlib.decompressobj(wbits)
+            members += 1
+            if members % 64 == 0:           # empty members inflate to nothing: check by count
+                _inflate_check(ctx)
+        elif pos >= end:
+            if truncate:
+                return b"".join(out)
+            raise TransportError("bad_response", "truncated_body", "the compressed body ends before its end marker")
 
 
 def _reset_seconds(value, now=None):
@@ -9556,7 +9594,7 @@ class _MapRun:
             resp = self.mapper._get(sitemap, self.ctx, truncate=True)
             body = resp.body
             if resp.status == 200 and body[:2] == b"\x1f\x8b":
-                body = _decompress(body, MAX_BODY_BYTES, truncate=True)
+                body = _decompress(body, MAX_BODY_BYTES, truncate=True, ctx=self.ctx)
         except UpstreamError as exc:
             self.mapper.log.info("map: sitemap %s unreadable: %s", sitemap, exc.message)
             return
