@@ -7572,6 +7572,106 @@ def test_jina_never_reads_a_private_page_unless_the_reader_is_on_this_network(ri
     assert inside._jina_refusal("http://intranet.corp/wiki") is None
 
 
+# ---- the private-address rule holds for every service ----------------------------------------
+
+_PRIVATE_PAGES = ("http://169.254.169.254/latest/meta-data/", "http://10.0.0.1/admin", "http://localhost:8080/",
+                  "http://[fd00::1]/", "http://[::ffff:127.0.0.1]/", "http://intranet.corp/wiki",
+                  "http://app.localhost/", "http://nowhere.invalid/")
+
+
+def _services_server(ring, fetch_providers="tavily,direct,jina", **extra):
+    """An in-process server whose Tavily and Jina are third parties on public addresses; the
+    transport records every request to them and answers it, and refuses the rest as direct does."""
+    config = ring.Config.from_env(dict({
+        "TAVILY_API_KEYS": TAVILY_KEY_POOL, "WEBSEARCH_TAVILY_URL": "https://api.tavily.example",
+        "WEBSEARCH_JINA_URL": "https://r.jina.example", "WEBSEARCH_VENDORS": "tavily", "NO_PROXY": "*",
+        "WEBSEARCH_FETCH_PROVIDERS": fetch_providers, "WEBSEARCH_MAP_PROVIDERS": "tavily,direct"}, **extra))
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    transport, sent = server.transport, []
+    addresses = {"api.tavily.example": "93.184.216.34", "r.jina.example": "93.184.216.35",
+                 "www.example.org": "93.184.216.36", "intranet.corp": "10.1.2.3", "app.localhost": "127.0.0.1",
+                 "localhost": "127.0.0.1"}
+
+    def resolve(host, port):
+        try:
+            return [(2, 1, 6, "", (str(ipaddress.ip_address(host)), port))]
+        except ValueError:
+            pass
+        if host not in addresses:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(2, 1, 6, "", (addresses[host], port))]
+
+    def answer(url, body):
+        data = json.loads(body or "{}")
+        if url.endswith("/search"):
+            return {"query": data.get("query"), "results": [
+                {"title": "Page %d" % i, "url": u, "content": "snippet", "score": 0.5}
+                for i, u in enumerate(("https://www.example.org/",) + _PRIVATE_PAGES)]}
+        if url.endswith("/extract"):
+            return {"results": [{"url": u, "raw_content": "Text of %s, long enough to read." % u}
+                                for u in data["urls"]], "failed_results": []}
+        if url.endswith("/map"):
+            return {"base_url": data["url"], "results": [data["url"] + "a"]}
+        return {"code": 200, "data": {"url": data.get("url"), "title": "t", "content": "Jina text."}}
+
+    real_request = transport.request
+
+    def request(method, url, **options):
+        host = urllib.parse.urlsplit(url).hostname
+        if host in ("api.tavily.example", "r.jina.example"):
+            sent.append((host, options.get("body") or ""))
+            return ring.Response(200, "OK", {"content-type": "application/json"},
+                                 json.dumps(answer(url, options.get("body"))).encode(), url, 0.0)
+        return real_request(method, url, **options)
+    transport._resolve, transport.request = resolve, request
+    return server, sent
+
+
+def _private_pages_sent(sent):
+    return [page for _, body in sent for page in _PRIVATE_PAGES
+            if page in body or urllib.parse.urlsplit(page).hostname in body]
+
+
+def test_no_private_page_reaches_tavily_or_jina_from_any_tool(ring):
+    server, sent = _services_server(ring)
+    tools = server.page_tools
+    for page in _PRIVATE_PAGES:
+        content, _, is_error = tools.web_fetch({"url": page}, new_call(ring))
+        assert is_error is True and content["attempts"][0]["code"] == "private_page", content
+        mapped, _, is_error = tools.web_map({"url": page}, new_call(ring))
+        assert is_error is True, mapped
+    content, _, _ = tools.web_fetch({"urls": list(_PRIVATE_PAGES[:5]) + ["https://www.example.org/"]},
+                                    new_call(ring))
+    assert [p["status"] for p in content["results"]] == ["error"] * 5 + ["success"]
+    found, _, _ = server.search_tools.web_search({"query": "q", "include_content": 5, "numResults": 8},
+                                                 new_call(ring))
+    assert found["results"][0]["content_status"] == "success"
+    assert [r.get("content_status") for r in found["results"][1:5]] == ["private_address"] * 4, found["results"]
+    assert sent and _private_pages_sent(sent) == []
+
+
+def test_jina_alone_and_tavily_alone_refuse_a_private_page_too(ring):
+    for providers in ("jina", "tavily"):
+        server, sent = _services_server(ring, providers)
+        content, _, is_error = server.page_tools.web_fetch({"url": "http://10.0.0.1/"}, new_call(ring))
+        assert is_error is True and [(a["vendor"], a["code"]) for a in content["attempts"]] == [
+            (providers, "private_page")]
+        assert sent == []
+    with pytest.raises(ring.UpstreamError) as caught:     # the last guard, under every caller
+        server.ring.tavily.post("/extract", {"urls": ["https://www.example.org/", "http://10.0.0.1/"]},
+                                new_call(ring), 5.0, keyless=False)
+    assert (caught.value.outcome, caught.value.code) == ("blocked", "private_address") and sent == []
+
+
+def test_private_pages_go_to_a_service_when_private_urls_are_allowed_or_it_is_on_this_network(ring):
+    server, sent = _services_server(ring, "tavily", WEBSEARCH_ALLOW_PRIVATE_URLS="1")
+    content, _, is_error = server.page_tools.web_fetch({"url": "http://10.0.0.1/"}, new_call(ring))
+    assert is_error is False and len(sent) == 1 and "http://10.0.0.1/" in sent[0][1]
+    transport = server.transport
+    assert transport.refusal_for("http://10.0.0.1/", "http://127.0.0.1:3000") is None
+    assert transport.url_refusal("http://10.0.0.1/") and transport.url_refusal("https://www.example.org/") is None
+
+
 def test_web_fetch_body_cap_is_websearch_fetch_max_mb(start_server, fake_upstream):
     html = {"Content-Type": "text/html"}
     fake_upstream.route("GET", "/big", {"headers": html, "body": "<p>%s</p>" % ("word " * 1000), "size": 6 << 20})

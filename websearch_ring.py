@@ -6302,6 +6302,10 @@ class Transport:
         """
         if self._config.allow_private:
             return None
+        return self._first_public(host, port, proxied)
+
+    def _first_public(self, host, port, proxied):
+        """:meth:`_public_address` whether or not private URLs are allowed."""
         try:
             infos = self._resolve(host, port)
         except (_socket.gaierror, UnicodeError) as exc:
@@ -6319,6 +6323,45 @@ class Transport:
         raise TransportError("blocked", "private_address",
                              "%s resolves to %s: refused; set WEBSEARCH_ALLOW_PRIVATE_URLS=1 "
                              "to allow private addresses" % (host, ", ".join(refused) or "nothing"))
+
+    def url_refusal(self, url):
+        """Why the direct fetch would refuse ``url`` for its address (a loopback name, a private,
+        link-local or reserved address, a name that does not resolve here), whether or not private
+        URLs are allowed; None when it is public.  The one check every URL meets before it is
+        fetched or handed to a service."""
+        try:
+            parts = _urllib_parse.urlsplit(url)
+            host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            return "%s is not a valid URL" % url[:200]
+        if host in _LOOPBACK_HOSTS or host.rstrip(".").endswith(".localhost") or host == "localhost.":
+            return "%s is a loopback name (a private address)" % host
+        literal = non_public_reason(host)
+        if literal != "not an IP address":        # an address in the URL: nothing to resolve
+            return None if literal is None else "%s is a %s address (a private address)" % (host, literal)
+        try:
+            proxied = self._proxy_for(parts.scheme, host) is not None
+        except TransportError:
+            proxied = False
+        try:
+            self._first_public(host, port, proxied)
+        except TransportError as exc:
+            if exc.code == "private_address":
+                return exc.message
+            return "%s does not resolve here, so it may be a private address" % host
+        except (UnicodeError, ValueError, OSError):
+            return "%s does not resolve here, so it may be a private address" % host
+        return None
+
+    def refusal_for(self, url, service_url):
+        """Why ``url`` must not be handed to the service at ``service_url`` (Tavily, Jina Reader
+        ...), or None.  The direct fetch's rule holds for every service: a URL it would refuse for
+        its address is not sent, unless private URLs are allowed or the service is itself on this
+        network (a self-hosted reader, which sees what this process sees)."""
+        if self._config.allow_private or self.url_refusal(service_url) is not None:
+            return None
+        why = self.url_refusal(url)
+        return None if why is None else "%s; not sent to %s" % (why, _urllib_parse.urlsplit(service_url).netloc)
 
     def _connect(self, scheme, host, port, timeout_s, address=None):
         proxy = self._proxy_for(scheme, host)
@@ -8389,6 +8432,10 @@ class TavilyClient:
     def post(self, path, payload, ctx, timeout_s, keyless=True):
         """``(data, headers)`` of a successful call; raises UpstreamError or Cancelled."""
         url = self.config.tavily_url + path
+        for page in payload.get("urls") or ([payload["url"]] if "url" in payload else []):
+            refusal = self.transport.refusal_for(page, self.config.tavily_url)
+            if refusal:
+                raise UpstreamError(self.service, "blocked", "private_address", refusal, retryable=False)
         body = json.dumps(payload)
         headers = {"Content-Type": "application/json", "Accept": "application/json",
                    "X-Client-Source": "websearch-ring"}
@@ -9138,7 +9185,7 @@ class Fetcher:
             ctx.check()
             if name == "jina" and jina_backs_direct and why is None:
                 continue                # direct failed in a way Jina does not get past
-            held = self._held_back(name, url, jina_backs_direct)
+            held = self._held_back(name, url)
             if held is not None:
                 attempts.append(held)
                 continue
@@ -9173,14 +9220,14 @@ class Fetcher:
                                              http_status=200, message=doc.shell)
         return doc, None, attempt_record(name, "success", time.monotonic() - started, http_status=200)
 
-    def _held_back(self, name, url, after_direct):
-        """The attempt record of a provider that is not asked now (Jina: a page on a private address
-        when it backs direct, or a rate-limit cooldown), or None."""
+    def _held_back(self, name, url):
+        """The attempt record of a provider that is not asked now (a service, for a page on a
+        private address; Jina in a rate-limit cooldown), or None."""
+        refusal = self.refusal(name, url)
+        if refusal:
+            return attempt_record(name, "skipped", 0.0, code="private_page", message=refusal)
         if name != "jina":
             return None
-        refusal = self._jina_refusal(url) if after_direct else None
-        if refusal:
-            return attempt_record("jina", "skipped", 0.0, code="private_page", message=refusal)
         gate = self.health.admit(name)
         if gate is not None:
             return attempt_record(name, "skipped_cooldown", 0.0, code="cooldown", message=gate[1])
@@ -9200,33 +9247,22 @@ class Fetcher:
         return record
 
     def _jina_refusal(self, url):
-        """Why ``url`` must not go to Jina Reader (its host is not public and the reader is not inside
-        the same network), or None."""
-        private = self._private(url)
-        if private is False or self._private(self.config.jina_url) is True:
-            return None
-        return "%s is %s: a page on this network is not sent to %s" % (
-            _urllib_parse.urlsplit(url).hostname, "on a private address" if private else "not resolvable here",
-            self.config.jina_url)
+        """Why ``url`` must not go to Jina Reader (see :meth:`Transport.refusal_for`), or None."""
+        return self.transport.refusal_for(url, self.config.jina_url)
 
-    def _private(self, url):
-        """True when the host of ``url`` is a non-public address, False when public, None when its
-        name does not resolve here (behind a proxy, which resolves it, that counts as public)."""
-        try:
-            parts = _urllib_parse.urlsplit(url)
-            host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            return None
-        if host in _LOOPBACK_HOSTS:
-            return True
-        try:
-            infos = self.transport._resolve(host, port)
-        except (_socket.gaierror, UnicodeError, OSError):
-            return False if self.transport._proxy_for(parts.scheme, host) is not None else None
-        return any(non_public_reason(info[4][0]) for info in infos) or not infos
+    def refusal(self, name, url):
+        """Why provider ``name`` must not be handed ``url`` (direct checks it as it connects), or None."""
+        if name == "jina":
+            return self._jina_refusal(url)
+        if name == "tavily":
+            return self.transport.refusal_for(url, self.config.tavily_url)
+        return None
 
     def _jina(self, url, fmt, ctx):
         """Jina Reader's JSON envelope for ``url`` (POST, so a fragment survives) as a Document."""
+        refusal = self._jina_refusal(url)
+        if refusal:
+            raise UpstreamError("jina", "blocked", "private_address", refusal, retryable=False)
         headers = {"Content-Type": "application/json", "Accept": "application/json",
                    "X-Return-Format": {"text": "text", "html": "html"}.get(fmt, "markdown")}
         if self.config.jina_api_key:
@@ -11327,8 +11363,11 @@ class PageTools:
         """With Tavily Extract first, the pages not in the cache go to it in one request (then into
         the cache): ``({url: attempts of the page it served}, {url: attempts of its failure})``.
         A failed shared request leaves every page to its own provider chain."""
+        if not self.fetcher.batchable(fmt):
+            return {}, {}
         missing = [u for u in dict.fromkeys(urls) if self.documents.get(("web_fetch", u, fmt)) is None]
-        if len(missing) < 2 or not self.fetcher.batchable(fmt):
+        missing = [u for u in missing if self.fetcher.refusal("tavily", u) is None] if len(missing) > 1 else []
+        if len(missing) < 2:
             return {}, {}
         began = self._clock()
         try:
