@@ -6065,6 +6065,106 @@ def test_a_search_whose_every_failure_is_permanent_is_not_retryable(start_server
     assert content["error_detail"]["retryable"] is False
 
 
+# ---- malformed vendor JSON: bad_response with a short reason, never a parser's exception -----
+
+# The result list of each JSON vendor's fixture, by the path to it; the keys a vendor needs.
+_JSON_VENDORS = {
+    "brave": ("brave/success.json", ("web", "results"), {"BRAVE_API_KEY": VENDOR_KEYS["brave"]}),
+    "serper": ("serper/success.json", ("organic",), {"SERPER_API_KEY": VENDOR_KEYS["serper"]}),
+    "yep": ("yep/success.json", ("results",), {"YEP_API_KEY": VENDOR_KEYS["yep"]}),
+    "searxng": ("searxng/success.json", ("results",), {}),
+    "tavily": ("tavily/search_success.json", ("results",), {}),     # keyless: a key pool retries bad answers
+    "exa": ("exa/search_success.json", ("results",), {"EXA_API_KEY": "exa-test-key-0123456789"}),
+}
+_WRONG_TYPES = {"a list": [], "an object": {}, "a string": "text", "NaN": float("nan"), "a number": 7,
+                "a boolean": True, "a list of strings": ["a", "b"]}
+
+
+def _vendor_answering(ring, vendor, body):
+    """An in-process ring of ``vendor`` alone whose every request is answered 200 with ``body``."""
+    _, _, keys = _JSON_VENDORS[vendor]
+    env = dict(keys, WEBSEARCH_VENDORS=vendor, NO_PROXY="*", SEARXNG_URL="http://searx.example",
+               WEBSEARCH_TAVILY_URL="http://tavily.example")
+    board, _ = inprocess_ring(ring, env)
+    text = json.dumps(body).encode()
+
+    def request(method, url, **options):
+        return ring.Response(200, "OK", {"content-type": "application/json"}, text, url, 0.0)
+    board.transport.request = request          # the one transport of every vendor and of Tavily
+    return board
+
+
+def _replaced(data, path, value):
+    data = json.loads(json.dumps(data))
+    if not path:
+        return value
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return data
+
+
+def _only_attempt(ring, vendor, body):
+    board = _vendor_answering(ring, vendor, body)
+    outcome = board.search("q", 5, None, ring.CallContext(deadline=ring.Deadline(DEFAULT_TIMEOUT_S)))
+    [attempt] = [a for a in outcome["attempts"] if a["vendor"] == vendor]
+    assert attempt["code"] != "internal_error", attempt
+    assert "Error" not in (attempt.get("message") or "") and "object has no attribute" not in (
+        attempt.get("message") or ""), attempt
+    return attempt
+
+
+@pytest.mark.parametrize("vendor", sorted(_JSON_VENDORS))
+def test_a_vendor_answer_of_the_wrong_shape_is_bad_response_with_a_short_reason(ring, vendor):
+    fixture, path, _ = _JSON_VENDORS[vendor]
+    good = fixture_json(fixture)
+    assert _only_attempt(ring, vendor, good)["outcome"] == "success"
+    for depth in range(len(path) + 1):           # the body, then each level down to the result list
+        for kind, wrong in _WRONG_TYPES.items():
+            expected = "an object" if depth < len(path) else "a list"
+            if kind == expected or (kind == "a list of strings" and expected == "a list"):
+                continue
+            attempt = _only_attempt(ring, vendor, _replaced(good, path[:depth], wrong))
+            assert attempt["outcome"] == "bad_response", (kind, depth, attempt)
+            assert attempt["code"] in ("malformed_json", "invalid_json") and len(attempt["message"]) < 200
+
+
+_HOSTILE_ERROR_BODIES = {"angle brackets": "<", "open tags": "<a ", "titles": "<title>", "divs": "<div>",
+                         "scripts": "<script></script", "styles": "<style>", "nested JSON": '{"error":'}
+
+
+@pytest.mark.parametrize("name", sorted(_HOSTILE_ERROR_BODIES))
+def test_the_message_of_a_hostile_error_body_is_read_in_linear_time(ring, name):
+    unit = _HOSTILE_ERROR_BODIES[name].encode()
+
+    def read(n):
+        message = ring.body_text_message(unit * (n // len(unit)), 503)
+        assert isinstance(message, str) and len(message) <= 300
+    assert_linear(read, 10_000, name)     # bodies are read up to 20 KB: n and 2n within it
+
+
+def test_json_nested_deeper_than_the_parser_goes_is_not_json(ring):
+    deep = ring.Response(200, "OK", {}, b'{"a":' * 100_000, "https://example.org/", 0.0)
+    with pytest.raises(ValueError):
+        deep.json()
+    assert ring.body_text_message(b"[" * 19_000, 502).startswith("[[[")
+    assert ring.body_text_message(b"<html><title>Bad &amp; Gateway</title><p>x", 502) == "Bad & Gateway"
+
+
+@pytest.mark.parametrize("vendor", sorted(_JSON_VENDORS))
+def test_a_result_field_of_the_wrong_type_never_breaks_a_vendor(ring, vendor):
+    fixture, path, _ = _JSON_VENDORS[vendor]
+    good = fixture_json(fixture)
+    first = _replaced(good, (), good)
+    for key in path:
+        first = first[key]
+    for field in sorted(first[0]):
+        for kind, wrong in list(_WRONG_TYPES.items()) + [("null", None)]:
+            attempt = _only_attempt(ring, vendor, _replaced(good, path + (0, field), wrong))
+            assert attempt["outcome"] in ("success", "no_results", "bad_response"), (field, kind, attempt)
+
+
 # ----------------------------------------------------------------------------------------------
 # §12 Ring
 # ----------------------------------------------------------------------------------------------

@@ -6142,8 +6142,12 @@ class Response:
         return decode_page(self.body, self.headers.get("content-type", ""))
 
     def json(self):
-        """The body as JSON; raises ValueError when it is not."""
-        return json.loads(self.body.decode("utf-8", errors="replace"))
+        """The body as JSON; raises ValueError when it is not (nested deeper than the parser's
+        recursion allows too)."""
+        try:
+            return json.loads(self.body.decode("utf-8", errors="replace"))
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None
 
 
 POOL_PER_HOST = 8       # idle kept-alive connections per upstream host
@@ -6171,7 +6175,7 @@ def body_text_message(body, status, limit=300):
     text = body[:20000].decode("utf-8", errors="replace")
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):       # not JSON, or nested deeper than the parser goes
         data = None
     if isinstance(data, dict):
         for path in (("error", "message"), ("detail", "error"), ("error",), ("message",),
@@ -6184,9 +6188,44 @@ def body_text_message(body, status, limit=300):
             if isinstance(value, list) and value:
                 return collapse_ws(json.dumps(value, ensure_ascii=False))[:limit]
     if "<" in text:
-        page = html_tree(text)
-        text = page.title if page.title is not None else html_text(page.root, " ")
+        text = error_page_text(text)
     return collapse_ws(text)[:limit] or ("HTTP %d" % status)
+
+
+_TAG = LazyPattern(r"<[^<>]*>?")
+_SCRIPT_OR_STYLE = LazyPattern(r"<(script|style)\b", re.IGNORECASE)
+
+
+def error_page_text(html):
+    """The title of an HTML error page, else its text without tags, scripts and styles.  A quick
+    read for a message, not the converter: every step moves forward, so time is linear in the
+    page's size whatever its markup.
+
+    >>> error_page_text("<html><head><TITLE>502 Bad Gateway</title><style>p{}</style></head>")
+    '502 Bad Gateway'
+    >>> error_page_text("<p>Rate &amp; limit</p><script>x()</script><p>exceeded")
+    ' Rate & limit  exceeded'
+    """
+    lower = html.lower()
+    start = lower.find("<title")
+    end = lower.find(">", start) if start >= 0 else -1
+    close = lower.find("</title", end) if end >= 0 else -1
+    if close >= 0:
+        title = collapse_ws(_html.unescape(_TAG.sub(" ", html[end + 1:close])))
+        if title:
+            return title
+    pieces, pos = [], 0
+    while True:
+        block = _SCRIPT_OR_STYLE.search(html, pos)
+        if block is None:
+            pieces.append(html[pos:])
+            break
+        pieces.append(html[pos:block.start()])
+        pos = lower.find("</" + block.group(1).lower(), block.end())
+        if pos < 0:
+            break
+        pos = lower.find(">", pos) + 1 or len(html)
+    return _html.unescape(_TAG.sub(" ", "".join(pieces)))
 
 
 _LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
@@ -8076,17 +8115,48 @@ def attempt_record(vendor, outcome, elapsed_s, *, code=None, http_status=None, m
             "elapsed_ms": round(elapsed_s * 1000.0, 1), "message": message}
 
 
+def _text(value):
+    """``value`` when it is a string, else None: a vendor's field of the wrong type counts as missing."""
+    return value if isinstance(value, str) else None
+
+
+def _strings(value):
+    """The strings of a list from a vendor's JSON (anything else: none)."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _finite(value):
+    """``value`` when it is a finite number (not a bool, NaN or an infinity), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value - value == 0:
+        return value
+    return None
+
+
 def make_result(title, url, snippet="", published=None, score=None, language=None):
     """A normalised search result (before ranking); a missing title (none, empty, Exa's "N/A")
-    becomes one made from the URL.  ``language`` is kept when the engine reports one."""
-    title = collapse_ws(title or "")
+    becomes one made from the URL.  ``language`` is kept when the engine reports one.  Fields of
+    the wrong type from a vendor's JSON count as missing (``url`` must be a string).
+
+    >>> make_result(["t"], "https://example.org/a", 5, float("nan"), float("nan"))["score"] is None
+    True
+    """
+    title = collapse_ws(_text(title) or "")
     if title.lower() in ("", "n/a", "none", "null", "untitled"):
         title = title_from_url(url)
-    result = {"title": title, "url": url, "snippet": collapse_ws(snippet or ""),
-              "published": published or None, "score": score}
+    result = {"title": title, "url": url, "snippet": collapse_ws(_text(snippet) or ""),
+              "published": _text(published) or None, "score": _finite(score)}
     if isinstance(language, str) and re.fullmatch(r"[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8})*", language):
         result["language"] = language
     return result
+
+
+def _json_kind(value):
+    """How a JSON value is named in a message: ``a list``, ``a string`` ..."""
+    for kinds, name in (((bool,), "a boolean"), ((dict,), "an object"), ((list,), "a list"), ((str,), "a string"),
+                        ((int, float), "a number")):
+        if isinstance(value, kinds):
+            return name
+    return "null"
 
 
 def title_from_url(url):
@@ -8207,6 +8277,34 @@ class Vendor:
                                 "response is not JSON: " + body_message(response, 120),
                                 status=response.status) from None
 
+    def result_items(self, data, *path, url="url"):
+        """The result objects at ``path`` in the JSON ``data`` that carry a string ``url`` (a list
+        that is missing or null: none).  A level of the wrong type is a ``bad_response``
+        (``malformed_json``) that says where, never a parser's exception text.
+
+        >>> BraveVendor(None, None).result_items({"web": {"results": [{"url": "u"}, 5]}}, "web", "results")
+        [{'url': 'u'}]
+        >>> BraveVendor(None, None).result_items({"web": []}, "web", "results")
+        Traceback (most recent call last):
+        ...
+        websearch_ring.UpstreamError: brave answered JSON of an unexpected shape: web is a list, not an object
+        """
+        node, where = data, "the body"
+        for key in path:
+            if not isinstance(node, dict):
+                self.malformed("%s is %s, not an object" % (where, _json_kind(node)))
+            node, where = node.get(key), key if where == "the body" else where + "." + key
+            if node is None:
+                return []
+        if not isinstance(node, list):
+            self.malformed("%s is %s, not a list" % (where, _json_kind(node)))
+        return [item for item in node if isinstance(item, dict) and isinstance(item.get(url), str)]
+
+    def malformed(self, why):
+        """Raise the ``bad_response`` of a JSON answer whose shape is not the documented one."""
+        raise UpstreamError(self.name, "bad_response", "malformed_json",
+                            "%s answered JSON of an unexpected shape: %s" % (self.name, why), status=200)
+
     # Statuses the vendor documents, ``status: (outcome, code, message)`` (``{}`` in the message: the
     # body's own); each ends the request for good, any other goes through fail_http.
     REFUSALS = {}
@@ -8247,8 +8345,7 @@ class ExaVendor(Vendor):
             "x-api-key": self.config.exa_api_key})
         if resp.status != 200:
             self._fail_rest(resp)
-        results = [self._rest_result(item) for item in self.parse_json(resp).get("results") or []
-                   if isinstance(item, dict) and item.get("url")]
+        results = [self._rest_result(item) for item in self.result_items(self.parse_json(resp), "results")]
         if not results:
             self.no_results()
         return results
@@ -8288,11 +8385,9 @@ class ExaVendor(Vendor):
 
     @staticmethod
     def _rest_result(item):
-        highlights = item.get("highlights") or []
-        snippet = " ".join(h for h in highlights if isinstance(h, str)) or item.get("summary") \
-            or (item.get("text") or "")[:500]
-        score = item.get("score") if isinstance(item.get("score"), (int, float)) else None
-        return make_result(item.get("title") or "", item["url"], snippet, item.get("publishedDate"), score)
+        snippet = " ".join(_strings(item.get("highlights"))) or _text(item.get("summary")) \
+            or (_text(item.get("text")) or "")[:500]
+        return make_result(item.get("title"), item["url"], snippet, item.get("publishedDate"), item.get("score"))
 
     def _search_mcp(self, ctx, query, num, filters):
         rpc_id = 1
@@ -8312,8 +8407,10 @@ class ExaVendor(Vendor):
             raise UpstreamError(self.name, "bad_response", "mcp_error", text[:300], status=200,
                                 upstream_code=err.get("code") if isinstance(err, dict) else None)
         result = message.get("result") or {}
-        text = "\n".join(c.get("text", "") for c in result.get("content") or []
-                         if isinstance(c, dict) and c.get("type") == "text")
+        if not isinstance(result, dict) or not isinstance(result.get("content") or [], list):
+            self.malformed("the tool result is not an object with a content list")
+        text = "\n".join(c["text"] for c in result.get("content") or []
+                         if isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str))
         if result.get("isError"):
             if _RATE_LIMIT_PROSE.search(text):
                 raise UpstreamError(self.name, "rate_limited", "free_tier_rate_limit", collapse_ws(text)[:300],
@@ -8566,12 +8663,8 @@ class TavilyVendor(Vendor):
         if f.topic:
             request["topic"] = "news"
         data, ctx.headers = self.tavily.post("/search", request, ctx, self.config.timeout_s)
-        results = []
-        for item in data.get("results") or []:
-            if isinstance(item, dict) and item.get("url"):
-                score = item.get("score") if isinstance(item.get("score"), (int, float)) else None
-                results.append(make_result(item.get("title") or "", item["url"], item.get("content") or "",
-                                           item.get("published_date"), score))
+        results = [make_result(item.get("title"), item["url"], item.get("content"), item.get("published_date"),
+                               item.get("score")) for item in self.result_items(data, "results")]
         if not results:
             self.no_results()
         return results
@@ -8834,14 +8927,13 @@ class BraveVendor(Vendor):
             self._fail(resp)
         data = self.parse_json(resp)
         results = []
-        for item in ((data.get("web") or {}).get("results") or []) if isinstance(data, dict) else []:
-            if isinstance(item, dict) and item.get("url"):
-                snippet = strip_tags(item.get("description"))
-                extra = [strip_tags(x) for x in item.get("extra_snippets") or [] if isinstance(x, str)]
-                if extra:
-                    snippet = " ".join([snippet] + extra[:2])
-                results.append(make_result(strip_tags(item.get("title")), item["url"], snippet,
-                                           item.get("page_age") or item.get("age"), language=item.get("language")))
+        for item in self.result_items(data, "web", "results"):
+            snippet = strip_tags(_text(item.get("description")))
+            extra = [strip_tags(x) for x in _strings(item.get("extra_snippets"))]
+            if extra:
+                snippet = " ".join([snippet] + extra[:2])
+            results.append(make_result(strip_tags(_text(item.get("title"))), item["url"], snippet,
+                                       _text(item.get("page_age")) or item.get("age"), language=item.get("language")))
         if not results:
             self.no_results()
         return results
@@ -8928,11 +9020,8 @@ class SerperVendor(Vendor):
                                     "Serper has no credits left: " + message, status=400, retryable=False)
             self.fail_status(resp, message)
         data = self.parse_json(resp)
-        results = []
-        for item in (data.get("news" if f.topic else "organic") or []) if isinstance(data, dict) else []:
-            if isinstance(item, dict) and item.get("link"):
-                results.append(make_result(item.get("title") or "", item["link"], item.get("snippet") or "",
-                                           item.get("date")))
+        results = [make_result(item.get("title"), item["link"], item.get("snippet"), item.get("date"))
+                   for item in self.result_items(data, "news" if f.topic else "organic", url="link")]
         if not results:
             self.no_results()
         return results
@@ -8971,13 +9060,9 @@ class YepVendor(Vendor):
         if resp.status != 200:
             self.fail_status(resp, body_message(resp))
         data = self.parse_json(resp)
-        results = []
-        for item in (data.get("results") or []) if isinstance(data, dict) else []:
-            if isinstance(item, dict) and item.get("url"):
-                highlights = [h for h in item.get("highlights") or [] if isinstance(h, str)]
-                snippet = item.get("description") or " ".join(highlights)
-                results.append(make_result(item.get("title") or "", item["url"], snippet,
-                                           item.get("published_date")))
+        results = [make_result(item.get("title"), item["url"],
+                               _text(item.get("description")) or " ".join(_strings(item.get("highlights"))),
+                               item.get("published_date")) for item in self.result_items(data, "results")]
         if not results:
             self.no_results()
         return results
@@ -9024,17 +9109,11 @@ class SearxngVendor(Vendor):
         if resp.status != 200:
             self._fail(resp)
         data = self.parse_json(resp)
-        if not isinstance(data, dict):
-            raise UpstreamError(self.name, "bad_response", "invalid_json", "unexpected JSON shape", status=200)
-        results = []
-        for item in data.get("results") or []:
-            url = item.get("url") if isinstance(item, dict) else None
-            if isinstance(url, str) and url.startswith(("http://", "https://")):
-                score = item.get("score") if isinstance(item.get("score"), (int, float)) else None
-                results.append(make_result(item.get("title") or "", url, item.get("content") or "",
-                                           item.get("publishedDate"), score))
+        results = [make_result(item.get("title"), item["url"], item.get("content"), item.get("publishedDate"),
+                               item.get("score")) for item in self.result_items(data, "results")
+                   if item["url"].startswith(("http://", "https://"))]
         if not results:
-            dead = data.get("unresponsive_engines") or []
+            dead = data.get("unresponsive_engines") if isinstance(data.get("unresponsive_engines"), list) else []
             reasons = ", ".join("%s: %s" % tuple(e[:2]) for e in dead if isinstance(e, list) and len(e) >= 2)
             if reasons:
                 raise UpstreamError(self.name, "no_results", "engines_unresponsive",
