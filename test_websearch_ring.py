@@ -6544,6 +6544,55 @@ def test_health_cancelled_probe_lets_the_next_caller_probe(ring, fake_clock):
     assert board.admit("brave") is None                       # a new probe, not "in flight"
 
 
+def test_a_timeout_without_the_full_attempt_time_never_cools_a_vendor_down(ring, fake_clock):
+    board, _ = _health_board(ring, fake_clock, WEBSEARCH_FAILURE_THRESHOLD=2, WEBSEARCH_COOLDOWN_MS=60000)
+    for _ in range(10):                  # queued in our own slots until the deadline, again and again
+        board.record("brave", "timeout", code="call_deadline", message="deadline passed before connecting")
+    assert board.admit("brave") is None and board.snapshot(["brave"])["brave"] == {
+        "state": "healthy", "consecutive_failures": 0}
+    board.record("brave", "timeout", code="timeout")
+    board.record("brave", "timeout", code="call_deadline")          # neither counts nor resets
+    board.record("brave", "timeout", code="timeout")
+    assert board.admit("brave")[0] > 59.0                            # two real timeouts: cooldown
+    fake_clock.advance(61.0)
+    assert board.admit("brave") is None                              # the probe ...
+    board.record("brave", "timeout", code="call_deadline")           # ... had no fair try
+    assert board.admit("brave") is None                              # so the next caller probes
+
+
+def test_a_request_that_waited_out_its_deadline_is_a_call_deadline_timeout(ring):
+    now = [0.0]
+
+    def clock():                  # each look at the clock: 0.4 s spent queueing
+        now[0] += 0.4
+        return now[0]
+    transport = ring.Transport(ring.Config.from_env({}), quiet_logger(ring), clock)
+    with pytest.raises(ring.TransportError) as caught:
+        transport.request("GET", "http://127.0.0.1:9/", ctx=ring.CallContext(deadline=ring.Deadline(1.0, clock)),
+                          timeout_s=10.0)
+    assert (caught.value.outcome, caught.value.code) == ("timeout", "call_deadline")
+    assert "deadline passed before connecting" in caught.value.message and "not the upstream" in caught.value.message
+
+
+def test_ring_and_tavily_keys_take_no_blame_for_a_call_deadline_timeout(ring):
+    env = dict({"WEBSEARCH_FAILURE_THRESHOLD": "1", "TAVILY_API_KEYS": TAVILY_KEY_POOL,
+                "TAVILY_SERVICE_THRESHOLD": "1"}, WEBSEARCH_VENDORS="brave,tavily", BRAVE_API_KEY=VENDOR_KEYS["brave"])
+    board, _ = inprocess_ring(ring, env)
+    sent = []
+
+    def request(method, url, **options):
+        sent.append(url)
+        raise ring.TransportError("timeout", "call_deadline", "deadline passed before connecting")
+    board.transport.request = request
+    for _ in range(3):
+        outcome = board.search("q", 5, None, ring.CallContext(deadline=ring.Deadline(DEFAULT_TIMEOUT_S)))
+        assert [(a["vendor"], a["code"]) for a in outcome["attempts"]] == [
+            ("brave", "call_deadline"), ("tavily", "call_deadline")]
+    assert len(sent) == 6                         # one request each: no other key tried, nothing skipped
+    assert {s["state"] for s in board.health.snapshot(["brave", "tavily"]).values()} == {"healthy"}
+    assert {k["state"] for k in board.tavily.pool.describe()["keys"]} == {"healthy"}
+
+
 def test_health_failure_threshold_counts_consecutive_failures_only(ring, fake_clock):
     board, _ = _health_board(ring, fake_clock, WEBSEARCH_FAILURE_THRESHOLD=3, WEBSEARCH_COOLDOWN_MS=5000)
     for _ in range(2):

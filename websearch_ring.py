@@ -6151,6 +6151,9 @@ class Response:
 
 
 POOL_PER_HOST = 8       # idle kept-alive connections per upstream host
+# A request that times out with less than this share of its own timeout (it waited for a slot, or
+# the call was nearly over) is a ``call_deadline`` timeout: no upstream is blamed for it.
+SHORT_TIMEOUT_SHARE = 0.9
 POOL_IDLE_S = 30.0      # older idle connections are closed rather than reused
 
 
@@ -6452,6 +6455,7 @@ class Transport:
         ex = _Exchange(method, url, headers or {}, body, ctx, max_bytes, truncate)
         seen, trusted = set(), _origin(url)
         self._take_slot(ctx)
+        granted = ctx.remaining()       # what the upstream gets: less after a wait for a slot
         try:
             for hop in range(max_redirects + 1):
                 seen.add(ex.url)
@@ -6471,9 +6475,13 @@ class Transport:
                             len(response.body), response.elapsed_s * 1000.0)
             return response
         except TransportError as exc:
+            if exc.outcome == "timeout" and granted < SHORT_TIMEOUT_SHARE * timeout_s:
+                exc = TransportError("timeout", "call_deadline", "%s (the call's deadline left this request %.1f s "
+                                     "of its %.0f s timeout: not the upstream's fault)" % (
+                                         exc.message, granted, timeout_s))
             self._log.debug("%s %s: %s/%s after %.0f ms: %s", ex.method, _log_url(ex.url), exc.outcome, exc.code,
                             (self._clock() - started) * 1000.0, exc.message)
-            raise
+            raise exc from None
         finally:
             self.slots.release()
 
@@ -7749,7 +7757,7 @@ class HealthBoard:
         with self._lock:
             h = self._vendors[name]
             was, h.probing = h.state, False
-            if outcome == "cancelled":
+            if outcome == "cancelled" or code == "call_deadline":     # not a fair try of the vendor
                 if was is Health.HALF_OPEN:
                     h.state = Health.COOLDOWN       # expired: the next caller probes again
                 return
@@ -8559,7 +8567,7 @@ class TavilyClient:
                 return result
             except UpstreamError as exc:
                 last, wait, message = exc, exc.retry_after_s, exc.message
-                if exc.code in ("bad_parameters", "not_found"):   # the request's fault, not the key's
+                if exc.code in ("bad_parameters", "not_found", "call_deadline"):   # no fault of the key
                     outcome = None
                     raise
                 outcome = exc.outcome
