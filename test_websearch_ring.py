@@ -3896,6 +3896,69 @@ def test_html_to_markdown_time_grows_linearly_on_hostile_documents(ring, name):
     assert_linear(convert, max(1000, 60_000 // len("".join(units))), name)
 
 
+# ---- memory budgets: the converter charges what it builds; pages share their call's budget ----
+
+_BUDGET_PAGES = {"divs": "<div>" * 40000, "paragraphs": "<p>Some words here.</p>" * 15000,
+                 "attributes": "<i a=1 b=2 c=3 d=4 e=5>" * 15000, "text": "<p>" + "word " * 80000,
+                 "lists": "<ul><li>x" * 8000, "tables": "<table><tr><td>x" * 4000}
+
+
+@pytest.mark.parametrize("name", sorted(_BUDGET_PAGES))
+def test_the_html_converter_charges_about_what_it_holds(ring, name):
+    import tracemalloc
+    page = _BUDGET_PAGES[name]
+    ring.html_to_markdown("<p>warm</p>")
+    charged = []
+    tracemalloc.start()
+    try:
+        ring.html_to_markdown(page, "https://example.org/", charge=charged.append)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert 0.6 * peak <= sum(charged) <= 2.5 * peak, (sum(charged), peak)
+    assert len(charged) > 1 or name == "text"            # as the tree grows, not once at the end
+
+
+def test_a_page_over_its_budget_stops_with_too_large_and_gives_the_budget_back(ring):
+    class PageTransport:
+        def request(self, method, url, **options):
+            return types.SimpleNamespace(status=200, url=url, body=b"<div>" * 200_000,
+                                         headers={"content-type": "text/html; charset=utf-8"})
+    fetcher = ring.Fetcher(ring.Config.from_env({"WEBSEARCH_DOCUMENT_MAX_MB": "16"}), PageTransport(), None,
+                           quiet_logger(ring))
+    call = ring.MemoryBudget(1 << 30, "this call")
+    with pytest.raises(ring.UpstreamError) as caught:
+        fetcher._direct("https://example.org/divs", "markdown", ring.CallContext(budget=call))
+    assert (caught.value.outcome, caught.value.code) == ("bad_response", "too_large")
+    assert "16777216 bytes" in caught.value.message and "WEBSEARCH_DOCUMENT_MAX_MB" in caught.value.message
+    assert call.used == 0
+    with pytest.raises(ring.UpstreamError) as caught:     # no call budget: the page's own still holds
+        fetcher._direct("https://example.org/divs", "markdown", ring.CallContext())
+    assert caught.value.code == "too_large"
+
+
+def test_the_pages_of_one_call_share_its_budget_and_the_process_total(ring, fake_upstream):
+    fake_upstream.route("GET", "/page", {"headers": {"Content-Type": "text/html"},
+                                         "body": "<p>Some words here.</p>" * 20000})
+    config = ring.Config.from_env(direct_env(WEBSEARCH_CALL_MAX_MB="32", WEBSEARCH_PROCESS_MAX_MB="64"))
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    tools = server.page_tools
+    assert server.memory.limit == 64 << 20
+    call = ring.CallContext(budget=server.memory.child(config.call_max_mb << 20, "this call"))
+    content, _, is_error = tools.web_fetch({"url": fake_upstream.url + "/page"}, call)
+    assert is_error is False and call.budget.used == 0 and server.memory.used == 0
+    call.budget.charge(20 << 20)              # other pages of this call, still being read
+    content, _, is_error = tools.web_fetch({"url": fake_upstream.url + "/page?2"}, call)
+    assert is_error is True and content["error"] == "too_large", content
+    assert "this call would hold more than" in content["error_detail"]["message"]
+    call.budget.release(20 << 20)
+    other = server.memory.child(64 << 20, "another call")
+    other.charge(50 << 20)                    # another call's pages
+    content, _, is_error = tools.web_fetch({"url": fake_upstream.url + "/page?3"},
+                                           ring.CallContext(budget=server.memory.child(32 << 20, "this call")))
+    assert is_error is True and "the process would hold more than" in content["error_detail"]["message"]
+
+
 # ----------------------------------------------------------------------------------------------
 # §8 PDF to text: small PDFs assembled byte by byte in each test
 # ----------------------------------------------------------------------------------------------

@@ -1010,6 +1010,9 @@ _MIN_OUTPUT_CAP = 1_000_000
 _TAIL_LIMIT = 1024         # unparsed tail left to html.parser's close(), which is quadratic in it
 _TAIL_ROUNDS = 8           # broken constructs skipped at the tail before the rest is dropped
 _CHECK_EVERY = 256         # parser callbacks between two calls of the deadline/cancel check
+# What converting a page holds, measured with tracemalloc (3.11) and rounded up: per character of
+# the page (its text, the parser's copies, the output), per element of its tree and per attribute.
+_HTML_BYTES_PER_CHAR, _HTML_BYTES_PER_NODE, _HTML_BYTES_PER_ATTR = 16, 500, 100
 # An alt text that is a file name or slug: one "word" of letters, digits, "-", "_" and "." holding
 # a digit or a separator.
 _FILE_NAME_ALT = LazyPattern(r"(?=\S*[\d_-])[\w.-]{8,}\Z")
@@ -1085,7 +1088,7 @@ class _cyclic_gc_deferred:
                     gc.enable()
 
 
-def html_to_markdown(html, base_url="", plain=False, *, check=None):
+def html_to_markdown(html, base_url="", plain=False, *, check=None, charge=None):
     """``(title, text)`` of an HTML page as Markdown (or plain text with ``plain``).
 
     Keeps headings, paragraphs, nested lists, links, emphasis, inline code,
@@ -1097,13 +1100,17 @@ def html_to_markdown(html, base_url="", plain=False, *, check=None):
     Linear in the size of the page, whatever its markup: ``check`` (called
     every few hundred tags) may raise to stop a conversion that runs past a
     deadline or is cancelled; html.parser's own failures on broken markup
-    end the conversion with what was read so far.
+    end the conversion with what was read so far.  ``charge(nbytes)`` is
+    told the memory the conversion takes as it builds (the text and output
+    at once, the tree's elements as they are made) and may raise to stop it.
 
     >>> html_to_markdown("<title>T</title><nav>x</nav><main><h1>Hi</h1><p>a <b>b</b></p></main>")
     ('T', '# Hi\\n\\na **b**')
     """
     large = len(html) > _GC_DEFER_CHARS
-    tree = _TreeBuilder(check)
+    if charge is not None:
+        charge(_HTML_BYTES_PER_CHAR * len(html))
+    tree = _TreeBuilder(check, charge)
     with _cyclic_gc_deferred(large):
         try:
             tree.parse(html)
@@ -1186,8 +1193,10 @@ class _TreeBuilder:
     imported when the first page is parsed).
     """
 
-    def __init__(self, check=None):
+    def __init__(self, check=None, charge=None):
         self.check = check
+        self.charge = charge
+        self.charged = 1            # nodes charged so far
         self.nodes = [_Node("#document", [], None)]
         self.current = self.nodes[0]
         self.open = collections.Counter()   # open elements by tag: unmatched end tags cost O(1)
@@ -1223,8 +1232,17 @@ class _TreeBuilder:
 
     def tick(self):
         self.ticks += 1
-        if self.check is not None and self.ticks % _CHECK_EVERY == 0 and self.check():
-            raise _ParseStopped
+        if self.ticks % _CHECK_EVERY == 0:
+            if self.charge is not None:
+                self._charge_nodes()
+            if self.check is not None and self.check():
+                raise _ParseStopped
+
+    def _charge_nodes(self):
+        """Charge the elements made since the last time (a few hundred at most)."""
+        made = self.nodes[self.charged:]
+        self.charged = len(self.nodes)
+        self.charge(_HTML_BYTES_PER_NODE * len(made) + _HTML_BYTES_PER_ATTR * sum(len(n.attrs) for n in made))
 
     def handle_starttag(self, tag, attrs):
         self.tick()
@@ -5418,6 +5436,15 @@ VARIABLES = (
         choices=("off", "moderate", "strict")),
     Var("WEBSEARCH_FETCH_MAX_MB", "fetch_max_mb", "int", "10",
         "Largest page or document (PDF) the direct fetch reads, in megabytes (1-50).", lo=1, hi=50),
+    Var("WEBSEARCH_DOCUMENT_MAX_MB", "document_max_mb", "int", "128",
+        "Memory one page or document may take while it is read (its body, tree, text and decoded streams, "
+        "counted as they are made), in megabytes; past it the fetch stops with too_large.", lo=4, hi=8192),
+    Var("WEBSEARCH_CALL_MAX_MB", "call_max_mb", "int", "256",
+        "Memory the pages one call reads may take together (web_fetch urls, web_search include_content), in "
+        "megabytes.", lo=4, hi=16384),
+    Var("WEBSEARCH_PROCESS_MAX_MB", "process_max_mb", "int", "384",
+        "Memory the pages of every call in progress may take together, in megabytes: calls past it stop with "
+        "too_large rather than take the machine's memory.", lo=4, hi=65536),
     Var("WEBSEARCH_FETCH_CACHE_MB", "fetch_cache_mb", "int", "64",
         "Megabytes of extracted pages kept for paging with start_index (least recently used go first).",
         lo=1, hi=4096),
@@ -9383,8 +9410,24 @@ class Fetcher:
             url, reasons[url]), status=200)
 
     def _direct(self, url, fmt, ctx):
-        """The page as the built-in extractor reads it (HTML, PDF, text and JSON), as a Document."""
+        """The page as the built-in extractor reads it (HTML, PDF, text and JSON), as a Document.
+        The memory it takes while it is read is charged to a budget of its own, drawn from the
+        call's: past either, the fetch stops with ``too_large``."""
         resp = self._get_page(url, ctx)
+        limit = self.config.document_max_mb << 20
+        budget = ctx.budget.child(limit, "this page") if ctx.budget is not None else MemoryBudget(limit, "this page")
+        try:
+            budget.charge(len(resp.body))
+            return self._read_page(url, fmt, ctx, resp, budget)
+        except TooLarge as exc:
+            raise UpstreamError("direct", "bad_response", "too_large", "%s: %s (WEBSEARCH_DOCUMENT_MAX_MB, "
+                                "WEBSEARCH_CALL_MAX_MB, WEBSEARCH_PROCESS_MAX_MB)" % (url, exc), status=200,
+                                retryable=False) from None
+        finally:
+            budget.release(budget.used)         # what the reading held is freed; the cache weighs the rest
+
+    def _read_page(self, url, fmt, ctx, resp, budget):
+        """The Document of the 200 response ``resp`` to ``url``."""
         ctype = resp.headers.get("content-type", "")
         media = _media_type(ctype)
         body = resp.body
@@ -9396,7 +9439,7 @@ class Fetcher:
             html = decode_page(body, ctype)
             if fmt == "html":
                 return Document(url, resp.url, page_title(html), html, "direct", media)
-            title, content = html_to_markdown(html, resp.url, plain=fmt == "text", check=check)
+            title, content = html_to_markdown(html, resp.url, plain=fmt == "text", check=check, charge=budget.charge)
             return Document(url, resp.url, title, content, "direct", media, script_shell(html, content))
         if media.startswith(_MEDIA_TEXT_PREFIXES) or media in _MEDIA_TEXTUAL or media.endswith(("+json", "+xml")):
             return Document(url, resp.url, "", decode_page(body, ctype).strip(), "direct", media)
@@ -11375,8 +11418,8 @@ class SearchTools:
 
 
 # The codes of a failed fetch that a provider's last attempt passes on (the rest are fetch_failed).
-_FETCH_CODES = ("private_address", "bad_url", "unsupported_content_type", "body_too_large", "too_many_redirects",
-                "pdf_encrypted", "pdf_no_text", "pdf_damaged", "not_found", "extraction_timeout")
+_FETCH_CODES = ("private_address", "bad_url", "unsupported_content_type", "body_too_large", "too_large",
+                "too_many_redirects", "pdf_encrypted", "pdf_no_text", "pdf_damaged", "not_found", "extraction_timeout")
 
 
 class PageTools:
@@ -12391,6 +12434,7 @@ class Server:
         self.sessions = TTLCache(SESSION_MAX, SESSION_TTL_S, clock)
         self.coalescer = Coalescer()
         self.transport = Transport(config, self.log, clock)
+        self.memory = MemoryBudget(config.process_max_mb << 20, "the process")   # pages of every call together
         self.ring = Ring(config, self.transport, self.log, clock)
         self.documents = TTLCache(100000, config.ttl_s, clock, max_weight=config.fetch_cache_mb * 1024 * 1024,
                                   weigh=Document.weight)
@@ -12776,7 +12820,7 @@ class Server:
         if handler is None:
             return _DEFER
         answer = self._invoke(name, handler, args, CallContext(token, progress=self._progress_sink(
-            meta.get("progressToken"), token)))
+            meta.get("progressToken"), token), budget=self.memory.child(self.config.call_max_mb << 20, "this call")))
         if answer is None or answer is _DEFER:
             return answer
         return rpc_result(msg_id, self._tool_result(*answer, modern))
