@@ -1685,6 +1685,53 @@ ANSWER_COALESCE_CALLS = 20
 SHUTDOWN_RUNS = 5
 
 
+# The floor of --bench: the least a stdio MCP server can do for the same web_search (one Tavily
+# request on a kept-alive connection, its results as text and structured content), standard
+# library only.  The server's CPU per call is compared with this one's, side by side.
+FLOOR_SERVER = r'''
+import http.client, json, os, sys, urllib.parse
+target = urllib.parse.urlsplit(os.environ["WEBSEARCH_TAVILY_URL"])
+conn = None
+
+
+def search(query):
+    global conn
+    body = json.dumps({"query": query, "max_results": 8, "search_depth": "basic"})
+    for attempt in (0, 1):
+        if conn is None:
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+        try:
+            conn.request("POST", "/search", body, {"Content-Type": "application/json"})
+            data = json.loads(conn.getresponse().read())
+            break
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            conn = None
+            if attempt:
+                raise
+    results = [{"title": r.get("title"), "url": r.get("url"), "snippet": r.get("content")}
+               for r in data.get("results") or []]
+    text = "\n\n".join("%d. %s\n%s\n%s" % (i, r["title"], r["url"], r["snippet"]) for i, r in enumerate(results, 1))
+    return {"content": [{"type": "text", "text": text}], "structuredContent": {"results": results}, "isError": False}
+
+
+for line in sys.stdin.buffer:
+    msg = json.loads(line)
+    if "id" not in msg:
+        continue
+    if msg.get("method") == "initialize":
+        result = {"protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "floor", "version": "0"}}
+    elif msg.get("method") == "tools/call":
+        result = search(msg["params"]["arguments"]["query"])
+    else:
+        result = {}
+    sys.stdout.buffer.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}).encode() + b"\n")
+    sys.stdout.buffer.flush()
+'''
+FLOOR_ROUNDS = 5          # rounds of LATENCY_CALLS calls, taking turns between the three servers
+
+
 class Bench:
     """Measures and collects rows of (metric, value, target, verdict) for a compact table."""
 
@@ -1802,6 +1849,74 @@ class Bench:
             self.row("server CPU per uncached call", "%.2f ms" % cpu, "< 1 ms", _verdict(cpu < 1.0))
         else:
             self.row("server CPU per uncached call", "n/a", "< 1 ms")
+
+    # -- side by side with the floor: a minimal stdlib MCP server making the same request -----
+
+    def floor(self):
+        """CPU per uncached call and round trips of the floor server, this one as a script and with
+        ``-m``, all three running at once and taking turns, so drift hits them alike."""
+        env = offline_env(self.fake.url)
+        work = _TempDir("smoke-floor-")
+        clients = {}
+        try:
+            floor_path = os.path.join(work.path, "floor_server.py")
+            with open(floor_path, "w") as f:
+                f.write(FLOOR_SERVER)
+            module_argv, module_env = _module_launch(self.server_path, work.path, env)
+            for name, argv, run_env in (("floor", [sys.executable, floor_path], env),
+                                        ("script", [sys.executable, self.server_path], env),
+                                        ("-m", module_argv, module_env)):
+                clients[name] = RpcClient(argv, run_env, threaded=False, lifetime_s=BENCH_PHASE_LIFETIME_S,
+                                          cwd=work.path)
+            figures = self._floor_rounds(clients)
+        finally:
+            for client in clients.values():
+                client.close()
+            work.remove()
+        self._floor_rows(figures)
+
+    def _floor_rounds(self, clients):
+        """``{server: {"cpu": [ms per call], "rtt": [ms], "cached": [ms]}}``."""
+        figures = {name: {"cpu": [], "rtt": [], "cached": []} for name in clients}
+        for name, client in clients.items():
+            client.handshake_sync()
+            for _ in range(20):  # warm-up: lazy imports, first connections
+                client.call_sync("tools/call", search_params(self.fresh_query("floor warm")))
+        for _ in range(FLOOR_ROUNDS):
+            for name, client in clients.items():
+                cpu0 = cpu_seconds(client.pid)
+                for _ in range(LATENCY_CALLS):
+                    params = search_params(self.fresh_query("floor uncached"))
+                    t0 = time.perf_counter()
+                    client.call_sync("tools/call", params)
+                    figures[name]["rtt"].append((time.perf_counter() - t0) * 1000)
+                cpu1 = cpu_seconds(client.pid)
+                if cpu0 is not None and cpu1 is not None:
+                    figures[name]["cpu"].append((cpu1 - cpu0) * 1000 / LATENCY_CALLS)
+                if name != "floor":
+                    params = search_params("floor cached")
+                    client.call_sync("tools/call", params)
+                    for _ in range(LATENCY_CALLS // 4):
+                        t0 = time.perf_counter()
+                        client.call_sync("tools/call", params)
+                        figures[name]["cached"].append((time.perf_counter() - t0) * 1000)
+        return figures
+
+    def _floor_rows(self, figures):
+        floor_cpu = _median(figures["floor"]["cpu"]) if figures["floor"]["cpu"] else None
+        floor_rtt = _median(figures["floor"]["rtt"])
+        self.row("floor: CPU per uncached call", "n/a" if floor_cpu is None else "%.3f ms" % floor_cpu)
+        self.row("floor: uncached round trip", "%.3f ms" % floor_rtt)
+        for name in ("script", "-m"):
+            f = figures[name]
+            if floor_cpu and f["cpu"]:
+                cpu = _median(f["cpu"])
+                self.row("%s: CPU per uncached call" % name, "%.3f ms = %.2fx floor" % (cpu, cpu / floor_cpu),
+                         "<= 1.4x", _verdict(cpu / floor_cpu <= 1.4))
+            rtt, cached = _median(f["rtt"]), _median(f["cached"])
+            self.row("%s: uncached round trip" % name, "%.3f ms = %.2fx floor" % (rtt, rtt / floor_rtt))
+            self.row("%s: cached round trip" % name, "%.3f ms = %.2fx floor's uncached" % (cached, cached / floor_rtt),
+                     "<= 0.5x", _verdict(cached / floor_rtt <= 0.5))
 
     # -- concurrency and coalescing ----------------------------------------------------------
 
@@ -2372,6 +2487,8 @@ def run_bench(server_path):
     phases = (
         ("start-up", None, bench.startup),
         ("latency", None, bench.latency),
+        ("floor", "side by side: a minimal stdlib MCP server making the same Tavily request (the floor)",
+         bench.floor),
         ("concurrency", None, bench.concurrency),
         ("memory growth", None, bench.growth),
         ("fan-out", "web_search mode=fanout over tavily, bing, duckduckgo, exa (each %d results after %.0f ms)"

@@ -10251,6 +10251,27 @@ def test_an_upstream_title_with_a_lone_surrogate_is_still_answered(tmp_path):
     assert server.check_stdout() == []
 
 
+def test_calls_run_on_reused_worker_threads_and_drain_waits_for_them(ring):
+    server = ring.Server(ring.Config.from_env({}), stdin=io.BytesIO(), stdout=io.BytesIO(),
+                         logger=quiet_logger(ring))
+    threads = set()
+
+    def task(i):
+        threads.add(threading.get_ident())
+        if i == 0:
+            raise RuntimeError("a bug in one call")     # logged; the worker goes on
+    for i in range(20):                                # one after another: one worker serves all
+        server._spawn(task, i)
+        assert server.drain(DEFAULT_TIMEOUT_S)
+    assert len(threads) == 1
+    release = threading.Event()
+    for _ in range(3):                                 # at once: more workers, as many as needed
+        server._spawn(lambda: (threads.add(threading.get_ident()), release.wait(DEFAULT_TIMEOUT_S)))
+    assert server.drain(0.02) is False
+    release.set()
+    assert server.drain(DEFAULT_TIMEOUT_S) and len(threads) == 3 and server._idle == 3
+
+
 # ----------------------------------------------------------------------------------------------
 # §15 CLI
 # ----------------------------------------------------------------------------------------------

@@ -102,6 +102,7 @@ MAX_MAP_LIMIT = 5000
 SESSION_MAX, SESSION_TTL_S = 256, 3600.0
 CACHE_SWEEP_S = 60.0
 SHUTDOWN_GRACE_S = 0.5    # after stdin EOF or SIGTERM, calls get this long to unwind before the exit
+WORKER_IDLE_S = 30.0      # a worker thread with no call for this long ends
 
 # The keyless four close every default ring; keyed vendors and SearXNG go first when configured.
 RING_VENDORS = ("exa", "tavily", "bing", "duckduckgo")
@@ -12425,7 +12426,12 @@ class Server:
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._calls = {}          # _call_key(request id) -> CancelToken, for notifications/cancelled
-        self._workers = set()
+        # Worker threads are kept for a while and reused: a thread per call cost CPU to start, and
+        # memory in the allocator's per-thread arenas over a long run.  Under _workers_cond:
+        self._workers_cond = threading.Condition(self._state_lock)
+        self._tasks = collections.deque()   # (target, args) not yet taken by a worker
+        self._busy = 0                      # tasks queued or running
+        self._idle = 0                      # workers waiting for a task, not yet promised one
         self._sweeper = None
         self._stdout_broken = False
         self.protocol_version = None   # negotiated by initialize (handshake era)
@@ -12543,15 +12549,13 @@ class Server:
     def drain(self, timeout_s):
         """Wait up to ``timeout_s`` for every call in flight to end; True when they all have."""
         until = time.monotonic() + timeout_s
-        while True:
-            with self._state_lock:
-                workers = [w for w in self._workers if w.ident is not None]   # started ones only
-            if not workers:
-                return True
-            remaining = until - time.monotonic()
-            if remaining <= 0:
-                return False
-            workers[0].join(remaining)
+        with self._workers_cond:
+            while self._busy:
+                remaining = until - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._workers_cond.wait(remaining)
+        return True
 
     def shutdown(self, reason, grace_s=SHUTDOWN_GRACE_S):
         """Cancel every call in flight (their sockets close at once) and give them ``grace_s`` to unwind."""
@@ -12641,20 +12645,37 @@ class Server:
         return isinstance(message, dict) and message.get("method") == "tools/call" and "id" in message
 
     def _spawn(self, target, *args):
-        def run():
+        """Run ``target(*args)`` on a worker: an idle one, else a new one."""
+        with self._workers_cond:
+            self._tasks.append((target, args))
+            self._busy += 1
+            reuse = self._idle > 0
+            if reuse:
+                self._idle -= 1           # promised to this task
+                self._workers_cond.notify_all()
+        if self._sweeper is None:
+            self._start_sweeper()
+        if not reuse:
+            threading.Thread(target=self._work, name="call", daemon=True).start()
+
+    def _work(self):
+        """A worker: runs tasks until none has come for WORKER_IDLE_S."""
+        while True:
+            with self._workers_cond:
+                while not self._tasks:      # a task is always promised to a worker woken for it
+                    if not self._workers_cond.wait(WORKER_IDLE_S) and self._idle > 0 and not self._tasks:
+                        self._idle -= 1     # nobody promised this worker a task: it ends
+                        return
+                target, args = self._tasks.popleft()
             try:
                 target(*args)
             except Exception as exc:
                 self.log.unexpected("internal error in a worker", exc)
             finally:
-                with self._state_lock:
-                    self._workers.discard(threading.current_thread())
-        worker = threading.Thread(target=run, name="call", daemon=True)
-        with self._state_lock:
-            self._workers.add(worker)
-        if self._sweeper is None:
-            self._start_sweeper()
-        worker.start()
+                with self._workers_cond:
+                    self._busy -= 1
+                    self._idle += 1
+                    self._workers_cond.notify_all()
 
     def _start_sweeper(self):
         def sweep():
