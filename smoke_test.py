@@ -9,6 +9,8 @@ Usage:
   python smoke_test.py --bench     the performance figures of DESIGN section 10, fan-out, web_fetch
                                    and web_answer (no network; about two minutes, one of them a
                                    60 s answer that measures progress notifications)
+  python smoke_test.py --soak 600  ten minutes of calls with 30% upstream faults: RSS after the
+                                   first minute and at the end (no network)
   python smoke_test.py "query"     one real web_search with the default configuration
 
 Contents:
@@ -2520,6 +2522,135 @@ def run_bench(server_path):
 
 
 # ----------------------------------------------------------------------------------------------
+# Soak: a long run with faults, watching the server's memory
+# ----------------------------------------------------------------------------------------------
+
+SOAK_FAULT_RATE = 0.3       # share of upstream answers that go wrong
+SOAK_WORKERS = 4            # client threads calling at once
+SOAK_SAMPLE_S = 5.0         # RSS sampled this often
+SOAK_WARMUP_S = 60.0        # growth is measured from here on
+SOAK_GROWTH_MB = 10.0       # target: at most this much growth after the warm-up
+# The page cache is made small enough to fill during the warm-up (every page of the soak is a
+# new URL): what grows after it is not a cache filling up to its bound.
+SOAK_PAGE_CACHE_MB = 16
+
+
+class FaultyTavily(FakeTavily):
+    """FakeTavily whose answers go wrong ``fault_rate`` of the time, in turns: a 500, a 429, broken
+    JSON, JSON of the wrong shape, a body cut short, an answer after the server's timeout."""
+
+    FAULTS = ("http_500", "http_429", "broken_json", "wrong_shape", "cut_body", "too_slow")
+
+    def __init__(self, *, fault_rate=SOAK_FAULT_RATE, slow_s=1.5, **kwargs):
+        super().__init__(**kwargs)
+        self.fault_rate = fault_rate
+        self.slow_fault_s = slow_s
+        self._turn = 0
+        self.faults = collections.Counter()
+
+    def _search(self, request):
+        with self._lock:
+            self._turn += 1
+            turn = self._turn
+        # Deterministic and spread out: the same answers of every ten go wrong, so runs compare.
+        if (turn * 7) % 10 >= self.fault_rate * 10:
+            super()._search(request)
+            return
+        fault = self.FAULTS[(turn // 10) % len(self.FAULTS)]
+        with self._lock:
+            self.faults[fault] += 1
+        if fault == "http_500":
+            request.reply_json(500, {"detail": {"error": "Internal Server Error"}})
+        elif fault == "http_429":
+            request.reply_json(429, {"detail": {"error": "rate limited"}})
+        elif fault == "broken_json":
+            request.reply(200, "application/json", b'{"results": [{"url": ')
+        elif fault == "wrong_shape":
+            request.reply_json(200, {"results": {"url": "https://example.test/"}})
+        elif fault == "cut_body":
+            request.close_connection = True
+            request.send_response(200)
+            request.send_header("Content-Length", "5000")
+            request.end_headers()
+            request.wfile.write(b'{"results": [')
+        else:
+            self.pause(self.slow_fault_s)
+            super()._search(request)
+
+
+def _soak_call(client, rng, serial, pages):
+    """One call of the soak's mix: new searches, repeated ones, searches with pages, page fetches."""
+    pick = rng.random()
+    if pick < 0.45:
+        params = search_params("soak %d" % serial)
+    elif pick < 0.65:
+        params = search_params("soak repeated %d" % rng.randrange(20))
+    elif pick < 0.85:
+        params = search_params("soak pages %d" % serial, include_content=2)
+    else:
+        params = fetch_params(pages + "/article/soak-%d" % rng.randrange(200))
+    client.call("tools/call", params, timeout_s=30.0)
+
+
+def run_soak(server_path, seconds):
+    """--soak SECONDS: calls with faults for that long; prints RSS over time and the growth after
+    the first minute (target: under SOAK_GROWTH_MB)."""
+    import random
+    site = FakeSite()
+    fake = FaultyTavily(pages_at=site.url)
+    client = RpcClient([sys.executable, server_path], offline_env(
+        fake.url, WEBSEARCH_TIMEOUT_MS=1000, WEBSEARCH_ALLOW_PRIVATE_URLS=1, WEBSEARCH_FETCH_PROVIDERS="direct",
+        WEBSEARCH_COOLDOWN_MS=1000, WEBSEARCH_FETCH_CACHE_MB=SOAK_PAGE_CACHE_MB), lifetime_s=seconds + 120.0)
+    end, calls, failures, samples = time.monotonic() + seconds, [0], [0], []
+    lock = threading.Lock()
+
+    def worker(n):
+        rng = random.Random(n)
+        while time.monotonic() < end:
+            with lock:
+                calls[0] += 1
+                serial = calls[0]
+            try:
+                _soak_call(client, rng, serial, site.url)
+            except Exception:       # a lost answer is counted; the soak goes on
+                with lock:
+                    failures[0] += 1
+    try:
+        client.handshake()
+        started = time.monotonic()
+        threads = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(SOAK_WORKERS)]
+        for thread in threads:
+            thread.start()
+        while time.monotonic() < end:
+            time.sleep(min(SOAK_SAMPLE_S, max(0.0, end - time.monotonic())))
+            samples.append((time.monotonic() - started, rss_kb(client.pid)))
+            print("soak: %5.0f s  RSS %s  %d calls" % (samples[-1][0], _mb(samples[-1][1]), calls[0]),
+                  file=sys.stderr, flush=True)
+        for thread in threads:
+            thread.join(35.0)
+    finally:
+        client.close()
+        fake.close()
+        site.close()
+    return _soak_report(samples, calls[0], failures[0], fake.faults)
+
+
+def _soak_report(samples, calls, failures, faults):
+    known = [(t, kb) for t, kb in samples if kb is not None]
+    if not known:
+        print("soak: RSS unknown on this platform (%d calls)" % calls)
+        return 1
+    after_warmup = [kb for t, kb in known if t >= SOAK_WARMUP_S] or [known[-1][1]]
+    start_kb, end_kb = after_warmup[0], known[-1][1]
+    growth = (end_kb - start_kb) / 1024.0
+    print("soak: %d calls (%d without an answer), faults %s" % (calls, failures, dict(faults)))
+    print("soak: RSS at %.0f s %s, at the end (%.0f s) %s, peak %s; growth after the warm-up %.1f MB (target < %.0f MB)"
+          % (min(t for t, _ in known if t >= SOAK_WARMUP_S) if known[-1][0] >= SOAK_WARMUP_S else known[-1][0],
+             _mb(start_kb), known[-1][0], _mb(end_kb), _mb(max(kb for _, kb in known)), growth, SOAK_GROWTH_MB))
+    return 0 if growth < SOAK_GROWTH_MB and not failures else 1
+
+
+# ----------------------------------------------------------------------------------------------
 # One real query
 # ----------------------------------------------------------------------------------------------
 
@@ -2567,6 +2698,8 @@ def main(argv=None):
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--offline", action="store_true", help="protocol checks against a loopback fake")
     mode.add_argument("--bench", action="store_true", help="performance figures against a loopback fake")
+    mode.add_argument("--soak", type=float, metavar="SECONDS",
+                      help="calls with 30%% upstream faults for SECONDS; RSS growth after the first minute")
     parser.add_argument("--server", default=SERVER_PATH, help="path of websearch_ring.py (default: next to this file)")
     parser.add_argument("query", nargs="?", help="run one real web_search with the default configuration")
     args = parser.parse_args(argv)
@@ -2575,6 +2708,8 @@ def main(argv=None):
         return run_offline(server_path)
     if args.bench:
         return run_bench(server_path)
+    if args.soak:
+        return run_soak(server_path, args.soak)
     if args.query:
         return run_query(server_path, args.query)
     parser.print_usage()
