@@ -6215,6 +6215,18 @@ def test_json_nested_deeper_than_the_parser_goes_is_not_json(ring):
     assert ring.body_text_message(b"<html><title>Bad &amp; Gateway</title><p>x", 502) == "Bad & Gateway"
 
 
+@pytest.mark.parametrize("result", [[], "text", {"content": {"type": "text"}}, {"content": [{"type": "text",
+                                                                                       "text": 5}]}])
+def test_exa_mcp_tool_result_of_the_wrong_shape_is_bad_response(ring, result):
+    board, _ = inprocess_ring(ring, {"WEBSEARCH_VENDORS": "exa", "NO_PROXY": "*"})
+    text = json.dumps({"jsonrpc": "2.0", "id": 1, "result": result}).encode()
+    board.transport.request = lambda method, url, **options: ring.Response(
+        200, "OK", {"content-type": "application/json"}, text, url, 0.0)
+    outcome = board.search("q", 5, None, ring.CallContext(deadline=ring.Deadline(DEFAULT_TIMEOUT_S)))
+    [attempt] = outcome["attempts"]
+    assert attempt["outcome"] in ("bad_response", "no_results") and attempt["code"] != "internal_error", attempt
+
+
 @pytest.mark.parametrize("vendor", sorted(_JSON_VENDORS))
 def test_a_result_field_of_the_wrong_type_never_breaks_a_vendor(ring, vendor):
     fixture, path, _ = _JSON_VENDORS[vendor]

@@ -8443,10 +8443,7 @@ class ExaVendor(Vendor):
             raise UpstreamError(self.name, "bad_response", "mcp_error", text[:300], status=200,
                                 upstream_code=err.get("code") if isinstance(err, dict) else None)
         result = message.get("result") or {}
-        if not isinstance(result, dict) or not isinstance(result.get("content") or [], list):
-            self.malformed("the tool result is not an object with a content list")
-        text = "\n".join(c["text"] for c in result.get("content") or []
-                         if isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str))
+        text = self._tool_text(result)
         if result.get("isError"):
             if _RATE_LIMIT_PROSE.search(text):
                 raise UpstreamError(self.name, "rate_limited", "free_tier_rate_limit", collapse_ws(text)[:300],
@@ -8458,6 +8455,13 @@ class ExaVendor(Vendor):
         if not results:
             self.no_results(text if "No search results found" not in text else "")
         return results
+
+    def _tool_text(self, result):
+        """The text blocks of the MCP tool ``result``, joined; bad_response when it has another shape."""
+        if not isinstance(result, dict) or not isinstance(result.get("content") or [], list):
+            self.malformed("the tool result is not an object with a content list")
+        return "\n".join(c["text"] for c in result.get("content") or []
+                         if isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str))
 
     def _rpc_message(self, resp, rpc_id):
         """The JSON-RPC response with our id, from an SSE stream or a plain JSON body."""
