@@ -9,6 +9,8 @@ Usage:
   python smoke_test.py --bench     the performance figures of DESIGN section 10, fan-out, web_fetch
                                    and web_answer (no network; about two minutes, one of them a
                                    60 s answer that measures progress notifications)
+  python smoke_test.py --soak 600  ten minutes of calls with 30% upstream faults: RSS after the
+                                   first minute and at the end (no network)
   python smoke_test.py "query"     one real web_search with the default configuration
 
 Contents:
@@ -1686,6 +1688,53 @@ ANSWER_COALESCE_CALLS = 20
 SHUTDOWN_RUNS = 5
 
 
+# The floor of --bench: the least a stdio MCP server can do for the same web_search (one Tavily
+# request on a kept-alive connection, its results as text and structured content), standard
+# library only.  The server's CPU per call is compared with this one's, side by side.
+FLOOR_SERVER = r'''
+import http.client, json, os, sys, urllib.parse
+target = urllib.parse.urlsplit(os.environ["WEBSEARCH_TAVILY_URL"])
+conn = None
+
+
+def search(query):
+    global conn
+    body = json.dumps({"query": query, "max_results": 8, "search_depth": "basic"})
+    for attempt in (0, 1):
+        if conn is None:
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+        try:
+            conn.request("POST", "/search", body, {"Content-Type": "application/json"})
+            data = json.loads(conn.getresponse().read())
+            break
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            conn = None
+            if attempt:
+                raise
+    results = [{"title": r.get("title"), "url": r.get("url"), "snippet": r.get("content")}
+               for r in data.get("results") or []]
+    text = "\n\n".join("%d. %s\n%s\n%s" % (i, r["title"], r["url"], r["snippet"]) for i, r in enumerate(results, 1))
+    return {"content": [{"type": "text", "text": text}], "structuredContent": {"results": results}, "isError": False}
+
+
+for line in sys.stdin.buffer:
+    msg = json.loads(line)
+    if "id" not in msg:
+        continue
+    if msg.get("method") == "initialize":
+        result = {"protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "floor", "version": "0"}}
+    elif msg.get("method") == "tools/call":
+        result = search(msg["params"]["arguments"]["query"])
+    else:
+        result = {}
+    sys.stdout.buffer.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}).encode() + b"\n")
+    sys.stdout.buffer.flush()
+'''
+FLOOR_ROUNDS = 5          # rounds of LATENCY_CALLS calls, taking turns between the three servers
+
+
 class Bench:
     """Measures and collects rows of (metric, value, target, verdict) for a compact table."""
 
@@ -1803,6 +1852,74 @@ class Bench:
             self.row("server CPU per uncached call", "%.2f ms" % cpu, "< 1 ms", _verdict(cpu < 1.0))
         else:
             self.row("server CPU per uncached call", "n/a", "< 1 ms")
+
+    # -- side by side with the floor: a minimal stdlib MCP server making the same request -----
+
+    def floor(self):
+        """CPU per uncached call and round trips of the floor server, this one as a script and with
+        ``-m``, all three running at once and taking turns, so drift hits them alike."""
+        env = offline_env(self.fake.url)
+        work = _TempDir("smoke-floor-")
+        clients = {}
+        try:
+            floor_path = os.path.join(work.path, "floor_server.py")
+            with open(floor_path, "w") as f:
+                f.write(FLOOR_SERVER)
+            module_argv, module_env = _module_launch(self.server_path, work.path, env)
+            for name, argv, run_env in (("floor", [sys.executable, floor_path], env),
+                                        ("script", [sys.executable, self.server_path], env),
+                                        ("-m", module_argv, module_env)):
+                clients[name] = RpcClient(argv, run_env, threaded=False, lifetime_s=BENCH_PHASE_LIFETIME_S,
+                                          cwd=work.path)
+            figures = self._floor_rounds(clients)
+        finally:
+            for client in clients.values():
+                client.close()
+            work.remove()
+        self._floor_rows(figures)
+
+    def _floor_rounds(self, clients):
+        """``{server: {"cpu": [ms per call], "rtt": [ms], "cached": [ms]}}``."""
+        figures = {name: {"cpu": [], "rtt": [], "cached": []} for name in clients}
+        for name, client in clients.items():
+            client.handshake_sync()
+            for _ in range(20):  # warm-up: lazy imports, first connections
+                client.call_sync("tools/call", search_params(self.fresh_query("floor warm")))
+        for _ in range(FLOOR_ROUNDS):
+            for name, client in clients.items():
+                cpu0 = cpu_seconds(client.pid)
+                for _ in range(LATENCY_CALLS):
+                    params = search_params(self.fresh_query("floor uncached"))
+                    t0 = time.perf_counter()
+                    client.call_sync("tools/call", params)
+                    figures[name]["rtt"].append((time.perf_counter() - t0) * 1000)
+                cpu1 = cpu_seconds(client.pid)
+                if cpu0 is not None and cpu1 is not None:
+                    figures[name]["cpu"].append((cpu1 - cpu0) * 1000 / LATENCY_CALLS)
+                if name != "floor":
+                    params = search_params("floor cached")
+                    client.call_sync("tools/call", params)
+                    for _ in range(LATENCY_CALLS // 4):
+                        t0 = time.perf_counter()
+                        client.call_sync("tools/call", params)
+                        figures[name]["cached"].append((time.perf_counter() - t0) * 1000)
+        return figures
+
+    def _floor_rows(self, figures):
+        floor_cpu = _median(figures["floor"]["cpu"]) if figures["floor"]["cpu"] else None
+        floor_rtt = _median(figures["floor"]["rtt"])
+        self.row("floor: CPU per uncached call", "n/a" if floor_cpu is None else "%.3f ms" % floor_cpu)
+        self.row("floor: uncached round trip", "%.3f ms" % floor_rtt)
+        for name in ("script", "-m"):
+            f = figures[name]
+            if floor_cpu and f["cpu"]:
+                cpu = _median(f["cpu"])
+                self.row("%s: CPU per uncached call" % name, "%.3f ms = %.2fx floor" % (cpu, cpu / floor_cpu),
+                         "<= 1.4x", _verdict(cpu / floor_cpu <= 1.4))
+            rtt, cached = _median(f["rtt"]), _median(f["cached"])
+            self.row("%s: uncached round trip" % name, "%.3f ms = %.2fx floor" % (rtt, rtt / floor_rtt))
+            self.row("%s: cached round trip" % name, "%.3f ms = %.2fx floor's uncached" % (cached, cached / floor_rtt),
+                     "<= 0.5x", _verdict(cached / floor_rtt <= 0.5))
 
     # -- concurrency and coalescing ----------------------------------------------------------
 
@@ -2532,6 +2649,8 @@ def run_bench(server_path):
     phases = (
         ("start-up", None, bench.startup),
         ("latency", None, bench.latency),
+        ("floor", "side by side: a minimal stdlib MCP server making the same Tavily request (the floor)",
+         bench.floor),
         ("concurrency", None, bench.concurrency),
         ("memory growth", None, bench.growth),
         ("fan-out", "web_search mode=fanout over tavily, bing, duckduckgo, exa (each %d results after %.0f ms)"
@@ -2561,6 +2680,135 @@ def run_bench(server_path):
     print("python %s on %s; medians of several runs" % (sys.version.split()[0], sys.platform))
     print_table(bench.rows)
     return 1 if broken else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Soak: a long run with faults, watching the server's memory
+# ----------------------------------------------------------------------------------------------
+
+SOAK_FAULT_RATE = 0.3       # share of upstream answers that go wrong
+SOAK_WORKERS = 4            # client threads calling at once
+SOAK_SAMPLE_S = 5.0         # RSS sampled this often
+SOAK_WARMUP_S = 60.0        # growth is measured from here on
+SOAK_GROWTH_MB = 10.0       # target: at most this much growth after the warm-up
+# The page cache is made small enough to fill during the warm-up (every page of the soak is a
+# new URL): what grows after it is not a cache filling up to its bound.
+SOAK_PAGE_CACHE_MB = 16
+
+
+class FaultyTavily(FakeTavily):
+    """FakeTavily whose answers go wrong ``fault_rate`` of the time, in turns: a 500, a 429, broken
+    JSON, JSON of the wrong shape, a body cut short, an answer after the server's timeout."""
+
+    FAULTS = ("http_500", "http_429", "broken_json", "wrong_shape", "cut_body", "too_slow")
+
+    def __init__(self, *, fault_rate=SOAK_FAULT_RATE, slow_s=1.5, **kwargs):
+        super().__init__(**kwargs)
+        self.fault_rate = fault_rate
+        self.slow_fault_s = slow_s
+        self._turn = 0
+        self.faults = collections.Counter()
+
+    def _search(self, request):
+        with self._lock:
+            self._turn += 1
+            turn = self._turn
+        # Deterministic and spread out: the same answers of every ten go wrong, so runs compare.
+        if (turn * 7) % 10 >= self.fault_rate * 10:
+            super()._search(request)
+            return
+        fault = self.FAULTS[(turn // 10) % len(self.FAULTS)]
+        with self._lock:
+            self.faults[fault] += 1
+        if fault == "http_500":
+            request.reply_json(500, {"detail": {"error": "Internal Server Error"}})
+        elif fault == "http_429":
+            request.reply_json(429, {"detail": {"error": "rate limited"}})
+        elif fault == "broken_json":
+            request.reply(200, "application/json", b'{"results": [{"url": ')
+        elif fault == "wrong_shape":
+            request.reply_json(200, {"results": {"url": "https://example.test/"}})
+        elif fault == "cut_body":
+            request.close_connection = True
+            request.send_response(200)
+            request.send_header("Content-Length", "5000")
+            request.end_headers()
+            request.wfile.write(b'{"results": [')
+        else:
+            self.pause(self.slow_fault_s)
+            super()._search(request)
+
+
+def _soak_call(client, rng, serial, pages):
+    """One call of the soak's mix: new searches, repeated ones, searches with pages, page fetches."""
+    pick = rng.random()
+    if pick < 0.45:
+        params = search_params("soak %d" % serial)
+    elif pick < 0.65:
+        params = search_params("soak repeated %d" % rng.randrange(20))
+    elif pick < 0.85:
+        params = search_params("soak pages %d" % serial, include_content=2)
+    else:
+        params = fetch_params(pages + "/article/soak-%d" % rng.randrange(200))
+    client.call("tools/call", params, timeout_s=30.0)
+
+
+def run_soak(server_path, seconds):
+    """--soak SECONDS: calls with faults for that long; prints RSS over time and the growth after
+    the first minute (target: under SOAK_GROWTH_MB)."""
+    import random
+    site = FakeSite()
+    fake = FaultyTavily(pages_at=site.url)
+    client = RpcClient([sys.executable, server_path], offline_env(
+        fake.url, WEBSEARCH_TIMEOUT_MS=1000, WEBSEARCH_ALLOW_PRIVATE_URLS=1, WEBSEARCH_FETCH_PROVIDERS="direct",
+        WEBSEARCH_COOLDOWN_MS=1000, WEBSEARCH_FETCH_CACHE_MB=SOAK_PAGE_CACHE_MB), lifetime_s=seconds + 120.0)
+    end, calls, failures, samples = time.monotonic() + seconds, [0], [0], []
+    lock = threading.Lock()
+
+    def worker(n):
+        rng = random.Random(n)
+        while time.monotonic() < end:
+            with lock:
+                calls[0] += 1
+                serial = calls[0]
+            try:
+                _soak_call(client, rng, serial, site.url)
+            except Exception:       # a lost answer is counted; the soak goes on
+                with lock:
+                    failures[0] += 1
+    try:
+        client.handshake()
+        started = time.monotonic()
+        threads = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(SOAK_WORKERS)]
+        for thread in threads:
+            thread.start()
+        while time.monotonic() < end:
+            time.sleep(min(SOAK_SAMPLE_S, max(0.0, end - time.monotonic())))
+            samples.append((time.monotonic() - started, rss_kb(client.pid)))
+            print("soak: %5.0f s  RSS %s  %d calls" % (samples[-1][0], _mb(samples[-1][1]), calls[0]),
+                  file=sys.stderr, flush=True)
+        for thread in threads:
+            thread.join(35.0)
+    finally:
+        client.close()
+        fake.close()
+        site.close()
+    return _soak_report(samples, calls[0], failures[0], fake.faults)
+
+
+def _soak_report(samples, calls, failures, faults):
+    known = [(t, kb) for t, kb in samples if kb is not None]
+    if not known:
+        print("soak: RSS unknown on this platform (%d calls)" % calls)
+        return 1
+    after_warmup = [kb for t, kb in known if t >= SOAK_WARMUP_S] or [known[-1][1]]
+    start_kb, end_kb = after_warmup[0], known[-1][1]
+    growth = (end_kb - start_kb) / 1024.0
+    print("soak: %d calls (%d without an answer), faults %s" % (calls, failures, dict(faults)))
+    print("soak: RSS at %.0f s %s, at the end (%.0f s) %s, peak %s; growth after the warm-up %.1f MB (target < %.0f MB)"
+          % (min(t for t, _ in known if t >= SOAK_WARMUP_S) if known[-1][0] >= SOAK_WARMUP_S else known[-1][0],
+             _mb(start_kb), known[-1][0], _mb(end_kb), _mb(max(kb for _, kb in known)), growth, SOAK_GROWTH_MB))
+    return 0 if growth < SOAK_GROWTH_MB and not failures else 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2611,6 +2859,8 @@ def main(argv=None):
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--offline", action="store_true", help="protocol checks against a loopback fake")
     mode.add_argument("--bench", action="store_true", help="performance figures against a loopback fake")
+    mode.add_argument("--soak", type=float, metavar="SECONDS",
+                      help="calls with 30%% upstream faults for SECONDS; RSS growth after the first minute")
     parser.add_argument("--server", default=SERVER_PATH, help="path of websearch_ring.py (default: next to this file)")
     parser.add_argument("query", nargs="?", help="run one real web_search with the default configuration")
     args = parser.parse_args(argv)
@@ -2619,6 +2869,8 @@ def main(argv=None):
         return run_offline(server_path)
     if args.bench:
         return run_bench(server_path)
+    if args.soak:
+        return run_soak(server_path, args.soak)
     if args.query:
         return run_query(server_path, args.query)
     parser.print_usage()

@@ -2958,6 +2958,108 @@ def test_a_gzip_body_cut_before_its_end_is_truncated_and_every_member_is_read(ri
         assert transport.request("GET", upstream.url + "/members", timeout_s=DEFAULT_TIMEOUT_S).body == _BODY
 
 
+# ---- Hostile compressed bodies: linear time, a memory ceiling, the call's deadline and cancel ----
+
+_EMPTY_MEMBER = gzip.compress(b"")
+
+
+_BOMB = []     # 20 MB of zeros compressed (20 KB), made once
+
+
+def _hostile_bodies(n):
+    """Generated hostile compressed bodies of about ``n`` bytes each, by name."""
+    import random
+    rng = random.Random(n)
+    if not _BOMB:
+        _BOMB.append(zlib.compress(b"\0" * 20_000_000, 9))
+    one_member = gzip.compress(rng.randbytes(n // 2))
+    return {
+        "many empty members": _EMPTY_MEMBER * (n // len(_EMPTY_MEMBER)),
+        "members of one byte": gzip.compress(b"x") * (n // len(gzip.compress(b"x"))),
+        "deflate bomb": _BOMB[0] + rng.randbytes(n),
+        "gzip bomb in members": gzip.compress(b"\0" * 200_000, 9) * max(1, n // 300),
+        "truncated stream": one_member[: len(one_member) // 2],
+        "member then garbage": gzip.compress(b"good") + rng.randbytes(n // 4),
+        "garbage": rng.randbytes(n // 4),
+        "header only, many times": one_member[:10] * (n // 10),
+    }
+
+
+def _inflate_or_error(ring, body, cap, truncate=False, ctx=None):
+    try:
+        return ring._decompress(body, cap, truncate, ctx)
+    except ring.TransportError as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("name", sorted(_hostile_bodies(1000)))
+def test_decompress_time_grows_linearly_on_hostile_bodies(ring, name):
+    bodies = {}
+
+    def inflate(n):
+        if n not in bodies:
+            bodies[n] = _hostile_bodies(n)[name]
+        for truncate in (False, True):
+            result = _inflate_or_error(ring, bodies[n], 1_000_000, truncate)
+            assert isinstance(result, bytes) or result in ("body_too_large", "truncated_body", "bad_encoding")
+            assert len(result) <= 1_000_000
+    assert_linear(inflate, 300_000, name)   # the copy-per-member decompressor failed from ~200 KB
+
+
+def test_decompress_holds_no_more_than_its_cap_and_the_body(ring):
+    import tracemalloc
+    cap = 2_000_000
+    bodies = _hostile_bodies(200_000)
+    tracemalloc.start()
+    try:
+        for name, body in bodies.items():
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            for truncate in (False, True):
+                _inflate_or_error(ring, body, cap, truncate)
+            peak = tracemalloc.get_traced_memory()[1] - base
+            # the pieces and their join, plus one step of each: never the body once per member
+            assert peak < 2 * cap + 2 * ring._INFLATE_OUT_STEP + 100_000, (name, peak)
+    finally:
+        tracemalloc.stop()
+
+
+def test_decompress_reads_every_member_and_the_cases_a_hostile_body_can_make(ring):
+    assert ring._decompress(_EMPTY_MEMBER * 5000 + gzip.compress(b"end"), 100) == b"end"
+    assert ring._decompress(gzip.compress(b"one ") + gzip.compress(b"two") + b"trailing", 100) == b"one two"
+    assert ring._decompress(zlib.compress(b"zlib"), 100) == b"zlib"
+    assert ring._decompress(zlib.compress(b"raw deflate")[2:-4], 100) == b"raw deflate"
+    bomb = zlib.compress(b"\0" * 10_000_000, 9)
+    assert _inflate_or_error(ring, bomb, 1_000_000) == "body_too_large"
+    assert ring._decompress(bomb, 1_000_000, truncate=True) == b"\0" * 1_000_000
+    cut = gzip.compress(b"".join(b"words %d " % i for i in range(5000)))[:-300]
+    assert _inflate_or_error(ring, cut, 100_000) == "truncated_body"
+    assert ring._decompress(cut, 100_000, truncate=True).startswith(b"words 0 words 1")
+    assert _inflate_or_error(ring, b"not compressed at all", 100) == "bad_encoding"
+    assert ring._decompress(gzip.compress(b"good") + b"\x1f\x8b\x08" + bytes(7) + b"\xff\xff", 100) == b"good"
+
+
+def test_decompress_stops_at_the_calls_cancel_and_deadline(ring):
+    import random
+    token = ring.CancelToken()
+    token.cancel("client cancelled")
+    many = _EMPTY_MEMBER * 50_000
+    with pytest.raises(ring.Cancelled):
+        ring._decompress(many, 1_000_000, ctx=ring.CallContext(token, ring.Deadline(60.0)))
+    with pytest.raises(ring.Cancelled):
+        ring._decompress(zlib.compress(b"\0" * 5_000_000), 10_000_000, ctx=ring.CallContext(token))
+    now = [0.0]
+
+    def clock():
+        now[0] += 0.001          # every look at the clock costs a millisecond of "work"
+        return now[0]
+    for body in (many, zlib.compress(random.Random(1).randbytes(200_000))):
+        with pytest.raises(ring.TransportError) as caught:
+            ring._decompress(body, 10_000_000, ctx=ring.CallContext(deadline=ring.Deadline(0.05, clock)))
+        assert caught.value.outcome == "timeout"
+    assert ring._decompress(many, 100, ctx=ring.CallContext(deadline=ring.Deadline(60.0))) == b""
+
+
 _TAVILY_OK = json.dumps({"query": "q", "results": [
     {"title": "Asyncio timeouts", "url": "https://docs.python.org/3/library/asyncio-task.html",
      "content": "How to time out a coroutine.", "score": 0.9}]}).encode()
@@ -3801,6 +3903,69 @@ def test_html_to_markdown_time_grows_linearly_on_hostile_documents(ring, name):
             documents[n] = "".join(unit * n for unit in units) + "<p>end</p>"
         ring.html_to_markdown(documents[n], "https://example.org/")
     assert_linear(convert, max(1000, 60_000 // len("".join(units))), name)
+
+
+# ---- memory budgets: the converter charges what it builds; pages share their call's budget ----
+
+_BUDGET_PAGES = {"divs": "<div>" * 40000, "paragraphs": "<p>Some words here.</p>" * 15000,
+                 "attributes": "<i a=1 b=2 c=3 d=4 e=5>" * 15000, "text": "<p>" + "word " * 80000,
+                 "lists": "<ul><li>x" * 8000, "tables": "<table><tr><td>x" * 4000}
+
+
+@pytest.mark.parametrize("name", sorted(_BUDGET_PAGES))
+def test_the_html_converter_charges_about_what_it_holds(ring, name):
+    import tracemalloc
+    page = _BUDGET_PAGES[name]
+    ring.html_to_markdown("<p>warm</p>")
+    charged = []
+    tracemalloc.start()
+    try:
+        ring.html_to_markdown(page, "https://example.org/", charge=charged.append)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert 0.6 * peak <= sum(charged) <= 2.5 * peak, (sum(charged), peak)
+    assert len(charged) > 1 or name == "text"            # as the tree grows, not once at the end
+
+
+def test_a_page_over_its_budget_stops_with_too_large_and_gives_the_budget_back(ring):
+    class PageTransport:
+        def request(self, method, url, **options):
+            return types.SimpleNamespace(status=200, url=url, body=b"<div>" * 200_000,
+                                         headers={"content-type": "text/html; charset=utf-8"})
+    fetcher = ring.Fetcher(ring.Config.from_env({"WEBSEARCH_DOCUMENT_MAX_MB": "16"}), PageTransport(), None,
+                           quiet_logger(ring))
+    call = ring.MemoryBudget(1 << 30, "this call")
+    with pytest.raises(ring.UpstreamError) as caught:
+        fetcher._direct("https://example.org/divs", "markdown", ring.CallContext(budget=call))
+    assert (caught.value.outcome, caught.value.code) == ("bad_response", "too_large")
+    assert "16777216 bytes" in caught.value.message and "WEBSEARCH_DOCUMENT_MAX_MB" in caught.value.message
+    assert call.used == 0
+    with pytest.raises(ring.UpstreamError) as caught:     # no call budget: the page's own still holds
+        fetcher._direct("https://example.org/divs", "markdown", ring.CallContext())
+    assert caught.value.code == "too_large"
+
+
+def test_the_pages_of_one_call_share_its_budget_and_the_process_total(ring, fake_upstream):
+    fake_upstream.route("GET", "/page", {"headers": {"Content-Type": "text/html"},
+                                         "body": "<p>Some words here.</p>" * 20000})
+    config = ring.Config.from_env(direct_env(WEBSEARCH_CALL_MAX_MB="32", WEBSEARCH_PROCESS_MAX_MB="64"))
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    tools = server.page_tools
+    assert server.memory.limit == 64 << 20
+    call = ring.CallContext(budget=server.memory.child(config.call_max_mb << 20, "this call"))
+    content, _, is_error = tools.web_fetch({"url": fake_upstream.url + "/page"}, call)
+    assert is_error is False and call.budget.used == 0 and server.memory.used == 0
+    call.budget.charge(20 << 20)              # other pages of this call, still being read
+    content, _, is_error = tools.web_fetch({"url": fake_upstream.url + "/page?2"}, call)
+    assert is_error is True and content["error"] == "too_large", content
+    assert "this call would hold more than" in content["error_detail"]["message"]
+    call.budget.release(20 << 20)
+    other = server.memory.child(64 << 20, "another call")
+    other.charge(50 << 20)                    # another call's pages
+    content, _, is_error = tools.web_fetch({"url": fake_upstream.url + "/page?3"},
+                                           ring.CallContext(budget=server.memory.child(32 << 20, "this call")))
+    assert is_error is True and "the process would hold more than" in content["error_detail"]["message"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -6410,6 +6575,118 @@ def test_a_search_whose_every_failure_is_permanent_is_not_retryable(start_server
     assert content["error_detail"]["retryable"] is False
 
 
+# ---- malformed vendor JSON: bad_response with a short reason, never a parser's exception -----
+
+# The result list of each JSON vendor's fixture, by the path to it; the keys a vendor needs.
+_JSON_VENDORS = {
+    "brave": ("brave/success.json", ("web", "results"), {"BRAVE_API_KEY": VENDOR_KEYS["brave"]}),
+    "serper": ("serper/success.json", ("organic",), {"SERPER_API_KEY": VENDOR_KEYS["serper"]}),
+    "yep": ("yep/success.json", ("results",), {"YEP_API_KEY": VENDOR_KEYS["yep"]}),
+    "searxng": ("searxng/success.json", ("results",), {}),
+    "tavily": ("tavily/search_success.json", ("results",), {}),     # keyless: a key pool retries bad answers
+    "exa": ("exa/search_success.json", ("results",), {"EXA_API_KEY": "exa-test-key-0123456789"}),
+}
+_WRONG_TYPES = {"a list": [], "an object": {}, "a string": "text", "NaN": float("nan"), "a number": 7,
+                "a boolean": True, "a list of strings": ["a", "b"]}
+
+
+def _vendor_answering(ring, vendor, body):
+    """An in-process ring of ``vendor`` alone whose every request is answered 200 with ``body``."""
+    _, _, keys = _JSON_VENDORS[vendor]
+    env = dict(keys, WEBSEARCH_VENDORS=vendor, NO_PROXY="*", SEARXNG_URL="http://searx.example",
+               WEBSEARCH_TAVILY_URL="http://tavily.example")
+    board, _ = inprocess_ring(ring, env)
+    text = json.dumps(body).encode()
+
+    def request(method, url, **options):
+        return ring.Response(200, "OK", {"content-type": "application/json"}, text, url, 0.0)
+    board.transport.request = request          # the one transport of every vendor and of Tavily
+    return board
+
+
+def _replaced(data, path, value):
+    data = json.loads(json.dumps(data))
+    if not path:
+        return value
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return data
+
+
+def _only_attempt(ring, vendor, body):
+    board = _vendor_answering(ring, vendor, body)
+    outcome = board.search("q", 5, None, ring.CallContext(deadline=ring.Deadline(DEFAULT_TIMEOUT_S)))
+    [attempt] = [a for a in outcome["attempts"] if a["vendor"] == vendor]
+    assert attempt["code"] != "internal_error", attempt
+    assert "Error" not in (attempt.get("message") or "") and "object has no attribute" not in (
+        attempt.get("message") or ""), attempt
+    return attempt
+
+
+@pytest.mark.parametrize("vendor", sorted(_JSON_VENDORS))
+def test_a_vendor_answer_of_the_wrong_shape_is_bad_response_with_a_short_reason(ring, vendor):
+    fixture, path, _ = _JSON_VENDORS[vendor]
+    good = fixture_json(fixture)
+    assert _only_attempt(ring, vendor, good)["outcome"] == "success"
+    for depth in range(len(path) + 1):           # the body, then each level down to the result list
+        for kind, wrong in _WRONG_TYPES.items():
+            expected = "an object" if depth < len(path) else "a list"
+            if kind == expected or (kind == "a list of strings" and expected == "a list"):
+                continue
+            attempt = _only_attempt(ring, vendor, _replaced(good, path[:depth], wrong))
+            assert attempt["outcome"] == "bad_response", (kind, depth, attempt)
+            assert attempt["code"] in ("malformed_json", "invalid_json") and len(attempt["message"]) < 200
+
+
+_HOSTILE_ERROR_BODIES = {"angle brackets": "<", "open tags": "<a ", "titles": "<title>", "divs": "<div>",
+                         "scripts": "<script></script", "styles": "<style>", "nested JSON": '{"error":'}
+
+
+@pytest.mark.parametrize("name", sorted(_HOSTILE_ERROR_BODIES))
+def test_the_message_of_a_hostile_error_body_is_read_in_linear_time(ring, name):
+    unit = _HOSTILE_ERROR_BODIES[name].encode()
+
+    def read(n):
+        message = ring.body_text_message(unit * (n // len(unit)), 503)
+        assert isinstance(message, str) and len(message) <= 300
+    assert_linear(read, 10_000, name)     # bodies are read up to 20 KB: n and 2n within it
+
+
+def test_json_nested_deeper_than_the_parser_goes_is_not_json(ring):
+    deep = ring.Response(200, "OK", {}, b'{"a":' * 100_000, "https://example.org/", 0.0)
+    with pytest.raises(ValueError):
+        deep.json()
+    assert ring.body_text_message(b"[" * 19_000, 502).startswith("[[[")
+    assert ring.body_text_message(b"<html><title>Bad &amp; Gateway</title><p>x", 502) == "Bad & Gateway"
+
+
+@pytest.mark.parametrize("result", [[], "text", {"content": {"type": "text"}}, {"content": [{"type": "text",
+                                                                                       "text": 5}]}])
+def test_exa_mcp_tool_result_of_the_wrong_shape_is_bad_response(ring, result):
+    board, _ = inprocess_ring(ring, {"WEBSEARCH_VENDORS": "exa", "NO_PROXY": "*"})
+    text = json.dumps({"jsonrpc": "2.0", "id": 1, "result": result}).encode()
+    board.transport.request = lambda method, url, **options: ring.Response(
+        200, "OK", {"content-type": "application/json"}, text, url, 0.0)
+    outcome = board.search("q", 5, None, ring.CallContext(deadline=ring.Deadline(DEFAULT_TIMEOUT_S)))
+    [attempt] = outcome["attempts"]
+    assert attempt["outcome"] in ("bad_response", "no_results") and attempt["code"] != "internal_error", attempt
+
+
+@pytest.mark.parametrize("vendor", sorted(_JSON_VENDORS))
+def test_a_result_field_of_the_wrong_type_never_breaks_a_vendor(ring, vendor):
+    fixture, path, _ = _JSON_VENDORS[vendor]
+    good = fixture_json(fixture)
+    first = _replaced(good, (), good)
+    for key in path:
+        first = first[key]
+    for field in sorted(first[0]):
+        for kind, wrong in list(_WRONG_TYPES.items()) + [("null", None)]:
+            attempt = _only_attempt(ring, vendor, _replaced(good, path + (0, field), wrong))
+            assert attempt["outcome"] in ("success", "no_results", "bad_response"), (field, kind, attempt)
+
+
 # ----------------------------------------------------------------------------------------------
 # §12 Ring
 # ----------------------------------------------------------------------------------------------
@@ -6787,6 +7064,55 @@ def test_health_cancelled_probe_lets_the_next_caller_probe(ring, fake_clock):
     assert board.admit("brave") is None
     board.record("brave", "cancelled")
     assert board.admit("brave") is None                       # a new probe, not "in flight"
+
+
+def test_a_timeout_without_the_full_attempt_time_never_cools_a_vendor_down(ring, fake_clock):
+    board, _ = _health_board(ring, fake_clock, WEBSEARCH_FAILURE_THRESHOLD=2, WEBSEARCH_COOLDOWN_MS=60000)
+    for _ in range(10):                  # queued in our own slots until the deadline, again and again
+        board.record("brave", "timeout", code="call_deadline", message="deadline passed before connecting")
+    assert board.admit("brave") is None and board.snapshot(["brave"])["brave"] == {
+        "state": "healthy", "consecutive_failures": 0}
+    board.record("brave", "timeout", code="timeout")
+    board.record("brave", "timeout", code="call_deadline")          # neither counts nor resets
+    board.record("brave", "timeout", code="timeout")
+    assert board.admit("brave")[0] > 59.0                            # two real timeouts: cooldown
+    fake_clock.advance(61.0)
+    assert board.admit("brave") is None                              # the probe ...
+    board.record("brave", "timeout", code="call_deadline")           # ... had no fair try
+    assert board.admit("brave") is None                              # so the next caller probes
+
+
+def test_a_request_that_waited_out_its_deadline_is_a_call_deadline_timeout(ring):
+    now = [0.0]
+
+    def clock():                  # each look at the clock: 0.4 s spent queueing
+        now[0] += 0.4
+        return now[0]
+    transport = ring.Transport(ring.Config.from_env({}), quiet_logger(ring), clock)
+    with pytest.raises(ring.TransportError) as caught:
+        transport.request("GET", "http://127.0.0.1:9/", ctx=ring.CallContext(deadline=ring.Deadline(1.0, clock)),
+                          timeout_s=10.0)
+    assert (caught.value.outcome, caught.value.code) == ("timeout", "call_deadline")
+    assert "deadline passed before connecting" in caught.value.message and "not the upstream" in caught.value.message
+
+
+def test_ring_and_tavily_keys_take_no_blame_for_a_call_deadline_timeout(ring):
+    env = dict({"WEBSEARCH_FAILURE_THRESHOLD": "1", "TAVILY_API_KEYS": TAVILY_KEY_POOL,
+                "TAVILY_SERVICE_THRESHOLD": "1"}, WEBSEARCH_VENDORS="brave,tavily", BRAVE_API_KEY=VENDOR_KEYS["brave"])
+    board, _ = inprocess_ring(ring, env)
+    sent = []
+
+    def request(method, url, **options):
+        sent.append(url)
+        raise ring.TransportError("timeout", "call_deadline", "deadline passed before connecting")
+    board.transport.request = request
+    for _ in range(3):
+        outcome = board.search("q", 5, None, ring.CallContext(deadline=ring.Deadline(DEFAULT_TIMEOUT_S)))
+        assert [(a["vendor"], a["code"]) for a in outcome["attempts"]] == [
+            ("brave", "call_deadline"), ("tavily", "call_deadline")]
+    assert len(sent) == 6                         # one request each: no other key tried, nothing skipped
+    assert {s["state"] for s in board.health.snapshot(["brave", "tavily"]).values()} == {"healthy"}
+    assert {k["state"] for k in board.tavily.pool.describe()["keys"]} == {"healthy"}
 
 
 def test_health_failure_threshold_counts_consecutive_failures_only(ring, fake_clock):
@@ -7915,6 +8241,106 @@ def test_jina_never_reads_a_private_page_unless_the_reader_is_on_this_network(ri
     inside = ring.Fetcher(ring.Config.from_env({"WEBSEARCH_JINA_URL": "http://127.0.0.1:3000"}), transport,
                           None, quiet_logger(ring))
     assert inside._jina_refusal("http://intranet.corp/wiki") is None
+
+
+# ---- the private-address rule holds for every service ----------------------------------------
+
+_PRIVATE_PAGES = ("http://169.254.169.254/latest/meta-data/", "http://10.0.0.1/admin", "http://localhost:8080/",
+                  "http://[fd00::1]/", "http://[::ffff:127.0.0.1]/", "http://intranet.corp/wiki",
+                  "http://app.localhost/", "http://nowhere.invalid/")
+
+
+def _services_server(ring, fetch_providers="tavily,direct,jina", **extra):
+    """An in-process server whose Tavily and Jina are third parties on public addresses; the
+    transport records every request to them and answers it, and refuses the rest as direct does."""
+    config = ring.Config.from_env(dict({
+        "TAVILY_API_KEYS": TAVILY_KEY_POOL, "WEBSEARCH_TAVILY_URL": "https://api.tavily.example",
+        "WEBSEARCH_JINA_URL": "https://r.jina.example", "WEBSEARCH_VENDORS": "tavily", "NO_PROXY": "*",
+        "WEBSEARCH_FETCH_PROVIDERS": fetch_providers, "WEBSEARCH_MAP_PROVIDERS": "tavily,direct"}, **extra))
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    transport, sent = server.transport, []
+    addresses = {"api.tavily.example": "93.184.216.34", "r.jina.example": "93.184.216.35",
+                 "www.example.org": "93.184.216.36", "intranet.corp": "10.1.2.3", "app.localhost": "127.0.0.1",
+                 "localhost": "127.0.0.1"}
+
+    def resolve(host, port):
+        try:
+            return [(2, 1, 6, "", (str(ipaddress.ip_address(host)), port))]
+        except ValueError:
+            pass
+        if host not in addresses:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(2, 1, 6, "", (addresses[host], port))]
+
+    def answer(url, body):
+        data = json.loads(body or "{}")
+        if url.endswith("/search"):
+            return {"query": data.get("query"), "results": [
+                {"title": "Page %d" % i, "url": u, "content": "snippet", "score": 0.5}
+                for i, u in enumerate(("https://www.example.org/",) + _PRIVATE_PAGES)]}
+        if url.endswith("/extract"):
+            return {"results": [{"url": u, "raw_content": "Text of %s, long enough to read." % u}
+                                for u in data["urls"]], "failed_results": []}
+        if url.endswith("/map"):
+            return {"base_url": data["url"], "results": [data["url"] + "a"]}
+        return {"code": 200, "data": {"url": data.get("url"), "title": "t", "content": "Jina text."}}
+
+    real_request = transport.request
+
+    def request(method, url, **options):
+        host = urllib.parse.urlsplit(url).hostname
+        if host in ("api.tavily.example", "r.jina.example"):
+            sent.append((host, options.get("body") or ""))
+            return ring.Response(200, "OK", {"content-type": "application/json"},
+                                 json.dumps(answer(url, options.get("body"))).encode(), url, 0.0)
+        return real_request(method, url, **options)
+    transport._resolve, transport.request = resolve, request
+    return server, sent
+
+
+def _private_pages_sent(sent):
+    return [page for _, body in sent for page in _PRIVATE_PAGES
+            if page in body or urllib.parse.urlsplit(page).hostname in body]
+
+
+def test_no_private_page_reaches_tavily_or_jina_from_any_tool(ring):
+    server, sent = _services_server(ring)
+    tools = server.page_tools
+    for page in _PRIVATE_PAGES:
+        content, _, is_error = tools.web_fetch({"url": page}, new_call(ring))
+        assert is_error is True and content["attempts"][0]["code"] == "private_page", content
+        mapped, _, is_error = tools.web_map({"url": page}, new_call(ring))
+        assert is_error is True, mapped
+    content, _, _ = tools.web_fetch({"urls": list(_PRIVATE_PAGES[:5]) + ["https://www.example.org/"]},
+                                    new_call(ring))
+    assert [p["status"] for p in content["results"]] == ["error"] * 5 + ["success"]
+    found, _, _ = server.search_tools.web_search({"query": "q", "include_content": 5, "numResults": 8},
+                                                 new_call(ring))
+    assert found["results"][0]["content_status"] == "success"
+    assert [r.get("content_status") for r in found["results"][1:5]] == ["private_address"] * 4, found["results"]
+    assert sent and _private_pages_sent(sent) == []
+
+
+def test_jina_alone_and_tavily_alone_refuse_a_private_page_too(ring):
+    for providers in ("jina", "tavily"):
+        server, sent = _services_server(ring, providers)
+        content, _, is_error = server.page_tools.web_fetch({"url": "http://10.0.0.1/"}, new_call(ring))
+        assert is_error is True and [(a["vendor"], a["code"]) for a in content["attempts"]] == [
+            (providers, "private_page")]
+        assert sent == []
+    with pytest.raises(ring.UpstreamError) as caught:     # the last guard, under every caller
+        server.ring.tavily.post("/extract", {"urls": ["https://www.example.org/", "http://10.0.0.1/"]},
+                                new_call(ring), 5.0, keyless=False)
+    assert (caught.value.outcome, caught.value.code) == ("blocked", "private_address") and sent == []
+
+
+def test_private_pages_go_to_a_service_when_private_urls_are_allowed_or_it_is_on_this_network(ring):
+    server, sent = _services_server(ring, "tavily", WEBSEARCH_ALLOW_PRIVATE_URLS="1")
+    content, _, is_error = server.page_tools.web_fetch({"url": "http://10.0.0.1/"}, new_call(ring))
+    assert is_error is False and len(sent) == 1 and "http://10.0.0.1/" in sent[0][1]
+    transport = server.transport
+    assert transport.refusal_for("http://10.0.0.1/", "http://127.0.0.1:3000") is None
+    assert transport.url_refusal("http://10.0.0.1/") and transport.url_refusal("https://www.example.org/") is None
 
 
 def test_web_fetch_body_cap_is_websearch_fetch_max_mb(start_server, fake_upstream):
@@ -10294,6 +10720,27 @@ def test_an_upstream_title_with_a_lone_surrogate_is_still_answered(tmp_path):
             server.close()
     assert structured(response)["results"][0]["title"] == "broken \ud83d emoji"
     assert server.check_stdout() == []
+
+
+def test_calls_run_on_reused_worker_threads_and_drain_waits_for_them(ring):
+    server = ring.Server(ring.Config.from_env({}), stdin=io.BytesIO(), stdout=io.BytesIO(),
+                         logger=quiet_logger(ring))
+    threads = set()
+
+    def task(i):
+        threads.add(threading.get_ident())
+        if i == 0:
+            raise RuntimeError("a bug in one call")     # logged; the worker goes on
+    for i in range(20):                                # one after another: one worker serves all
+        server._spawn(task, i)
+        assert server.drain(DEFAULT_TIMEOUT_S)
+    assert len(threads) == 1
+    release = threading.Event()
+    for _ in range(3):                                 # at once: more workers, as many as needed
+        server._spawn(lambda: (threads.add(threading.get_ident()), release.wait(DEFAULT_TIMEOUT_S)))
+    assert server.drain(0.02) is False
+    release.set()
+    assert server.drain(DEFAULT_TIMEOUT_S) and len(threads) == 3 and server._idle == 3
 
 
 # ----------------------------------------------------------------------------------------------

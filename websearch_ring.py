@@ -102,6 +102,7 @@ MAX_MAP_LIMIT = 5000
 SESSION_MAX, SESSION_TTL_S = 256, 3600.0
 CACHE_SWEEP_S = 60.0
 SHUTDOWN_GRACE_S = 0.5    # after stdin EOF or SIGTERM, calls get this long to unwind before the exit
+WORKER_IDLE_S = 30.0      # a worker thread with no call for this long ends
 
 # The keyless four close every default ring; keyed vendors and SearXNG go first when configured.
 RING_VENDORS = ("exa", "tavily", "bing", "duckduckgo")
@@ -1011,6 +1012,9 @@ _MIN_OUTPUT_CAP = 1_000_000
 _TAIL_LIMIT = 1024         # unparsed tail left to html.parser's close(), which is quadratic in it
 _TAIL_ROUNDS = 8           # broken constructs skipped at the tail before the rest is dropped
 _CHECK_EVERY = 256         # parser callbacks between two calls of the deadline/cancel check
+# What converting a page holds, measured with tracemalloc (3.11) and rounded up: per character of
+# the page (its text, the parser's copies, the output), per element of its tree and per attribute.
+_HTML_BYTES_PER_CHAR, _HTML_BYTES_PER_NODE, _HTML_BYTES_PER_ATTR = 16, 500, 100
 # An alt text that is a file name or slug: one "word" of letters, digits, "-", "_" and "." holding
 # a digit or a separator.
 _FILE_NAME_ALT = LazyPattern(r"(?=\S*[\d_-])[\w.-]{8,}\Z")
@@ -1086,7 +1090,7 @@ class _cyclic_gc_deferred:
                     gc.enable()
 
 
-def html_to_markdown(html, base_url="", plain=False, *, check=None):
+def html_to_markdown(html, base_url="", plain=False, *, check=None, charge=None):
     """``(title, text)`` of an HTML page as Markdown (or plain text with ``plain``).
 
     Keeps headings, paragraphs, nested lists, links, emphasis, inline code,
@@ -1098,13 +1102,17 @@ def html_to_markdown(html, base_url="", plain=False, *, check=None):
     Linear in the size of the page, whatever its markup: ``check`` (called
     every few hundred tags) may raise to stop a conversion that runs past a
     deadline or is cancelled; html.parser's own failures on broken markup
-    end the conversion with what was read so far.
+    end the conversion with what was read so far.  ``charge(nbytes)`` is
+    told the memory the conversion takes as it builds (the text and output
+    at once, the tree's elements as they are made) and may raise to stop it.
 
     >>> html_to_markdown("<title>T</title><nav>x</nav><main><h1>Hi</h1><p>a <b>b</b></p></main>")
     ('T', '# Hi\\n\\na **b**')
     """
     large = len(html) > _GC_DEFER_CHARS
-    tree = _TreeBuilder(check)
+    if charge is not None:
+        charge(_HTML_BYTES_PER_CHAR * len(html))
+    tree = _TreeBuilder(check, charge)
     with _cyclic_gc_deferred(large):
         try:
             tree.parse(html)
@@ -1187,8 +1195,10 @@ class _TreeBuilder:
     imported when the first page is parsed).
     """
 
-    def __init__(self, check=None):
+    def __init__(self, check=None, charge=None):
         self.check = check
+        self.charge = charge
+        self.charged = 1            # nodes charged so far
         self.nodes = [_Node("#document", [], None)]
         self.current = self.nodes[0]
         self.open = collections.Counter()   # open elements by tag: unmatched end tags cost O(1)
@@ -1224,8 +1234,17 @@ class _TreeBuilder:
 
     def tick(self):
         self.ticks += 1
-        if self.check is not None and self.ticks % _CHECK_EVERY == 0 and self.check():
-            raise _ParseStopped
+        if self.ticks % _CHECK_EVERY == 0:
+            if self.charge is not None:
+                self._charge_nodes()
+            if self.check is not None and self.check():
+                raise _ParseStopped
+
+    def _charge_nodes(self):
+        """Charge the elements made since the last time (a few hundred at most)."""
+        made = self.nodes[self.charged:]
+        self.charged = len(self.nodes)
+        self.charge(_HTML_BYTES_PER_NODE * len(made) + _HTML_BYTES_PER_ATTR * sum(len(n.attrs) for n in made))
 
     def handle_starttag(self, tag, attrs):
         self.tick()
@@ -6267,6 +6286,15 @@ VARIABLES = (
         choices=("off", "moderate", "strict")),
     Var("WEBSEARCH_FETCH_MAX_MB", "fetch_max_mb", "int", "10",
         "Largest page or document (PDF) the direct fetch reads, in megabytes (1-50).", lo=1, hi=50),
+    Var("WEBSEARCH_DOCUMENT_MAX_MB", "document_max_mb", "int", "128",
+        "Memory one page or document may take while it is read (its body, tree, text and decoded streams, "
+        "counted as they are made), in megabytes; past it the fetch stops with too_large.", lo=4, hi=8192),
+    Var("WEBSEARCH_CALL_MAX_MB", "call_max_mb", "int", "256",
+        "Memory the pages one call reads may take together (web_fetch urls, web_search include_content), in "
+        "megabytes.", lo=4, hi=16384),
+    Var("WEBSEARCH_PROCESS_MAX_MB", "process_max_mb", "int", "384",
+        "Memory the pages of every call in progress may take together, in megabytes: calls past it stop with "
+        "too_large rather than take the machine's memory.", lo=4, hi=65536),
     Var("WEBSEARCH_FETCH_CACHE_MB", "fetch_cache_mb", "int", "64",
         "Megabytes of extracted pages kept for paging with start_index (least recently used go first).",
         lo=1, hi=4096),
@@ -6991,11 +7019,18 @@ class Response:
         return decode_page(self.body, self.headers.get("content-type", ""))
 
     def json(self):
-        """The body as JSON; raises ValueError when it is not."""
-        return json.loads(self.body.decode("utf-8", errors="replace"))
+        """The body as JSON; raises ValueError when it is not (nested deeper than the parser's
+        recursion allows too)."""
+        try:
+            return json.loads(self.body.decode("utf-8", errors="replace"))
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None
 
 
 POOL_PER_HOST = 8       # idle kept-alive connections per upstream host
+# A request that times out with less than this share of its own timeout (it waited for a slot, or
+# the call was nearly over) is a ``call_deadline`` timeout: no upstream is blamed for it.
+SHORT_TIMEOUT_SHARE = 0.9
 POOL_IDLE_S = 30.0      # older idle connections are closed rather than reused
 
 
@@ -7020,7 +7055,7 @@ def body_text_message(body, status, limit=300):
     text = body[:20000].decode("utf-8", errors="replace")
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):       # not JSON, or nested deeper than the parser goes
         data = None
     if isinstance(data, dict):
         for path in (("error", "message"), ("detail", "error"), ("error",), ("message",),
@@ -7033,9 +7068,44 @@ def body_text_message(body, status, limit=300):
             if isinstance(value, list) and value:
                 return collapse_ws(json.dumps(value, ensure_ascii=False))[:limit]
     if "<" in text:
-        page = html_tree(text)
-        text = page.title if page.title is not None else html_text(page.root, " ")
+        text = error_page_text(text)
     return collapse_ws(text)[:limit] or ("HTTP %d" % status)
+
+
+_TAG = LazyPattern(r"<[^<>]*>?")
+_SCRIPT_OR_STYLE = LazyPattern(r"<(script|style)\b", re.IGNORECASE)
+
+
+def error_page_text(html):
+    """The title of an HTML error page, else its text without tags, scripts and styles.  A quick
+    read for a message, not the converter: every step moves forward, so time is linear in the
+    page's size whatever its markup.
+
+    >>> error_page_text("<html><head><TITLE>502 Bad Gateway</title><style>p{}</style></head>")
+    '502 Bad Gateway'
+    >>> error_page_text("<p>Rate &amp; limit</p><script>x()</script><p>exceeded")
+    ' Rate & limit  exceeded'
+    """
+    lower = html.lower()
+    start = lower.find("<title")
+    end = lower.find(">", start) if start >= 0 else -1
+    close = lower.find("</title", end) if end >= 0 else -1
+    if close >= 0:
+        title = collapse_ws(_html.unescape(_TAG.sub(" ", html[end + 1:close])))
+        if title:
+            return title
+    pieces, pos = [], 0
+    while True:
+        block = _SCRIPT_OR_STYLE.search(html, pos)
+        if block is None:
+            pieces.append(html[pos:])
+            break
+        pieces.append(html[pos:block.start()])
+        pos = lower.find("</" + block.group(1).lower(), block.end())
+        if pos < 0:
+            break
+        pos = lower.find(">", pos) + 1 or len(html)
+    return _html.unescape(_TAG.sub(" ", "".join(pieces)))
 
 
 _LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
@@ -7151,6 +7221,10 @@ class Transport:
         """
         if self._config.allow_private:
             return None
+        return self._first_public(host, port, proxied)
+
+    def _first_public(self, host, port, proxied):
+        """:meth:`_public_address` whether or not private URLs are allowed."""
         try:
             infos = self._resolve(host, port)
         except (_socket.gaierror, UnicodeError) as exc:
@@ -7168,6 +7242,45 @@ class Transport:
         raise TransportError("blocked", "private_address",
                              "%s resolves to %s: refused; set WEBSEARCH_ALLOW_PRIVATE_URLS=1 "
                              "to allow private addresses" % (host, ", ".join(refused) or "nothing"))
+
+    def url_refusal(self, url):
+        """Why the direct fetch would refuse ``url`` for its address (a loopback name, a private,
+        link-local or reserved address, a name that does not resolve here), whether or not private
+        URLs are allowed; None when it is public.  The one check every URL meets before it is
+        fetched or handed to a service."""
+        try:
+            parts = _urllib_parse.urlsplit(url)
+            host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            return "%s is not a valid URL" % url[:200]
+        if host in _LOOPBACK_HOSTS or host.rstrip(".").endswith(".localhost") or host == "localhost.":
+            return "%s is a loopback name (a private address)" % host
+        literal = non_public_reason(host)
+        if literal != "not an IP address":        # an address in the URL: nothing to resolve
+            return None if literal is None else "%s is a %s address (a private address)" % (host, literal)
+        try:
+            proxied = self._proxy_for(parts.scheme, host) is not None
+        except TransportError:
+            proxied = False
+        try:
+            self._first_public(host, port, proxied)
+        except TransportError as exc:
+            if exc.code == "private_address":
+                return exc.message
+            return "%s does not resolve here, so it may be a private address" % host
+        except (UnicodeError, ValueError, OSError):
+            return "%s does not resolve here, so it may be a private address" % host
+        return None
+
+    def refusal_for(self, url, service_url):
+        """Why ``url`` must not be handed to the service at ``service_url`` (Tavily, Jina Reader
+        ...), or None.  The direct fetch's rule holds for every service: a URL it would refuse for
+        its address is not sent, unless private URLs are allowed or the service is itself on this
+        network (a self-hosted reader, which sees what this process sees)."""
+        if self._config.allow_private or self.url_refusal(service_url) is not None:
+            return None
+        why = self.url_refusal(url)
+        return None if why is None else "%s; not sent to %s" % (why, _urllib_parse.urlsplit(service_url).netloc)
 
     def _connect(self, scheme, host, port, timeout_s, address=None):
         proxy = self._proxy_for(scheme, host)
@@ -7219,6 +7332,7 @@ class Transport:
         ex = _Exchange(method, url, headers or {}, body, ctx, max_bytes, truncate)
         seen, trusted = set(), _origin(url)
         self._take_slot(ctx)
+        granted = ctx.remaining()       # what the upstream gets: less after a wait for a slot
         try:
             for hop in range(max_redirects + 1):
                 seen.add(ex.url)
@@ -7238,9 +7352,13 @@ class Transport:
                             len(response.body), response.elapsed_s * 1000.0)
             return response
         except TransportError as exc:
+            if exc.outcome == "timeout" and granted < SHORT_TIMEOUT_SHARE * timeout_s:
+                exc = TransportError("timeout", "call_deadline", "%s (the call's deadline left this request %.1f s "
+                                     "of its %.0f s timeout: not the upstream's fault)" % (
+                                         exc.message, granted, timeout_s))
             self._log.debug("%s %s: %s/%s after %.0f ms: %s", ex.method, _log_url(ex.url), exc.outcome, exc.code,
                             (self._clock() - started) * 1000.0, exc.message)
-            raise
+            raise exc from None
         finally:
             self.slots.release()
 
@@ -7326,7 +7444,7 @@ class Transport:
             resp.close()    # a body read to its length leaves the response open; reuse needs it closed
             keep = whole and not resp.will_close and not absolute and getattr(conn, "_tunnel_host", None) is None
             if headers.get("content-encoding", "").lower() in ("gzip", "deflate", "x-gzip"):
-                raw = _decompress(raw, ex.max_bytes, ex.truncate)
+                raw = _decompress(raw, ex.max_bytes, ex.truncate, ctx)
             return Response(resp.status, resp.reason, headers, raw, ex.url, 0.0)
         except (TransportError, Cancelled):
             raise
@@ -7731,40 +7849,78 @@ def _describe_os_error(exc):
     return text if name in text else "%s: %s" % (name, text)
 
 
-def _decompress(raw, max_bytes, truncate=False):
+# Compressed bytes fed to the inflater per step: small enough that the copy zlib makes of the
+# unread input at each member's end (``unused_data``) stays a constant, so a body of many tiny
+# gzip members inflates in linear time; inflated bytes per step: the call's deadline and cancel
+# are checked between steps, a few milliseconds of work apart at most.
+_INFLATE_IN_STEP = 1024
+_INFLATE_OUT_STEP = 256 * 1024
+
+
+def _decompress(raw, max_bytes, truncate=False, ctx=None):
     """A gzip (every member), zlib or raw deflate body, capped at ``max_bytes`` once inflated.
 
     A compressed stream that stops before its end marker is a truncated body, unless
-    ``truncate`` asked for a cut (the compressed body was itself cut at the cap).
+    ``truncate`` asked for a cut (the compressed body was itself cut at the cap).  Time is linear
+    in the body's size (many empty members too); with ``ctx``, the call's cancel and deadline
+    stop the work (``Cancelled``, or a ``timeout``).
 
     >>> import gzip; _decompress(gzip.compress(b"one ") + gzip.compress(b"two"), 100)
     b'one two'
     """
+    out = []
     for wbits in (47, -15):     # 47: gzip or zlib, told apart by the header; -15: raw deflate
-        out, size, rest = [], 0, raw
+        out = []
         try:
-            while True:
-                inflater = zlib.decompressobj(wbits)
-                piece = inflater.decompress(rest, max_bytes + 1 - size)
-                out.append(piece)
-                size += len(piece)
-                if size > max_bytes:
-                    if truncate:
-                        return b"".join(out)[:max_bytes]
-                    raise TransportError("bad_response", "body_too_large",
-                                         "decompressed body over the %d byte cap" % max_bytes)
-                if not inflater.eof:
-                    if truncate:
-                        return b"".join(out)
-                    raise TransportError("bad_response", "truncated_body",
-                                         "the compressed body ends before its end marker")
-                rest = inflater.unused_data
-                if not (wbits == 47 and rest[:2] == b"\x1f\x8b"):
-                    return b"".join(out)          # no further gzip member; trailing bytes are ignored
+            return _inflate(raw, wbits, max_bytes, truncate, ctx, out)
         except zlib.error:
-            if size:
+            if out:
                 return b"".join(out)              # a damaged member after good ones
     raise TransportError("bad_response", "bad_encoding", "body is not valid gzip/deflate data")
+
+
+def _inflate_check(ctx):
+    """Between two steps of inflating: stop on the call's cancel or at its deadline."""
+    if ctx is not None:
+        ctx.check()
+        if ctx.expired():
+            raise TransportError("timeout", "timeout", "timed out decompressing the body")
+
+
+def _inflate(raw, wbits, max_bytes, truncate, ctx, out):
+    """Inflate every member of ``raw`` into ``out`` (a list of pieces), in bounded steps."""
+    view, pos, end, size = memoryview(raw), 0, len(raw), 0
+    inflater, members = zlib.decompressobj(wbits), 0
+    while True:
+        data = view[pos:pos + _INFLATE_IN_STEP]
+        pos += len(data)
+        while True:
+            piece = inflater.decompress(data, min(_INFLATE_OUT_STEP, max_bytes + 1 - size))
+            size += len(piece)
+            if size > max_bytes:
+                if truncate:                  # cut the last piece, not the joined whole: one copy less
+                    out.append(piece[:len(piece) - (size - max_bytes)])
+                    return b"".join(out)
+                raise TransportError("bad_response", "body_too_large",
+                                     "decompressed body over the %d byte cap" % max_bytes)
+            if piece:
+                out.append(piece)
+                _inflate_check(ctx)
+            data = inflater.unconsumed_tail
+            if not data or inflater.eof:
+                break
+        if inflater.eof:
+            pos -= len(inflater.unused_data)
+            if not (wbits == 47 and view[pos:pos + 2] == b"\x1f\x8b"):
+                return b"".join(out)          # no further gzip member; trailing bytes are ignored
+            inflater = zlib.decompressobj(wbits)
+            members += 1
+            if members % 64 == 0:           # empty members inflate to nothing: check by count
+                _inflate_check(ctx)
+        elif pos >= end:
+            if truncate:
+                return b"".join(out)
+            raise TransportError("bad_response", "truncated_body", "the compressed body ends before its end marker")
 
 
 def _reset_seconds(value, now=None):
@@ -8478,7 +8634,7 @@ class HealthBoard:
         with self._lock:
             h = self._vendors[name]
             was, h.probing = h.state, False
-            if outcome == "cancelled":
+            if outcome == "cancelled" or code == "call_deadline":     # not a fair try of the vendor
                 if was is Health.HALF_OPEN:
                     h.state = Health.COOLDOWN       # expired: the next caller probes again
                 return
@@ -8844,17 +9000,48 @@ def attempt_record(vendor, outcome, elapsed_s, *, code=None, http_status=None, m
             "elapsed_ms": round(elapsed_s * 1000.0, 1), "message": message}
 
 
+def _text(value):
+    """``value`` when it is a string, else None: a vendor's field of the wrong type counts as missing."""
+    return value if isinstance(value, str) else None
+
+
+def _strings(value):
+    """The strings of a list from a vendor's JSON (anything else: none)."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _finite(value):
+    """``value`` when it is a finite number (not a bool, NaN or an infinity), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value - value == 0:
+        return value
+    return None
+
+
 def make_result(title, url, snippet="", published=None, score=None, language=None):
     """A normalised search result (before ranking); a missing title (none, empty, Exa's "N/A")
-    becomes one made from the URL.  ``language`` is kept when the engine reports one."""
-    title = collapse_ws(title or "")
+    becomes one made from the URL.  ``language`` is kept when the engine reports one.  Fields of
+    the wrong type from a vendor's JSON count as missing (``url`` must be a string).
+
+    >>> make_result(["t"], "https://example.org/a", 5, float("nan"), float("nan"))["score"] is None
+    True
+    """
+    title = collapse_ws(_text(title) or "")
     if title.lower() in ("", "n/a", "none", "null", "untitled"):
         title = title_from_url(url)
-    result = {"title": title, "url": url, "snippet": collapse_ws(snippet or ""),
-              "published": published or None, "score": score}
+    result = {"title": title, "url": url, "snippet": collapse_ws(_text(snippet) or ""),
+              "published": _text(published) or None, "score": _finite(score)}
     if isinstance(language, str) and re.fullmatch(r"[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8})*", language):
         result["language"] = language
     return result
+
+
+def _json_kind(value):
+    """How a JSON value is named in a message: ``a list``, ``a string`` ..."""
+    for kinds, name in (((bool,), "a boolean"), ((dict,), "an object"), ((list,), "a list"), ((str,), "a string"),
+                        ((int, float), "a number")):
+        if isinstance(value, kinds):
+            return name
+    return "null"
 
 
 def title_from_url(url):
@@ -8975,6 +9162,34 @@ class Vendor:
                                 "response is not JSON: " + body_message(response, 120),
                                 status=response.status) from None
 
+    def result_items(self, data, *path, url="url"):
+        """The result objects at ``path`` in the JSON ``data`` that carry a string ``url`` (a list
+        that is missing or null: none).  A level of the wrong type is a ``bad_response``
+        (``malformed_json``) that says where, never a parser's exception text.
+
+        >>> BraveVendor(None, None).result_items({"web": {"results": [{"url": "u"}, 5]}}, "web", "results")
+        [{'url': 'u'}]
+        >>> BraveVendor(None, None).result_items({"web": []}, "web", "results")
+        Traceback (most recent call last):
+        ...
+        websearch_ring.UpstreamError: brave answered JSON of an unexpected shape: web is a list, not an object
+        """
+        node, where = data, "the body"
+        for key in path:
+            if not isinstance(node, dict):
+                self.malformed("%s is %s, not an object" % (where, _json_kind(node)))
+            node, where = node.get(key), key if where == "the body" else where + "." + key
+            if node is None:
+                return []
+        if not isinstance(node, list):
+            self.malformed("%s is %s, not a list" % (where, _json_kind(node)))
+        return [item for item in node if isinstance(item, dict) and isinstance(item.get(url), str)]
+
+    def malformed(self, why):
+        """Raise the ``bad_response`` of a JSON answer whose shape is not the documented one."""
+        raise UpstreamError(self.name, "bad_response", "malformed_json",
+                            "%s answered JSON of an unexpected shape: %s" % (self.name, why), status=200)
+
     # Statuses the vendor documents, ``status: (outcome, code, message)`` (``{}`` in the message: the
     # body's own); each ends the request for good, any other goes through fail_http.
     REFUSALS = {}
@@ -9015,8 +9230,7 @@ class ExaVendor(Vendor):
             "x-api-key": self.config.exa_api_key})
         if resp.status != 200:
             self._fail_rest(resp)
-        results = [self._rest_result(item) for item in self.parse_json(resp).get("results") or []
-                   if isinstance(item, dict) and item.get("url")]
+        results = [self._rest_result(item) for item in self.result_items(self.parse_json(resp), "results")]
         if not results:
             self.no_results()
         return results
@@ -9056,11 +9270,9 @@ class ExaVendor(Vendor):
 
     @staticmethod
     def _rest_result(item):
-        highlights = item.get("highlights") or []
-        snippet = " ".join(h for h in highlights if isinstance(h, str)) or item.get("summary") \
-            or (item.get("text") or "")[:500]
-        score = item.get("score") if isinstance(item.get("score"), (int, float)) else None
-        return make_result(item.get("title") or "", item["url"], snippet, item.get("publishedDate"), score)
+        snippet = " ".join(_strings(item.get("highlights"))) or _text(item.get("summary")) \
+            or (_text(item.get("text")) or "")[:500]
+        return make_result(item.get("title"), item["url"], snippet, item.get("publishedDate"), item.get("score"))
 
     def _search_mcp(self, ctx, query, num, filters):
         rpc_id = 1
@@ -9080,8 +9292,7 @@ class ExaVendor(Vendor):
             raise UpstreamError(self.name, "bad_response", "mcp_error", text[:300], status=200,
                                 upstream_code=err.get("code") if isinstance(err, dict) else None)
         result = message.get("result") or {}
-        text = "\n".join(c.get("text", "") for c in result.get("content") or []
-                         if isinstance(c, dict) and c.get("type") == "text")
+        text = self._tool_text(result)
         if result.get("isError"):
             if _RATE_LIMIT_PROSE.search(text):
                 raise UpstreamError(self.name, "rate_limited", "free_tier_rate_limit", collapse_ws(text)[:300],
@@ -9093,6 +9304,13 @@ class ExaVendor(Vendor):
         if not results:
             self.no_results(text if "No search results found" not in text else "")
         return results
+
+    def _tool_text(self, result):
+        """The text blocks of the MCP tool ``result``, joined; bad_response when it has another shape."""
+        if not isinstance(result, dict) or not isinstance(result.get("content") or [], list):
+            self.malformed("the tool result is not an object with a content list")
+        return "\n".join(c["text"] for c in result.get("content") or []
+                         if isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str))
 
     def _rpc_message(self, resp, rpc_id):
         """The JSON-RPC response with our id, from an SSE stream or a plain JSON body."""
@@ -9200,6 +9418,10 @@ class TavilyClient:
     def post(self, path, payload, ctx, timeout_s, keyless=True):
         """``(data, headers)`` of a successful call; raises UpstreamError or Cancelled."""
         url = self.config.tavily_url + path
+        for page in payload.get("urls") or ([payload["url"]] if "url" in payload else []):
+            refusal = self.transport.refusal_for(page, self.config.tavily_url)
+            if refusal:
+                raise UpstreamError(self.service, "blocked", "private_address", refusal, retryable=False)
         body = json.dumps(payload)
         headers = {"Content-Type": "application/json", "Accept": "application/json",
                    "X-Client-Source": "websearch-ring"}
@@ -9226,7 +9448,7 @@ class TavilyClient:
                 return result
             except UpstreamError as exc:
                 last, wait, message = exc, exc.retry_after_s, exc.message
-                if exc.code in ("bad_parameters", "not_found"):   # the request's fault, not the key's
+                if exc.code in ("bad_parameters", "not_found", "call_deadline"):   # no fault of the key
                     outcome = None
                     raise
                 outcome = exc.outcome
@@ -9330,12 +9552,8 @@ class TavilyVendor(Vendor):
         if f.topic:
             request["topic"] = "news"
         data, ctx.headers = self.tavily.post("/search", request, ctx, self.config.timeout_s)
-        results = []
-        for item in data.get("results") or []:
-            if isinstance(item, dict) and item.get("url"):
-                score = item.get("score") if isinstance(item.get("score"), (int, float)) else None
-                results.append(make_result(item.get("title") or "", item["url"], item.get("content") or "",
-                                           item.get("published_date"), score))
+        results = [make_result(item.get("title"), item["url"], item.get("content"), item.get("published_date"),
+                               item.get("score")) for item in self.result_items(data, "results")]
         if not results:
             self.no_results()
         return results
@@ -9598,14 +9816,13 @@ class BraveVendor(Vendor):
             self._fail(resp)
         data = self.parse_json(resp)
         results = []
-        for item in ((data.get("web") or {}).get("results") or []) if isinstance(data, dict) else []:
-            if isinstance(item, dict) and item.get("url"):
-                snippet = strip_tags(item.get("description"))
-                extra = [strip_tags(x) for x in item.get("extra_snippets") or [] if isinstance(x, str)]
-                if extra:
-                    snippet = " ".join([snippet] + extra[:2])
-                results.append(make_result(strip_tags(item.get("title")), item["url"], snippet,
-                                           item.get("page_age") or item.get("age"), language=item.get("language")))
+        for item in self.result_items(data, "web", "results"):
+            snippet = strip_tags(_text(item.get("description")))
+            extra = [strip_tags(x) for x in _strings(item.get("extra_snippets"))]
+            if extra:
+                snippet = " ".join([snippet] + extra[:2])
+            results.append(make_result(strip_tags(_text(item.get("title"))), item["url"], snippet,
+                                       _text(item.get("page_age")) or item.get("age"), language=item.get("language")))
         if not results:
             self.no_results()
         return results
@@ -9692,11 +9909,8 @@ class SerperVendor(Vendor):
                                     "Serper has no credits left: " + message, status=400, retryable=False)
             self.fail_status(resp, message)
         data = self.parse_json(resp)
-        results = []
-        for item in (data.get("news" if f.topic else "organic") or []) if isinstance(data, dict) else []:
-            if isinstance(item, dict) and item.get("link"):
-                results.append(make_result(item.get("title") or "", item["link"], item.get("snippet") or "",
-                                           item.get("date")))
+        results = [make_result(item.get("title"), item["link"], item.get("snippet"), item.get("date"))
+                   for item in self.result_items(data, "news" if f.topic else "organic", url="link")]
         if not results:
             self.no_results()
         return results
@@ -9735,13 +9949,9 @@ class YepVendor(Vendor):
         if resp.status != 200:
             self.fail_status(resp, body_message(resp))
         data = self.parse_json(resp)
-        results = []
-        for item in (data.get("results") or []) if isinstance(data, dict) else []:
-            if isinstance(item, dict) and item.get("url"):
-                highlights = [h for h in item.get("highlights") or [] if isinstance(h, str)]
-                snippet = item.get("description") or " ".join(highlights)
-                results.append(make_result(item.get("title") or "", item["url"], snippet,
-                                           item.get("published_date")))
+        results = [make_result(item.get("title"), item["url"],
+                               _text(item.get("description")) or " ".join(_strings(item.get("highlights"))),
+                               item.get("published_date")) for item in self.result_items(data, "results")]
         if not results:
             self.no_results()
         return results
@@ -9788,17 +9998,11 @@ class SearxngVendor(Vendor):
         if resp.status != 200:
             self._fail(resp)
         data = self.parse_json(resp)
-        if not isinstance(data, dict):
-            raise UpstreamError(self.name, "bad_response", "invalid_json", "unexpected JSON shape", status=200)
-        results = []
-        for item in data.get("results") or []:
-            url = item.get("url") if isinstance(item, dict) else None
-            if isinstance(url, str) and url.startswith(("http://", "https://")):
-                score = item.get("score") if isinstance(item.get("score"), (int, float)) else None
-                results.append(make_result(item.get("title") or "", url, item.get("content") or "",
-                                           item.get("publishedDate"), score))
+        results = [make_result(item.get("title"), item["url"], item.get("content"), item.get("publishedDate"),
+                               item.get("score")) for item in self.result_items(data, "results")
+                   if item["url"].startswith(("http://", "https://"))]
         if not results:
-            dead = data.get("unresponsive_engines") or []
+            dead = data.get("unresponsive_engines") if isinstance(data.get("unresponsive_engines"), list) else []
             reasons = ", ".join("%s: %s" % tuple(e[:2]) for e in dead if isinstance(e, list) and len(e) >= 2)
             if reasons:
                 raise UpstreamError(self.name, "no_results", "engines_unresponsive",
@@ -9949,7 +10153,7 @@ class Fetcher:
             ctx.check()
             if name == "jina" and jina_backs_direct and why is None:
                 continue                # direct failed in a way Jina does not get past
-            held = self._held_back(name, url, jina_backs_direct)
+            held = self._held_back(name, url)
             if held is not None:
                 attempts.append(held)
                 continue
@@ -9984,14 +10188,14 @@ class Fetcher:
                                              http_status=200, message=doc.shell)
         return doc, None, attempt_record(name, "success", time.monotonic() - started, http_status=200)
 
-    def _held_back(self, name, url, after_direct):
-        """The attempt record of a provider that is not asked now (Jina: a page on a private address
-        when it backs direct, or a rate-limit cooldown), or None."""
+    def _held_back(self, name, url):
+        """The attempt record of a provider that is not asked now (a service, for a page on a
+        private address; Jina in a rate-limit cooldown), or None."""
+        refusal = self.refusal(name, url)
+        if refusal:
+            return attempt_record(name, "skipped", 0.0, code="private_page", message=refusal)
         if name != "jina":
             return None
-        refusal = self._jina_refusal(url) if after_direct else None
-        if refusal:
-            return attempt_record("jina", "skipped", 0.0, code="private_page", message=refusal)
         gate = self.health.admit(name)
         if gate is not None:
             return attempt_record(name, "skipped_cooldown", 0.0, code="cooldown", message=gate[1])
@@ -10011,33 +10215,22 @@ class Fetcher:
         return record
 
     def _jina_refusal(self, url):
-        """Why ``url`` must not go to Jina Reader (its host is not public and the reader is not inside
-        the same network), or None."""
-        private = self._private(url)
-        if private is False or self._private(self.config.jina_url) is True:
-            return None
-        return "%s is %s: a page on this network is not sent to %s" % (
-            _urllib_parse.urlsplit(url).hostname, "on a private address" if private else "not resolvable here",
-            self.config.jina_url)
+        """Why ``url`` must not go to Jina Reader (see :meth:`Transport.refusal_for`), or None."""
+        return self.transport.refusal_for(url, self.config.jina_url)
 
-    def _private(self, url):
-        """True when the host of ``url`` is a non-public address, False when public, None when its
-        name does not resolve here (behind a proxy, which resolves it, that counts as public)."""
-        try:
-            parts = _urllib_parse.urlsplit(url)
-            host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            return None
-        if host in _LOOPBACK_HOSTS:
-            return True
-        try:
-            infos = self.transport._resolve(host, port)
-        except (_socket.gaierror, UnicodeError, OSError):
-            return False if self.transport._proxy_for(parts.scheme, host) is not None else None
-        return any(non_public_reason(info[4][0]) for info in infos) or not infos
+    def refusal(self, name, url):
+        """Why provider ``name`` must not be handed ``url`` (direct checks it as it connects), or None."""
+        if name == "jina":
+            return self._jina_refusal(url)
+        if name == "tavily":
+            return self.transport.refusal_for(url, self.config.tavily_url)
+        return None
 
     def _jina(self, url, fmt, ctx):
         """Jina Reader's JSON envelope for ``url`` (POST, so a fragment survives) as a Document."""
+        refusal = self._jina_refusal(url)
+        if refusal:
+            raise UpstreamError("jina", "blocked", "private_address", refusal, retryable=False)
         headers = {"Content-Type": "application/json", "Accept": "application/json",
                    "X-Return-Format": {"text": "text", "html": "html"}.get(fmt, "markdown")}
         if self.config.jina_api_key:
@@ -10071,21 +10264,37 @@ class Fetcher:
             url, reasons[url]), status=200)
 
     def _direct(self, url, fmt, ctx):
-        """The page as the built-in extractor reads it (HTML, PDF, text and JSON), as a Document."""
+        """The page as the built-in extractor reads it (HTML, PDF, text and JSON), as a Document.
+        The memory it takes while it is read is charged to a budget of its own, drawn from the
+        call's: past either, the fetch stops with ``too_large``."""
         resp = self._get_page(url, ctx)
+        limit = self.config.document_max_mb << 20
+        budget = ctx.budget.child(limit, "this page") if ctx.budget is not None else MemoryBudget(limit, "this page")
+        try:
+            budget.charge(len(resp.body))
+            return self._read_page(url, fmt, ctx, resp, budget)
+        except TooLarge as exc:
+            raise UpstreamError("direct", "bad_response", "too_large", "%s: %s (WEBSEARCH_DOCUMENT_MAX_MB, "
+                                "WEBSEARCH_CALL_MAX_MB, WEBSEARCH_PROCESS_MAX_MB)" % (url, exc), status=200,
+                                retryable=False) from None
+        finally:
+            budget.release(budget.used)         # what the reading held is freed; the cache weighs the rest
+
+    def _read_page(self, url, fmt, ctx, resp, budget):
+        """The Document of the 200 response ``resp`` to ``url``."""
         ctype = resp.headers.get("content-type", "")
         media = _media_type(ctype)
         body = resp.body
         check = _extraction_check(url, ctx)
         if media == "application/pdf" or body.lstrip()[:5] == b"%PDF-":
-            return Document(url, resp.url, "", _pdf_page_text(url, body, check, ctx.budget), "direct",
+            return Document(url, resp.url, "", _pdf_page_text(url, body, check, budget), "direct",
                             "application/pdf")
         media = media or _sniff_media(body)
         if media in _MEDIA_HTML:
             html = decode_page(body, ctype)
             if fmt == "html":
                 return Document(url, resp.url, page_title(html), html, "direct", media)
-            title, content = html_to_markdown(html, resp.url, plain=fmt == "text", check=check)
+            title, content = html_to_markdown(html, resp.url, plain=fmt == "text", check=check, charge=budget.charge)
             return Document(url, resp.url, title, content, "direct", media, script_shell(html, content))
         if media.startswith(_MEDIA_TEXT_PREFIXES) or media in _MEDIA_TEXTUAL or media.endswith(("+json", "+xml")):
             return Document(url, resp.url, "", decode_page(body, ctype).strip(), "direct", media)
@@ -10419,7 +10628,7 @@ class _MapRun:
             resp = self.mapper._get(sitemap, self.ctx, truncate=True)
             body = resp.body
             if resp.status == 200 and body[:2] == b"\x1f\x8b":
-                body = _decompress(body, MAX_BODY_BYTES, truncate=True)
+                body = _decompress(body, MAX_BODY_BYTES, truncate=True, ctx=self.ctx)
         except UpstreamError as exc:
             self.mapper.log.info("map: sitemap %s unreadable: %s", sitemap, exc.message)
             return
@@ -12153,8 +12362,11 @@ class PageTools:
         """With Tavily Extract first, the pages not in the cache go to it in one request (then into
         the cache): ``({url: attempts of the page it served}, {url: attempts of its failure})``.
         A failed shared request leaves every page to its own provider chain."""
+        if not self.fetcher.batchable(fmt):
+            return {}, {}
         missing = [u for u in dict.fromkeys(urls) if self.documents.get(("web_fetch", u, fmt)) is None]
-        if len(missing) < 2 or not self.fetcher.batchable(fmt):
+        missing = [u for u in missing if self.fetcher.refusal("tavily", u) is None] if len(missing) > 1 else []
+        if len(missing) < 2:
             return {}, {}
         began = self._clock()
         try:
@@ -13082,7 +13294,12 @@ class Server:
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._calls = {}          # _call_key(request id) -> CancelToken, for notifications/cancelled
-        self._workers = set()
+        # Worker threads are kept for a while and reused: a thread per call cost CPU to start, and
+        # memory in the allocator's per-thread arenas over a long run.  Under _workers_cond:
+        self._workers_cond = threading.Condition(self._state_lock)
+        self._tasks = collections.deque()   # (target, args) not yet taken by a worker
+        self._busy = 0                      # tasks queued or running
+        self._idle = 0                      # workers waiting for a task, not yet promised one
         self._sweeper = None
         self._stdout_broken = False
         self.protocol_version = None   # negotiated by initialize (handshake era)
@@ -13091,6 +13308,7 @@ class Server:
         self.sessions = TTLCache(SESSION_MAX, SESSION_TTL_S, clock)
         self.coalescer = Coalescer()
         self.transport = Transport(config, self.log, clock)
+        self.memory = MemoryBudget(config.process_max_mb << 20, "the process")   # pages of every call together
         self.ring = Ring(config, self.transport, self.log, clock)
         self.documents = TTLCache(100000, config.ttl_s, clock, max_weight=config.fetch_cache_mb * 1024 * 1024,
                                   weigh=Document.weight)
@@ -13199,15 +13417,13 @@ class Server:
     def drain(self, timeout_s):
         """Wait up to ``timeout_s`` for every call in flight to end; True when they all have."""
         until = time.monotonic() + timeout_s
-        while True:
-            with self._state_lock:
-                workers = [w for w in self._workers if w.ident is not None]   # started ones only
-            if not workers:
-                return True
-            remaining = until - time.monotonic()
-            if remaining <= 0:
-                return False
-            workers[0].join(remaining)
+        with self._workers_cond:
+            while self._busy:
+                remaining = until - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._workers_cond.wait(remaining)
+        return True
 
     def shutdown(self, reason, grace_s=SHUTDOWN_GRACE_S):
         """Cancel every call in flight (their sockets close at once) and give them ``grace_s`` to unwind."""
@@ -13297,20 +13513,37 @@ class Server:
         return isinstance(message, dict) and message.get("method") == "tools/call" and "id" in message
 
     def _spawn(self, target, *args):
-        def run():
+        """Run ``target(*args)`` on a worker: an idle one, else a new one."""
+        with self._workers_cond:
+            self._tasks.append((target, args))
+            self._busy += 1
+            reuse = self._idle > 0
+            if reuse:
+                self._idle -= 1           # promised to this task
+                self._workers_cond.notify_all()
+        if self._sweeper is None:
+            self._start_sweeper()
+        if not reuse:
+            threading.Thread(target=self._work, name="call", daemon=True).start()
+
+    def _work(self):
+        """A worker: runs tasks until none has come for WORKER_IDLE_S."""
+        while True:
+            with self._workers_cond:
+                while not self._tasks:      # a task is always promised to a worker woken for it
+                    if not self._workers_cond.wait(WORKER_IDLE_S) and self._idle > 0 and not self._tasks:
+                        self._idle -= 1     # nobody promised this worker a task: it ends
+                        return
+                target, args = self._tasks.popleft()
             try:
                 target(*args)
             except Exception as exc:
                 self.log.unexpected("internal error in a worker", exc)
             finally:
-                with self._state_lock:
-                    self._workers.discard(threading.current_thread())
-        worker = threading.Thread(target=run, name="call", daemon=True)
-        with self._state_lock:
-            self._workers.add(worker)
-        if self._sweeper is None:
-            self._start_sweeper()
-        worker.start()
+                with self._workers_cond:
+                    self._busy -= 1
+                    self._idle += 1
+                    self._workers_cond.notify_all()
 
     def _start_sweeper(self):
         def sweep():
@@ -13476,7 +13709,7 @@ class Server:
         if handler is None:
             return _DEFER
         answer = self._invoke(name, handler, args, CallContext(token, progress=self._progress_sink(
-            meta.get("progressToken"), token)))
+            meta.get("progressToken"), token), budget=self.memory.child(self.config.call_max_mb << 20, "this call")))
         if answer is None or answer is _DEFER:
             return answer
         return rpc_result(msg_id, self._tool_result(*answer, modern))
