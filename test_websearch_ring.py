@@ -4609,6 +4609,109 @@ def test_coalescer_cancels_the_work_only_when_every_caller_has_left(ring):
     assert work.calls == 1 and len(coalescer) == 0
 
 
+# ---- the persistent cache (WEBSEARCH_CACHE_DB) ----------------------------------------------------
+
+def db_server(ring, fake, db_path, **env):
+    """An in-process Server whose tavily is `fake`, with the persistent cache at `db_path`."""
+    config = ring.Config.from_env(server_env(ring_env({"tavily": fake}, WEBSEARCH_CACHE_DB=str(db_path), **env)))
+    return ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+
+
+def search_once(server, query="python asyncio timeout"):
+    structured, _, is_error = server.tool_handlers["web_search"]({"query": query}, websearch_call())
+    assert not is_error, structured
+    return structured
+
+
+def websearch_call():
+    return import_server_module().CallContext()
+
+
+def test_persistent_cache_answers_another_process_without_upstream(ring, fake_upstream, tmp_path):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    db = tmp_path / "cache.sqlite"
+    first = db_server(ring, fake_upstream, db)
+    assert search_once(first)["cached"] is False
+    # Another process: the command line, same database.
+    env = ring_env({"tavily": fake_upstream}, WEBSEARCH_CACHE_DB=str(db))
+    again = run_cli("search", "python", "asyncio", "timeout", "--json", env=env)
+    assert again.code == 0, again.err
+    assert json.loads(again.out)["cached"] is True
+    assert fake_upstream.hits("POST", "/search") == 1
+    stats = first.answer_tools.get_config_info({}, websearch_call())[0]["cache"]
+    assert (stats["entries"], stats["active"], stats["problem"]) == (1, True, None) and stats["bytes"] > 0
+    assert "search cache:" in first.answer_tools.get_config_info({}, websearch_call())[1]
+
+
+def test_persistent_cache_keeps_only_successes_and_no_secret(ring, fake_upstream, tmp_path):
+    key = "tvly-dev-persistentcachesecret123"
+    fake_upstream.route("POST", "/search", {"status": 500, "body": {"error": "boom"}})
+    db = tmp_path / "cache.sqlite"
+    server = db_server(ring, fake_upstream, db, TAVILY_API_KEY=key)
+    failed, _, is_error = server.tool_handlers["web_search"]({"query": "first " + key}, websearch_call())
+    assert is_error
+    assert server.cache.persistent.stats()["entries"] == 0
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    search_once(server, "second " + key)
+    assert server.cache.persistent.stats()["entries"] == 1
+    server.cache.persistent.close()
+    assert key.encode() not in b"".join(p.read_bytes() for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("make", ["corrupt", "directory"])
+def test_unusable_cache_db_is_a_warning_and_memory_carries_on(ring, fake_upstream, tmp_path, make):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    db = tmp_path / "cache.sqlite"
+    if make == "corrupt":
+        db.write_bytes(b"this is not an SQLite database" * 100)
+    else:
+        db.mkdir()
+    server = db_server(ring, fake_upstream, db)
+    assert search_once(server)["cached"] is False
+    assert search_once(server)["cached"] is True          # the memory cache still works
+    stats = server.cache.stats()
+    assert stats["active"] is False and "WEBSEARCH_CACHE_DB" in stats["problem"]
+
+
+def test_persistent_cache_cap_evicts_least_recently_used(ring, tmp_path):
+    cache = ring.PersistentCache(str(tmp_path / "c.sqlite"), 4000, 60.0, quiet_logger(ring))
+    for n in range(10):
+        cache.put(("k", n), {"payload": "x" * 900})
+        if n >= 1:
+            assert cache.get(("k", 0)) is not None, n       # read often: stays
+    stats = cache.stats()
+    assert stats["bytes"] <= 4000 and stats["entries"] < 10
+    assert cache.get(("k", 0)) is not None and cache.get(("k", 1)) is None and cache.get(("k", 9)) is not None
+    cache.close()
+
+
+def test_persistent_cache_expires_and_two_writers_lose_nothing(ring, tmp_path):
+    wall = [1000.0]
+    path = str(tmp_path / "c.sqlite")
+    caches = [ring.PersistentCache(path, 64 * 1024 * 1024, 60.0, quiet_logger(ring), wall=lambda: wall[0])
+              for _ in range(2)]
+    errors = []
+
+    def write(cache, who):
+        try:
+            for n in range(150):
+                cache.put((who, n), {"n": n})
+        except Exception as exc:       # the test's own report
+            errors.append(exc)
+    threads = [threading.Thread(target=write, args=(c, i)) for i, c in enumerate(caches)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEFAULT_TIMEOUT_S)
+    assert errors == [] and [c.problem for c in caches] == [None, None]
+    assert caches[0].stats()["entries"] == 300
+    assert caches[1].get((0, 149)) == ({"n": 149}, 0.0)
+    wall[0] += 61.0
+    assert caches[0].get((0, 149)) is None
+    for c in caches:
+        c.close()
+
+
 # ----------------------------------------------------------------------------------------------
 # §11 Vendors
 # ----------------------------------------------------------------------------------------------

@@ -5389,6 +5389,12 @@ VARIABLES = (
         lo=0, hi=604800000, scale=0.001),
     Var("WEBSEARCH_CACHE_MAX", "cache_max", "int", "512",
         "Most cached searches kept (least recently used evicted first).", lo=1, hi=1000000),
+    Var("WEBSEARCH_CACHE_DB", "cache_db", "str", "",
+        "Path of an SQLite file that keeps successful searches across restarts and shares them between "
+        "every server process on the host (stdio or HTTP), under the memory cache, same keys and TTL. "
+        "Unset: memory only.", label="memory only"),
+    Var("WEBSEARCH_CACHE_DB_MB", "cache_db_mb", "int", "256",
+        "Megabytes WEBSEARCH_CACHE_DB may hold (least recently used searches go first).", lo=1, hi=100000),
     Var("WEBSEARCH_HTTP_TOKEN", "http_token", "str", "",
         "Bearer token that serve --http requires of every client (Authorization: Bearer ...); required to "
         "serve on an address other than loopback.", secret=True),
@@ -7746,14 +7752,16 @@ class TTLCache:
             self._on_evict(key, "expired")
         return default
 
-    def put(self, key, value):
-        if self.ttl_s <= 0:
+    def put(self, key, value, ttl_s=None):
+        """Store ``value`` for ``ttl_s`` (default: the cache's TTL; never longer)."""
+        ttl_s = self.ttl_s if ttl_s is None else min(ttl_s, self.ttl_s)
+        if ttl_s <= 0:
             return
         evicted = []
         with self._lock:
             if key in self._data:
                 self._drop_locked(key)
-            self._data[key] = (self._clock() + self.ttl_s, value)
+            self._data[key] = (self._clock() + ttl_s, value)
             if self._weigh is not None:
                 self.weight += self._weigh(value)
             while len(self._data) > self.maxsize or (
@@ -7904,6 +7912,175 @@ class Coalescer:
         with flight.cond:
             flight.value, flight.error, flight.done = value, error, True
             flight.cond.notify_all()
+
+
+_sqlite3 = LazyModule("sqlite3")
+CACHE_DB_BUSY_S = 2.0       # how long one process waits for another's write to the shared cache
+
+
+class PersistentCache:
+    """Successful web_search outcomes in SQLite (WEBSEARCH_CACHE_DB), shared by every server process on
+    the host: what one process asked, the next answers without going upstream.
+
+    Rows are named by a digest of the memory cache's key; times are wall-clock seconds, which every process
+    shares.  WAL lets readers and one writer work at once; a write waits up to ``CACHE_DB_BUSY_S`` for
+    another.  Bounded by ``max_bytes``: the least recently used rows go first.  Values pass the masking
+    pass before they are stored (nothing secret on disk).  Any database failure (corrupt, read-only,
+    full) is logged once as a configuration warning and the cache turns itself off: the server goes
+    on with the memory cache; a database still locked after the busy timeout only skips that write.
+    """
+
+    def __init__(self, path, max_bytes, ttl_s, logger, redact=None, wall=time.time):
+        self.path, self.max_bytes, self.ttl_s = path, max_bytes, ttl_s
+        self.log, self._redact, self._wall = logger, redact, wall
+        self._lock = threading.Lock()
+        self.hits = self.misses = self.skipped = 0
+        self.problem = None
+        self._db = None
+        try:
+            db = _sqlite3.connect(path, timeout=CACHE_DB_BUSY_S, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA busy_timeout=%d" % int(CACHE_DB_BUSY_S * 1000))
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE IF NOT EXISTS search_cache (key TEXT PRIMARY KEY, value TEXT NOT NULL, "
+                       "stored REAL NOT NULL, expires REAL NOT NULL, used REAL NOT NULL, size INTEGER NOT NULL)")
+            db.execute("CREATE INDEX IF NOT EXISTS search_cache_used ON search_cache (used)")
+            self._db = db
+        except (_sqlite3.Error, OSError, ValueError) as exc:
+            self._fail(exc)
+
+    @property
+    def active(self):
+        return self._db is not None
+
+    def _fail(self, exc):
+        """Turn the cache off after a database failure, once, with the reason logged; a lock only skips."""
+        if "locked" in str(exc) or "busy" in str(exc):
+            self.skipped += 1
+            return
+        self.problem = "WEBSEARCH_CACHE_DB=%s cannot be used (%s: %s); carrying on with the memory cache" % (
+            self.path, type(exc).__name__, exc)
+        self.log.warning("configuration: %s", self.problem)
+        db, self._db = self._db, None
+        if db is not None:
+            try:
+                db.close()
+            except _sqlite3.Error:
+                pass
+
+    def get(self, key):
+        """``(value, age_s)`` of a live entry, or None."""
+        if self._db is None:
+            return None
+        now = self._wall()
+        with self._lock:
+            try:
+                row = self._db.execute("SELECT value, stored FROM search_cache WHERE key = ? AND expires > ?",
+                                       (_json_key(key), now)).fetchone()
+                if row is not None:
+                    self._db.execute("UPDATE search_cache SET used = ? WHERE key = ?", (now, _json_key(key)))
+                    value = json.loads(row[0])
+            except (_sqlite3.Error, ValueError, AttributeError) as exc:
+                self._fail(exc)
+                row = None
+            if row is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+        return value, max(0.0, now - row[1])
+
+    def put(self, key, value, age_s=0.0):
+        """Store ``value`` (JSON) for what is left of the TTL, then evict down to the cap."""
+        if self._db is None or self.ttl_s <= 0:
+            return
+        if self._redact is not None:
+            value = self._redact.outgoing(value)
+        text, name = json.dumps(finite_json(value), separators=(",", ":")), _json_key(key)
+        size, now = len(text) + len(name), self._wall()
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            try:
+                self._db.execute("INSERT OR REPLACE INTO search_cache VALUES (?, ?, ?, ?, ?, ?)",
+                                 (name, text, now - age_s, now - age_s + self.ttl_s, now, size))
+                self._evict(now)
+            except (_sqlite3.Error, AttributeError) as exc:
+                self._fail(exc)
+
+    def _evict(self, now):
+        """Drop expired rows, then the least recently used until the total is under the cap."""
+        self._db.execute("DELETE FROM search_cache WHERE expires <= ?", (now,))
+        total = self._db.execute("SELECT total(size) FROM search_cache").fetchone()[0]
+        while total > self.max_bytes:
+            doomed = []
+            for name, size in self._db.execute("SELECT key, size FROM search_cache ORDER BY used LIMIT 64"):
+                if total <= self.max_bytes:
+                    break
+                doomed.append((name,))
+                total -= size
+            if not doomed:
+                return
+            self._db.executemany("DELETE FROM search_cache WHERE key = ?", doomed)
+
+    def stats(self):
+        """What ``check`` and get_config_info show: entries, bytes, hit rate, the problem if any."""
+        entries = size = 0
+        if self._db is not None:
+            with self._lock:
+                try:
+                    entries, size = self._db.execute("SELECT count(*), total(size) FROM search_cache").fetchone()
+                except (_sqlite3.Error, AttributeError) as exc:
+                    self._fail(exc)
+        asked = self.hits + self.misses
+        return {"path": self.path, "active": self._db is not None, "entries": entries, "bytes": int(size),
+                "max_bytes": self.max_bytes, "hits": self.hits, "misses": self.misses,
+                "hit_rate": round(self.hits / asked, 3) if asked else None, "problem": self.problem}
+
+    def close(self):
+        with self._lock:
+            db, self._db = self._db, None
+            if db is not None:
+                db.close()
+
+
+def _json_key(key):
+    """A cache key (tuples of strings and numbers) as the name of its row: a digest, so that a query
+    (which may hold anything, a pasted key too) is not written to disk."""
+    text = json.dumps(key, separators=(",", ":"), ensure_ascii=False, default=str)
+    return _hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class LayeredCache:
+    """The memory cache (a :class:`TTLCache` of ``(value, stored_at)``) over a :class:`PersistentCache`:
+    a read that misses memory asks the database and keeps what it finds in memory for the rest of its
+    TTL; a write goes to both.  Speaks TTLCache's get, put, sweep and len."""
+
+    def __init__(self, memory, persistent, clock=time.monotonic):
+        self.memory, self.persistent, self._clock = memory, persistent, clock
+
+    def __len__(self):
+        return len(self.memory)
+
+    def get(self, key, default=None):
+        value = self.memory.get(key)
+        if value is not None:
+            return value
+        found = self.persistent.get(key)
+        if found is None:
+            return default
+        value = (found[0], self._clock() - found[1])
+        self.memory.put(key, value, ttl_s=self.memory.ttl_s - found[1])
+        return value
+
+    def put(self, key, value):
+        self.memory.put(key, value)
+        self.persistent.put(key, value[0], self._clock() - value[1])
+
+    def sweep(self):
+        return self.memory.sweep()
+
+    def stats(self):
+        return dict(self.persistent.stats(), memory_entries=len(self.memory))
 
 
 # ---------------------------------------------------------------------------
@@ -11620,6 +11797,27 @@ def answer_sources(result):
     return sources
 
 
+def search_cache_stats(cache):
+    """The search cache as get_config_info and ``check`` show it: entries in memory, and the
+    persistent cache's entries, size and hit rate when WEBSEARCH_CACHE_DB is set (None without a cache)."""
+    if cache is None:
+        return None
+    if isinstance(cache, LayeredCache):
+        return cache.stats()
+    return {"memory_entries": len(cache), "path": None}
+
+
+def cache_line(stats):
+    """One line about the search cache."""
+    line = "search cache: %d in memory" % stats["memory_entries"]
+    if stats.get("path"):
+        rate = stats["hit_rate"]
+        line += "; %s: %d entries, %.1f of %d MB, hit rate %s%s" % (
+            stats["path"], stats["entries"], stats["bytes"] / 1048576.0, stats["max_bytes"] // 1048576,
+            "-" if rate is None else "%.0f%%" % (rate * 100), "" if stats["active"] else " (off: %s)" % stats["problem"])
+    return line
+
+
 class AnswerTools:
     """web_answer, switch_model and get_config_info."""
 
@@ -11640,6 +11838,7 @@ class AnswerTools:
             "all %d answer slots busy (GROK_MAX_CONCURRENCY); question queued", s.limit))
         self.override = None            # set by switch_model, this process only
         self.model_file = ModelFile(config.config_file)
+        self.search_cache = None        # web_search's cache, set by the Server: get_config_info shows it
         self._switching = threading.Lock()
         self._lock = threading.Lock()
         self._catalogue = None          # (fetched_at, [model ids])
@@ -11890,7 +12089,7 @@ class AnswerTools:
                   "answer": self._answer_setup(model, source), "vendors": self._vendors(), "keys": self._keys(),
                   "connection_test": self._connection_test(model, call),
                   "tools": [tool.name for tool in listed_tools(self.config.tools)],
-                  "unlisted_tools": self._unlisted_tools()})
+                  "unlisted_tools": self._unlisted_tools(), "cache": search_cache_stats(self.search_cache)})
         return s, self._config_text(s), False
 
     def _problems(self):
@@ -11938,6 +12137,8 @@ class AnswerTools:
         if s["keys"].get("keys"):
             lines.append("tavily keys: " + ", ".join("%s %s" % (k["key"], k["state"]) for k in s["keys"]["keys"]))
         lines += ["not listed: %s (%s)" % (t["tool"], t["enable"]) for t in s["unlisted_tools"]]
+        if s["cache"]:
+            lines.append(cache_line(s["cache"]))
         lines += ["problem: " + p["message"] for p in s["problems"]] or ["no configuration problems"]
         return "\n".join(lines)
 
@@ -12255,6 +12456,9 @@ class Server:
         self._sweeper = None
         self._stdout_broken = False
         self.cache = TTLCache(config.cache_max, config.ttl_s, clock, on_evict=self._evicted)
+        if config.cache_db:
+            self.cache = LayeredCache(self.cache, PersistentCache(
+                config.cache_db, config.cache_db_mb * 1024 * 1024, config.ttl_s, self.log, self.redact), clock)
         self.sessions = TTLCache(SESSION_MAX, SESSION_TTL_S, clock)
         self.coalescer = Coalescer()
         self.transport = Transport(config, self.log, clock)
@@ -12269,6 +12473,7 @@ class Server:
                                         self.log, clock, pages=self.page_tools)
         self.answer_tools = AnswerTools(config, self.transport, self.ring, self.sessions, self.coalescer,
                                         self.log, clock)
+        self.answer_tools.search_cache = self.cache
         self.plan_tools = PlanTools(TTLCache(SESSION_MAX, SESSION_TTL_S, clock), clock)
         # Every tool answers through the CLI; only the listed ones (WEBSEARCH_TOOLS, or no GROK_API_KEY)
         # through tools/call, where the others are unknown tools.
@@ -13608,7 +13813,7 @@ def cli_check(server, as_json=False):
     ok = any(r["outcome"] == "success" for r in results)
     if as_json:
         _emit(_json_text(server.redact.outgoing(_check_report(server.config, server.ring.tavily, results, ok,
-                                                              answer))))
+                                                              answer, server.cache))))
     else:
         for line in _check_lines(server, results, ok, answer):
             _emit(server.redact(line))
@@ -13635,7 +13840,7 @@ def _probe_vendors(server):
     return results
 
 
-def _check_report(config, keys, results, ok, answer):
+def _check_report(config, keys, results, ok, answer, cache=None):
     """``check --json``."""
     by_name = {r["vendor"]: r for r in results}
     return {"version": __version__, "search_available": ok, "problems": [p.as_dict() for p in config.problems],
@@ -13644,7 +13849,7 @@ def _check_report(config, keys, results, ok, answer):
             "tavily": keys.pool.describe() if keys.keyed else {"mode": "keyless" if config.tavily_enabled
                                                                else "disabled"},
             "fetch_providers": list(config.fetch_providers), "map_providers": list(config.map_providers),
-            "answer": answer}
+            "answer": answer, "cache": search_cache_stats(cache)}
 
 
 def _check_lines(server, results, ok, answer):
@@ -13666,6 +13871,7 @@ def _check_lines(server, results, ok, answer):
                                                              ", ".join(config.map_providers)))
     lines.append("answers: model %s (from %s) at %s: %s" % (answer["model"], answer["model_source"], answer["url"],
                                                            test["message"]))
+    lines.append(cache_line(search_cache_stats(server.cache)))
     if any(TLS_HINT in (r["message"] or "") for r in results) or TLS_HINT in (test["message"] or ""):
         lines.append("TLS certificates could not be verified: " + TLS_HINT)
     lines.append("search: " + ("available" if ok else "NOT available: no vendor answered"))
