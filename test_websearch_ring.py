@@ -7313,6 +7313,19 @@ def test_config_never_prints_a_url_whose_query_may_hold_a_key():
         "WEBSEARCH_EXA_MCP_URL": "<your WEBSEARCH_EXA_MCP_URL>"}
 
 
+def test_config_url_points_a_client_at_a_running_http_server():
+    token = "a-long-random-http-token-9012"
+    url = "http://127.0.0.1:8765/mcp"
+    run = run_cli("config", "cursor", "--url", url, env=snippet_env(WEBSEARCH_HTTP_TOKEN=token))
+    assert run.code == 0 and token not in run.out + run.err, run
+    assert json.loads(run.out) == {"mcpServers": {"websearch-ring": {
+        "url": url, "headers": {"Authorization": "Bearer <your WEBSEARCH_HTTP_TOKEN>"}}}}
+    run = run_cli("config", "claude-code", "--url", url, env=snippet_env())
+    assert run.out.strip() == "claude mcp add --transport http --scope local websearch-ring " + url
+    run = run_cli("config", "zed", "--url", url, env=snippet_env())
+    assert run.code == 2 and "take a URL" in run.err
+
+
 def test_snippet_strings_escape_what_yaml_and_toml_refuse(ring):
     for text in ("a\x85b\x9fc\x7fd\u2028e", "C:\\Program Files\\Py \"3\"", "\U0001d11e tab\tnl\n"):
         quoted = ring._quoted(text)

@@ -13533,6 +13533,7 @@ def _build_http_classes():
     class Listener(base.ThreadingHTTPServer):
         daemon_threads = True
         block_on_close = False
+        request_queue_size = 128    # the listen backlog: many clients connecting at once are not reset
 
         def __init__(self, address, handler, front, ipv6):
             self.front = front
@@ -13577,6 +13578,9 @@ def _build_http_classes():
         def setup(self):
             self.timeout = self.server.front.io_timeout_s
             super().setup()
+            # Headers and body go out in separate writes: without this, Nagle's algorithm and the client's
+            # delayed ACK hold the body back ~40 ms.
+            self.connection.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
 
         def do_POST(self):
             self.server.front.handle(self, "POST")
@@ -13696,6 +13700,8 @@ def _config_arguments(p):
                    help="run as python -m websearch_ring with PYTHONPATH (reuses cached bytecode)")
     p.add_argument("--scope", choices=("local", "user", "project"),
                    help="claude-code: this project only for you (default), every project, or the shared .mcp.json")
+    p.add_argument("--url", help="point the client at a running serve --http (e.g. http://127.0.0.1:8765/mcp) "
+                                 "instead of starting a server of its own: " + ", ".join(_URL_SNIPPETS))
 
 
 def cli_words(words):
@@ -13743,6 +13749,8 @@ def run_cli(argv, env):
         return 2 if exc.code else 0
     config = Config.from_env(env)
     if opts.command == "config":
+        if opts.url:
+            return cli_config_url(opts.client, opts.url, env, opts.scope)
         return cli_config(opts.client, env, opts.module, opts.scope)
     server = _cli_server(config)
     if opts.command == "check":
@@ -14092,6 +14100,55 @@ def _cherry_snippet(launch):
 _SNIPPETS = {"claude": _claude_snippet, "codex": _codex_snippet, "hermes": _hermes_snippet, "goose": _goose_snippet,
              "continue": _continue_snippet, "opencode": _opencode_snippet, "vscode": _vscode_snippet,
              "zed": _zed_snippet, "mcpServers": _mcp_servers_snippet, "cherry": _cherry_snippet}
+
+
+# The clients that take a URL: client -> its snippet for a running serve --http at ``url`` with ``headers``.
+_URL_SNIPPETS = {
+    "claude-code": lambda url, headers, scope: " ".join(
+        ["claude", "mcp", "add", "--transport", "http", "--scope", scope or "local"]
+        + ["--header %s" % _shell_quote("%s: %s" % item) for item in headers.items()]
+        + [_Launch.NAME, _shell_quote(url)]),
+    "cursor": lambda url, headers, scope: _url_entry("mcpServers", {"url": url}, headers),
+    "vscode": lambda url, headers, scope: _url_entry("servers", {"type": "http", "url": url}, headers),
+    "windsurf": lambda url, headers, scope: _url_entry("mcpServers", {"serverUrl": url}, headers),
+    "gemini-cli": lambda url, headers, scope: _url_entry("mcpServers", {"httpUrl": url}, headers),
+    "cline": lambda url, headers, scope: _url_entry("mcpServers", {"type": "streamableHttp", "url": url}, headers),
+    "roo-code": lambda url, headers, scope: _url_entry("mcpServers", {"type": "streamable-http", "url": url},
+                                                       headers),
+    "opencode": lambda url, headers, scope: json.dumps({"$schema": "https://opencode.ai/config.json", "mcp": {
+        _Launch.NAME: dict({"type": "remote", "url": url, "enabled": True}, **({"headers": headers} if headers
+                                                                              else {}))}}, indent=2),
+    "codex": lambda url, headers, scope: "\n".join(
+        ["[mcp_servers.%s]" % _Launch.NAME, "url = %s" % _quoted(url)]
+        + (['bearer_token_env_var = "WEBSEARCH_HTTP_TOKEN"'] if headers else []) + ["tool_timeout_sec = 300"]),
+}
+
+
+def _url_entry(section, entry, headers):
+    if headers:
+        entry = dict(entry, headers=headers)
+    return json.dumps({section: {_Launch.NAME: entry}}, indent=2)
+
+
+def cli_config_url(client, url, env, scope=None):
+    """``config CLIENT --url URL``: a snippet pointing a client that takes a URL at a running
+    ``serve --http``; with WEBSEARCH_HTTP_TOKEN set, its header with a placeholder for the token."""
+    client = (client or "").lower()
+    if client not in _URL_SNIPPETS:
+        _emit("config --url: %s; clients that take a URL: %s (the others start the server themselves: "
+              "omit --url)" % ("name a client" if not client else "%s takes no URL" % client,
+                               ", ".join(_URL_SNIPPETS)), sys.stderr)
+        return 2
+    if not re.match(r"https?://[^\s/]+", url):
+        _emit("config --url: %r is not an http:// or https:// URL such as http://127.0.0.1:8765/mcp" % url,
+              sys.stderr)
+        return 2
+    token = (env.get("WEBSEARCH_HTTP_TOKEN") or "").strip()
+    headers = {"Authorization": "Bearer <your WEBSEARCH_HTTP_TOKEN>"} if token else {}
+    _emit(_URL_SNIPPETS[client](url, headers, scope))
+    _emit("# %s: %s; start the server with: python %s serve --http [HOST:]PORT" % (
+        client, CLIENTS[client][1][0], os.path.basename(os.path.abspath(__file__))), sys.stderr)
+    return 0
 
 
 def _shell_quote(text):
