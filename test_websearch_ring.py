@@ -9966,7 +9966,7 @@ class HttpFrontRunner:
         config = ring.Config.from_env(server_env(env))
         self.server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
         self.front = ring.HttpFront(self.server, host, 0, **kwargs)
-        self.thread = threading.Thread(target=self.front.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.front.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
         self.port = self.front.port
 
@@ -10229,6 +10229,23 @@ def test_http_drops_a_slow_client_without_disturbing_others(http_front):
         sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")      # and then nothing
         assert front.initialize()                                     # others are served meanwhile
         assert sock.recv(100) == b""                                   # the slow one is dropped
+
+
+def test_http_cuts_off_a_client_dripping_its_headers(http_front):
+    front = http_front(head_deadline_s=0.2)
+    sock = socket.create_connection(("127.0.0.1", front.port), timeout=DEFAULT_TIMEOUT_S)
+    with sock:
+        sock.sendall(b"POST /mcp HTTP/1.1\r\n")
+        until = time.monotonic() + DEFAULT_TIMEOUT_S
+        closed = False
+        while not closed and time.monotonic() < until:        # a header byte every 20 ms, never the end
+            try:
+                sock.sendall(b"X")
+                closed = select.select([sock], [], [], 0.02)[0] and sock.recv(100) == b""
+            except OSError:
+                closed = True
+        assert closed
+        assert front.initialize()
 
 
 def test_http_session_limits(http_front, ring):

@@ -23,7 +23,8 @@
 """websearch_ring: stdio MCP server for resilient web search. Standard library only.
 
 One file, no dependencies beyond the Python standard library (3.9 or newer).
-An MCP client starts it with ``python websearch_ring.py`` and gets web search
+An MCP client starts it with ``python websearch_ring.py`` (or many share one
+``python websearch_ring.py serve --http PORT``) and gets web search
 that rotates across engines with failover (keyless by default, keys
 optional), researched answers, pages and PDFs as paged Markdown, site maps
 and crawls; identical requests are cached and coalesced, and every failure
@@ -12980,6 +12981,7 @@ HTTP_PATH = "/mcp"
 HTTP_MAX_BODY_BYTES = MAX_LINE_BYTES   # a POST body: the stdio line cap
 HTTP_IO_TIMEOUT_S = 30.0       # one read or write on a client socket: a client that stalls longer is dropped
 HTTP_BODY_DEADLINE_S = 60.0    # a whole request body
+HTTP_HEAD_DEADLINE_S = 30.0    # a request line and headers (a client dripping them byte by byte is cut off)
 HTTP_KEEPALIVE_S = 15.0        # a ": ping" on a quiet event stream, before clients and proxies give up on it
 HTTP_POLL_S = 0.1              # how often a waiting exchange looks whether its client is still there
 HTTP_MAX_CONNECTIONS = 512     # open client connections; more are refused with a 503
@@ -13053,7 +13055,7 @@ class HttpFront:
     """
 
     def __init__(self, server, host="127.0.0.1", port=0, *, clock=time.monotonic,
-                 io_timeout_s=HTTP_IO_TIMEOUT_S):
+                 io_timeout_s=HTTP_IO_TIMEOUT_S, head_deadline_s=HTTP_HEAD_DEADLINE_S):
         config = server.config
         self.server = server
         self.loopback = is_loopback_host(host)
@@ -13063,7 +13065,8 @@ class HttpFront:
                              "port could use your keys and quota" % host)
         self.origins = frozenset(o.rstrip("/").lower() for o in config.http_origins)
         self.max_sessions, self.idle_s = config.http_max_sessions, config.http_session_idle_s
-        self.io_timeout_s = io_timeout_s
+        self.io_timeout_s, self.head_deadline_s = io_timeout_s, head_deadline_s
+        self._heads = {}            # socket -> when it started waiting for a request's head
         self._clock = clock
         self._lock = threading.Condition(threading.Lock())
         self.sessions = {}
@@ -13084,11 +13087,12 @@ class HttpFront:
         host = self.httpd.server_address[0]
         return "http://%s:%d%s" % ("[%s]" % host if ":" in host else host, self.port, HTTP_PATH)
 
-    def serve_forever(self):
-        """Answer requests until :meth:`close` (from another thread) or an exception (SIGTERM's Stop)."""
+    def serve_forever(self, poll_s=0.5):
+        """Answer requests until :meth:`close` (from another thread) or an exception (SIGTERM's Stop);
+        ``poll_s`` is how often it looks for either (and for clients too slow with their headers)."""
         self._serving = True
         try:
-            self.httpd.serve_forever(poll_interval=0.5)
+            self.httpd.serve_forever(poll_interval=poll_s)
         finally:
             self._serving = False
 
@@ -13142,15 +13146,35 @@ class HttpFront:
         return len(idle)
 
     def service(self):
-        """Called by the listener between requests: sweeps the sessions now and then."""
+        """Called by the listener twice a second: cuts off the clients too slow to send a request's head,
+        sweeps the sessions now and then."""
+        now = time.monotonic()
+        with self._lock:
+            slow = [sock for sock, since in self._heads.items() if now - since > self.head_deadline_s]
+            for sock in slow:
+                del self._heads[sock]
+        for sock in slow:
+            try:
+                sock.shutdown(_socket.SHUT_RDWR)     # the handler's blocked read ends, and so does it
+            except OSError:
+                pass
         if self._clock() - self._swept >= min(60.0, self.idle_s):
             self.sweep()
+
+    def reading_head(self, sock, reading):
+        """Note that ``sock`` waits for (``reading``) or has read a request's line and headers."""
+        with self._lock:
+            if reading:
+                self._heads[sock] = time.monotonic()
+            else:
+                self._heads.pop(sock, None)
 
     # -- requests --------------------------------------------------------------------
 
     def handle(self, h, method):
         """One HTTP request: the checks every request passes, then its method's answer."""
         with self._lock:
+            self._heads.pop(h.connection, None)
             self.exchanges += 1
         try:
             self._route(h, method)
@@ -13581,6 +13605,14 @@ def _build_http_classes():
             # Headers and body go out in separate writes: without this, Nagle's algorithm and the client's
             # delayed ACK hold the body back ~40 ms.
             self.connection.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+
+        def handle_one_request(self):
+            front = self.server.front
+            front.reading_head(self.connection, True)
+            try:
+                super().handle_one_request()
+            finally:
+                front.reading_head(self.connection, False)
 
         def do_POST(self):
             self.server.front.handle(self, "POST")
