@@ -13660,15 +13660,15 @@ def serve_http(server, address):
         server.log.warning("configuration: %s", problem.message)
     server.log.warning("websearch-ring %s: MCP at %s%s", __version__, front.url,
                        "" if front.token is None else " (bearer token required)")
-    reason = "stopped"
+    reason, status = "stopped", 0
     try:
         front.serve_forever()
     except Stop as stop:
         reason = stop.reason
     except KeyboardInterrupt:
-        reason = "interrupted"
+        reason, status = "interrupted", 130     # as the stdio server
     front.close(reason)
-    return 0
+    return status
 
 
 # ---------------------------------------------------------------------------
