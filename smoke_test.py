@@ -2638,6 +2638,216 @@ def _pdf_read_or_fail(ring, data):
         pass
 
 
+# --bench: serve --http (Streamable HTTP) and the persistent cache
+# ----------------------------------------------------------------------------------------------
+
+HTTP_CLIENTS, HTTP_CALLS_EACH = 50, 20          # calls per second: 50 clients, cached calls
+MANY_CLIENTS, MANY_CALLS = 100, 10              # correctness: 100 clients x 10 calls at once
+HTTP_SESSIONS_CHURN = 1000
+
+
+class HttpMcpClient:
+    """One Streamable HTTP client of ``serve --http``: a keep-alive connection and a session."""
+
+    def __init__(self, port):
+        import http.client
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.sid = None
+        self.next_id = 0
+
+    def post(self, message):
+        headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        if self.sid:
+            headers.update({"Mcp-Session-Id": self.sid, "MCP-Protocol-Version": "2025-11-25"})
+        self.conn.request("POST", "/mcp", body=json.dumps(message), headers=headers)
+        response = self.conn.getresponse()
+        body = response.read()
+        if response.getheader("Mcp-Session-Id"):
+            self.sid = response.getheader("Mcp-Session-Id")
+        if response.getheader("Content-Type", "").startswith("text/event-stream"):
+            body = [line[6:] for line in body.decode().splitlines() if line.startswith("data: ")][-1].encode()
+        return response.status, json.loads(body) if body else None
+
+    def initialize(self):
+        status, _ = self.post({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}})
+        expect(status == 200 and self.sid, "initialize over HTTP failed: %s" % status)
+        self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def call(self, query):
+        self.next_id += 1
+        status, answer = self.post({"jsonrpc": "2.0", "id": self.next_id, "method": "tools/call",
+                                    "params": search_params(query)})
+        return self.next_id, status, answer
+
+    def close(self, delete=True):
+        if delete and self.sid:
+            self.conn.request("DELETE", "/mcp", headers={"Mcp-Session-Id": self.sid})
+            self.conn.getresponse().read()
+        self.conn.close()
+
+
+def spawn_http_server(server_path, env):
+    """``serve --http 127.0.0.1:0`` as a child: (process, port), the port read from its first stderr line."""
+    proc = subprocess.Popen([sys.executable, server_path, "serve", "--http", "127.0.0.1:0"], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    line = proc.stderr.readline().decode("utf-8", "replace")
+    port = line.rsplit("127.0.0.1:", 1)[-1].split("/", 1)[0]
+    expect(port.isdigit(), "serve --http did not say where it listens: %r" % line)
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    return proc, int(port)
+
+
+def _in_threads(n, work):
+    """Run work(i) for i < n on n threads at once; the results in order (an exception is a result)."""
+    results = [None] * n
+    start = threading.Barrier(n)
+
+    def run(i):
+        try:
+            start.wait(30)
+            results[i] = work(i)
+        except Exception as exc:  # reported by the caller
+            results[i] = exc
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
+def _bench_http(bench):
+    """HTTP round trip of a cached call, calls per second with 50 clients, 100 clients x 10 calls (every
+    id answered once, identical queries coalesced across clients), 1,000 sessions opened and closed."""
+    bench.fake.latency_s = 0.0
+    proc, port = spawn_http_server(bench.server_path, offline_env(bench.fake.url))
+    try:
+        one = HttpMcpClient(port)
+        one.initialize()
+        query = bench.fresh_query("bench http")
+        one.call(query)
+        times = []
+        for _ in range(300):
+            t0 = time.perf_counter()
+            _, status, answer = one.call(query)
+            times.append((time.perf_counter() - t0) * 1000)
+            expect(status == 200 and answer["result"]["structuredContent"]["cached"], "cached call failed")
+        one.close()
+        bench.row("cached web_search round trip over HTTP (keep-alive)", "%.3f ms" % _median(times[50:]))
+        _bench_http_clients(bench, port, query)
+        _bench_http_many(bench, port)
+        _bench_http_sessions(bench, port, proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _bench_http_clients(bench, port, query):
+    def client(i):
+        c = HttpMcpClient(port)
+        c.initialize()
+        t0 = time.perf_counter()
+        for _ in range(HTTP_CALLS_EACH):
+            _, status, answer = c.call(query)
+            expect(status == 200 and "result" in answer, "a call failed")
+        elapsed = time.perf_counter() - t0
+        c.close()
+        return elapsed
+    rates = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        results = _in_threads(HTTP_CLIENTS, client)
+        wall = time.perf_counter() - t0
+        failed = [r for r in results if isinstance(r, Exception)]
+        expect(not failed, "HTTP clients failed: %s" % failed[:3])
+        rates.append(HTTP_CLIENTS * HTTP_CALLS_EACH / wall)
+    bench.row("%d clients x %d cached calls (session each)" % (HTTP_CLIENTS, HTTP_CALLS_EACH),
+              "%.0f calls/s" % _median(rates))
+
+
+def _bench_http_many(bench, port):
+    """100 clients x 10 calls at once: the first call of every client is one shared query."""
+    bench.fake.latency_s = 0.2
+    shared = bench.fresh_query("bench http shared")
+    queries = [[shared] + [bench.fresh_query("bench http c%d" % i) for _ in range(MANY_CALLS - 1)]
+               for i in range(MANY_CLIENTS)]
+
+    def client(i):
+        c = HttpMcpClient(port)
+        c.initialize()
+        answered = []
+        for q in queries[i]:
+            msg_id, status, answer = c.call(q)
+            ok = status == 200 and answer.get("id") == msg_id and not answer["result"]["isError"]
+            answered.append((msg_id, ok))
+        c.close()
+        return answered
+    try:
+        results = _in_threads(MANY_CLIENTS, client)
+    finally:
+        bench.fake.latency_s = 0.0
+    errors = [r for r in results if isinstance(r, Exception)]
+    answers = [a for r in results if not isinstance(r, Exception) for a in r]
+    ok = not errors and len(answers) == MANY_CLIENTS * MANY_CALLS and all(good for _, good in answers)
+    hits = bench.fake.visits_for(shared)
+    bench.row("%d clients x %d calls at once" % (MANY_CLIENTS, MANY_CALLS),
+              "%d answered, %d failed; shared query upstream %d time(s)" % (
+                  len(answers), len(errors) + sum(1 for _, good in answers if not good), hits),
+              "all, once", _verdict(ok and hits == 1))
+
+
+def _bench_http_sessions(bench, port, pid):
+    before = rss_kb(pid)
+    c = HttpMcpClient(port)
+    for _ in range(HTTP_SESSIONS_CHURN):
+        c.sid = None
+        c.initialize()
+        c.conn.request("DELETE", "/mcp", headers={"Mcp-Session-Id": c.sid})
+        c.conn.getresponse().read()
+    c.close(delete=False)
+    after = rss_kb(pid)
+    if before is not None and after is not None:
+        bench.row("%d sessions opened and closed: RSS change" % HTTP_SESSIONS_CHURN,
+                  "%+.1f MB" % ((after - before) / 1024.0), "< 10 MB", _verdict(after - before < 10 * 1024))
+
+
+def _bench_cache_db(bench, n=21):
+    """A second process answers from the first one's WEBSEARCH_CACHE_DB without going upstream: the
+    round trip of each query the first one asked (its first call also pays the process's warm-up)."""
+    import tempfile
+    folder = tempfile.mkdtemp(prefix="websearch-ring-bench-")
+    try:
+        env = offline_env(bench.fake.url, WEBSEARCH_CACHE_DB=os.path.join(folder, "cache.sqlite"))
+        queries = [bench.fresh_query("bench cache db") for _ in range(n)]
+        first = bench.spawn(env, threaded=True)
+        try:
+            first.handshake()
+            for query in queries:
+                first.call("tools/call", search_params(query))
+        finally:
+            first.close()
+        second = bench.spawn(env, threaded=True)
+        times, cached = [], 0
+        try:
+            second.handshake()
+            for query in queries:
+                t0 = time.perf_counter()
+                resp = second.call("tools/call", search_params(query))
+                times.append((time.perf_counter() - t0) * 1000)
+                cached += _sc(resp).get("cached") is True
+        finally:
+            second.close()
+        upstream = sum(bench.fake.visits_for(q) for q in queries)
+        median = _median(times[1:])
+        bench.row("second process answers the first one's queries (WEBSEARCH_CACHE_DB)",
+                  "%.2f ms median round trip (first call %.1f ms), %d/%d cached, upstream %d for %d queries" % (
+                      median, times[0], cached, n, upstream, n),
+                  "< 2 ms, upstream once each", _verdict(cached == n and median < 2.0 and upstream == n))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def run_bench(server_path):
     """--bench: measure every figure, print a table; exit 1 only if a measurement broke."""
     if not os.path.isfile(server_path):
@@ -2662,6 +2872,11 @@ def run_bench(server_path):
          % (ANSWER_STREAM_S * 1000), bench.answer),
         ("shutdown", "the client going away while a %.0f s web_answer streams" % SLOW_ANSWER_S, bench.shutdown),
         ("pdf", "PDF reader in process: AES, and the hostile documents of issue 23", lambda: bench_pdf(bench)),
+
+
+        ("serve --http", "serve --http: MCP Streamable HTTP, one server for many clients",
+         lambda: _bench_http(bench)),
+        ("persistent cache", "WEBSEARCH_CACHE_DB", lambda: _bench_cache_db(bench)),
         # Last: it takes a minute.
         ("web_answer progress cadence (one %.0f s answer, please wait)" % SLOW_ANSWER_S, None, bench.progress),
     )

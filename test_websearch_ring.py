@@ -32,6 +32,7 @@ import concurrent.futures
 import contextlib
 import gzip
 import hashlib
+import http.client
 import importlib.util
 import io
 import ipaddress
@@ -5220,6 +5221,109 @@ def test_coalescer_cancels_the_work_only_when_every_caller_has_left(ring):
     assert work.calls == 1 and len(coalescer) == 0
 
 
+# ---- the persistent cache (WEBSEARCH_CACHE_DB) ----------------------------------------------------
+
+def db_server(ring, fake, db_path, **env):
+    """An in-process Server whose tavily is `fake`, with the persistent cache at `db_path`."""
+    config = ring.Config.from_env(server_env(ring_env({"tavily": fake}, WEBSEARCH_CACHE_DB=str(db_path), **env)))
+    return ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+
+
+def search_once(server, query="python asyncio timeout"):
+    structured, _, is_error = server.tool_handlers["web_search"]({"query": query}, websearch_call())
+    assert not is_error, structured
+    return structured
+
+
+def websearch_call():
+    return import_server_module().CallContext()
+
+
+def test_persistent_cache_answers_another_process_without_upstream(ring, fake_upstream, tmp_path):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    db = tmp_path / "cache.sqlite"
+    first = db_server(ring, fake_upstream, db)
+    assert search_once(first)["cached"] is False
+    # Another process: the command line, same database.
+    env = ring_env({"tavily": fake_upstream}, WEBSEARCH_CACHE_DB=str(db))
+    again = run_cli("search", "python", "asyncio", "timeout", "--json", env=env)
+    assert again.code == 0, again.err
+    assert json.loads(again.out)["cached"] is True
+    assert fake_upstream.hits("POST", "/search") == 1
+    stats = first.answer_tools.get_config_info({}, websearch_call())[0]["cache"]
+    assert (stats["entries"], stats["active"], stats["problem"]) == (1, True, None) and stats["bytes"] > 0
+    assert "search cache:" in first.answer_tools.get_config_info({}, websearch_call())[1]
+
+
+def test_persistent_cache_keeps_only_successes_and_no_secret(ring, fake_upstream, tmp_path):
+    key = "tvly-dev-persistentcachesecret123"
+    fake_upstream.route("POST", "/search", {"status": 500, "body": {"error": "boom"}})
+    db = tmp_path / "cache.sqlite"
+    server = db_server(ring, fake_upstream, db, TAVILY_API_KEY=key)
+    failed, _, is_error = server.tool_handlers["web_search"]({"query": "first " + key}, websearch_call())
+    assert is_error
+    assert server.cache.persistent.stats()["entries"] == 0
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    search_once(server, "second " + key)
+    assert server.cache.persistent.stats()["entries"] == 1
+    server.cache.persistent.close()
+    assert key.encode() not in b"".join(p.read_bytes() for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("make", ["corrupt", "directory"])
+def test_unusable_cache_db_is_a_warning_and_memory_carries_on(ring, fake_upstream, tmp_path, make):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    db = tmp_path / "cache.sqlite"
+    if make == "corrupt":
+        db.write_bytes(b"this is not an SQLite database" * 100)
+    else:
+        db.mkdir()
+    server = db_server(ring, fake_upstream, db)
+    assert search_once(server)["cached"] is False
+    assert search_once(server)["cached"] is True          # the memory cache still works
+    stats = server.cache.stats()
+    assert stats["active"] is False and "WEBSEARCH_CACHE_DB" in stats["problem"]
+
+
+def test_persistent_cache_cap_evicts_least_recently_used(ring, tmp_path):
+    cache = ring.PersistentCache(str(tmp_path / "c.sqlite"), 4000, 60.0, quiet_logger(ring))
+    for n in range(10):
+        cache.put(("k", n), {"payload": "x" * 900})
+        if n >= 1:
+            assert cache.get(("k", 0)) is not None, n       # read often: stays
+    stats = cache.stats()
+    assert stats["bytes"] <= 4000 and stats["entries"] < 10
+    assert cache.get(("k", 0)) is not None and cache.get(("k", 1)) is None and cache.get(("k", 9)) is not None
+    cache.close()
+
+
+def test_persistent_cache_expires_and_two_writers_lose_nothing(ring, tmp_path):
+    wall = [1000.0]
+    path = str(tmp_path / "c.sqlite")
+    caches = [ring.PersistentCache(path, 64 * 1024 * 1024, 60.0, quiet_logger(ring), wall=lambda: wall[0])
+              for _ in range(2)]
+    errors = []
+
+    def write(cache, who):
+        try:
+            for n in range(150):
+                cache.put((who, n), {"n": n})
+        except Exception as exc:       # the test's own report
+            errors.append(exc)
+    threads = [threading.Thread(target=write, args=(c, i)) for i, c in enumerate(caches)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEFAULT_TIMEOUT_S)
+    assert errors == [] and [c.problem for c in caches] == [None, None]
+    assert caches[0].stats()["entries"] == 300
+    assert caches[1].get((0, 149)) == ({"n": 149}, 0.0)
+    wall[0] += 61.0
+    assert caches[0].get((0, 149)) is None
+    for c in caches:
+        c.close()
+
+
 # ----------------------------------------------------------------------------------------------
 # §11 Vendors
 # ----------------------------------------------------------------------------------------------
@@ -7982,6 +8086,19 @@ def test_config_never_prints_a_url_whose_query_may_hold_a_key():
         "WEBSEARCH_EXA_MCP_URL": "<your WEBSEARCH_EXA_MCP_URL>"}
 
 
+def test_config_url_points_a_client_at_a_running_http_server():
+    token = "a-long-random-http-token-9012"
+    url = "http://127.0.0.1:8765/mcp"
+    run = run_cli("config", "cursor", "--url", url, env=snippet_env(WEBSEARCH_HTTP_TOKEN=token))
+    assert run.code == 0 and token not in run.out + run.err, run
+    assert json.loads(run.out) == {"mcpServers": {"websearch-ring": {
+        "url": url, "headers": {"Authorization": "Bearer <your WEBSEARCH_HTTP_TOKEN>"}}}}
+    run = run_cli("config", "claude-code", "--url", url, env=snippet_env())
+    assert run.out.strip() == "claude mcp add --transport http --scope local websearch-ring " + url
+    run = run_cli("config", "zed", "--url", url, env=snippet_env())
+    assert run.code == 2 and "take a URL" in run.err
+
+
 def test_snippet_strings_escape_what_yaml_and_toml_refuse(ring):
     for text in ("a\x85b\x9fc\x7fd\u2028e", "C:\\Program Files\\Py \"3\"", "\U0001d11e tab\tnl\n"):
         quoted = ring._quoted(text)
@@ -10741,6 +10858,353 @@ def test_calls_run_on_reused_worker_threads_and_drain_waits_for_them(ring):
     assert server.drain(0.02) is False
     release.set()
     assert server.drain(DEFAULT_TIMEOUT_S) and len(threads) == 3 and server._idle == 3
+
+
+# ---- Streamable HTTP (serve --http): the front in-process on 127.0.0.1 port 0 ------------------
+
+HTTP_ACCEPT = "application/json, text/event-stream"
+
+
+class HttpFrontRunner:
+    """An in-process ``HttpFront`` serving on 127.0.0.1 port 0 in a thread, and a small client for it."""
+
+    def __init__(self, ring, env=None, host="127.0.0.1", **kwargs):
+        config = ring.Config.from_env(server_env(env))
+        self.server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+        self.front = ring.HttpFront(self.server, host, 0, **kwargs)
+        self.thread = threading.Thread(target=self.front.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+        self.port = self.front.port
+
+    def close(self):
+        self.front.close("test over", grace_s=2.0)
+        self.thread.join(DEFAULT_TIMEOUT_S)
+
+    def request(self, method, body=None, headers=None, path="/mcp"):
+        """``(status, headers, body bytes)`` of one request on a connection of its own."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=DEFAULT_TIMEOUT_S)
+        try:
+            data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+            sent = {"Content-Type": "application/json", "Accept": HTTP_ACCEPT}
+            sent.update(headers or {})
+            conn.request(method, path, body=data, headers={k: v for k, v in sent.items() if v is not None})
+            response = conn.getresponse()
+            return response.status, response.headers, response.read()
+        finally:
+            conn.close()
+
+    def post(self, message, sid=None, **headers):
+        if sid is not None:
+            headers["Mcp-Session-Id"] = sid
+        return self.request("POST", message, headers)
+
+    def initialize(self, version="2025-11-25"):
+        status, headers, _ = self.post({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}})
+        assert status == 200
+        sid = headers["Mcp-Session-Id"]
+        assert self.post({"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)[0] == 202
+        return sid
+
+    def call(self, sid, msg_id, query, progress=None, **headers):
+        params = {"name": "web_search", "arguments": {"query": query}}
+        if progress is not None:
+            params["_meta"] = {"progressToken": progress}
+        return self.post({"jsonrpc": "2.0", "id": msg_id, "method": "tools/call", "params": params}, sid, **headers)
+
+
+@pytest.fixture
+def http_front(ring):
+    """Factory ``http_front(env=None, **kwargs) -> HttpFrontRunner``; every front closed after the test."""
+    made = []
+
+    def make(env=None, **kwargs):
+        runner = HttpFrontRunner(ring, env, **kwargs)
+        made.append(runner)
+        return runner
+    yield make
+    for runner in made:
+        runner.close()
+
+
+def stateless_message(msg_id, method, params=None, version="2026-07-28"):
+    params = dict(params or {})
+    params["_meta"] = dict(params.get("_meta") or {}, **{
+        "io.modelcontextprotocol/protocolVersion": version, "io.modelcontextprotocol/clientCapabilities": {}})
+    message = {"jsonrpc": "2.0", "method": method, "params": params}
+    if msg_id is not None:
+        message["id"] = msg_id
+    return message
+
+
+def stateless_headers(message, version="2026-07-28"):
+    headers = {"MCP-Protocol-Version": version, "Mcp-Method": message["method"]}
+    if message["method"] == "tools/call":
+        headers["Mcp-Name"] = message["params"]["name"]
+    return headers
+
+
+def sse_messages(body):
+    """The JSON-RPC messages of an event stream body (and no event may carry an id)."""
+    text = body.decode("utf-8")
+    assert not re.search(r"^id:", text, re.M), "an SSE event carries an id"
+    return [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_http_session_lifecycle(http_front):
+    front = http_front()
+    sid = front.initialize()
+    assert re.fullmatch(r"[\x21-\x7e]{32}", sid)
+    status, headers, body = front.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, sid,
+                                       **{"MCP-Protocol-Version": "2025-11-25"})
+    assert (status, headers["Content-Type"]) == (200, "application/json")
+    assert "web_search" in [t["name"] for t in json.loads(body)["result"]["tools"]]
+    # Session-era JSON-RPC errors travel with 200 (older clients drop the body of anything else).
+    status, _, body = front.post({"jsonrpc": "2.0", "id": 2, "method": "no/such"}, sid)
+    assert (status, json.loads(body)["error"]["code"]) == (200, METHOD_NOT_FOUND)
+    assert front.post({"jsonrpc": "2.0", "id": 3, "method": "tools/list"})[0] == 400        # no session id
+    assert front.post({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, "f" * 32)[0] == 404
+    assert front.post({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}, sid,
+                      **{"MCP-Protocol-Version": "2099-01-01"})[0] == 400
+    status, headers, _ = front.request("GET", headers={"Mcp-Session-Id": sid, "Accept": "text/event-stream"})
+    assert status == 405 and "POST" in headers["Allow"]
+    assert front.request("DELETE", headers={"Mcp-Session-Id": sid})[0] == 200
+    assert front.post({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}, sid)[0] == 404
+    assert front.request("DELETE", headers={"Mcp-Session-Id": sid})[0] == 404
+    assert front.request("PUT", b"{}")[0] == 405
+    assert front.request("POST", b"{}", path="/other")[0] == 404
+
+
+def test_http_call_streams_progress_then_the_answer_and_shares_the_cache(http_front, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    front = http_front(ring_env({"tavily": fake_upstream}))
+    first, second = front.initialize(), front.initialize()
+    status, headers, body = front.call(first, 1, "python asyncio timeout", progress="p1")
+    assert (status, headers["Content-Type"]) == (200, "text/event-stream")
+    messages = sse_messages(body)
+    assert messages[0]["method"] == "notifications/progress" and messages[0]["params"]["progressToken"] == "p1"
+    assert messages[-1]["id"] == 1 and messages[-1]["result"]["isError"] is False
+    # Another session, the same id and query: its own request, answered from the shared cache as JSON.
+    status, headers, body = front.call(second, 1, "python asyncio timeout", progress="p2",
+                                       Accept="application/json")
+    assert (status, headers["Content-Type"]) == (200, "application/json")
+    assert json.loads(body)["result"]["structuredContent"]["cached"] is True
+    assert fake_upstream.hits("POST", "/search") == 1
+
+
+def test_http_cancel_reaches_the_upstream_only_in_its_own_session(http_front, fake_upstream):
+    never = threading.Event()
+    fake_upstream.route("POST", "/search", {"fixture": "tavily/search_success.json", "block_until": never})
+    front = http_front(ring_env({"tavily": fake_upstream}))
+    mine, other = front.initialize(), front.initialize()
+    outcome, done = in_thread(front.call, mine, 7, "python asyncio timeout")
+    fake_upstream.wait_for_requests(1, path="/search")
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7, "reason": "t"}}
+    assert front.post(cancel, other)[0] == 202           # the same id in another session cancels nothing
+    assert not done.wait(0.05)
+    assert front.post(cancel, mine)[0] == 202
+    fake_upstream.wait_for_disconnects(1, timeout=5)
+    assert done.wait(DEFAULT_TIMEOUT_S)
+    status, _, body = outcome["value"]
+    assert (status, json.loads(body)["error"]["code"]) == (200, -32800)   # never a dropped POST
+    never.set()
+
+
+def _raw_post(port, message, headers):
+    """A socket that has sent one POST and is left open (the caller closes it: a hang-up)."""
+    data = json.dumps(message).encode()
+    lines = ["POST /mcp HTTP/1.1", "Host: 127.0.0.1:%d" % port, "Content-Type: application/json",
+             "Accept: " + HTTP_ACCEPT, "Content-Length: %d" % len(data)]
+    lines += ["%s: %s" % item for item in headers.items()]
+    sock = socket.create_connection(("127.0.0.1", port), timeout=DEFAULT_TIMEOUT_S)
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
+    return sock
+
+
+def test_http_hang_up_cancels_only_in_the_stateless_revision(http_front, fake_upstream):
+    release = threading.Event()
+    fake_upstream.route("POST", "/search", {"fixture": "tavily/search_success.json", "block_until": release})
+    front = http_front(ring_env({"tavily": fake_upstream}))
+    # Session era: the call goes on into the cache.
+    sid = front.initialize()
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+               "params": {"name": "web_search", "arguments": {"query": "session era query"}}}
+    _raw_post(front.port, message, {"Mcp-Session-Id": sid}).close()
+    fake_upstream.wait_for_requests(1, path="/search")
+    for _ in range(6):          # a hang-up is noticed within the front's 0.1 s poll: give it three
+        time.sleep(0.05)
+        assert fake_upstream.disconnects == []
+    release.set()
+    wait_until(lambda: len(front.server.cache) == 1, what="the call finished into the cache")
+    # Stateless revision: the hang-up is the cancel.
+    release.clear()
+    message = stateless_message(2, "tools/call", {"name": "web_search", "arguments": {"query": "stateless query"}})
+    _raw_post(front.port, message, stateless_headers(message)).close()
+    fake_upstream.wait_for_disconnects(1, timeout=5)
+    release.set()
+
+
+def test_http_stateless_revision(http_front):
+    front = http_front()
+
+    def post(message, **override):
+        headers = dict(stateless_headers(message), **override)
+        status, _, body = front.request("POST", message, headers)
+        return status, json.loads(body) if body else None
+
+    status, answer = post(stateless_message(1, "server/discover"))
+    assert status == 200 and "2026-07-28" in answer["result"]["supportedVersions"]
+    status, answer = post(stateless_message(2, "tools/list"))
+    assert status == 200 and answer["result"]["resultType"] == "complete"
+    assert post(stateless_message(3, "no/such"))[1]["error"]["code"] == METHOD_NOT_FOUND
+    assert post(stateless_message(3, "no/such"))[0] == 404
+    status, answer = post(stateless_message(4, "tools/list"), **{"Mcp-Method": "tools/call"})
+    assert (status, answer["error"]["code"]) == (400, -32020)
+    status, answer = post(stateless_message(5, "tools/list", version="2099-01-01"),
+                          **{"MCP-Protocol-Version": "2099-01-01"})
+    assert (status, answer["error"]["code"]) == (400, -32022)
+    assert post(stateless_message(None, "notifications/cancelled", {"requestId": 1}))[0] == 202
+    # A body of the stateless revision under a handshake header (or none) is a mismatch.
+    status, _, _ = front.request("POST", stateless_message(6, "tools/list"))
+    assert status == 400
+    assert front.request("GET", headers={"MCP-Protocol-Version": "2026-07-28"})[0] == 405
+
+
+@pytest.mark.parametrize("headers, status", [
+    ({"Origin": "https://evil.example"}, 403),
+    ({"Origin": "null"}, 403),
+    ({"Host": "evil.example:80"}, 421),
+    ({"Origin": "http://localhost:6274"}, 200),
+])
+def test_http_refuses_foreign_origins_and_hosts(http_front, headers, status):
+    front = http_front()
+    message = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25"}}
+    assert front.request("POST", message, headers)[0] == status
+
+
+def test_http_token_is_required_and_checked(http_front, ring):
+    token = "a-long-random-http-token-1234"
+    front = http_front({"WEBSEARCH_HTTP_TOKEN": token})
+    message = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25"}}
+    status, headers, _ = front.request("POST", message)
+    assert (status, headers["WWW-Authenticate"]) == (401, "Bearer")
+    status, headers, _ = front.request("POST", message, {"Authorization": "Bearer wrong"})
+    assert status == 401 and "invalid_token" in headers["WWW-Authenticate"]
+    assert front.request("POST", message, {"Authorization": "Bearer " + token})[0] == 200
+    assert front.request("GET", path="/health")[0] == 200        # health needs no token and tells no secret
+    config = ring.Config.from_env(server_env())
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    with pytest.raises(ValueError, match="WEBSEARCH_HTTP_TOKEN"):
+        ring.HttpFront(server, "0.0.0.0", 0)
+
+
+def test_http_masks_secrets_in_every_answer(http_front, fake_upstream):
+    token = "a-long-random-http-token-5678"
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    front = http_front(ring_env({"tavily": fake_upstream}, WEBSEARCH_HTTP_TOKEN=token))
+    auth = {"Authorization": "Bearer " + token}
+    message = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25"}}
+    sid = front.request("POST", message, auth)[1]["Mcp-Session-Id"]
+    status, _, body = front.call(sid, 1, "what is " + token, progress=1, **auth)
+    assert status == 200 and token.encode() not in body and b"a-lo\xe2\x80\xa6" in body
+
+
+def test_http_refuses_bad_bodies(http_front):
+    front = http_front()
+    sid = front.initialize()
+    status, _, body = front.request("POST", b'{"jsonrpc": "2.0", "id": 1, "meth', {"Mcp-Session-Id": sid})
+    assert (status, json.loads(body)["error"]["code"]) == (400, PARSE_ERROR)
+    assert front.request("POST", b"\xff\xfe", {"Mcp-Session-Id": sid})[0] == 400
+    assert front.request("POST", b"{}", {"Content-Type": "text/plain", "Mcp-Session-Id": sid})[0] == 415
+    # A 100 MB body is refused from its Content-Length, before a byte of it is read.
+    sock = socket.create_connection(("127.0.0.1", front.port), timeout=DEFAULT_TIMEOUT_S)
+    with sock:
+        sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 104857600\r\n\r\n{")
+        assert sock.recv(100).startswith(b"HTTP/1.1 413")
+    sock = socket.create_connection(("127.0.0.1", front.port), timeout=DEFAULT_TIMEOUT_S)
+    with sock:
+        sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 411")
+
+
+def test_http_drops_a_slow_client_without_disturbing_others(http_front):
+    front = http_front(io_timeout_s=0.2)
+    sock = socket.create_connection(("127.0.0.1", front.port), timeout=DEFAULT_TIMEOUT_S)
+    with sock:
+        sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")      # and then nothing
+        assert front.initialize()                                     # others are served meanwhile
+        assert sock.recv(100) == b""                                   # the slow one is dropped
+
+
+def test_http_cuts_off_a_client_dripping_its_headers(http_front):
+    front = http_front(head_deadline_s=0.2)
+    sock = socket.create_connection(("127.0.0.1", front.port), timeout=DEFAULT_TIMEOUT_S)
+    with sock:
+        sock.sendall(b"POST /mcp HTTP/1.1\r\n")
+        until = time.monotonic() + DEFAULT_TIMEOUT_S
+        closed = False
+        while not closed and time.monotonic() < until:        # a header byte every 20 ms, never the end
+            try:
+                sock.sendall(b"X")
+                closed = select.select([sock], [], [], 0.02)[0] and sock.recv(100) == b""
+            except OSError:
+                closed = True
+        assert closed
+        assert front.initialize()
+
+
+def test_http_session_limits(http_front, ring):
+    clock = FakeClock()
+    front = http_front({"WEBSEARCH_HTTP_MAX_SESSIONS": "2", "WEBSEARCH_HTTP_SESSION_IDLE_MS": "60000"},
+                       clock=clock)
+    first, _ = front.initialize(), front.initialize()
+    message = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25"}}
+    assert front.request("POST", message)[0] == 503
+    clock.advance(61.0)
+    assert front.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, first)[0] == 404   # expired
+    front.front.sweep()         # (the listener's own sweep may have come first)
+    assert front.front.sessions == {}
+    assert front.initialize()
+
+
+def test_http_batch_of_2025_03_26_is_one_json_array(http_front):
+    front = http_front()
+    sid = front.initialize("2025-03-26")
+    status, _, body = front.post([{"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                                  {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}], sid)
+    assert status == 200 and sorted(m["id"] for m in json.loads(body)) == [1, 2]
+
+
+def test_serve_http_subprocess_health_and_sigterm():
+    env = server_env()
+    process = subprocess.Popen([sys.executable, str(SERVER_PATH), "serve", "--http", "127.0.0.1:0"], env=env,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        lines = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in process.stderr], daemon=True).start()
+        line = lines.get(timeout=DEFAULT_TIMEOUT_S).decode()
+        url = re.search(r"http://127\.0\.0\.1:(\d+)/mcp", line)
+        assert url, line
+        conn = http.client.HTTPConnection("127.0.0.1", int(url.group(1)), timeout=DEFAULT_TIMEOUT_S)
+        conn.request("GET", "/health")
+        answer = conn.getresponse()
+        assert answer.status == 200 and json.loads(answer.read())["status"] == "ok"
+        conn.close()
+        if os.name == "nt":
+            process.terminate()
+        else:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(DEFAULT_TIMEOUT_S) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(DEFAULT_TIMEOUT_S)
+        process.stdout.close()
+        process.stderr.close()
+    refused = subprocess.run([sys.executable, str(SERVER_PATH), "serve", "--http", "0.0.0.0:0"], env=env,
+                             stdin=subprocess.DEVNULL, capture_output=True, timeout=DEFAULT_TIMEOUT_S)
+    assert refused.returncode == 2 and b"WEBSEARCH_HTTP_TOKEN" in refused.stderr
 
 
 # ----------------------------------------------------------------------------------------------

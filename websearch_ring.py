@@ -23,7 +23,8 @@
 """websearch_ring: stdio MCP server for resilient web search. Standard library only.
 
 One file, no dependencies beyond the Python standard library (3.9 or newer).
-An MCP client starts it with ``python websearch_ring.py`` and gets web search
+An MCP client starts it with ``python websearch_ring.py`` (or many share one
+``python websearch_ring.py serve --http PORT``) and gets web search
 that rotates across engines with failover (keyless by default, keys
 optional), researched answers, pages and PDFs as paged Markdown, site maps
 and crawls; identical requests are cached and coalesced, and every failure
@@ -39,7 +40,7 @@ Contents (grep -n '^# §'), in two parts:
  §14 Key pool, circuit breaker and engine health  §15 Cache and coalescing  §16 Vendors
  §17 Fetch providers and the site mapper  §18 Ring  §19 Tool schemas and argument checking
  §20 Search and page tools  §21 Answer and configuration tools  §22 Planning tools
- §23 JSON-RPC server  §24 Command line
+ §23 JSON-RPC server  §24 Streamable HTTP  §25 Command line
 """
 
 __version__ = "0.1.0"
@@ -84,6 +85,8 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 UNSUPPORTED_VERSION = -32022
+HEADER_MISMATCH = -32020       # stateless HTTP: a routing header disagrees with the body
+MISSING_CAPABILITY = -32021
 
 MAX_LINE_BYTES = 16 * 1024 * 1024     # a stdin line longer than this is discarded
 MAX_BODY_BYTES = 5 * 1024 * 1024      # every upstream body, streams too
@@ -310,6 +313,7 @@ _tempfile = LazyModule("tempfile")
 _traceback = LazyModule("traceback")
 _unicodedata = LazyModule("unicodedata")
 _urllib_parse = LazyModule("urllib.parse")
+_weakref = LazyModule("weakref")
 
 
 # Secrets that look like keys even when we were not told about them (not inside a longer word:
@@ -6254,6 +6258,23 @@ VARIABLES = (
         lo=0, hi=604800000, scale=0.001),
     Var("WEBSEARCH_CACHE_MAX", "cache_max", "int", "512",
         "Most cached searches kept (least recently used evicted first).", lo=1, hi=1000000),
+    Var("WEBSEARCH_CACHE_DB", "cache_db", "str", "",
+        "Path of an SQLite file that keeps successful searches across restarts and shares them between "
+        "every server process on the host (stdio or HTTP), under the memory cache, same keys and TTL. "
+        "Unset: memory only.", label="memory only"),
+    Var("WEBSEARCH_CACHE_DB_MB", "cache_db_mb", "int", "256",
+        "Megabytes WEBSEARCH_CACHE_DB may hold (least recently used searches go first).", lo=1, hi=100000),
+    Var("WEBSEARCH_HTTP_TOKEN", "http_token", "str", "",
+        "Bearer token that serve --http requires of every client (Authorization: Bearer ...); required to "
+        "serve on an address other than loopback.", secret=True),
+    Var("WEBSEARCH_HTTP_ORIGINS", "http_origins", "list", "",
+        "Browser origins serve --http accepts besides localhost, comma-separated "
+        "(e.g. https://chat.example.com); any other Origin gets 403.", label="loopback origins only"),
+    Var("WEBSEARCH_HTTP_MAX_SESSIONS", "http_max_sessions", "int", "1000",
+        "Most open serve --http sessions; initialize beyond it gets 503.", lo=1, hi=100000),
+    Var("WEBSEARCH_HTTP_SESSION_IDLE_MS", "http_session_idle_s", "int", "1800000",
+        "How long a serve --http session may stay unused before it ends (clients that never close theirs).",
+        lo=1000, hi=604800000, scale=0.001),
     Var("WEBSEARCH_MAX_INFLIGHT", "max_inflight", "int", "16",
         "Most upstream HTTP requests at once; further requests queue, never fail.", lo=1, hi=1024),
     Var("WEBSEARCH_COOLDOWN_MS", "cooldown_s", "int", "60000",
@@ -8737,14 +8758,16 @@ class TTLCache:
             self._on_evict(key, "expired")
         return default
 
-    def put(self, key, value):
-        if self.ttl_s <= 0:
+    def put(self, key, value, ttl_s=None):
+        """Store ``value`` for ``ttl_s`` (default: the cache's TTL; never longer)."""
+        ttl_s = self.ttl_s if ttl_s is None else min(ttl_s, self.ttl_s)
+        if ttl_s <= 0:
             return
         evicted = []
         with self._lock:
             if key in self._data:
                 self._drop_locked(key)
-            self._data[key] = (self._clock() + self.ttl_s, value)
+            self._data[key] = (self._clock() + ttl_s, value)
             if self._weigh is not None:
                 self.weight += self._weigh(value)
             while len(self._data) > self.maxsize or (
@@ -8895,6 +8918,175 @@ class Coalescer:
         with flight.cond:
             flight.value, flight.error, flight.done = value, error, True
             flight.cond.notify_all()
+
+
+_sqlite3 = LazyModule("sqlite3")
+CACHE_DB_BUSY_S = 2.0       # how long one process waits for another's write to the shared cache
+
+
+class PersistentCache:
+    """Successful web_search outcomes in SQLite (WEBSEARCH_CACHE_DB), shared by every server process on
+    the host: what one process asked, the next answers without going upstream.
+
+    Rows are named by a digest of the memory cache's key; times are wall-clock seconds, which every process
+    shares.  WAL lets readers and one writer work at once; a write waits up to ``CACHE_DB_BUSY_S`` for
+    another.  Bounded by ``max_bytes``: the least recently used rows go first.  Values pass the masking
+    pass before they are stored (nothing secret on disk).  Any database failure (corrupt, read-only,
+    full) is logged once as a configuration warning and the cache turns itself off: the server goes
+    on with the memory cache; a database still locked after the busy timeout only skips that write.
+    """
+
+    def __init__(self, path, max_bytes, ttl_s, logger, redact=None, wall=time.time):
+        self.path, self.max_bytes, self.ttl_s = path, max_bytes, ttl_s
+        self.log, self._redact, self._wall = logger, redact, wall
+        self._lock = threading.Lock()
+        self.hits = self.misses = self.skipped = 0
+        self.problem = None
+        self._db = None
+        try:
+            db = _sqlite3.connect(path, timeout=CACHE_DB_BUSY_S, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA busy_timeout=%d" % int(CACHE_DB_BUSY_S * 1000))
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE IF NOT EXISTS search_cache (key TEXT PRIMARY KEY, value TEXT NOT NULL, "
+                       "stored REAL NOT NULL, expires REAL NOT NULL, used REAL NOT NULL, size INTEGER NOT NULL)")
+            db.execute("CREATE INDEX IF NOT EXISTS search_cache_used ON search_cache (used)")
+            self._db = db
+        except (_sqlite3.Error, OSError, ValueError) as exc:
+            self._fail(exc)
+
+    @property
+    def active(self):
+        return self._db is not None
+
+    def _fail(self, exc):
+        """Turn the cache off after a database failure, once, with the reason logged; a lock only skips."""
+        if "locked" in str(exc) or "busy" in str(exc):
+            self.skipped += 1
+            return
+        self.problem = "WEBSEARCH_CACHE_DB=%s cannot be used (%s: %s); carrying on with the memory cache" % (
+            self.path, type(exc).__name__, exc)
+        self.log.warning("configuration: %s", self.problem)
+        db, self._db = self._db, None
+        if db is not None:
+            try:
+                db.close()
+            except _sqlite3.Error:
+                pass
+
+    def get(self, key):
+        """``(value, age_s)`` of a live entry, or None."""
+        if self._db is None:
+            return None
+        now = self._wall()
+        with self._lock:
+            try:
+                row = self._db.execute("SELECT value, stored FROM search_cache WHERE key = ? AND expires > ?",
+                                       (_json_key(key), now)).fetchone()
+                if row is not None:
+                    self._db.execute("UPDATE search_cache SET used = ? WHERE key = ?", (now, _json_key(key)))
+                    value = json.loads(row[0])
+            except (_sqlite3.Error, ValueError, AttributeError) as exc:
+                self._fail(exc)
+                row = None
+            if row is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+        return value, max(0.0, now - row[1])
+
+    def put(self, key, value, age_s=0.0):
+        """Store ``value`` (JSON) for what is left of the TTL, then evict down to the cap."""
+        if self._db is None or self.ttl_s <= 0:
+            return
+        if self._redact is not None:
+            value = self._redact.outgoing(value)
+        text, name = json.dumps(finite_json(value), separators=(",", ":")), _json_key(key)
+        size, now = len(text) + len(name), self._wall()
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            try:
+                self._db.execute("INSERT OR REPLACE INTO search_cache VALUES (?, ?, ?, ?, ?, ?)",
+                                 (name, text, now - age_s, now - age_s + self.ttl_s, now, size))
+                self._evict(now)
+            except (_sqlite3.Error, AttributeError) as exc:
+                self._fail(exc)
+
+    def _evict(self, now):
+        """Drop expired rows, then the least recently used until the total is under the cap."""
+        self._db.execute("DELETE FROM search_cache WHERE expires <= ?", (now,))
+        total = self._db.execute("SELECT total(size) FROM search_cache").fetchone()[0]
+        while total > self.max_bytes:
+            doomed = []
+            for name, size in self._db.execute("SELECT key, size FROM search_cache ORDER BY used LIMIT 64"):
+                if total <= self.max_bytes:
+                    break
+                doomed.append((name,))
+                total -= size
+            if not doomed:
+                return
+            self._db.executemany("DELETE FROM search_cache WHERE key = ?", doomed)
+
+    def stats(self):
+        """What ``check`` and get_config_info show: entries, bytes, hit rate, the problem if any."""
+        entries = size = 0
+        if self._db is not None:
+            with self._lock:
+                try:
+                    entries, size = self._db.execute("SELECT count(*), total(size) FROM search_cache").fetchone()
+                except (_sqlite3.Error, AttributeError) as exc:
+                    self._fail(exc)
+        asked = self.hits + self.misses
+        return {"path": self.path, "active": self._db is not None, "entries": entries, "bytes": int(size),
+                "max_bytes": self.max_bytes, "hits": self.hits, "misses": self.misses,
+                "hit_rate": round(self.hits / asked, 3) if asked else None, "problem": self.problem}
+
+    def close(self):
+        with self._lock:
+            db, self._db = self._db, None
+            if db is not None:
+                db.close()
+
+
+def _json_key(key):
+    """A cache key (tuples of strings and numbers) as the name of its row: a digest, so that a query
+    (which may hold anything, a pasted key too) is not written to disk."""
+    text = json.dumps(key, separators=(",", ":"), ensure_ascii=False, default=str)
+    return _hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class LayeredCache:
+    """The memory cache (a :class:`TTLCache` of ``(value, stored_at)``) over a :class:`PersistentCache`:
+    a read that misses memory asks the database and keeps what it finds in memory for the rest of its
+    TTL; a write goes to both.  Speaks TTLCache's get, put, sweep and len."""
+
+    def __init__(self, memory, persistent, clock=time.monotonic):
+        self.memory, self.persistent, self._clock = memory, persistent, clock
+
+    def __len__(self):
+        return len(self.memory)
+
+    def get(self, key, default=None):
+        value = self.memory.get(key)
+        if value is not None:
+            return value
+        found = self.persistent.get(key)
+        if found is None:
+            return default
+        value = (found[0], self._clock() - found[1])
+        self.memory.put(key, value, ttl_s=self.memory.ttl_s - found[1])
+        return value
+
+    def put(self, key, value):
+        self.memory.put(key, value)
+        self.persistent.put(key, value[0], self._clock() - value[1])
+
+    def sweep(self):
+        return self.memory.sweep()
+
+    def stats(self):
+        return dict(self.persistent.stats(), memory_entries=len(self.memory))
 
 
 # ---------------------------------------------------------------------------
@@ -12682,6 +12874,27 @@ def answer_sources(result):
     return sources
 
 
+def search_cache_stats(cache):
+    """The search cache as get_config_info and ``check`` show it: entries in memory, and the
+    persistent cache's entries, size and hit rate when WEBSEARCH_CACHE_DB is set (None without a cache)."""
+    if cache is None:
+        return None
+    if isinstance(cache, LayeredCache):
+        return cache.stats()
+    return {"memory_entries": len(cache), "path": None}
+
+
+def cache_line(stats):
+    """One line about the search cache."""
+    line = "search cache: %d in memory" % stats["memory_entries"]
+    if stats.get("path"):
+        rate = stats["hit_rate"]
+        line += "; %s: %d entries, %.1f of %d MB, hit rate %s%s" % (
+            stats["path"], stats["entries"], stats["bytes"] / 1048576.0, stats["max_bytes"] // 1048576,
+            "-" if rate is None else "%.0f%%" % (rate * 100), "" if stats["active"] else " (off: %s)" % stats["problem"])
+    return line
+
+
 class AnswerTools:
     """web_answer, switch_model and get_config_info."""
 
@@ -12702,6 +12915,7 @@ class AnswerTools:
             "all %d answer slots busy (GROK_MAX_CONCURRENCY); question queued", s.limit))
         self.override = None            # set by switch_model, this process only
         self.model_file = ModelFile(config.config_file)
+        self.search_cache = None        # web_search's cache, set by the Server: get_config_info shows it
         self._switching = threading.Lock()
         self._lock = threading.Lock()
         self._catalogue = None          # (fetched_at, [model ids])
@@ -12952,7 +13166,7 @@ class AnswerTools:
                   "answer": self._answer_setup(model, source), "vendors": self._vendors(), "keys": self._keys(),
                   "connection_test": self._connection_test(model, call),
                   "tools": [tool.name for tool in listed_tools(self.config.tools)],
-                  "unlisted_tools": self._unlisted_tools()})
+                  "unlisted_tools": self._unlisted_tools(), "cache": search_cache_stats(self.search_cache)})
         return s, self._config_text(s), False
 
     def _problems(self):
@@ -13000,6 +13214,8 @@ class AnswerTools:
         if s["keys"].get("keys"):
             lines.append("tavily keys: " + ", ".join("%s %s" % (k["key"], k["state"]) for k in s["keys"]["keys"]))
         lines += ["not listed: %s (%s)" % (t["tool"], t["enable"]) for t in s["unlisted_tools"]]
+        if s["cache"]:
+            lines.append(cache_line(s["cache"]))
         lines += ["problem: " + p["message"] for p in s["problems"]] or ["no configuration problems"]
         return "\n".join(lines)
 
@@ -13277,6 +13493,24 @@ def rpc_result(msg_id, result):
     return {"jsonrpc": "2.0", "id": msg_id, "result": result}
 
 
+class Peer:
+    """One client's conversation with the dispatcher: the protocol version it negotiated, the log
+    level it asked for, its calls in flight (request id -> CancelToken, what notifications/cancelled
+    looks up) and where its messages go (``send``).
+
+    The stdio server has one; the HTTP server one per session, and one per request of the stateless
+    revision, so that two clients that both number their requests from 1 never meet.
+    """
+
+    __slots__ = ("send", "protocol_version", "client_log_level", "calls", "__weakref__")
+
+    def __init__(self, send):
+        self.send = send
+        self.protocol_version = None   # negotiated by initialize (handshake era)
+        self.client_log_level = None   # set by logging/setLevel
+        self.calls = {}
+
+
 class Server:
     """The MCP server: reads JSON-RPC lines, runs tool calls on worker threads, writes answers.
 
@@ -13293,7 +13527,8 @@ class Server:
         self._stdout = stdout if stdout is not None else sys.stdout.buffer
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
-        self._calls = {}          # _call_key(request id) -> CancelToken, for notifications/cancelled
+        self.peer = Peer(self.send)    # the stdio client
+        self._peers = _weakref.WeakSet([self.peer])   # every peer whose calls a shutdown cancels
         # Worker threads are kept for a while and reused: a thread per call cost CPU to start, and
         # memory in the allocator's per-thread arenas over a long run.  Under _workers_cond:
         self._workers_cond = threading.Condition(self._state_lock)
@@ -13302,9 +13537,10 @@ class Server:
         self._idle = 0                      # workers waiting for a task, not yet promised one
         self._sweeper = None
         self._stdout_broken = False
-        self.protocol_version = None   # negotiated by initialize (handshake era)
-        self.client_log_level = None   # set by logging/setLevel
         self.cache = TTLCache(config.cache_max, config.ttl_s, clock, on_evict=self._evicted)
+        if config.cache_db:
+            self.cache = LayeredCache(self.cache, PersistentCache(
+                config.cache_db, config.cache_db_mb * 1024 * 1024, config.ttl_s, self.log, self.redact), clock)
         self.sessions = TTLCache(SESSION_MAX, SESSION_TTL_S, clock)
         self.coalescer = Coalescer()
         self.transport = Transport(config, self.log, clock)
@@ -13320,6 +13556,7 @@ class Server:
                                         self.log, clock, pages=self.page_tools)
         self.answer_tools = AnswerTools(config, self.transport, self.ring, self.sessions, self.coalescer,
                                         self.log, clock)
+        self.answer_tools.search_cache = self.cache
         self.plan_tools = PlanTools(TTLCache(SESSION_MAX, SESSION_TTL_S, clock), clock)
         # Every tool answers through the CLI; only the listed ones (WEBSEARCH_TOOLS, or no GROK_API_KEY)
         # through tools/call, where the others are unknown tools.
@@ -13348,13 +13585,35 @@ class Server:
             return handler
         return lambda args, call: handler(args, call, inline=True)
 
+    @property
+    def protocol_version(self):
+        """The version the stdio client negotiated."""
+        return self.peer.protocol_version
+
+    @property
+    def client_log_level(self):
+        return self.peer.client_log_level
+
+    def new_peer(self, send):
+        """A :class:`Peer` of another transport, its calls cancelled by :meth:`shutdown` too."""
+        peer = Peer(send)
+        with self._state_lock:
+            self._peers.add(peer)
+        return peer
+
     # -- output ---------------------------------------------------------------
 
-    def send(self, message):
-        """Write one JSON-RPC message (or batch) as one line, every secret in it masked; never raises."""
+    def encode(self, message):
+        """One JSON-RPC message (or batch) as a UTF-8 line, every secret in it masked: every byte
+        a transport sends about a message is made here."""
         data = json_line(message)
         if self.redact.needed(data.decode("utf-8")):
             data = json_line(self.redact.outgoing(message))
+        return data
+
+    def send(self, message):
+        """Write one JSON-RPC message (or batch) as one line, every secret in it masked; never raises."""
+        data = self.encode(message)
         with self._write_lock:
             if self._stdout_broken:
                 return
@@ -13368,7 +13627,9 @@ class Server:
         self.send({"jsonrpc": "2.0", "method": method, "params": params})
 
     def _forward_log(self, level, text):
-        wanted = self.client_log_level
+        # Only to the stdio client: the log is the process's, and over HTTP it would tell one
+        # client what the others asked.
+        wanted = self.peer.client_log_level
         if wanted is None or _MCP_LEVELS.index(level if level in _MCP_LEVELS else "info") < _MCP_LEVELS.index(wanted):
             return
         self.notify("notifications/message", {"level": level, "logger": SERVER_NAME, "data": text})
@@ -13428,7 +13689,7 @@ class Server:
     def shutdown(self, reason, grace_s=SHUTDOWN_GRACE_S):
         """Cancel every call in flight (their sockets close at once) and give them ``grace_s`` to unwind."""
         with self._state_lock:
-            tokens = list(self._calls.values())
+            tokens = [token for peer in list(self._peers) for token in peer.calls.values()]
         if tokens:
             self.log.info("%s: cancelling %d call(s) in flight", reason, len(tokens))
         for token in tokens:
@@ -13450,63 +13711,76 @@ class Server:
             self.send(rpc_error(None, PARSE_ERROR, "Parse error: the line is not valid JSON"))
             return
         if isinstance(message, list):
-            self._handle_batch(message)
+            self._handle_batch(message, self.peer)
             return
         if self._is_call(message):
-            self._handle_call(message)
+            self.handle_call(message, self.peer)
             return
         response = self.dispatch(message)
         if response is not None:
             self.send(response)
 
-    def _handle_call(self, message):
-        """A tools/call: what needs no upstream (a cache hit, invalid arguments) is answered here on
-        the reader thread; the rest goes to a worker thread."""
-        token = self._register(message["id"])
+    def handle_call(self, message, peer, send=None):
+        """A tools/call of ``peer``, answered through ``send`` (default: the peer's): what needs no
+        upstream (a cache hit, invalid arguments) is answered here on the reader thread; the rest goes
+        to a worker thread.  Returns the call's CancelToken, or None when it was refused."""
+        send = send or peer.send
+        token = self._register(message["id"], peer)
         if isinstance(token, dict):
-            self.send(token)
-            return
-        response = self._call_response(message, token, inline=True)
+            send(token)
+            return None
+        response = self._call_response(message, token, peer, send, inline=True)
         if response is _DEFER:
-            self._spawn(self._answer_call, message, token)
+            self._spawn(self._answer_call, message, token, peer, send)
         elif response is not None:
-            self.send(response)
+            send(response)
+        return token
 
-    def _handle_batch(self, batch):
-        if self.protocol_version not in BATCH_VERSIONS:
-            self.send(rpc_error(None, INVALID_REQUEST, "batches are not supported in protocol version %s" % (
-                self.protocol_version or "(none negotiated)")))
+    def _handle_batch(self, batch, peer):
+        refused = self.batch_refusal(batch, peer)
+        if refused is not None:
+            peer.send(refused)
             return
+        self._spawn(self._run_batch, batch, [self._batch_token(m, peer) for m in batch], peer)
+
+    def batch_refusal(self, batch, peer):
+        """The error response to a batch ``peer`` may not send (or an empty one); None when it may."""
+        if peer.protocol_version not in BATCH_VERSIONS:
+            return rpc_error(None, INVALID_REQUEST, "batches are not supported in protocol version %s" % (
+                peer.protocol_version or "(none negotiated)"))
         if not batch:
-            self.send(rpc_error(None, INVALID_REQUEST, "empty batch"))
-            return
-        self._spawn(self._run_batch, batch, [self._batch_token(m) for m in batch])
+            return rpc_error(None, INVALID_REQUEST, "empty batch")
+        return None
 
-    def _batch_token(self, m):
+    def _batch_token(self, m, peer):
         """A batch element's cancel token (a call), its error response, or None (answered by dispatch)."""
         if isinstance(m, dict) and m.get("method") == "initialize" and "id" in m:
             # initialize must not be part of a batch: that element is refused, the others answered.
             return rpc_error(m.get("id") if _valid_id(m.get("id")) else None, INVALID_REQUEST,
                              "initialize must not be part of a batch")
-        return self._register(m["id"]) if self._is_call(m) else None
+        return self._register(m["id"], peer) if self._is_call(m) else None
 
-    def _run_batch(self, batch, tokens):
-        """Every element of a batch answered at once; the answers sent together."""
+    def _run_batch(self, batch, tokens, peer):
+        answers = self.batch_answers(batch, tokens, peer)
+        if answers:
+            peer.send(answers)
+
+    def batch_answers(self, batch, tokens, peer):
+        """Every element of a batch answered at once (``tokens``: each element's
+        :meth:`_batch_token`): the answers, to be sent together."""
         results = [None] * len(batch)
 
         def one(i):
             if isinstance(tokens[i], CancelToken):
-                results[i] = self._call_response(batch[i], tokens[i])
+                results[i] = self._call_response(batch[i], tokens[i], peer, peer.send)
             else:
-                results[i] = tokens[i] or self.dispatch(batch[i])
+                results[i] = tokens[i] or self.dispatch(batch[i], peer)
         threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(batch))]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        answers = [r for r in results if r is not None]
-        if answers:
-            self.send(answers)
+        return [r for r in results if r is not None]
 
     @staticmethod
     def _is_call(message):
@@ -13555,8 +13829,8 @@ class Server:
         self._sweeper = threading.Thread(target=sweep, name="sweeper", daemon=True)
         self._sweeper.start()
 
-    def _register(self, msg_id):
-        """A cancel token for a tools/call, registered before its worker starts.
+    def _register(self, msg_id, peer):
+        """A cancel token for a tools/call of ``peer``, registered before its worker starts.
 
         Registering on the reader thread means a ``notifications/cancelled``
         read right after the call always finds it.  Returns an error response
@@ -13566,20 +13840,22 @@ class Server:
             return rpc_error(None, INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
         key = _call_key(msg_id)
         with self._state_lock:
-            if key in self._calls:
+            if key in peer.calls:
                 return rpc_error(msg_id, INVALID_REQUEST, "request id %s is already in use" % json.dumps(msg_id))
-            token = self._calls[key] = CancelToken()
+            token = peer.calls[key] = CancelToken()
         return token
 
-    def _answer_call(self, message, token):
-        response = self._call_response(message, token)
+    def _answer_call(self, message, token, peer, send):
+        response = self._call_response(message, token, peer, send)
         if response is not None:
-            self.send(response)
+            send(response)
 
     # -- dispatch ---------------------------------------------------------------
 
-    def dispatch(self, message):
-        """The response to one message (None for notifications and client responses)."""
+    def dispatch(self, message, peer=None):
+        """The response to one message of ``peer`` (default: the stdio client); None for notifications
+        and client responses."""
+        peer = peer or self.peer
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
             return rpc_error(message.get("id") if isinstance(message, dict) and _valid_id(message.get("id"))
                              else None, INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message")
@@ -13590,7 +13866,7 @@ class Server:
             return rpc_error(message.get("id") if _valid_id(message.get("id")) else None,
                              INVALID_REQUEST, "Invalid Request: method must be a string")
         if "id" not in message:
-            self._notification(method, message.get("params"))
+            self._notification(method, message.get("params"), peer)
             return None
         msg_id = message["id"]
         if not _valid_id(msg_id):
@@ -13602,7 +13878,7 @@ class Server:
             return rpc_error(msg_id, INVALID_PARAMS, "params must be an object")
         try:
             modern = self._check_modern(params)
-            result = self._method(method, params, modern)
+            result = self._method(method, params, modern, peer)
         except RpcError as exc:
             return rpc_error(msg_id, exc.code, exc.message, exc.data)
         if modern or method == "server/discover":
@@ -13636,9 +13912,9 @@ class Server:
     def _capabilities(self):
         return {"tools": {"listChanged": False}, "logging": {}}
 
-    def _method(self, method, params, modern):
+    def _method(self, method, params, modern, peer):
         if method == "initialize":
-            return self._initialize(params)
+            return self._initialize(params, peer)
         if method == "server/discover":
             return {"supportedVersions": list(reversed(ALL_VERSIONS)), "capabilities": self._capabilities(),
                     "instructions": self.instructions, "ttlMs": TOOLS_LIST_TTL_MS,
@@ -13654,52 +13930,54 @@ class Server:
             level = params.get("level")
             if level not in _MCP_LEVELS:
                 raise RpcError(INVALID_PARAMS, "level must be one of: " + ", ".join(_MCP_LEVELS))
-            self.client_log_level = level
-            self.log.debug_listeners = level == "debug"
+            peer.client_log_level = level
+            if peer is self.peer:
+                self.log.debug_listeners = level == "debug"
             return {}
         if method == "tools/call":
             raise RpcError(INTERNAL_ERROR, "tools/call must be answered by a worker")
         raise RpcError(METHOD_NOT_FOUND, "Method not found: %s" % method)
 
-    def _initialize(self, params):
+    def _initialize(self, params, peer):
         requested = params.get("protocolVersion")
         if not isinstance(requested, str):
             raise RpcError(INVALID_PARAMS, "initialize needs params.protocolVersion (a string)")
         version = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
-        self.protocol_version = version
+        peer.protocol_version = version
         client = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else {}
         self.log.info("initialize from %s %s: protocol %s", client.get("name", "?"), client.get("version", ""),
                       version)
         return {"protocolVersion": version, "capabilities": self._capabilities(),
                 "serverInfo": self._server_info(), "instructions": self.instructions}
 
-    def _notification(self, method, params):
+    def _notification(self, method, params, peer):
         if method == "notifications/cancelled" and isinstance(params, dict):
             request_id = params.get("requestId")
             if _valid_id(request_id):
                 with self._state_lock:
-                    token = self._calls.get(_call_key(request_id))
+                    token = peer.calls.get(_call_key(request_id))
                 if token is not None:
                     self.log.info("request %s cancelled by the client", json.dumps(request_id))
                     token.cancel(str(params.get("reason") or "cancelled by the client"))
 
     # -- tools/call ---------------------------------------------------------------
 
-    def _call_response(self, message, token, inline=False):
-        """Run one tools/call to completion; None when it was cancelled.
+    def _call_response(self, message, token, peer, send, inline=False):
+        """Run one tools/call of ``peer`` to completion, its progress through ``send``; None when it
+        was cancelled.
 
         With ``inline`` the call may instead return ``_DEFER``: it needs a worker.
         """
         response = _DEFER
         try:
-            response = self._run_call(message, token, inline)
+            response = self._run_call(message, token, send, inline)
             return response
         finally:
             if response is not _DEFER:
                 with self._state_lock:
-                    self._calls.pop(_call_key(message["id"]), None)
+                    peer.calls.pop(_call_key(message["id"]), None)
 
-    def _run_call(self, message, token, inline=False):
+    def _run_call(self, message, token, send, inline=False):
         msg_id = message["id"]
         try:
             name, args, meta, modern = self._read_call(message.get("params"))
@@ -13709,7 +13987,8 @@ class Server:
         if handler is None:
             return _DEFER
         answer = self._invoke(name, handler, args, CallContext(token, progress=self._progress_sink(
-            meta.get("progressToken"), token), budget=self.memory.child(self.config.call_max_mb << 20, "this call")))
+            meta.get("progressToken"), token, send),
+            budget=self.memory.child(self.config.call_max_mb << 20, "this call")))
         if answer is None or answer is _DEFER:
             return answer
         return rpc_result(msg_id, self._tool_result(*answer, modern))
@@ -13758,7 +14037,7 @@ class Server:
                   "structuredContent": structured, "isError": bool(is_error)}
         return self._complete(result) if modern else result
 
-    def _progress_sink(self, progress_token, cancel_token):
+    def _progress_sink(self, progress_token, cancel_token, send):
         """A function sending notifications/progress for this call, or None without a token."""
         if not isinstance(progress_token, (str, int)) or isinstance(progress_token, bool):
             return None
@@ -13775,7 +14054,7 @@ class Server:
                     params["total"] = total
                 if message:
                     params["message"] = message
-                self.notify("notifications/progress", params)
+                send({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
         return progress
 
 
@@ -13793,7 +14072,705 @@ def _call_key(msg_id):
 
 
 # ---------------------------------------------------------------------------
-# §24 Command line
+# §24 Streamable HTTP
+# ---------------------------------------------------------------------------
+
+HTTP_PATH = "/mcp"
+HTTP_MAX_BODY_BYTES = MAX_LINE_BYTES   # a POST body: the stdio line cap
+HTTP_IO_TIMEOUT_S = 30.0       # one read or write on a client socket: a client that stalls longer is dropped
+HTTP_BODY_DEADLINE_S = 60.0    # a whole request body
+HTTP_HEAD_DEADLINE_S = 30.0    # a request line and headers (a client dripping them byte by byte is cut off)
+HTTP_KEEPALIVE_S = 15.0        # a ": ping" on a quiet event stream, before clients and proxies give up on it
+HTTP_POLL_S = 0.1              # how often a waiting exchange looks whether its client is still there
+HTTP_MAX_CONNECTIONS = 512     # open client connections; more are refused with a 503
+REQUEST_CANCELLED = -32800
+# Stateless revision: the HTTP status of a JSON-RPC error (the spec's MUSTs and the SDK's table); others 200.
+_HTTP_STATUS_OF_ERROR = {PARSE_ERROR: 400, INVALID_REQUEST: 400, INVALID_PARAMS: 400, HEADER_MISMATCH: 400,
+                         MISSING_CAPABILITY: 400, UNSUPPORTED_VERSION: 400, METHOD_NOT_FOUND: 404}
+_CANCELLED = object()          # queued to an exchange when its call was cancelled
+_select = LazyModule("select")
+_queue = LazyModule("queue")
+_hmac = LazyModule("hmac")
+_secrets = LazyModule("secrets")
+_http_server = LazyModule("http.server")
+
+
+def parse_http_address(text):
+    """``(host, port)`` of ``[HOST:]PORT`` (``[::1]:8765`` for IPv6); ValueError when it is not one.
+
+    >>> parse_http_address("8765"), parse_http_address("0.0.0.0:80"), parse_http_address("[::1]:9")
+    (('127.0.0.1', 8765), ('0.0.0.0', 80), ('::1', 9))
+    """
+    host, _, port = text.strip().rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("%r is not [HOST:]PORT (a port is 0-65535)" % text)
+    return host or "127.0.0.1", int(port)
+
+
+def is_loopback_host(host):
+    """True for a name or address that only this machine can reach."""
+    if host.lower() in _LOOPBACK_HOSTS:
+        return True
+    try:
+        return _ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _drop(message):
+    """Where a message nobody waits for goes (an HTTP session has no stream of its own)."""
+
+
+def _base64_header(value):
+    """A routing header's value, its ``=?base64?...?=`` form decoded (None when that is not valid)."""
+    if value is None or not (value.startswith("=?base64?") and value.endswith("?=")):
+        return value
+    try:
+        return _base64.b64decode(value[9:-2], validate=True).decode("utf-8")
+    except ValueError:
+        return None
+
+
+class HttpSession:
+    """A session of the handshake era: its :class:`Peer`, when it was last used, the exchanges in flight
+    (the idle clock stops while there are any)."""
+
+    __slots__ = ("sid", "peer", "last_used", "busy")
+
+    def __init__(self, sid, peer, now):
+        self.sid, self.peer, self.last_used, self.busy = sid, peer, now, 0
+
+
+class HttpFront:
+    """The MCP Streamable HTTP transport (one endpoint, ``/mcp``) in front of one :class:`Server`.
+
+    Every session and every client shares the server's ring, cache, coalescer, key pool and engine
+    health; each gets a :class:`Peer` of its own (a session one for its life, a request of the
+    stateless revision one for that request).  A tools/call runs as on stdio (inline or on a worker)
+    while the request's thread waits on an :class:`_HttpCall`.  Every byte sent about a message goes
+    through :meth:`Server.encode`, the masking pass.
+    """
+
+    def __init__(self, server, host="127.0.0.1", port=0, *, clock=time.monotonic,
+                 io_timeout_s=HTTP_IO_TIMEOUT_S, head_deadline_s=HTTP_HEAD_DEADLINE_S):
+        config = server.config
+        self.server = server
+        self.loopback = is_loopback_host(host)
+        self.token = config.http_token.encode("utf-8") if config.http_token else None
+        if not self.loopback and self.token is None:
+            raise ValueError("serving on %s (not loopback) needs WEBSEARCH_HTTP_TOKEN: anyone who can reach the "
+                             "port could use your keys and quota" % host)
+        self.origins = frozenset(o.rstrip("/").lower() for o in config.http_origins)
+        self.max_sessions, self.idle_s = config.http_max_sessions, config.http_session_idle_s
+        self.io_timeout_s, self.head_deadline_s = io_timeout_s, head_deadline_s
+        self._heads = {}            # socket -> when it started waiting for a request's head
+        self._clock = clock
+        self._lock = threading.Condition(threading.Lock())
+        self.sessions = {}
+        self.exchanges = 0          # requests being answered, for the drain
+        self.connections = 0
+        self._swept = clock()
+        self._serving = False
+        self.stopping = False
+        listener, handler = _http_classes()
+        self.httpd = listener((host, port), handler, self, ":" in host)
+
+    @property
+    def port(self):
+        return self.httpd.server_address[1]
+
+    @property
+    def url(self):
+        host = self.httpd.server_address[0]
+        return "http://%s:%d%s" % ("[%s]" % host if ":" in host else host, self.port, HTTP_PATH)
+
+    def serve_forever(self, poll_s=0.5):
+        """Answer requests until :meth:`close` (from another thread) or an exception (SIGTERM's Stop);
+        ``poll_s`` is how often it looks for either (and for clients too slow with their headers)."""
+        self._serving = True
+        try:
+            self.httpd.serve_forever(poll_interval=poll_s)
+        finally:
+            self._serving = False
+
+    def close(self, reason="the server is shutting down", grace_s=SHUTDOWN_GRACE_S):
+        """Stop accepting, cancel every call (each open request still gets a full answer), drain, close."""
+        with self._lock:
+            self.stopping = True
+        if self._serving:       # from another thread: after SIGTERM's Stop the loop has already ended
+            self.httpd.shutdown()
+        self.server.shutdown(reason, grace_s)
+        until = time.monotonic() + grace_s
+        with self._lock:
+            while self.exchanges and time.monotonic() < until:
+                self._lock.wait(until - time.monotonic())
+            for session in list(self.sessions.values()):
+                self._end_locked(session, reason)
+        self.httpd.server_close()
+
+    # -- sessions --------------------------------------------------------------------
+
+    def _take(self, sid):
+        """The live session ``sid``, marked busy (give it back with :meth:`_release`); None if unknown."""
+        with self._lock:
+            session = self.sessions.get(sid)
+            if session is not None and not session.busy and self._clock() - session.last_used > self.idle_s:
+                self._end_locked(session, "the session expired")
+                session = None
+            if session is not None:
+                session.busy += 1
+            return session
+
+    def _release(self, session):
+        with self._lock:
+            session.busy -= 1
+            session.last_used = self._clock()
+
+    def _end_locked(self, session, reason):
+        """Forget ``session`` and cancel what it still runs."""
+        self.sessions.pop(session.sid, None)
+        for token in list(session.peer.calls.values()):
+            token.cancel(reason)
+
+    def sweep(self):
+        """End every session idle for longer than WEBSEARCH_HTTP_SESSION_IDLE_MS; returns how many."""
+        now = self._clock()
+        with self._lock:
+            self._swept = now
+            idle = [s for s in self.sessions.values() if not s.busy and now - s.last_used > self.idle_s]
+            for session in idle:
+                self._end_locked(session, "the session expired")
+        return len(idle)
+
+    def service(self):
+        """Called by the listener twice a second: cuts off the clients too slow to send a request's head,
+        sweeps the sessions now and then."""
+        now = time.monotonic()
+        with self._lock:
+            slow = [sock for sock, since in self._heads.items() if now - since > self.head_deadline_s]
+            for sock in slow:
+                del self._heads[sock]
+        for sock in slow:
+            try:
+                sock.shutdown(_socket.SHUT_RDWR)     # the handler's blocked read ends, and so does it
+            except OSError:
+                pass
+        if self._clock() - self._swept >= min(60.0, self.idle_s):
+            self.sweep()
+
+    def reading_head(self, sock, reading):
+        """Note that ``sock`` waits for (``reading``) or has read a request's line and headers."""
+        with self._lock:
+            if reading:
+                self._heads[sock] = time.monotonic()
+            else:
+                self._heads.pop(sock, None)
+
+    # -- requests --------------------------------------------------------------------
+
+    def handle(self, h, method):
+        """One HTTP request: the checks every request passes, then its method's answer."""
+        with self._lock:
+            self._heads.pop(h.connection, None)
+            self.exchanges += 1
+        try:
+            self._route(h, method)
+        except (OSError, ValueError):        # the client went away mid-answer
+            h.close_connection = True
+        finally:
+            with self._lock:
+                self.exchanges -= 1
+                self._lock.notify_all()
+
+    def _route(self, h, method):
+        path = h.path.split("?", 1)[0]
+        refused = self._guard(h, path != "/health")
+        if refused is not None:
+            return self._refuse(h, *refused)
+        if self.stopping:
+            h.close_connection = True
+            return self._refuse(h, 503, INTERNAL_ERROR, "the server is shutting down")
+        if path == "/health" and method == "GET":
+            return self._health(h)
+        if path != HTTP_PATH:
+            return self._refuse(h, 404, INVALID_REQUEST, "Not found: the MCP endpoint is %s" % HTTP_PATH)
+        if method not in ("POST", "GET", "DELETE"):
+            return self._refuse(h, 405, INVALID_REQUEST, "Method Not Allowed", {"Allow": "GET, POST, DELETE"})
+        if method == "POST":
+            return self._post(h)
+        return self._get_or_delete(h, method)
+
+    def _guard(self, h, auth):
+        """Why a request is refused before it is read (``(status, code, message, headers)``), or None:
+        a foreign Host on a loopback bind (DNS rebinding), a foreign Origin, a missing or wrong token."""
+        host = (h.headers.get("Host") or "").lower()
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") else host
+        if self.loopback and host and name not in _LOOPBACK_HOSTS:
+            return 421, INVALID_REQUEST, "Misdirected Request: Host %s is not this server" % host[:100], None
+        origin = h.headers.get("Origin")
+        if origin is not None and not self._origin_allowed(origin):
+            return 403, INVALID_REQUEST, "Forbidden: Origin not allowed", None
+        if auth and self.token is not None:
+            given = h.headers.get("Authorization") or ""
+            scheme, _, value = given.partition(" ")
+            if scheme.lower() != "bearer" or not _hmac.compare_digest(value.strip().encode("utf-8"), self.token):
+                challenge = 'Bearer error="invalid_token"' if given else "Bearer"
+                return 401, INVALID_REQUEST, "Unauthorized: a valid bearer token is required", {
+                    "WWW-Authenticate": challenge}
+        return None
+
+    def _origin_allowed(self, origin):
+        origin = origin.strip().lower().rstrip("/")
+        if origin in self.origins:
+            return True
+        scheme, _, rest = origin.partition("://")
+        if scheme not in ("http", "https"):
+            return False          # "null" (a sandboxed page, a file) included
+        host = rest.rsplit(":", 1)[0] if rest.count(":") == 1 or rest.startswith("[") else rest
+        return host in _LOOPBACK_HOSTS
+
+    def _health(self, h):
+        with self._lock:
+            sessions = len(self.sessions)
+        self._reply(h, 200, {"status": "ok", "name": SERVER_NAME, "version": __version__, "sessions": sessions,
+                             "cache_entries": len(self.server.cache)})
+
+    def _get_or_delete(self, h, method):
+        if h.headers.get("MCP-Protocol-Version") in STATELESS_VERSIONS:
+            return self._refuse(h, 405, INVALID_REQUEST, "Method Not Allowed: 2026-07-28 has no sessions",
+                                {"Allow": "POST"})
+        sid = h.headers.get("Mcp-Session-Id")
+        if sid is None:
+            return self._refuse(h, 400, INVALID_REQUEST, "Bad Request: Missing session ID")
+        session = self._take(sid)
+        if session is None:
+            return self._refuse(h, 404, INVALID_REQUEST, "Session not found")
+        self._release(session)
+        if method == "GET":
+            # No stream for server messages: this server sends none outside a request (the log is the
+            # process's, so it is not forwarded to anyone over HTTP).
+            return self._refuse(h, 405, INVALID_REQUEST, "Method Not Allowed: no server-initiated messages",
+                                {"Allow": "POST, DELETE"})
+        with self._lock:
+            self._end_locked(session, "the client ended the session")
+        return self._empty(h, 200)
+
+    def _post(self, h):
+        body = self._read_body(h)
+        if body is None:
+            return None
+        ctype = (h.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+        if ctype != "application/json":
+            return self._refuse(h, 415, INVALID_REQUEST, "Unsupported Media Type: the body must be application/json")
+        try:
+            message = json.loads(body.decode("utf-8"))
+        except (ValueError, RecursionError):       # UnicodeDecodeError is a ValueError
+            return self._refuse(h, 400, PARSE_ERROR, "Parse error: the body is not valid JSON")
+        version = h.headers.get("MCP-Protocol-Version")
+        if version is not None and version not in HANDSHAKE_VERSIONS:
+            return self._stateless(h, message, version)
+        if _meta_version(message) is not None:
+            return self._refuse(h, 400, HEADER_MISMATCH, "Header mismatch: the request is of revision %s but "
+                                "MCP-Protocol-Version is %s" % (_meta_version(message), version or "missing"))
+        return self._session_post(h, message)
+
+    def _read_body(self, h):
+        """The request body, or None after refusing it (411 without a length, 413 over the cap, 408 when it
+        comes too slowly)."""
+        length = h.headers.get("Content-Length")
+        if length is None or not length.strip().isdigit():
+            h.close_connection = True
+            return self._refuse(h, 411, INVALID_REQUEST, "Length Required: send the body with a Content-Length")
+        size = int(length)
+        if size > HTTP_MAX_BODY_BYTES:
+            h.close_connection = True       # the body stays unread
+            return self._refuse(h, 413, INVALID_REQUEST, "Payload Too Large: at most %d bytes" % HTTP_MAX_BODY_BYTES)
+        parts, got, until = [], 0, time.monotonic() + HTTP_BODY_DEADLINE_S
+        while got < size:
+            try:
+                chunk = h.rfile.read1(min(65536, size - got))
+            except OSError:                 # a socket timeout: a client too slow, or one that reset
+                chunk = None
+            if chunk == b"":
+                h.close_connection = True
+                return None                 # the client left
+            if chunk is None or time.monotonic() > until:
+                h.close_connection = True
+                return self._refuse(h, 408, INVALID_REQUEST, "Request Timeout: the body came too slowly")
+            parts.append(chunk)
+            got += len(chunk)
+        return b"".join(parts)
+
+    def _session_post(self, h, message):
+        sid = h.headers.get("Mcp-Session-Id")
+        if isinstance(message, dict) and message.get("method") == "initialize" and "id" in message:
+            if sid is None:
+                return self._initialize(h, message)
+            session = self._take(sid)
+            if session is None:
+                return self._refuse(h, 404, INVALID_REQUEST, "Session not found")
+            self._release(session)
+            return self._refuse(h, 400, INVALID_REQUEST, "initialize is sent without Mcp-Session-Id")
+        if sid is None:
+            return self._refuse(h, 400, INVALID_REQUEST, "Bad Request: Missing session ID")
+        session = self._take(sid)
+        if session is None:
+            return self._refuse(h, 404, INVALID_REQUEST, "Session not found")
+        try:
+            if isinstance(message, list):
+                return self._batch(h, message, session.peer)
+            return self._one(h, message, session.peer, False)
+        finally:
+            self._release(session)
+
+    def _initialize(self, h, message):
+        peer = self.server.new_peer(_drop)
+        response = self.server.dispatch(message, peer)
+        if "error" in response:
+            return self._reply(h, 200, response)
+        sid = _secrets.token_hex(16)
+        with self._lock:
+            if len(self.sessions) >= self.max_sessions:
+                return self._refuse(h, 503, INTERNAL_ERROR, "Too many open sessions (WEBSEARCH_HTTP_MAX_SESSIONS=%d)"
+                                    % self.max_sessions)
+            self.sessions[sid] = HttpSession(sid, peer, self._clock())
+        self.server.log.info("HTTP session %s… opened", sid[:6])
+        return self._reply(h, 200, response, {"Mcp-Session-Id": sid})
+
+    def _batch(self, h, batch, peer):
+        """A 2025-03-26 batch: its answers as one JSON array (202 when it held no request)."""
+        refused = self.server.batch_refusal(batch, peer)
+        if refused is not None:
+            return self._reply(h, 400, refused)
+        answers = self.server.batch_answers(batch, [self.server._batch_token(m, peer) for m in batch], peer)
+        return self._reply(h, 200, answers) if answers else self._empty(h, 202)
+
+    def _one(self, h, message, peer, stateless):
+        """One JSON-RPC message of ``peer``: a call waits on its exchange, a request is answered, a
+        notification or a response gets 202 (400 when it is not valid)."""
+        if not isinstance(message, dict) or "id" not in message or "method" not in message:
+            response = self.server.dispatch(message, peer)
+            return self._empty(h, 202) if response is None else self._reply(h, 400, response)
+        if message.get("method") == "tools/call":
+            return _HttpCall(self, h, stateless).run(message, peer)
+        response = self.server.dispatch(message, peer)
+        return self._reply(h, _http_status(response, stateless), response)
+
+    def _stateless(self, h, message, version):
+        """A POST of the stateless revision: self-contained, checked against its routing headers."""
+        if not isinstance(message, dict) or not isinstance(message.get("method"), str):
+            return self._refuse(h, 400, INVALID_REQUEST, "Body must be a single JSON-RPC request or notification "
+                                                         "object")
+        msg_id = message.get("id") if _valid_id(message.get("id")) else None
+        mismatch = _header_mismatch(h.headers, message, version)
+        if mismatch:
+            return self._refuse(h, 400, HEADER_MISMATCH, "Header mismatch: " + mismatch, msg_id=msg_id)
+        supported = list(reversed(ALL_VERSIONS))
+        if version not in STATELESS_VERSIONS:
+            return self._refuse(h, 400, UNSUPPORTED_VERSION, "Unsupported protocol version", msg_id=msg_id,
+                                data={"supported": supported, "requested": version})
+        if "id" not in message:
+            # Acknowledged and dropped: an anonymous notifications/cancelled could name anyone's request.
+            return self._empty(h, 202)
+        if message["method"] == "initialize":
+            return self._refuse(h, 400, INVALID_PARAMS, "initialize is not part of revision %s" % version,
+                                msg_id=msg_id, data={"supported": supported})
+        return self._one(h, message, self.server.new_peer(_drop), True)
+
+    # -- writing -----------------------------------------------------------------------
+
+    def _reply(self, h, status, message, headers=None):
+        """A complete JSON answer (every secret masked)."""
+        body = self.server.encode(message)
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            h.send_header(name, value)
+        h.end_headers()
+        h.wfile.write(body)
+
+    def _empty(self, h, status):
+        h.send_response(status)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    def _refuse(self, h, status, code, message, headers=None, msg_id=None, data=None):
+        self._reply(h, status, rpc_error(msg_id, code, message, data), headers)
+
+
+def _meta_version(message):
+    """The stateless revision a body says it is of (``params._meta``), or None."""
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta.get(_META_VERSION) if isinstance(meta, dict) else None
+
+
+def _header_mismatch(headers, message, version):
+    """How a stateless request's routing headers disagree with its body, or None when they agree."""
+    for name in ("MCP-Protocol-Version", "Mcp-Method", "Mcp-Name"):
+        if len(headers.get_all(name) or ()) > 1:
+            return "%s appears more than once" % name
+    if _meta_version(message) != version:
+        return "MCP-Protocol-Version is %s but params._meta says %s" % (version, _meta_version(message))
+    method = message["method"]
+    if headers.get("Mcp-Method") != method:
+        return "Mcp-Method is %s but the method is %s" % (headers.get("Mcp-Method"), method)
+    if method in ("tools/call", "prompts/get"):
+        params = message.get("params") if isinstance(message.get("params"), dict) else {}
+        name = _base64_header(headers.get("Mcp-Name"))
+        if name != params.get("name"):
+            return "Mcp-Name is %s but params.name is %s" % (name, params.get("name"))
+    return None
+
+
+def _http_status(response, stateless):
+    """The HTTP status of a JSON-RPC answer: 200 in the session era (older clients drop the body of
+    anything else), the stateless revision's table in its own."""
+    if not stateless or "error" not in response:
+        return 200
+    return _HTTP_STATUS_OF_ERROR.get(response["error"].get("code"), 200)
+
+
+class _HttpCall:
+    """One tools/call over HTTP: the request's thread waits here for what the call sends.
+
+    The answer is JSON unless something else must go first (a progress notification, a keep-alive
+    after 15 quiet seconds) and the client accepts an event stream; then it becomes one, and the
+    response is its last event.  A cancelled call still gets a full answer (a client whose POST is
+    dropped may fail altogether): JSON ``-32800``, or the end of its stream.  A client that hangs up
+    cancels the call in the stateless revision; in the session era the call finishes into the cache.
+    """
+
+    def __init__(self, front, h, stateless):
+        accept = (h.headers.get("Accept") or "").lower()
+        self.front, self.h, self.stateless = front, h, stateless
+        self.sse_ok = any(kind in accept for kind in ("text/event-stream", "text/*", "*/*"))
+        self.streaming = False
+        self.watching = True
+        self.queue = _queue.SimpleQueue()
+
+    def run(self, message, peer):
+        token = self.front.server.handle_call(message, peer, self.queue.put)
+        if token is not None:
+            token.add_callback(lambda: self.queue.put(_CANCELLED))
+        quiet_since = time.monotonic()
+        while True:
+            try:
+                item = self.queue.get(timeout=HTTP_POLL_S)
+            except _queue.Empty:
+                if self._client_gone():
+                    return self._gone(token)
+                if self.sse_ok and time.monotonic() - quiet_since >= HTTP_KEEPALIVE_S:
+                    if not self._write(b": ping\r\n\r\n"):
+                        return self._gone(token)
+                    quiet_since = time.monotonic()
+                continue
+            if item is _CANCELLED:
+                item = rpc_error(message["id"], REQUEST_CANCELLED, "Request cancelled")
+                if self.streaming:      # after a cancel nothing more is sent for the request
+                    return self._finish()
+            if "id" in item:
+                return self._answer(item)
+            if self.sse_ok and not self._event(item):
+                return self._gone(token)
+            quiet_since = time.monotonic()
+
+    def _answer(self, response):
+        if not self.streaming:
+            return self.front._reply(self.h, _http_status(response, self.stateless), response)
+        if self._event(response):
+            self._finish()
+        return None
+
+    def _gone(self, token):
+        """The client hung up: the stateless revision's cancel, only the end of the wait in the session era."""
+        self.h.close_connection = True
+        if self.stateless and token is not None:
+            token.cancel("the client disconnected")
+
+    def _client_gone(self):
+        """True once the client has closed its end (nothing else it could send is read here)."""
+        if not self.watching:
+            return False
+        sock = self.h.connection
+        try:
+            readable = _select.select([sock], [], [], 0)[0]
+            if not readable:
+                return False
+            if sock.recv(1, _socket.MSG_PEEK) == b"":
+                return True
+        except (OSError, ValueError):
+            return True
+        self.watching = False       # it sent more (a pipelined request): that is not a hang-up
+        return False
+
+    def _start(self):
+        h = self.h
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Cache-Control", "no-cache, no-transform")
+        h.send_header("X-Accel-Buffering", "no")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        self.streaming = True
+
+    def _event(self, message):
+        # No "id:" field: an event id would make clients reconnect and ask for a replay there is none of.
+        return self._write(b"event: message\r\ndata: " + self.front.server.encode(message).rstrip(b"\n")
+                           + b"\r\n\r\n")
+
+    def _write(self, data):
+        """One chunk of the event stream (starting it first); False when the client has gone."""
+        try:
+            if not self.streaming:
+                self._start()
+            self.h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def _finish(self):
+        try:
+            self.h.wfile.write(b"0\r\n\r\n")
+        except (OSError, ValueError):
+            self.h.close_connection = True
+
+
+_HTTP_CLASSES = []
+
+
+def _http_classes():
+    """``(listener, handler)``: the stdlib HTTP server classes, built on first use (``http.server`` costs a
+    stdio server's start-up 30 ms it does not need)."""
+    if not _HTTP_CLASSES:
+        _HTTP_CLASSES.extend(_build_http_classes())
+    return _HTTP_CLASSES
+
+
+def _build_http_classes():
+    base = _http_server
+
+    class Listener(base.ThreadingHTTPServer):
+        daemon_threads = True
+        block_on_close = False
+        request_queue_size = 128    # the listen backlog: many clients connecting at once are not reset
+
+        def __init__(self, address, handler, front, ipv6):
+            self.front = front
+            if ipv6:
+                self.address_family = _socket.AF_INET6
+            super().__init__(address, handler)
+
+        def process_request(self, request, client_address):
+            with self.front._lock:
+                full = self.front.connections >= HTTP_MAX_CONNECTIONS
+                if not full:
+                    self.front.connections += 1
+            if full:
+                _refuse_connection(request)
+                self.shutdown_request(request)
+                return
+            super().process_request(request, client_address)
+
+        def process_request_thread(self, request, client_address):
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                with self.front._lock:
+                    self.front.connections -= 1
+
+        def service_actions(self):
+            self.front.service()
+
+        def handle_error(self, request, client_address):
+            exc = sys.exc_info()[1]
+            if not isinstance(exc, (OSError, ValueError)):   # resets after the last event are normal
+                self.front.server.log.unexpected("HTTP request failed", exc)
+
+    class Handler(base.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "websearch-ring/" + __version__
+        sys_version = ""
+
+        def version_string(self):
+            return self.server_version
+
+        def setup(self):
+            self.timeout = self.server.front.io_timeout_s
+            super().setup()
+            # Headers and body go out in separate writes: without this, Nagle's algorithm and the client's
+            # delayed ACK hold the body back ~40 ms.
+            self.connection.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+
+        def handle_one_request(self):
+            front = self.server.front
+            front.reading_head(self.connection, True)
+            try:
+                super().handle_one_request()
+            finally:
+                front.reading_head(self.connection, False)
+
+        def do_POST(self):
+            self.server.front.handle(self, "POST")
+
+        def do_GET(self):
+            self.server.front.handle(self, "GET")
+
+        def do_DELETE(self):
+            self.server.front.handle(self, "DELETE")
+
+        def _other(self):
+            self.server.front.handle(self, self.command)
+        do_PUT = do_PATCH = do_OPTIONS = do_HEAD = _other
+
+        def handle_expect_100(self):
+            # A body over the cap is refused before the client sends it.
+            length = self.headers.get("Content-Length") or ""
+            if length.isdigit() and int(length) > HTTP_MAX_BODY_BYTES:
+                self.server.front.handle(self, "POST")
+                return False
+            return super().handle_expect_100()
+
+        def log_message(self, format, *args):
+            self.server.front.server.log.debug("HTTP %s", format % args)
+
+    return Listener, Handler
+
+
+def _refuse_connection(sock):
+    try:
+        sock.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    except OSError:
+        pass
+
+
+def serve_http(server, address):
+    """``serve --http [HOST:]PORT``: answer MCP over HTTP until SIGTERM or Ctrl-C; the exit status."""
+    try:
+        host, port = parse_http_address(address)
+        front = HttpFront(server, host, port)
+    except (ValueError, OSError) as exc:
+        sys.stderr.write("websearch-ring: cannot serve HTTP: %s\n" % exc)
+        return 2
+    for problem in server.config.problems:
+        server.log.warning("configuration: %s", problem.message)
+    server.log.warning("websearch-ring %s: MCP at %s%s", __version__, front.url,
+                       "" if front.token is None else " (bearer token required)")
+    reason, status = "stopped", 0
+    try:
+        front.serve_forever()
+    except Stop as stop:
+        reason = stop.reason
+    except KeyboardInterrupt:
+        reason, status = "interrupted", 130     # as the stdio server
+    front.close(reason)
+    return status
+
+
+# ---------------------------------------------------------------------------
+# §25 Command line
 # ---------------------------------------------------------------------------
 
 # The one command that is not a tool's: its client argument and options are the parser's own.
@@ -13810,6 +14787,9 @@ Windsurf, Gemini CLI or Zed; `config CLIENT` prints what to paste.
 
 commands (COMMAND --help for each one's options):
 %s
+  serve [--http [HOST:]PORT]
+                    serve MCP on stdio (the default), or over Streamable HTTP at
+                    http://HOST:PORT/mcp (HOST 127.0.0.1 unless given) for many clients
 
 options:
   --json          print the structured result instead of the text
@@ -13850,6 +14830,8 @@ def _config_arguments(p):
                    help="run as python -m websearch_ring with PYTHONPATH (reuses cached bytecode)")
     p.add_argument("--scope", choices=("local", "user", "project"),
                    help="claude-code: this project only for you (default), every project, or the shared .mcp.json")
+    p.add_argument("--url", help="point the client at a running serve --http (e.g. http://127.0.0.1:8765/mcp) "
+                                 "instead of starting a server of its own: " + ", ".join(_URL_SNIPPETS))
 
 
 def cli_words(words):
@@ -13897,6 +14879,8 @@ def run_cli(argv, env):
         return 2 if exc.code else 0
     config = Config.from_env(env)
     if opts.command == "config":
+        if opts.url:
+            return cli_config_url(opts.client, opts.url, env, opts.scope)
         return cli_config(opts.client, env, opts.module, opts.scope)
     server = _cli_server(config)
     if opts.command == "check":
@@ -13967,7 +14951,7 @@ def cli_check(server, as_json=False):
     ok = any(r["outcome"] == "success" for r in results)
     if as_json:
         _emit(_json_text(server.redact.outgoing(_check_report(server.config, server.ring.tavily, results, ok,
-                                                              answer, _usable_providers(server)))))
+                                                              answer, _usable_providers(server), server.cache))))
     else:
         for line in _check_lines(server, results, ok, answer):
             _emit(server.redact(line))
@@ -14016,7 +15000,7 @@ def _provider_words(providers):
     return (", ".join(used) or "none") + ("".join(" (%s)" % why for why in left))
 
 
-def _check_report(config, keys, results, ok, answer, providers):
+def _check_report(config, keys, results, ok, answer, providers, cache=None):
     """``check --json``."""
     fetch, mapping = providers
     by_name = {r["vendor"]: r for r in results}
@@ -14026,7 +15010,7 @@ def _check_report(config, keys, results, ok, answer, providers):
             "tavily": keys.pool.describe() if keys.keyed else {"mode": "keyless" if config.tavily_enabled
                                                                else "disabled"},
             "fetch_providers": fetch, "map_providers": mapping,
-            "answer": answer}
+            "answer": answer, "cache": search_cache_stats(cache)}
 
 
 def _check_lines(server, results, ok, answer):
@@ -14049,6 +15033,7 @@ def _check_lines(server, results, ok, answer):
     lines.append("answers: off (GROK_API_KEY is unset)" if not config.grok_key else
                  "answers: model %s (from %s) at %s: %s" % (answer["model"], answer["model_source"], answer["url"],
                                                             test["message"]))
+    lines.append(cache_line(search_cache_stats(server.cache)))
     if any(TLS_HINT in (r["message"] or "") for r in results) or TLS_HINT in (test["message"] or ""):
         lines.append("TLS certificates could not be verified: " + TLS_HINT)
     lines.append("search: " + ("available" if ok else "NOT available: no vendor answered"))
@@ -14271,6 +15256,55 @@ _SNIPPETS = {"claude": _claude_snippet, "codex": _codex_snippet, "hermes": _herm
              "zed": _zed_snippet, "mcpServers": _mcp_servers_snippet, "cherry": _cherry_snippet}
 
 
+# The clients that take a URL: client -> its snippet for a running serve --http at ``url`` with ``headers``.
+_URL_SNIPPETS = {
+    "claude-code": lambda url, headers, scope: " ".join(
+        ["claude", "mcp", "add", "--transport", "http", "--scope", scope or "local"]
+        + ["--header %s" % _shell_quote("%s: %s" % item) for item in headers.items()]
+        + [_Launch.NAME, _shell_quote(url)]),
+    "cursor": lambda url, headers, scope: _url_entry("mcpServers", {"url": url}, headers),
+    "vscode": lambda url, headers, scope: _url_entry("servers", {"type": "http", "url": url}, headers),
+    "windsurf": lambda url, headers, scope: _url_entry("mcpServers", {"serverUrl": url}, headers),
+    "gemini-cli": lambda url, headers, scope: _url_entry("mcpServers", {"httpUrl": url}, headers),
+    "cline": lambda url, headers, scope: _url_entry("mcpServers", {"type": "streamableHttp", "url": url}, headers),
+    "roo-code": lambda url, headers, scope: _url_entry("mcpServers", {"type": "streamable-http", "url": url},
+                                                       headers),
+    "opencode": lambda url, headers, scope: json.dumps({"$schema": "https://opencode.ai/config.json", "mcp": {
+        _Launch.NAME: dict({"type": "remote", "url": url, "enabled": True}, **({"headers": headers} if headers
+                                                                              else {}))}}, indent=2),
+    "codex": lambda url, headers, scope: "\n".join(
+        ["[mcp_servers.%s]" % _Launch.NAME, "url = %s" % _quoted(url)]
+        + (['bearer_token_env_var = "WEBSEARCH_HTTP_TOKEN"'] if headers else []) + ["tool_timeout_sec = 300"]),
+}
+
+
+def _url_entry(section, entry, headers):
+    if headers:
+        entry = dict(entry, headers=headers)
+    return json.dumps({section: {_Launch.NAME: entry}}, indent=2)
+
+
+def cli_config_url(client, url, env, scope=None):
+    """``config CLIENT --url URL``: a snippet pointing a client that takes a URL at a running
+    ``serve --http``; with WEBSEARCH_HTTP_TOKEN set, its header with a placeholder for the token."""
+    client = (client or "").lower()
+    if client not in _URL_SNIPPETS:
+        _emit("config --url: %s; clients that take a URL: %s (the others start the server themselves: "
+              "omit --url)" % ("name a client" if not client else "%s takes no URL" % client,
+                               ", ".join(_URL_SNIPPETS)), sys.stderr)
+        return 2
+    if not re.match(r"https?://[^\s/]+", url):
+        _emit("config --url: %r is not an http:// or https:// URL such as http://127.0.0.1:8765/mcp" % url,
+              sys.stderr)
+        return 2
+    token = (env.get("WEBSEARCH_HTTP_TOKEN") or "").strip()
+    headers = {"Authorization": "Bearer <your WEBSEARCH_HTTP_TOKEN>"} if token else {}
+    _emit(_URL_SNIPPETS[client](url, headers, scope))
+    _emit("# %s: %s; start the server with: python %s serve --http [HOST:]PORT" % (
+        client, CLIENTS[client][1][0], os.path.basename(os.path.abspath(__file__))), sys.stderr)
+    return 0
+
+
 def _shell_quote(text):
     """Quote for the user's shell (POSIX; on Windows, double quotes when needed)."""
     if os.name == "nt":
@@ -14310,9 +15344,29 @@ def _command(argv, env):
     commands = [command.name for command in _COMMANDS]
     if argv[0] in commands:
         return run_cli(argv, env)
-    guess = closest(argv[0], commands + ["--help", "--help-env", "--version"])
+    if argv[0] == "serve":
+        return _serve(argv[1:], env)
+    guess = closest(argv[0], commands + ["serve", "--help", "--help-env", "--version"])
     sys.stderr.write("unknown command %r%s\n\n%s" % (argv[0], "; did you mean %r?" % guess if guess else "", USAGE))
     return 2
+
+
+def _serve(argv, env):
+    """``serve [--http [HOST:]PORT]``: the exit status."""
+    parser = _argparse.ArgumentParser(prog="python websearch_ring.py serve",
+                                      description="Serve MCP on stdio, or over Streamable HTTP with --http.")
+    parser.add_argument("--http", metavar="[HOST:]PORT",
+                        help="serve http://HOST:PORT/mcp (HOST defaults to 127.0.0.1; another host needs "
+                             "WEBSEARCH_HTTP_TOKEN)")
+    try:
+        opts = parser.parse_args(argv)
+    except SystemExit as exc:
+        return 2 if exc.code else 0
+    if opts.http is None:
+        return main([], env)
+    server = Server(Config.from_env(env))
+    _stop_on_signals()
+    return serve_http(server, opts.http)
 
 
 def _greet_a_terminal():
