@@ -3682,6 +3682,18 @@ def test_html_to_markdown_survives_broken_markup_and_bad_links(ring):
     assert "[good](https://example.org/ok)" in markdown and "[::1" not in markdown and "[x" not in markdown
 
 
+def test_a_script_end_tag_without_its_bracket_ends_where_a_browser_ends_it(ring):
+    # A page whose "</script" is followed by a newline and a comment: html.parser kept the script
+    # open to the next "</script>" and the article between the two was lost.
+    html = ("<html><body><script src='/a.js'></script\n\n<!-- pixel --><article><h1>Budget passes</h1>%s"
+            "</article><script>x()</script ></body></html>") % (PROSE * 2)
+    text = article_text(ring, html)
+    assert text.startswith("Budget passes") and text.count("the vote was close") == 6
+    assert "x()" not in text and "pixel" not in text
+    assert ring.close_raw_text_ends("<style>a{}</STYLE/ x>b") == "<style>a{}</style>b"
+    assert ring.close_raw_text_ends("<script>x</script") == "<script>x</script"
+
+
 def test_html_to_markdown_caps_nesting_output_and_stops_when_checked(ring):
     _, markdown = ring.html_to_markdown("<ul><li>x" * 4000)
     assert markdown.count("x") == 4000 and len(markdown) < 100_000
@@ -3726,6 +3738,7 @@ HOSTILE_UNITS = {
     "unfinished tag": ('<a b="x" ',),
     "marked sections": ("<![<![",),
     "titles": ("<title>",),
+    "loose script ends": ("<script>x</script ",),
     "nested prose": ("<div class='x'>Words, more words, and still more words here.",
                      "<section><p>Another branch, with text, long enough to score.</p>"),
 }

@@ -1190,7 +1190,7 @@ class _TreeBuilder:
         self.check = check
         self.nodes = [_Node("#document", [], None)]
         self.current = self.nodes[0]
-        self.open = collections.Counter()   # open elements by tag: unmatched end tags cost O(1)
+        self.open = {}            # open elements by tag: unmatched end tags cost O(1)
         self.ticks = 0
         self.title = None
         self.title_node = None
@@ -1209,11 +1209,12 @@ class _TreeBuilder:
         parser.handle_startendtag = self.handle_startendtag
         parser.handle_endtag = self.handle_endtag
         parser.handle_data = self.handle_data
+        parser.updatepos = _skip_position   # lines and columns only serve html.parser's error messages
         # "<![" starts a marked section that html.parser (3.9-3.13) fails on with an AssertionError
         # unless a known keyword follows; "<!x[" is a bogus comment up to the next ">", which is
         # what a browser makes of "<![" in HTML content (CDATA included).
         try:
-            parser.feed(html.replace("<![", "<!x["))
+            parser.feed(close_raw_text_ends(html.replace("<![", "<!x[")))
             _close_parser(parser)
         except RingError:
             raise
@@ -1221,26 +1222,25 @@ class _TreeBuilder:
             pass
         return self
 
-    def tick(self):
-        self.ticks += 1
-        if self.check is not None and self.ticks % _CHECK_EVERY == 0 and self.check():
-            raise _ParseStopped
-
     def handle_starttag(self, tag, attrs):
-        self.tick()
+        self.ticks += 1
+        if self.check is not None and not self.ticks % _CHECK_EVERY and self.check():
+            raise _ParseStopped
         if self.title_parts is not None:
             self._end_title()
-        if tag == "a" and self.open["a"]:
+        opened = self.open
+        if tag == "a" and opened.get("a"):
             self.handle_endtag("a")   # links do not nest: a new <a> ends the open one
-        node = _Node(tag, attrs, self.current)
-        self.current.children.append(node)
+        parent = self.current
+        node = _Node(tag, attrs, parent)
+        parent.children.append(node)
         self.nodes.append(node)
         if tag in _VOID_TAGS:
             return
         if tag == "title" and self.title is None:
             self.title_parts = []
             self.title_node = node
-        self.open[tag] += 1
+        opened[tag] = opened.get(tag, 0) + 1
         self.current = node
 
     def handle_startendtag(self, tag, attrs):
@@ -1249,29 +1249,70 @@ class _TreeBuilder:
             self.handle_endtag(tag)
 
     def handle_endtag(self, tag):
-        self.tick()
+        self.ticks += 1
+        if self.check is not None and not self.ticks % _CHECK_EVERY and self.check():
+            raise _ParseStopped
         if self.title_parts is not None and tag == "title":
             self._end_title()
-        if not self.open[tag]:
+        opened = self.open
+        if not opened.get(tag):
             return
+        node = self.current
         while True:
-            node = self.current
-            self.current = node.parent
-            self.open[node.tag] -= 1
+            opened[node.tag] -= 1
             if node.tag == tag:
+                self.current = node.parent
                 return
+            node = node.parent
 
     def _end_title(self):
         self.title = collapse_ws("".join(self.title_parts))
         self.title_parts = None
 
     def handle_data(self, data):
-        self.tick()
+        self.ticks += 1
+        if self.check is not None and not self.ticks % _CHECK_EVERY and self.check():
+            raise _ParseStopped
         if self.title_parts is not None:
             self.title_parts.append(data)
             if self.current is not self.title_node:
                 return            # "</head>" closed the title element early: still title text, not page text
         self.current.children.append(data)
+
+
+def _skip_position(i, j):
+    return j
+
+
+_RAW_TEXT_END = LazyPattern(r"</(script|style)[\t\n\f\r /]", re.I)
+
+
+def close_raw_text_ends(html):
+    """``html`` with each ``</script`` or ``</style`` that white space or "/" follows ended the way
+    a browser ends it: at the next ">" (an end tag's attributes are ignored).
+
+    html.parser only knows ``</script>`` and keeps the script open to the next
+    one: the article between the two went with it.  Linear: the next ">" is
+    searched once for every run of such tags.
+
+    >>> close_raw_text_ends("<script>x()</script\\n\\n<!-- pixel --><p>Text</p>")
+    '<script>x()</script><p>Text</p>'
+    """
+    parts, done, end = [], 0, -1
+    for match in _RAW_TEXT_END.finditer(html):
+        if match.start() < done:
+            continue              # inside the previous end tag's ignored attributes
+        if end < match.end():
+            end = html.find(">", match.end())
+            if end < 0:
+                break
+        parts.append(html[done:match.start()])
+        parts.append("</%s>" % match.group(1).lower())
+        done = end + 1
+    if not parts:
+        return html
+    parts.append(html[done:])
+    return "".join(parts)
 
 
 def _close_parser(parser):
