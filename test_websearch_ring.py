@@ -3659,6 +3659,119 @@ def test_html_to_markdown_renders_layout_and_nested_tables_as_blocks(ring):
     assert ring.html_to_markdown(data)[1] == "| a | b |\n|---|---|\n| 1 | 2 |"
 
 
+# ---- Boilerplate by what it is: link lines, tails, credits, dates, pitches, empty headings ------
+
+def test_a_data_table_is_content_whatever_its_class_says(ring):
+    # A recipe's ingredients table had the class "table-header" ("header" after a word: chrome).
+    body = ('<article><h1>Mandarin cake</h1>%s<table class="ingredients table-header"><tr><td>250 g</td>'
+            '<td>INGREDIENT flour</td></tr><tr><td>3</td><td>INGREDIENT eggs</td></tr></table></article>') % (PROSE * 2)
+    assert article_text(ring, body).count("INGREDIENT") == 2
+
+
+def test_a_class_on_most_of_the_page_is_the_layout_not_chrome(ring):
+    # Page builders put "elementor-widget-container" (a "widget") on every block of the page.
+    block = '<div class="elementor-widget-wrap"><div class="elementor-widget-container">%s</div></div>'
+    text = article_text(ring, "<h1>Budget passes</h1>" + block % PROSE * 3 +
+                        '<div class="elementor-widget-wrap"><div class="sidebar-widget">SIDEBARTEXT</div></div>')
+    assert text.count("the vote was close") == 9 and "SIDEBARTEXT" not in text
+
+
+def test_the_content_is_not_widened_above_main_and_takes_its_article_header(ring):
+    # Once the chrome rules removed most of the page, widening ran up to the document and kept
+    # every box nobody recognised; an article's own <header> holds its headline and standfirst.
+    body = ('<div class="popup-thing"><p>MODALTEXT Sign in to read on, it takes a minute only.</p></div>'
+            '<main><article><header><h1>Budget passes</h1><p>STANDFIRST The city has a budget at last.</p>'
+            '</header><div class="body">%s</div></article></main>') % (PROSE * 3)
+    text = article_text(ring, body)
+    assert text.startswith("Budget passes\n\nSTANDFIRST") and text.count("the vote was close") == 9
+    assert "MODALTEXT" not in text
+
+
+def test_an_intro_block_before_the_body_joins_it(ring):
+    body = ('<div class="node"><div class="field field-intro"><p>INTRO The council met at last, after '
+            'weeks of talks, to settle the budget of the city.</p></div><div class="field field-body">%s</div>'
+            '</div><div class="other"><p>%s</p></div>') % (PROSE * 4, "OTHERTEXT " * 3)
+    text = article_text(ring, body)
+    assert text.startswith("INTRO") and text.count("the vote was close") == 12
+
+
+def test_read_also_lines_and_link_blocks_after_the_article_are_dropped(ring):
+    body = ('<article><h1>Budget passes</h1>%s<p><strong>Read also:</strong> <a href="/r">LINKLINE The mayor on the budget, '
+            'speaks</a></p>%s<p>&gt;&gt; <a href="/t">LINKLINE Another story</a> &lt;&lt;</p>%s'
+            '<p>Next: <a href="/a">TAIL one</a>, <a href="/b">TAIL two</a></p>'
+            '<div><a href="/c">TAIL three</a> and <a href="/d">TAIL four</a></div>'
+            '<ol><li><a href="/ref">REFERENCE kept</a></li></ol></article>') % (PROSE, PROSE, PROSE)
+    text = article_text(ring, body)
+    assert text.count("the vote was close") == 9 and "REFERENCE kept" in text
+    assert "LINKLINE" not in text and "TAIL" not in text and "Read also" not in text
+
+
+@pytest.mark.parametrize("line", [
+    "By Ann Smith - 11/18/19 11:04 PM EST",
+    "Publicado por: Ana - 3 de marzo de 2020 - Categoria: Noticias",
+    "January 13, 2020 at 08:45 AM | categories: <a href='/c'>news</a>",
+    "Foto: Agentur Meier",
+    "\u00a9 2020 Example Press",
+    "Photo by Jane Doe",
+])
+def test_byline_date_and_credit_lines_are_dropped(ring, line):
+    text = article_text(ring, "<article><h1>Budget passes</h1><div class='meta'>%s</div>%s<figure>"
+                              "<img src='/a.jpg' alt='The hall'><figcaption>%s</figcaption></figure></article>"
+                        % (line, PROSE * 3, line))
+    assert text.count("the vote was close") == 9
+    assert collapse_text(ring, line) not in text and "Budget passes" in text
+
+
+def collapse_text(ring, line):
+    return ring.collapse_ws(re.sub(r"<[^>]+>", "", line.replace("\u00a9", "\u00a9")))
+
+
+def test_a_date_inside_running_text_or_a_long_paragraph_stays(ring):
+    body = ("<article><h1>Budget passes</h1><p>On 11/18/19 the <b>11/18/19 vote</b> was held.</p>%s"
+            "</article>") % (PROSE * 3)
+    assert "On 11/18/19 the 11/18/19 vote was held." in article_text(ring, body)
+
+
+def test_a_date_line_with_empty_links_costs_linear_time(ring):
+    # Link texts are taken out of a date line one by one: an empty one made str.replace("", " ")
+    # put a space between all characters, once per empty link.
+    line = "<p>May 5, 2020 %s by <a href='/a'>Ann</a></p>" % ("<a href='/x'></a>" * 20)
+    text = article_text(ring, "<article><h1>Budget passes</h1>%s%s</article>" % (line, PROSE * 3))
+    assert "May 5, 2020" not in text and text.count("the vote was close") == 9
+
+
+def test_a_pitch_with_a_button_is_dropped_but_a_copy_link_is_not(ring):
+    body = ('<article><h1>Budget passes</h1>%s<div class="box"><p>PITCH Become a member and support us.</p>'
+            '<a class="btn btn-primary" href="/join">Join us today</a></div><div><pre>make build</pre>'
+            '<a class="copy-button" href="#">Copy link</a></div>%s</article>') % (PROSE * 2, PROSE)
+    text = article_text(ring, body)
+    assert "PITCH" not in text and "Join us" not in text and "make build" in text
+
+
+def test_a_heading_left_with_nothing_under_it_is_dropped(ring):
+    body = ('<article><h1>Budget passes</h1>%s<h3>Related posts</h3><ul class="related-posts"><li>'
+            '<a href="/a">one</a></li></ul><p><strong>More topics:</strong></p><h2>Share this</h2>'
+            '<div class="share-buttons"><a href="/s">f</a></div><p>Loading...</p></article>') % (PROSE * 3)
+    text = article_text(ring, body)
+    assert text.endswith("the vote was close.") and text.startswith("Budget passes")
+    kept = article_text(ring, '<article><h1>Budget passes</h1><h2>Part one</h2>%s<p><strong>Note:</strong></p>'
+                              '<p>Short note kept.</p></article>' % (PROSE * 3))
+    assert "Part one" in kept and "Note:" in kept
+
+
+def test_noscript_markup_never_reaches_the_text(ring):
+    body = ('<article><h1>Budget passes</h1><noscript><img height="1" width="1" src="https://px.example/t?id=1">'
+            '<p>NOSCRIPTTEXT enable JavaScript</p></noscript>%s</article>') % (PROSE * 3)
+    text = article_text(ring, body)
+    assert "<img" not in text and "px.example" not in text and "NOSCRIPTTEXT" not in text
+
+
+def test_image_alt_text_stays_in_plain_text(ring):
+    text = article_text(ring, "<article><h1>Budget passes</h1>%s<p><img src='/c.png' alt='Chart of the "
+                              "budget'></p>%s</article>" % (PROSE * 2, PROSE))
+    assert "Chart of the budget" in text
+
+
 # ---- Hostile documents: linear time, broken markup, bad links ----------------------------------
 
 def test_page_title_and_link_pattern_do_not_backtrack(ring):
@@ -3739,6 +3852,9 @@ HOSTILE_UNITS = {
     "marked sections": ("<![<![",),
     "titles": ("<title>",),
     "loose script ends": ("<script>x</script ",),
+    "nested link lines": ("<p>Read:<a href='/x'>x</a>",),
+    "nested date lines": ("<div>May 5, 2020 <span>",),
+    "headings over link lists": ("<h3>Related</h3><ul><li><a href='/x'>x</a></li></ul>",),
     "nested prose": ("<div class='x'>Words, more words, and still more words here.",
                      "<section><p>Another branch, with text, long enough to score.</p>"),
 }
