@@ -3772,6 +3772,52 @@ def test_image_alt_text_stays_in_plain_text(ring):
     assert "Chart of the budget" in text
 
 
+# ---- Page metadata: title, byline, date, site and language as fields, never body text ----------
+
+META_PAGE = (
+    '<html lang="en_GB"><head><title>Budget passes | City News</title>'
+    '<meta property="og:title" content="Budget passes | City News">'
+    '<meta property="og:site_name" content="City News"><meta name="author" content="https://city.example/ann">'
+    '<meta property="article:published_time" content="2020-01-13T08:45:00+01:00">'
+    '<script type="application/ld+json">{"@context": "https://schema.org", "@graph": [{"@type": "WebSite", '
+    '"name": "x"}, {"@type": ["NewsArticle"], "headline": "Budget passes", "datePublished": "2019-12-01", '
+    '"author": [{"@type": "Person", "name": "Ann Smith"}, {"name": "Bo Li"}], "publisher": {"name": "CN"}}]}'
+    '</script></head><body><article><h1>Budget passes</h1>%s</article></body></html>') % (PROSE * 3)
+
+
+def test_page_metadata_reads_what_the_page_states(ring):
+    meta = ring.page_metadata(ring.html_tree(META_PAGE))
+    assert meta == {"title": "Budget passes | City News", "byline": "Ann Smith, Bo Li",
+                    "published": "2020-01-13T08:45:00+01:00", "site_name": "City News", "language": "en-GB",
+                    "headline": "Budget passes | City News"}
+    bare = ring.page_metadata(ring.html_tree('<html lang="not a tag"><p>x <time datetime="2021-02-30">then'
+                                            '</time><time datetime="2021-03-04T10:00">now</time></p>'))
+    assert bare == {}             # no language tag; the first <time datetime> names a day that does not exist
+    assert ring.page_metadata(ring.html_tree('<time datetime="2021-03-04T10:00">now</time>')) == {
+        "published": "2021-03-04T10:00"}
+    assert ring.page_metadata(ring.html_tree("<p>no metadata</p>")) == {}
+
+
+@pytest.mark.parametrize("block", [
+    "{not json", "[" * 100000, "{\"@type\": \"Article\", \"author\": 5, \"headline\": [1]}",
+    "\"just a string\"", "{\"@graph\": " + "[" * 50 + "]" * 50 + "}",
+    "{\"@type\": \"Article\", \"headline\": \"%s\"}" % ("x" * 300000),
+])
+def test_page_metadata_json_ld_is_bounded_and_never_raises(ring, block):
+    page = '<title>T</title><script type="application/ld+json">%s</script><p>x</p>' % block
+    assert ring.page_metadata(ring.html_tree(page)) == {"title": "T"}
+
+
+def test_the_stated_headline_and_byline_are_metadata_not_body_text(ring):
+    title, text, meta = ring.html_page(META_PAGE, "https://city.example/a", plain=True)
+    assert text.startswith("The council approved") and text.count("the vote was close") == 9
+    assert "Ann Smith" not in text and meta["byline"] == "Ann Smith, Bo Li"
+    assert ring.html_to_markdown(META_PAGE, "https://city.example/a") == (title, ring.html_page(META_PAGE)[1])
+    # Without a stated headline the first heading stays; a different one stays too.
+    kept = META_PAGE.replace('content="Budget passes | City News"', 'content="Another title"')
+    assert ring.html_page(kept, plain=True)[1].startswith("Budget passes\n\n")
+
+
 # ---- Hostile documents: linear time, broken markup, bad links ----------------------------------
 
 def test_page_title_and_link_pattern_do_not_backtrack(ring):
@@ -7428,6 +7474,7 @@ def test_web_search_include_content_reads_the_top_pages_and_web_fetch_goes_on_fr
     assert (first["content_status"], first["content"], first["next_start_index"]) == (
         "success", ("Sentence 1 of the page. " * 5)[:100], 100)
     assert (second["content_status"], second["content"], second["next_start_index"]) == ("not_found", None, None)
+    assert first["metadata"] == {"title": "Doc 1"} and "metadata" not in second
     assert "content_status" not in third and fake_upstream.hits("GET", "/doc/3") == 0
     text = result["content"][0]["text"]
     assert "web_fetch start_index=100 for more" in text and "Page content: not available (not_found)" in text
@@ -7657,6 +7704,26 @@ def test_web_fetch_direct_text_and_html_formats(start_server, fake_upstream, fmt
     else:
         assert content["content"].startswith("Write-ahead logging in practice\n\nParagraph 0: a reader")
         assert "#" not in content["content"] and "NAVLINK" not in content["content"]
+
+
+def test_web_fetch_returns_what_the_page_states_as_fields(start_server, fake_upstream):
+    page = html_page("Budget passes", '<article><h1>Budget passes</h1><p>%s</p></article>' % ("Words, words. " * 30))
+    page = page.replace("<head>", '<head><meta name="author" content="Ann Smith"><meta property='
+                                  '"article:published_time" content="2020-01-13"><meta property="og:site_name" '
+                                  'content="City News">')
+    fake_upstream.route("GET", "/meta", {"headers": {"Content-Type": "text/html"}, "body": page})
+    fake_upstream.route("GET", "/article", {"headers": {"Content-Type": "text/html"}, "body": "<p>%s</p>" % (
+        "Plain words. " * 30)})
+    server = start_server(direct_env())
+    server.initialize()
+    response = server.call_tool("web_fetch", {"url": fake_upstream.url + "/meta"})
+    content, text = structured(response), tool_result(response)["content"][0]["text"]
+    assert {k: content.get(k) for k in ("title", "byline", "published", "site_name", "language")} == {
+        "title": "Budget passes", "byline": "Ann Smith", "published": "2020-01-13", "site_name": "City News",
+        "language": "en"}
+    assert "Ann Smith" not in content["content"] and "By Ann Smith \u00b7 2020-01-13" in text
+    bare, _ = call_fetch(server, fake_upstream.url + "/article")
+    assert not {"byline", "published", "site_name", "language"} & set(bare)
 
 
 @pytest.mark.parametrize("content_type, body", [

@@ -1356,6 +1356,138 @@ def _attr(attrs, name):
     return None
 
 
+# -- Page metadata: title, byline, date, site and language as the page states them --------------------
+
+_JSON_LD_MAX_CHARS = 200_000   # a JSON-LD block longer than this is not read
+_JSON_LD_MAX_BLOCKS = 8
+_JSON_LD_MAX_DEPTH = 6         # objects this deep inside a block are not looked at
+_JSON_LD_MAX_ITEMS = 2000      # values looked at per page
+_META_MAX_CHARS = 300          # a metadata value is cut at this length
+_ARTICLE_TYPES = LazyPattern(r"(?:\w*Article|BlogPosting|Report|Review|Recipe|WebPage|NewsArticle)\Z")
+_LANGUAGE_TAG = LazyPattern(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8}){0,3}\Z")
+_META_KEYS = {"og:title": "headline", "twitter:title": "headline", "author": "byline", "article:author": "byline",
+              "parsely-author": "byline", "dc.creator": "byline", "article:published_time": "published",
+              "og:published_time": "published", "datepublished": "published", "date": "published",
+              "dc.date": "published", "og:site_name": "site_name", "application-name": "site_name",
+              "content-language": "language"}
+META_FIELDS = ("title", "byline", "published", "site_name", "language")
+
+
+def page_metadata(tree):
+    """What a page states about itself, as ``{field: text}`` with only the fields it has:
+    ``title`` (``<title>``, else ``og:title`` or the JSON-LD headline), ``byline`` (meta author,
+    ``article:author``, JSON-LD author), ``published`` (ISO 8601: ``article:published_time``,
+    JSON-LD ``datePublished``, the first ``<time datetime>``), ``site_name`` (``og:site_name``,
+    JSON-LD publisher) and ``language`` (``<html lang>``); ``headline`` too when ``og:title`` or
+    JSON-LD name one.  JSON-LD is read within size and depth limits and never raises.
+
+    >>> page_metadata(html_tree('<html lang="de"><title>T</title><meta property="og:site_name" content="S">'))
+    {'title': 'T', 'site_name': 'S', 'language': 'de'}
+    """
+    found = {}
+    blocks = []
+    for node in tree.nodes:
+        tag = node.tag
+        if tag == "meta":
+            _read_meta(node, found)
+        elif tag == "html" and "language" not in found:
+            found["language"] = node.attr("lang") or ""
+        elif tag == "time" and "time" not in found and node.attr("datetime"):
+            found["time"] = node.attr("datetime")
+        elif tag == "script" and len(blocks) < _JSON_LD_MAX_BLOCKS \
+                and (node.attr("type") or "").strip().lower() == "application/ld+json":
+            blocks.append(node)
+    for node in blocks:
+        _read_json_ld("".join(child for child in node.children if child.__class__ is str), found)
+    return _metadata_fields(tree.title, found)
+
+
+def _read_meta(node, found):
+    key = (node.attr("property") or node.attr("name") or node.attr("itemprop") or
+           node.attr("http-equiv") or "").strip().lower()
+    field = _META_KEYS.get(key)
+    value = node.attr("content")
+    if field is not None and value and value.strip() and field not in found:
+        if field == "byline" and value.strip().startswith(("http:", "https:")):
+            return                # article:author is often the author's page, not a name
+        found[field] = value
+
+
+def _read_json_ld(text, found):
+    """Headline, author, date and publisher of the first article object in a JSON-LD block."""
+    if len(text) > _JSON_LD_MAX_CHARS:
+        return
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return
+    stack, budget = [(data, 0)], _JSON_LD_MAX_ITEMS
+    while stack and budget > 0:
+        value, depth = stack.pop()
+        budget -= 1
+        if isinstance(value, list):
+            if depth < _JSON_LD_MAX_DEPTH:
+                stack.extend((item, depth + 1) for item in reversed(value[:100]))
+        elif isinstance(value, dict):
+            if _is_article(value.get("@type")):
+                _read_article(value, found)
+                return
+            if depth < _JSON_LD_MAX_DEPTH and isinstance(value.get("@graph"), list):
+                stack.extend((item, depth + 1) for item in reversed(value["@graph"][:100]))
+
+
+def _is_article(kind):
+    kinds = kind if isinstance(kind, list) else [kind]
+    return any(isinstance(k, str) and _ARTICLE_TYPES.match(k) for k in kinds[:10])
+
+
+def _read_article(article, found):
+    for key, field in (("headline", "headline"), ("datePublished", "published")):
+        if isinstance(article.get(key), str) and field not in found:
+            found[field] = article[key]
+    names = [_ld_name(person) for person in (article.get("author") if isinstance(article.get("author"), list)
+                                             else [article.get("author")])[:10]]
+    names = [name for name in names if name]
+    if names and "byline" not in found:
+        found["byline"] = ", ".join(names)
+    publisher = _ld_name(article.get("publisher"))
+    if publisher and "site_name" not in found:
+        found["site_name"] = publisher
+
+
+def _ld_name(value):
+    if isinstance(value, dict):
+        value = value.get("name")
+    return value.strip() if isinstance(value, str) and not value.strip().startswith(("http:", "https:")) else ""
+
+
+def _metadata_fields(title, found):
+    """The fields of :func:`page_metadata` from what was found, cleaned, the absent ones left out."""
+    fields = {}
+    headline = collapse_ws(found.get("headline") or "")[:_META_MAX_CHARS]
+    fields["title"] = collapse_ws(title or "")[:_META_MAX_CHARS] or headline
+    fields["byline"] = collapse_ws(found.get("byline") or "")[:_META_MAX_CHARS]
+    fields["published"] = _iso_stated(found.get("published")) or _iso_stated(found.get("time"))
+    fields["site_name"] = collapse_ws(found.get("site_name") or "")[:_META_MAX_CHARS]
+    language = (found.get("language") or "").strip()
+    fields["language"] = language.replace("_", "-") if _LANGUAGE_TAG.match(language) else ""
+    fields["headline"] = headline
+    return {name: value for name, value in fields.items() if value}
+
+
+def _iso_stated(value):
+    """``value`` when it is an ISO 8601 date (and time) of a real day, else ""."""
+    value = (value or "").strip()[:64]
+    match = re.match(_ISO_DATE, value)
+    if not match:
+        return ""
+    year, month, day, hour, minute, second = (int(part or 0) for part in match.groups()[:6])
+    try:
+        datetime.date(year, month, day)
+    except ValueError:
+        return ""
+    return value if hour < 24 and minute < 60 and second < 61 else ""
+
 
 # ---------------------------------------------------------------------------
 # §5 Main content
@@ -2078,15 +2210,25 @@ def html_to_markdown(html, base_url="", plain=False, *, check=None):
     >>> html_to_markdown("<title>T</title><nav>x</nav><main><h1>Hi</h1><p>a <b>b</b></p></main>")
     ('T', '# Hi\\n\\na **b**')
     """
+    return html_page(html, base_url, plain, check=check)[:2]
+
+
+def html_page(html, base_url="", plain=False, *, check=None):
+    """``(title, text, metadata)`` of an HTML page: :func:`html_to_markdown` and what the page
+    states about itself (:func:`page_metadata`).  The headline it states (``og:title``, JSON-LD)
+    is metadata: a first heading of the content that repeats it is left out of the text (after
+    it served to tell which headings title nothing)."""
     large = len(html) > _GC_DEFER_CHARS
     tree = _TreeBuilder(check)
     with _cyclic_gc_deferred(large):
         try:
             tree.parse(html)
+            metadata = page_metadata(tree)
             root = _choose_content(tree.nodes, check)
             converter = _MarkdownConverter(base_url, plain, check, max(_MIN_OUTPUT_CAP, 3 * len(html)))
+            converter.headline = metadata.get("headline", "").casefold()
             _render_tree(root, converter)
-            return collapse_ws(tree.title or ""), converter.result()
+            return collapse_ws(tree.title or ""), converter.result(), metadata
         finally:
             if large:
                 _dismantle(tree.nodes)
@@ -2154,6 +2296,9 @@ def _replay_end(converter, tag):
         converter.handle_endtag(tag)
 
 
+_TITLE_SEPARATORS = "|-\u2013\u2014:\u00b7\u2022/"
+
+
 _SPACE_RUN = LazyPattern(r"[ \t\r\n\f\v]+")
 _EMPHASIS = {"strong": "**", "b": "**", "em": "*", "i": "*"}
 
@@ -2192,6 +2337,7 @@ class _MarkdownConverter:
         self.heading = 0          # level of the heading being flushed
         self.label = 0            # inside a label line ("More topics:"): a heading of level 7
         self.headings = {}        # index in blocks -> level, for headings and label lines
+        self.headline = ""        # casefolded: a first heading with this text is metadata, not text
 
     # -- output ------------------------------------------------------------------
     def tick(self):
@@ -2271,6 +2417,7 @@ class _MarkdownConverter:
             return blocks
         keep = []
         following = None          # level of the next kept block when it is a heading, 0 for text
+        headline = self._headline_index()
         for index in range(len(blocks) - 1, -1, -1):
             block = blocks[index]
             if block is None:
@@ -2279,11 +2426,24 @@ class _MarkdownConverter:
             level = self.headings.get(index)
             if level and (following is None or (following and following <= level)):
                 continue
+            if index == headline:
+                following = level
+                continue
             if len(block) <= 30 and block.endswith(("...", "\u2026")) and len(block.split()) <= 3:
                 continue
             keep.append(block)
             following = level or 0
         return keep[::-1]
+
+    def _headline_index(self):
+        """The index of the first heading of level 1 or 2 when its text is the page's headline (which
+        may go on with a separator and the site's name: "Title | Site | 23.05.2011")."""
+        first = min((index for index, level in self.headings.items() if level <= 2), default=None)
+        if first is None or not self.headline:
+            return None
+        text = self.blocks[first].lstrip("#").strip().casefold()
+        rest = self.headline[len(text):].lstrip() if text and self.headline.startswith(text) else None
+        return first if rest == "" or rest and rest[0] in _TITLE_SEPARATORS else None
 
     # -- parser events -------------------------------------------------------------
     def handle_starttag(self, tag, attrs):
@@ -9538,9 +9698,9 @@ class Document:
     the page instead of the one before it.
     """
 
-    __slots__ = ("url", "final_url", "title", "content", "provider", "content_type", "shell", "fallback")
+    __slots__ = ("url", "final_url", "title", "content", "provider", "content_type", "shell", "fallback", "metadata")
 
-    def __init__(self, url, final_url, title, content, provider, content_type, shell=None):
+    def __init__(self, url, final_url, title, content, provider, content_type, shell=None, metadata=None):
         self.url = url
         self.final_url = final_url
         self.title = title
@@ -9549,6 +9709,7 @@ class Document:
         self.content_type = content_type
         self.shell = shell
         self.fallback = None
+        self.metadata = metadata or {}   # what the page states about itself (see page_metadata)
 
     def weight(self):
         return len(self.content) * 2 + 256
@@ -9763,8 +9924,9 @@ class Fetcher:
             html = decode_page(body, ctype)
             if fmt == "html":
                 return Document(url, resp.url, page_title(html), html, "direct", media)
-            title, content = html_to_markdown(html, resp.url, plain=fmt == "text", check=check)
-            return Document(url, resp.url, title, content, "direct", media, script_shell(html, content))
+            _, content, metadata = html_page(html, resp.url, plain=fmt == "text", check=check)
+            return Document(url, resp.url, metadata.get("title", ""), content, "direct", media,
+                            script_shell(html, content), metadata)
         if media.startswith(_MEDIA_TEXT_PREFIXES) or media in _MEDIA_TEXTUAL or media.endswith(("+json", "+xml")):
             return Document(url, resp.url, "", decode_page(body, ctype).strip(), "direct", media)
         raise UpstreamError("direct", "bad_response", "unsupported_content_type",
@@ -10557,12 +10719,17 @@ _RESULT_SCHEMA = {"type": "object", "properties": {
     "rank": {"type": "integer"}, "title": {"type": "string"}, "url": {"type": "string"},
     "snippet": {"type": "string"}, "published": {"type": ["string", "null"]},
     "score": {"type": ["number", "null"]}, "vendors": {"type": "array", "items": {"type": "string"}},
-    "language": {"type": ["string", "null"]}, "content": {"type": ["string", "null"]}}}
+    "language": {"type": ["string", "null"]}, "content": {"type": ["string", "null"]},
+    "metadata": {"type": "object", "description": "With include_content: what the page states about itself "
+                                                  "(title, byline, published, site_name, language; each only "
+                                                  "when the page has it)."}}}
 
 # The result fields select can name, in the order results carry them; description is the typed search
 # contract's name for snippet. Omitted, select is the fields web_search has always returned.
-RESULT_FIELDS = ("rank", "title", "url", "snippet", "published", "score", "vendors", "language", "content")
-DEFAULT_SELECT = ("rank", "title", "url", "snippet", "published", "score", "vendors", "content")
+RESULT_FIELDS = ("rank", "title", "url", "snippet", "published", "score", "vendors", "language", "content",
+                 "metadata")
+DEFAULT_SELECT = ("rank", "title", "url", "snippet", "published", "score", "vendors", "content", "metadata")
+_PAGE_FIELDS = frozenset(("content", "metadata"))   # read from the page itself: only with include_content
 _FIELD_ALIASES = {"description": "snippet"}
 _FIELD_PARTS = {"content": ("content", "content_status", "next_start_index")}
 
@@ -10582,7 +10749,8 @@ WEB_SEARCH_INPUT = {
                    "items": {"type": "string", "enum": list(RESULT_FIELDS[:3]) + ["snippet", "description"]
                              + list(RESULT_FIELDS[4:])},
                    "description": "Result fields to return, e.g. [\"url\", \"title\"] (description = snippet; "
-                                  "language when the engine reports it; content with include_content). "
+                                  "language when the engine reports it; content, and metadata (the page's own "
+                                  "title, byline, published, site_name, language), with include_content). "
                                   "Default: all but language."},
         "lang": {"type": "string", "pattern": "^[A-Za-z]{2}([-_][A-Za-z0-9]{1,8}){0,3}$",
                  "description": "Language of the results: an ISO 639-1 code or a BCP 47 tag, e.g. en, de, ja, "
@@ -10975,8 +11143,8 @@ def _normalize_select(args, values, issues, adjustments):
             adjustments.append({"path": "/select", "received": args["select"], "used": "content added",
                                 "reason": "include_content returns each page's content"})
         fields.add("content")
-    elif asked and "content" in fields:
-        fields.discard("content")
+    elif asked and fields & _PAGE_FIELDS:
+        fields -= _PAGE_FIELDS
         if not fields:
             issues.append(issue("/select", "conflict", "content is only returned with include_content",
                                 "pass include_content (1-%d), or select other fields" % MAX_INCLUDE_CONTENT))
@@ -10984,7 +11152,7 @@ def _normalize_select(args, values, issues, adjustments):
             adjustments.append({"path": "/select", "received": args["select"], "used": "content left out",
                                 "reason": "content needs include_content (1-%d)" % MAX_INCLUDE_CONTENT})
     else:
-        fields.discard("content")
+        fields -= _PAGE_FIELDS
     values["select"] = [f for f in RESULT_FIELDS if f in fields]
 
 
@@ -11063,6 +11231,11 @@ WEB_FETCH_OUTPUT = {
         "url": {"type": "string", "description": "The URL asked for."},
         "final_url": {"type": ["string", "null"], "description": "Where redirects ended."},
         "title": {"type": ["string", "null"]},
+        "byline": {"type": "string", "description": "The author(s) the page names; absent when it names none."},
+        "published": {"type": "string", "description": "When the page says it was published (ISO 8601); "
+                                                       "absent when it does not say."},
+        "site_name": {"type": "string", "description": "The site's name as the page states it."},
+        "language": {"type": "string", "description": "The page's language tag (<html lang>), e.g. en, de-CH."},
         "content": {"type": "string", "description": "This page of the document."},
         "start_index": {"type": "integer"},
         "total_length": {"type": "integer", "description": "Characters in the whole document."},
@@ -11686,6 +11859,8 @@ class SearchTools:
             result.update({"content": None if is_error else page["content"],
                            "content_status": page["error"] if is_error else "success",
                            "next_start_index": None if is_error else page["next_start_index"]})
+            if not is_error:
+                result["metadata"] = {name: page[name] for name in META_FIELDS if page.get(name)}
         s["results"] = results
 
     @staticmethod
@@ -11892,6 +12067,7 @@ class PageTools:
                   "provider": doc.provider, "fallback": doc.fallback, "content_type": doc.content_type,
                   "cached": how == "cached",
                   "coalesced": how == "shared", "attempts": attempts})
+        s.update((name, doc.metadata[name]) for name in META_FIELDS[1:] if doc.metadata.get(name))
         return s, self._page_text(s, call.say), False
 
     def _document(self, url, fmt, call, inline, served, prior):
@@ -11953,6 +12129,8 @@ class PageTools:
         head = "%s\n%s (%s via %s%s, characters %d-%d of %d)" % (
             s["title"] or s["final_url"], s["final_url"], s["format"], s["provider"],
             ", cached" if s["cached"] else "", start, end, total)
+        if s.get("byline") or s.get("published"):
+            head += "\n" + " \u00b7 ".join(filter(None, (s.get("byline") and "By " + s["byline"], s.get("published"))))
         if s["fallback"]:
             head += "\nRead through %s because %s" % (s["provider"], s["fallback"])
         tail = "\n\n[more: call %s with %s]" % (say("web_fetch"), say("start_index", end)) if end < total else ""
