@@ -3588,6 +3588,11 @@ def test_html_to_markdown_makes_relative_links_and_images_absolute(ring):
     _, markdown = ring.html_to_markdown(html, "https://example.org/blog/post.html")
     assert markdown.startswith("[up](https://example.org/up.html) [cdn](https://cdn.example.net/x) "
                                "anchor js ![")
+    links = ('<main><p><a href="/a/b?x=1#f">root</a> <a href="/a/../c">dots</a> <a href="/caf\u00e9 x">iri</a> '
+             '<a href="https://Example.org:8080/p">port</a></p></main>')
+    assert ring.html_to_markdown(links, "https://example.org/blog/post.html")[1] == (
+        "[root](https://example.org/a/b?x=1#f) [dots](https://example.org/c) "
+        "[iri](https://example.org/caf%C3%A9%20x) [port](https://Example.org:8080/p)")
     # The image must stay one Markdown image: brackets in its alt text removed or escaped, never
     # left unbalanced (an unbalanced "[" turns "![a [pic](src)" into text plus a link).
     image = re.search(r"!\[((?:[^\[\]\\]|\\.)*)\]\((\S+)\)$", markdown)
@@ -3818,6 +3823,28 @@ def test_the_stated_headline_and_byline_are_metadata_not_body_text(ring):
     assert ring.html_page(kept, plain=True)[1].startswith("Budget passes\n\n")
 
 
+def test_the_head_is_read_for_metadata_without_being_parsed(ring):
+    head = ('<html><head><!--[if IE]><html lang="xx" class="ie"><![endif]--><html lang="fr">'
+            '<title>L&#39;Assembl\u00e9e vote</title><meta name="author" content="\'Ann\' &amp; Bo">'
+            '<script type="application/ld+json">{"@type": "Article", "datePublished": "2015-05-04"}</script>'
+            '</head><body><article><h1>Vote</h1>%s</article></body></html>') % (PROSE * 3)
+    title, text, meta = ring.html_page(head, "https://example.org/a")
+    assert title == "L'Assembl\u00e9e vote" and text.startswith("# Vote\n\nThe council")
+    assert meta == {"title": title, "byline": "'Ann' & Bo", "published": "2015-05-04", "language": "fr"}
+    # "<body" inside a script of the head: the page is parsed whole, and read the same.
+    odd = head.replace("<title>", "<script>document.write('<body>')</script><title>")
+    assert ring.html_page(odd, "https://example.org/a") == (title, text, meta)
+
+
+def test_svg_content_never_reaches_the_text(ring):
+    body = ('<article><h1>Chart</h1><p>BEFORE the chart.</p><svg viewBox="0 0 1 1"><text>SVGTEXT</text>'
+            '<path d="M0 0"/></svg><svg><svg><text>INNER</text></svg><text>OUTER</text></svg>'
+            '<p>AFTER the chart.</p>%s</article>') % (PROSE * 3)
+    text = article_text(ring, body)
+    assert "BEFORE the chart." in text and "AFTER the chart." in text
+    assert not [word for word in ("SVGTEXT", "INNER", "OUTER") if word in text]
+
+
 # ---- Hostile documents: linear time, broken markup, bad links ----------------------------------
 
 def test_page_title_and_link_pattern_do_not_backtrack(ring):
@@ -3901,6 +3928,8 @@ HOSTILE_UNITS = {
     "nested link lines": ("<p>Read:<a href='/x'>x</a>",),
     "nested date lines": ("<div>May 5, 2020 <span>",),
     "headings over link lists": ("<h3>Related</h3><ul><li><a href='/x'>x</a></li></ul>",),
+    "nested svgs": ("<svg>",),
+    "svgs": ("<svg><path/></svg>",),
     "nested prose": ("<div class='x'>Words, more words, and still more words here.",
                      "<section><p>Another branch, with text, long enough to score.</p>"),
 }

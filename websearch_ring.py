@@ -1054,12 +1054,17 @@ def page_title(html):
     return collapse_ws(html[opening.end():closing.start()]) if closing else ""
 
 
+_PLAIN_ABSOLUTE_URL = LazyPattern(r"https?://[A-Za-z0-9.-]+(?:[/?#][A-Za-z0-9\-._~:/?#@!$&'()*+,;=%]*)?\Z")
+
+
 def absolute_url(base_url, href):
     """``href`` resolved against ``base_url``; None when either cannot be parsed.
 
     >>> absolute_url("https://a.example/x/", "y"), absolute_url("https://a.example/", "http://[::1")
     ('https://a.example/x/y', None)
     """
+    if _PLAIN_ABSOLUTE_URL.match(href) and "/." not in href:
+        return href               # absolute, ASCII, no port, no dot segments: nothing to resolve or encode
     try:
         url = iri_to_uri(_urllib_parse.urljoin(base_url, href.strip()))
         _urllib_parse.urlsplit(url).port         # raises on a bad IPv6 literal or port, as later users would
@@ -1373,33 +1378,92 @@ _META_KEYS = {"og:title": "headline", "twitter:title": "headline", "author": "by
 META_FIELDS = ("title", "byline", "published", "site_name", "language")
 
 
-def page_metadata(tree):
+def page_metadata(tree, head=""):
     """What a page states about itself, as ``{field: text}`` with only the fields it has:
     ``title`` (``<title>``, else ``og:title`` or the JSON-LD headline), ``byline`` (meta author,
     ``article:author``, JSON-LD author), ``published`` (ISO 8601: ``article:published_time``,
     JSON-LD ``datePublished``, the first ``<time datetime>``), ``site_name`` (``og:site_name``,
     JSON-LD publisher) and ``language`` (``<html lang>``); ``headline`` too when ``og:title`` or
-    JSON-LD name one.  JSON-LD is read within size and depth limits and never raises.
+    JSON-LD name one.  JSON-LD is read within size and depth limits and never raises.  ``head``
+    is the page's head when ``tree`` holds only its body (see :func:`html_page`).
 
     >>> page_metadata(html_tree('<html lang="de"><title>T</title><meta property="og:site_name" content="S">'))
     {'title': 'T', 'site_name': 'S', 'language': 'de'}
     """
-    found = {}
-    blocks = []
-    for node in tree.nodes:
+    found, blocks = {}, []
+    if head:
+        _scan_metadata(_head_elements(head), found, blocks)
+    _scan_metadata(tree.nodes, found, blocks)
+    for node in blocks:
+        _read_json_ld("".join(child for child in node.children if child.__class__ is str), found)
+    return _metadata_fields(_head_title(head) or tree.title, found)
+
+
+_METADATA_TAGS = frozenset({"meta", "html", "time", "script"})
+
+
+def _scan_metadata(nodes, found, blocks):
+    tags = _METADATA_TAGS
+    for node in nodes:
         tag = node.tag
+        if tag not in tags:
+            continue
         if tag == "meta":
             _read_meta(node, found)
-        elif tag == "html" and "language" not in found:
-            found["language"] = node.attr("lang") or ""
+        elif tag == "html" and "language" not in found and node.attr("lang"):
+            found["language"] = node.attr("lang")
         elif tag == "time" and "time" not in found and node.attr("datetime"):
             found["time"] = node.attr("datetime")
         elif tag == "script" and len(blocks) < _JSON_LD_MAX_BLOCKS \
                 and (node.attr("type") or "").strip().lower() == "application/ld+json":
             blocks.append(node)
-    for node in blocks:
-        _read_json_ld("".join(child for child in node.children if child.__class__ is str), found)
-    return _metadata_fields(tree.title, found)
+
+
+_HEAD_TAG = LazyPattern(r"<(html|meta|script)\b([^<>]*)>", re.I)
+_TAG_ATTRIBUTE = LazyPattern(r"""([^\s=<>/"']+)(?:\s*=\s*("[^"]*"|'[^']*'|[^\s>]*))?""")
+_SCRIPT_END = LazyPattern(r"</script", re.I)
+
+
+def _attribute_value(raw):
+    if raw[:1] in ("'", '"') and raw[-1:] == raw[:1] and len(raw) > 1:
+        raw = raw[1:-1]
+    return _html_parser.unescape(raw)
+
+
+def _without_comments(text):
+    """``text`` without its ``<!-- ... -->`` comments (an unclosed one runs to the end)."""
+    parts, done = [], 0
+    while True:
+        start = text.find("<!--", done)
+        if start < 0:
+            break
+        parts.append(text[done:start])
+        end = text.find("-->", start + 4)
+        done = len(text) if end < 0 else end + 3
+    parts.append(text[done:])
+    return "".join(parts)
+
+
+def _head_title(head):
+    return _html_parser.unescape(page_title(head)) if head else ""
+
+
+def _head_elements(head):
+    """The ``<html>``, ``<meta>`` and ``<script>`` elements of a page's head, read with regular
+    expressions (a script with its text), without the cost of parsing the head."""
+    elements, done = [], 0
+    head = _without_comments(head)
+    for match in _HEAD_TAG.finditer(head):
+        if match.start() < done:
+            continue              # inside the script read last
+        attrs = [(name.lower(), _attribute_value(value)) for name, value in _TAG_ATTRIBUTE.findall(match.group(2))]
+        node = _Node(match.group(1).lower(), attrs, None)
+        if node.tag == "script":
+            end = _SCRIPT_END.search(head, match.end())
+            done = end.start() if end else len(head)
+            node.children.append(head[match.end():done])
+        elements.append(node)
+    return elements
 
 
 def _read_meta(node, found):
@@ -1597,7 +1661,8 @@ def _score_paragraphs(nodes, check=None):
         for child in node.children:
             if child.__class__ is str:
                 own += len(child.strip())
-                commas += child.count(",") + child.count("\uff0c") + child.count("\u3001")
+                if "," in child or "\uff0c" in child or "\u3001" in child:
+                    commas += child.count(",") + child.count("\uff0c") + child.count("\u3001")
         node.own = own
         node.text += own
         if node.tag == "a":
@@ -2109,14 +2174,16 @@ def _mark_empty_headings(nodes, root, protected):
             headings.append(node)
         else:
             stack.extend(child for child in node.children if child.__class__ is not str)
-    positions = {}                # parent -> {child: index}, built once per parent
+    wraps = {}                    # parent -> the headings (or the boxes holding only them) in it
     for heading in headings:
         wrap = heading
         while wrap.parent is not None and wrap.parent is not root and wrap.parent not in protected \
                 and wrap.parent.kept == heading.kept:
             wrap = wrap.parent
-        if wrap.parent is not None and _only_removed_after(wrap, positions):
-            wrap.marks = True
+        if wrap.parent is not None:
+            wraps.setdefault(wrap.parent, set()).add(wrap)
+    for parent, titles in wraps.items():
+        _mark_titles_of_nothing(parent, titles)
 
 
 def _measure_kept(nodes):
@@ -2132,39 +2199,40 @@ def _measure_kept(nodes):
             node.parent.kept += node.kept
 
 
-def _only_removed_after(node, positions):
-    siblings = node.parent.children
-    index = positions.get(node.parent)
-    if index is None:
-        index = positions[node.parent] = {child: i for i, child in enumerate(siblings) if child.__class__ is not str}
-    removed = False
-    for position in range(index[node] + 1, len(siblings)):
-        sibling = siblings[position]
+def _mark_titles_of_nothing(parent, titles):
+    """Mark each of ``titles`` (children of ``parent``) after which every sibling up to the next
+    kept text or heading was removed.  One pass from the last child back: ``ahead`` says whether
+    that holds for the siblings after the current one, ``ahead_removed`` the same once something
+    removed has been passed (so that a heading next counts as the end)."""
+    ahead, ahead_removed = False, True
+    for sibling in reversed(parent.children):
         if sibling.__class__ is str:
             if sibling.strip():
-                return False
+                ahead = ahead_removed = False
             continue
+        if sibling in titles and ahead:
+            sibling.marks = True
         if sibling.marks and sibling.text:
-            removed = True
+            ahead = ahead_removed
         elif sibling.kept:
-            return removed and sibling.tag in _HEADINGS
-    return removed
-
+            ahead, ahead_removed = False, sibling.tag in _HEADINGS
 
 
 # ---------------------------------------------------------------------------
 # §6 HTML to Markdown
 # ---------------------------------------------------------------------------
 
-_GC_DEFER_CHARS = 256 * 1024    # pages larger than this are converted with the cyclic collector deferred
+_GC_DEFER_CHARS = 256 * 1024    # pages larger than this are freed in slices (see _dismantle)
 
 
 class _cyclic_gc_deferred:
-    """Keep the cyclic garbage collector off while a large page is converted.
+    """Keep the cyclic garbage collector off while a page is converted.
 
     The element tree of a multi-megabyte page triggers full collections whose
     pauses grow with the heap (over 200 ms at 5 MB) and hold the interpreter
-    lock, so the stdin reader could not answer ``ping`` meanwhile.  The
+    lock, so the stdin reader could not answer ``ping`` meanwhile; a small
+    page's tree only adds collections that find nothing (the tree is freed by
+    :func:`_dismantle`, not by the collector).  The
     collector is process-wide, so so is the count: the last conversion to end
     turns it back on (unless it was off before the first began).
     """
@@ -2217,25 +2285,73 @@ def html_page(html, base_url="", plain=False, *, check=None):
     """``(title, text, metadata)`` of an HTML page: :func:`html_to_markdown` and what the page
     states about itself (:func:`page_metadata`).  The headline it states (``og:title``, JSON-LD)
     is metadata: a first heading of the content that repeats it is left out of the text (after
-    it served to tell which headings title nothing)."""
-    large = len(html) > _GC_DEFER_CHARS
+    it served to tell which headings title nothing).  The head, which holds no text to show, is
+    not parsed: its metadata is read by :func:`page_metadata`; nor is the inside of an ``<svg>``."""
     tree = _TreeBuilder(check)
-    with _cyclic_gc_deferred(large):
+    with _cyclic_gc_deferred():
         try:
-            tree.parse(html)
-            metadata = page_metadata(tree)
+            head, body = _split_head(html)
+            tree.parse(_without_svg(body))
+            metadata = page_metadata(tree, head)
             root = _choose_content(tree.nodes, check)
             converter = _MarkdownConverter(base_url, plain, check, max(_MIN_OUTPUT_CAP, 3 * len(html)))
             converter.headline = metadata.get("headline", "").casefold()
             _render_tree(root, converter)
-            return collapse_ws(tree.title or ""), converter.result(), metadata
+            return collapse_ws(_head_title(head) or tree.title or ""), converter.result(), metadata
         finally:
-            if large:
-                _dismantle(tree.nodes)
+            _dismantle(tree.nodes)
+
+
+_BODY_START = LazyPattern(r"<body[\s>/]", re.I)
+_RAW_OPEN = LazyPattern(r"<(script|style|textarea|noscript|template|title|xmp|iframe|noembed|noframes)[\s>/]", re.I)
+
+
+def _split_head(html):
+    """``(head, rest)``: the text before ``<body`` and the rest, when nothing in the head is left
+    open that the "<body" could sit inside (a comment, a script); else ``("", html)``.  The head
+    holds no text to show: only its metadata is read (see :func:`page_metadata`)."""
+    body = _BODY_START.search(html)
+    if body is None:
+        return "", html
+    end = body.start()
+    comment = html.rfind("<!--", 0, end)
+    if comment >= 0 and html.find("-->", comment + 4, end) < 0:
+        return "", html
+    last = None
+    for last in _RAW_OPEN.finditer(html, 0, end):
+        pass
+    if last is not None and not re.compile(r"</%s\s*>" % last.group(1), re.I).search(html, last.end(), end):
+        return "", html
+    return html[:end], html[end:]
+
+
+_SVG_OPEN = LazyPattern(r"<svg[\s>/]", re.I)
+_SVG_CLOSE = LazyPattern(r"</svg\s*>", re.I)
+
+
+def _without_svg(html):
+    """``html`` with the content of each ``<svg>`` that holds no other ``<svg>`` cut out before
+    parsing: its paths are many tags and none of it is text to show."""
+    parts, done, closing = [], 0, None
+    for opening in _SVG_OPEN.finditer(html):
+        if opening.start() < done:
+            continue
+        if closing is None or closing.start() < opening.end():   # (one search serves nested openings)
+            closing = _SVG_CLOSE.search(html, opening.end())
+        if closing is None:
+            break
+        if _SVG_OPEN.search(html, opening.end(), closing.start()) is None:
+            parts.append(html[done:opening.start()])
+            parts.append("<svg></svg>")
+            done = closing.end()
+    if not parts:
+        return html
+    parts.append(html[done:])
+    return "".join(parts)
 
 
 def _dismantle(nodes):
-    """Free a large tree in slices, letting other threads run in between.
+    """Free a tree now; a large one in slices, letting other threads run in between.
 
     Parent links make the tree cyclic: left to the collector, one pass would
     walk and free every node while holding the interpreter lock.
@@ -2243,6 +2359,9 @@ def _dismantle(nodes):
     for node in nodes:
         node.parent = None
         node.children = []
+    if len(nodes) * 16 < _GC_DEFER_CHARS:
+        nodes.clear()
+        return
     while nodes:
         del nodes[-4096:]
         time.sleep(0)
@@ -2315,6 +2434,7 @@ class _MarkdownConverter:
 
     def __init__(self, base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
         self.base_url = base_url
+        self.origin = None        # scheme and host of base_url when it is a plain absolute URL, else ""
         self.plain = plain
         self.check = check
         self.max_chars = max_chars
@@ -2447,7 +2567,9 @@ class _MarkdownConverter:
 
     # -- parser events -------------------------------------------------------------
     def handle_starttag(self, tag, attrs):
-        self.tick()
+        self.ticks += 1
+        if self.check is not None and not self.ticks % _CHECK_EVERY:
+            self.check()
         if tag in _VOID_TAGS:
             handler = self._VOID.get(tag)
             if handler is not None and not self.full:
@@ -2558,8 +2680,20 @@ class _MarkdownConverter:
         href = _attr(attrs, "href") or ""
         url = None
         if href and not href.startswith(("javascript:", "#", "mailto:")):
-            url = True if self.plain else absolute_url(self.base_url, href)   # plain text shows no targets
+            url = True if self.plain else self._absolute(href)   # plain text shows no targets
         self.links.append([url, len(self.inline)])
+
+    def _absolute(self, href):
+        """``absolute_url(base_url, href)``; a root-relative path that needs no resolving is joined
+        to the base's origin directly (a page's links are mostly such paths)."""
+        if self.origin is None:
+            base = self.base_url or ""
+            self.origin = base[:base.find("/", base.find("//") + 2)] if _PLAIN_ABSOLUTE_URL.match(base) \
+                and base.count("/") >= 3 else ""
+        if self.origin and href[:1] == "/" and href[1:2] != "/" and "/." not in href \
+                and _PLAIN_ABSOLUTE_URL.match(self.origin + href):
+            return self.origin + href
+        return absolute_url(self.base_url, href)
 
     def _end_link(self, tag):
         if not self.links:
