@@ -3700,6 +3700,11 @@ def test_html_to_markdown_makes_relative_links_and_images_absolute(ring):
     _, markdown = ring.html_to_markdown(html, "https://example.org/blog/post.html")
     assert markdown.startswith("[up](https://example.org/up.html) [cdn](https://cdn.example.net/x) "
                                "anchor js ![")
+    links = ('<main><p><a href="/a/b?x=1#f">root</a> <a href="/a/../c">dots</a> <a href="/caf\u00e9 x">iri</a> '
+             '<a href="https://Example.org:8080/p">port</a></p></main>')
+    assert ring.html_to_markdown(links, "https://example.org/blog/post.html")[1] == (
+        "[root](https://example.org/a/b?x=1#f) [dots](https://example.org/c) "
+        "[iri](https://example.org/caf%C3%A9%20x) [port](https://Example.org:8080/p)")
     # The image must stay one Markdown image: brackets in its alt text removed or escaped, never
     # left unbalanced (an unbalanced "[" turns "![a [pic](src)" into text plus a link).
     image = re.search(r"!\[((?:[^\[\]\\]|\\.)*)\]\((\S+)\)$", markdown)
@@ -3771,6 +3776,187 @@ def test_html_to_markdown_renders_layout_and_nested_tables_as_blocks(ring):
     assert ring.html_to_markdown(data)[1] == "| a | b |\n|---|---|\n| 1 | 2 |"
 
 
+# ---- Boilerplate by what it is: link lines, tails, credits, dates, pitches, empty headings ------
+
+def test_a_data_table_is_content_whatever_its_class_says(ring):
+    # A recipe's ingredients table had the class "table-header" ("header" after a word: chrome).
+    body = ('<article><h1>Mandarin cake</h1>%s<table class="ingredients table-header"><tr><td>250 g</td>'
+            '<td>INGREDIENT flour</td></tr><tr><td>3</td><td>INGREDIENT eggs</td></tr></table></article>') % (PROSE * 2)
+    assert article_text(ring, body).count("INGREDIENT") == 2
+
+
+def test_a_class_on_most_of_the_page_is_the_layout_not_chrome(ring):
+    # Page builders put "elementor-widget-container" (a "widget") on every block of the page.
+    block = '<div class="elementor-widget-wrap"><div class="elementor-widget-container">%s</div></div>'
+    text = article_text(ring, "<h1>Budget passes</h1>" + block % PROSE * 3 +
+                        '<div class="elementor-widget-wrap"><div class="sidebar-widget">SIDEBARTEXT</div></div>')
+    assert text.count("the vote was close") == 9 and "SIDEBARTEXT" not in text
+
+
+def test_the_content_is_not_widened_above_main_and_takes_its_article_header(ring):
+    # Once the chrome rules removed most of the page, widening ran up to the document and kept
+    # every box nobody recognised; an article's own <header> holds its headline and standfirst.
+    body = ('<div class="popup-thing"><p>MODALTEXT Sign in to read on, it takes a minute only.</p></div>'
+            '<main><article><header><h1>Budget passes</h1><p>STANDFIRST The city has a budget at last.</p>'
+            '</header><div class="body">%s</div></article></main>') % (PROSE * 3)
+    text = article_text(ring, body)
+    assert text.startswith("Budget passes\n\nSTANDFIRST") and text.count("the vote was close") == 9
+    assert "MODALTEXT" not in text
+
+
+def test_an_intro_block_before_the_body_joins_it(ring):
+    body = ('<div class="node"><div class="field field-intro"><p>INTRO The council met at last, after '
+            'weeks of talks, to settle the budget of the city.</p></div><div class="field field-body">%s</div>'
+            '</div><div class="other"><p>%s</p></div>') % (PROSE * 4, "OTHERTEXT " * 3)
+    text = article_text(ring, body)
+    assert text.startswith("INTRO") and text.count("the vote was close") == 12
+
+
+def test_read_also_lines_and_link_blocks_after_the_article_are_dropped(ring):
+    body = ('<article><h1>Budget passes</h1>%s<p><strong>Read also:</strong> <a href="/r">LINKLINE The mayor on the budget, '
+            'speaks</a></p>%s<p>&gt;&gt; <a href="/t">LINKLINE Another story</a> &lt;&lt;</p>%s'
+            '<p>Next: <a href="/a">TAIL one</a>, <a href="/b">TAIL two</a></p>'
+            '<div><a href="/c">TAIL three</a> and <a href="/d">TAIL four</a></div>'
+            '<ol><li><a href="/ref">REFERENCE kept</a></li></ol></article>') % (PROSE, PROSE, PROSE)
+    text = article_text(ring, body)
+    assert text.count("the vote was close") == 9 and "REFERENCE kept" in text
+    assert "LINKLINE" not in text and "TAIL" not in text and "Read also" not in text
+
+
+@pytest.mark.parametrize("line", [
+    "By Ann Smith - 11/18/19 11:04 PM EST",
+    "Publicado por: Ana - 3 de marzo de 2020 - Categoria: Noticias",
+    "January 13, 2020 at 08:45 AM | categories: <a href='/c'>news</a>",
+    "Foto: Agentur Meier",
+    "\u00a9 2020 Example Press",
+    "Photo by Jane Doe",
+])
+def test_byline_date_and_credit_lines_are_dropped(ring, line):
+    text = article_text(ring, "<article><h1>Budget passes</h1><div class='meta'>%s</div>%s<figure>"
+                              "<img src='/a.jpg' alt='The hall'><figcaption>%s</figcaption></figure></article>"
+                        % (line, PROSE * 3, line))
+    assert text.count("the vote was close") == 9
+    assert collapse_text(ring, line) not in text and "Budget passes" in text
+
+
+def collapse_text(ring, line):
+    return ring.collapse_ws(re.sub(r"<[^>]+>", "", line.replace("\u00a9", "\u00a9")))
+
+
+def test_a_date_inside_running_text_or_a_long_paragraph_stays(ring):
+    body = ("<article><h1>Budget passes</h1><p>On 11/18/19 the <b>11/18/19 vote</b> was held.</p>%s"
+            "</article>") % (PROSE * 3)
+    assert "On 11/18/19 the 11/18/19 vote was held." in article_text(ring, body)
+
+
+def test_a_date_line_with_empty_links_costs_linear_time(ring):
+    # Link texts are taken out of a date line one by one: an empty one made str.replace("", " ")
+    # put a space between all characters, once per empty link.
+    line = "<p>May 5, 2020 %s by <a href='/a'>Ann</a></p>" % ("<a href='/x'></a>" * 20)
+    text = article_text(ring, "<article><h1>Budget passes</h1>%s%s</article>" % (line, PROSE * 3))
+    assert "May 5, 2020" not in text and text.count("the vote was close") == 9
+
+
+def test_a_pitch_with_a_button_is_dropped_but_a_copy_link_is_not(ring):
+    body = ('<article><h1>Budget passes</h1>%s<div class="box"><p>PITCH Become a member and support us.</p>'
+            '<a class="btn btn-primary" href="/join">Join us today</a></div><div><pre>make build</pre>'
+            '<a class="copy-button" href="#">Copy link</a></div>%s</article>') % (PROSE * 2, PROSE)
+    text = article_text(ring, body)
+    assert "PITCH" not in text and "Join us" not in text and "make build" in text
+
+
+def test_a_heading_left_with_nothing_under_it_is_dropped(ring):
+    body = ('<article><h1>Budget passes</h1>%s<h3>Related posts</h3><ul class="related-posts"><li>'
+            '<a href="/a">one</a></li></ul><p><strong>More topics:</strong></p><h2>Share this</h2>'
+            '<div class="share-buttons"><a href="/s">f</a></div><p>Loading...</p></article>') % (PROSE * 3)
+    text = article_text(ring, body)
+    assert text.endswith("the vote was close.") and text.startswith("Budget passes")
+    kept = article_text(ring, '<article><h1>Budget passes</h1><h2>Part one</h2>%s<p><strong>Note:</strong></p>'
+                              '<p>Short note kept.</p></article>' % (PROSE * 3))
+    assert "Part one" in kept and "Note:" in kept
+
+
+def test_noscript_markup_never_reaches_the_text(ring):
+    body = ('<article><h1>Budget passes</h1><noscript><img height="1" width="1" src="https://px.example/t?id=1">'
+            '<p>NOSCRIPTTEXT enable JavaScript</p></noscript>%s</article>') % (PROSE * 3)
+    text = article_text(ring, body)
+    assert "<img" not in text and "px.example" not in text and "NOSCRIPTTEXT" not in text
+
+
+def test_image_alt_text_stays_in_plain_text(ring):
+    text = article_text(ring, "<article><h1>Budget passes</h1>%s<p><img src='/c.png' alt='Chart of the "
+                              "budget'></p>%s</article>" % (PROSE * 2, PROSE))
+    assert "Chart of the budget" in text
+
+
+# ---- Page metadata: title, byline, date, site and language as fields, never body text ----------
+
+META_PAGE = (
+    '<html lang="en_GB"><head><title>Budget passes | City News</title>'
+    '<meta property="og:title" content="Budget passes | City News">'
+    '<meta property="og:site_name" content="City News"><meta name="author" content="https://city.example/ann">'
+    '<meta property="article:published_time" content="2020-01-13T08:45:00+01:00">'
+    '<script type="application/ld+json">{"@context": "https://schema.org", "@graph": [{"@type": "WebSite", '
+    '"name": "x"}, {"@type": ["NewsArticle"], "headline": "Budget passes", "datePublished": "2019-12-01", '
+    '"author": [{"@type": "Person", "name": "Ann Smith"}, {"name": "Bo Li"}], "publisher": {"name": "CN"}}]}'
+    '</script></head><body><article><h1>Budget passes</h1>%s</article></body></html>') % (PROSE * 3)
+
+
+def test_page_metadata_reads_what_the_page_states(ring):
+    meta = ring.page_metadata(ring.html_tree(META_PAGE))
+    assert meta == {"title": "Budget passes | City News", "byline": "Ann Smith, Bo Li",
+                    "published": "2020-01-13T08:45:00+01:00", "site_name": "City News", "language": "en-GB",
+                    "headline": "Budget passes | City News"}
+    bare = ring.page_metadata(ring.html_tree('<html lang="not a tag"><p>x <time datetime="2021-02-30">then'
+                                            '</time><time datetime="2021-03-04T10:00">now</time></p>'))
+    assert bare == {}             # no language tag; the first <time datetime> names a day that does not exist
+    assert ring.page_metadata(ring.html_tree('<time datetime="2021-03-04T10:00">now</time>')) == {
+        "published": "2021-03-04T10:00"}
+    assert ring.page_metadata(ring.html_tree("<p>no metadata</p>")) == {}
+
+
+@pytest.mark.parametrize("block", [
+    "{not json", "[" * 100000, "{\"@type\": \"Article\", \"author\": 5, \"headline\": [1]}",
+    "\"just a string\"", "{\"@graph\": " + "[" * 50 + "]" * 50 + "}",
+    "{\"@type\": \"Article\", \"headline\": \"%s\"}" % ("x" * 300000),
+])
+def test_page_metadata_json_ld_is_bounded_and_never_raises(ring, block):
+    page = '<title>T</title><script type="application/ld+json">%s</script><p>x</p>' % block
+    assert ring.page_metadata(ring.html_tree(page)) == {"title": "T"}
+
+
+def test_the_stated_headline_and_byline_are_metadata_not_body_text(ring):
+    title, text, meta = ring.html_page(META_PAGE, "https://city.example/a", plain=True)
+    assert text.startswith("The council approved") and text.count("the vote was close") == 9
+    assert "Ann Smith" not in text and meta["byline"] == "Ann Smith, Bo Li"
+    assert ring.html_to_markdown(META_PAGE, "https://city.example/a") == (title, ring.html_page(META_PAGE)[1])
+    # Without a stated headline the first heading stays; a different one stays too.
+    kept = META_PAGE.replace('content="Budget passes | City News"', 'content="Another title"')
+    assert ring.html_page(kept, plain=True)[1].startswith("Budget passes\n\n")
+
+
+def test_the_head_is_read_for_metadata_without_being_parsed(ring):
+    head = ('<html><head><!--[if IE]><html lang="xx" class="ie"><![endif]--><html lang="fr">'
+            '<title>L&#39;Assembl\u00e9e vote</title><meta name="author" content="\'Ann\' &amp; Bo">'
+            '<script type="application/ld+json">{"@type": "Article", "datePublished": "2015-05-04"}</script>'
+            '</head><body><article><h1>Vote</h1>%s</article></body></html>') % (PROSE * 3)
+    title, text, meta = ring.html_page(head, "https://example.org/a")
+    assert title == "L'Assembl\u00e9e vote" and text.startswith("# Vote\n\nThe council")
+    assert meta == {"title": title, "byline": "'Ann' & Bo", "published": "2015-05-04", "language": "fr"}
+    # "<body" inside a script of the head: the page is parsed whole, and read the same.
+    odd = head.replace("<title>", "<script>document.write('<body>')</script><title>")
+    assert ring.html_page(odd, "https://example.org/a") == (title, text, meta)
+
+
+def test_svg_content_never_reaches_the_text(ring):
+    body = ('<article><h1>Chart</h1><p>BEFORE the chart.</p><svg viewBox="0 0 1 1"><text>SVGTEXT</text>'
+            '<path d="M0 0"/></svg><svg><svg><text>INNER</text></svg><text>OUTER</text></svg>'
+            '<p>AFTER the chart.</p>%s</article>') % (PROSE * 3)
+    text = article_text(ring, body)
+    assert "BEFORE the chart." in text and "AFTER the chart." in text
+    assert not [word for word in ("SVGTEXT", "INNER", "OUTER") if word in text]
+
+
 # ---- Hostile documents: linear time, broken markup, bad links ----------------------------------
 
 def test_page_title_and_link_pattern_do_not_backtrack(ring):
@@ -3792,6 +3978,18 @@ def test_html_to_markdown_survives_broken_markup_and_bad_links(ring):
     _, markdown = ring.html_to_markdown(html, "https://example.org/")
     assert "bad host" in markdown and "bad image" in markdown and "After." in markdown
     assert "[good](https://example.org/ok)" in markdown and "[::1" not in markdown and "[x" not in markdown
+
+
+def test_a_script_end_tag_without_its_bracket_ends_where_a_browser_ends_it(ring):
+    # A page whose "</script" is followed by a newline and a comment: html.parser kept the script
+    # open to the next "</script>" and the article between the two was lost.
+    html = ("<html><body><script src='/a.js'></script\n\n<!-- pixel --><article><h1>Budget passes</h1>%s"
+            "</article><script>x()</script ></body></html>") % (PROSE * 2)
+    text = article_text(ring, html)
+    assert text.startswith("Budget passes") and text.count("the vote was close") == 6
+    assert "x()" not in text and "pixel" not in text
+    assert ring.close_raw_text_ends("<style>a{}</STYLE/ x>b") == "<style>a{}</style>b"
+    assert ring.close_raw_text_ends("<script>x</script") == "<script>x</script"
 
 
 def test_html_to_markdown_caps_nesting_output_and_stops_when_checked(ring):
@@ -3838,6 +4036,12 @@ HOSTILE_UNITS = {
     "unfinished tag": ('<a b="x" ',),
     "marked sections": ("<![<![",),
     "titles": ("<title>",),
+    "loose script ends": ("<script>x</script ",),
+    "nested link lines": ("<p>Read:<a href='/x'>x</a>",),
+    "nested date lines": ("<div>May 5, 2020 <span>",),
+    "headings over link lists": ("<h3>Related</h3><ul><li><a href='/x'>x</a></li></ul>",),
+    "nested svgs": ("<svg>",),
+    "svgs": ("<svg><path/></svg>",),
     "nested prose": ("<div class='x'>Words, more words, and still more words here.",
                      "<section><p>Another branch, with text, long enough to score.</p>"),
 }
@@ -8189,6 +8393,7 @@ def test_web_search_include_content_reads_the_top_pages_and_web_fetch_goes_on_fr
     assert (first["content_status"], first["content"], first["next_start_index"]) == (
         "success", ("Sentence 1 of the page. " * 5)[:100], 100)
     assert (second["content_status"], second["content"], second["next_start_index"]) == ("not_found", None, None)
+    assert first["metadata"] == {"title": "Doc 1"} and "metadata" not in second
     assert "content_status" not in third and fake_upstream.hits("GET", "/doc/3") == 0
     text = result["content"][0]["text"]
     assert "web_fetch start_index=100 for more" in text and "Page content: not available (not_found)" in text
@@ -8518,6 +8723,26 @@ def test_web_fetch_direct_text_and_html_formats(start_server, fake_upstream, fmt
     else:
         assert content["content"].startswith("Write-ahead logging in practice\n\nParagraph 0: a reader")
         assert "#" not in content["content"] and "NAVLINK" not in content["content"]
+
+
+def test_web_fetch_returns_what_the_page_states_as_fields(start_server, fake_upstream):
+    page = html_page("Budget passes", '<article><h1>Budget passes</h1><p>%s</p></article>' % ("Words, words. " * 30))
+    page = page.replace("<head>", '<head><meta name="author" content="Ann Smith"><meta property='
+                                  '"article:published_time" content="2020-01-13"><meta property="og:site_name" '
+                                  'content="City News">')
+    fake_upstream.route("GET", "/meta", {"headers": {"Content-Type": "text/html"}, "body": page})
+    fake_upstream.route("GET", "/article", {"headers": {"Content-Type": "text/html"}, "body": "<p>%s</p>" % (
+        "Plain words. " * 30)})
+    server = start_server(direct_env())
+    server.initialize()
+    response = server.call_tool("web_fetch", {"url": fake_upstream.url + "/meta"})
+    content, text = structured(response), tool_result(response)["content"][0]["text"]
+    assert {k: content.get(k) for k in ("title", "byline", "published", "site_name", "language")} == {
+        "title": "Budget passes", "byline": "Ann Smith", "published": "2020-01-13", "site_name": "City News",
+        "language": "en"}
+    assert "Ann Smith" not in content["content"] and "By Ann Smith \u00b7 2020-01-13" in text
+    bare, _ = call_fetch(server, fake_upstream.url + "/article")
+    assert not {"byline", "published", "site_name", "language"} & set(bare)
 
 
 @pytest.mark.parametrize("content_type, body", [

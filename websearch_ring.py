@@ -33,14 +33,15 @@ is a structured result.
 Contents (grep -n '^# §'), in two parts:
  §1 Constants  §2 Errors  §3 Utilities
  Documents, pure readers that know nothing of the server:
- §4 HTML to Markdown  §5 PDF: filters and encryption  §6 PDF: objects and cross-references
- §7 PDF: fonts and encodings  §8 PDF: text layout  §9 robots.txt and sitemaps
+ §4 HTML parsing and page metadata  §5 Main content  §6 HTML to Markdown  §7 PDF: filters and encryption
+ §8 PDF: objects and cross-references  §9 PDF: fonts and encodings  §10 PDF: text layout
+ §11 robots.txt and sitemaps
  Server:
- §10 Configuration  §11 Deadlines and cancellation  §12 HTTP transport  §13 Streaming LLM client
- §14 Key pool, circuit breaker and engine health  §15 Cache and coalescing  §16 Vendors
- §17 Fetch providers and the site mapper  §18 Ring  §19 Tool schemas and argument checking
- §20 Search and page tools  §21 Answer and configuration tools  §22 Planning tools
- §23 JSON-RPC server  §24 Streamable HTTP  §25 Command line
+ §12 Configuration  §13 Deadlines and cancellation  §14 HTTP transport  §15 Streaming LLM client
+ §16 Key pool, circuit breaker and engine health  §17 Cache and coalescing  §18 Vendors
+ §19 Fetch providers and the site mapper  §20 Ring  §21 Tool schemas and argument checking
+ §22 Search and page tools  §23 Answer and configuration tools  §24 Planning tools
+ §25 JSON-RPC server  §26 Streamable HTTP  §27 Command line
 """
 
 __version__ = "0.1.0"
@@ -917,7 +918,7 @@ def _is_number(value):
 
 
 # ---------------------------------------------------------------------------
-# §4 HTML to Markdown
+# §4 HTML parsing and page metadata
 # ---------------------------------------------------------------------------
 
 # Where a page declares its charset when the Content-Type header does not, and byte-order marks.
@@ -978,25 +979,44 @@ _SILENT_TAGS = frozenset({"script", "style", "noscript", "template", "svg", "can
                           "embed", "button", "select", "textarea", "head", "title", "datalist", "option"})
 # Page chrome unless it holds most of the text (some sites wrap a whole page in one <form>).
 _CHROME_TAGS = frozenset({"nav", "header", "footer", "aside", "form", "dialog", "menu"})
-# Chrome by a whole class or id token: the word alone (strong words only), or with one word before
-# it and optionally one of a few words after it ("gdpr-consent", "share-buttons").  Substrings do not
-# count: "content-with-sidebar-wrp", "category-x-advertising-y" and "modal-enabled" are not chrome.
-_CHROME_STRONG = ("cookies?|consent|gdpr|banner|newsletter|subscribe|subscription|popup|modal|sidebar"
-                  "|breadcrumbs?|social|advert|advertisement|ads?|adv|promo|skip-link|comments?|commentlist"
-                  "|disqus|related|recommended|outbrain|taboola|paywall|masthead|toolbar|widget|pagination"
-                  "|navbar|menu|footer|header")
-_CHROME_WEAK = "share|sharing|sharedaddy|tags|author-bio|more-stories|trending|popular"
-_CHROME_TOKEN = LazyPattern(
-    r"(?:(%s)|[a-z0-9]+[-_](?:%s|%s)|(?:[a-z0-9]+[-_])?(?:%s|%s)[-_]?(?:posts|stories|articles|entries|wrap|wrapper|container|box|widget"
-    r"|bar|area|links|buttons|icons|tools|list|section|block|module|unit|slot|top|bottom|holder|inner"
-    r"|outer|panel|overlay|notice|form|signup|area|zone|region|items?))\Z"
-    % (_CHROME_STRONG, _CHROME_STRONG, _CHROME_WEAK, _CHROME_STRONG, _CHROME_WEAK), re.I)
+# Chrome by a whole class or id token, its parts split at "-" and "_" (see _token_level).  Substrings
+# do not count: "content-with-sidebar-wrp", "category-x-advertising-y" and "modal-enabled" are not chrome.
+_STRONG_WORDS = frozenset((
+    "cookie cookies consent gdpr banner newsletter subscribe subscription popup modal sidebar breadcrumb "
+    "breadcrumbs social advert advertisement ad ads adv promo skip-link comment comments commentlist disqus "
+    "related recommended outbrain taboola paywall masthead toolbar widget pagination navbar menu footer header "
+    "cta affiliate teaser teasers promoted byline sponsored sponsor donate donation membership signup lightbox "
+    "offcanvas overlay tooltip dropdown flyout loading loader spinner").split())
+_WEAK_WORDS = frozenset(("share sharing sharedaddy shares tags trending popular likes like rating ratings reactions "
+                         "recirculation recirc upsell nav").split())
+_WHOLE_WEAK = frozenset({"sharedaddy", "tags", "trending", "popular", "recirculation", "upsell"})
+# Chrome only when a box, list or item part follows them ("carousel-item", "gallery-wrapper").
+_BOX_WORDS = frozenset({"carousel", "slider", "swiper", "gallery", "print", "topics", "keywords", "categories"})
+_CHROME_SUFFIXES = frozenset((
+    "slide slides posts stories articles entries wrap wrapper container box widget bar area links buttons icons "
+    "tools list section block module unit slot top bottom holder inner outer panel overlay notice form signup "
+    "zone region item items news embed content title heading headline text label link button btn icon count "
+    "placeholder rail feed grid card cards desc description info teaser teasers").split())
+_AUTHOR_SUFFIXES = frozenset("bio box info profile description details card about avatar wrapper wrap".split())
+_HIDDEN_TOKENS = frozenset({"skip-link", "skip-links", "skiplink", "skiplinks", "skip-to-content", "skip-nav"})
+_TOKEN_SPLIT = LazyPattern(r"[-_]+")
+_JOINED_CHROME = LazyPattern(r"(?:%s)(?:%s)\Z" % (
+    "|".join(sorted((_STRONG_WORDS | _WEAK_WORDS) - {"ad", "ads", "adv", "like"}, key=len, reverse=True)),
+    "|".join(sorted(_CHROME_SUFFIXES, key=len, reverse=True))))
+_TOKEN_LEVELS = {}         # class token -> chrome level, shared by all conversions (bounded)
+_INHERITED_MAX = 32        # chrome tokens of the ancestors followed at most (deeper ones may count twice)
 _LINK_LIST_TAGS = frozenset({"ul", "ol", "div", "section", "table", "dl", "article"})
 _CLIMB = 0.85
+_ARTICLE_GROWTH = 1.3      # the enclosing <article> joins when it adds at most this share of text
 _MIN_CONTENT = 500
 _SIBLING_MIN = 80
 _SIBLING_SHARE = 0.2
 _LINK_LIST_DENSITY = 0.5
+_LINK_LINE_TAGS = frozenset({"p", "h2", "h3", "h4", "h5", "h6"})
+_LINK_LINE_MAX = 200       # a paragraph or heading up to this long that is mostly links and a label is a teaser
+_LINK_LINE_SHARE = 0.75
+_TAIL_TAGS = frozenset({"p", "h2", "h3", "h4", "h5", "h6", "div", "section"})
+_TAIL_MAX = 600            # a link-heavy block after the article's last paragraph, up to this long, is dropped
 _LAYOUT_BLOCKS = frozenset({"p", "div", "ul", "ol", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "blockquote",
                             "table", "section", "article", "dl", "form"})
 _PARAGRAPH_TAGS = frozenset({"p", "pre", "td", "blockquote", "dd"})
@@ -1043,12 +1063,17 @@ def page_title(html):
     return collapse_ws(html[opening.end():closing.start()]) if closing else ""
 
 
+_PLAIN_ABSOLUTE_URL = LazyPattern(r"https?://[A-Za-z0-9.-]+(?:[/?#][A-Za-z0-9\-._~:/?#@!$&'()*+,;=%]*)?\Z")
+
+
 def absolute_url(base_url, href):
     """``href`` resolved against ``base_url``; None when either cannot be parsed.
 
     >>> absolute_url("https://a.example/x/", "y"), absolute_url("https://a.example/", "http://[::1")
     ('https://a.example/x/y', None)
     """
+    if _PLAIN_ABSOLUTE_URL.match(href) and "/." not in href:
+        return href               # absolute, ASCII, no port, no dot segments: nothing to resolve or encode
     try:
         url = iri_to_uri(_urllib_parse.urljoin(base_url, href.strip()))
         _urllib_parse.urlsplit(url).port         # raises on a bad IPv6 literal or port, as later users would
@@ -1057,99 +1082,13 @@ def absolute_url(base_url, href):
     return url
 
 
-_GC_DEFER_CHARS = 256 * 1024    # pages larger than this are converted with the cyclic collector deferred
-
-
-class _cyclic_gc_deferred:
-    """Keep the cyclic garbage collector off while a large page is converted.
-
-    The element tree of a multi-megabyte page triggers full collections whose
-    pauses grow with the heap (over 200 ms at 5 MB) and hold the interpreter
-    lock, so the stdin reader could not answer ``ping`` meanwhile.  The
-    collector is process-wide, so so is the count: the last conversion to end
-    turns it back on (unless it was off before the first began).
-    """
-
-    _lock = threading.Lock()
-    _active = 0                  # conversions inside, under _lock
-    _was_enabled = True
-
-    def __init__(self, wanted=True):
-        self._wanted = wanted
-
-    def __enter__(self):
-        if self._wanted:
-            with _cyclic_gc_deferred._lock:
-                if _cyclic_gc_deferred._active == 0:
-                    _cyclic_gc_deferred._was_enabled = gc.isenabled()
-                    gc.disable()
-                _cyclic_gc_deferred._active += 1
-        return self
-
-    def __exit__(self, *exc):
-        if self._wanted:
-            with _cyclic_gc_deferred._lock:
-                _cyclic_gc_deferred._active -= 1
-                if _cyclic_gc_deferred._active == 0 and _cyclic_gc_deferred._was_enabled:
-                    gc.enable()
-
-
-def html_to_markdown(html, base_url="", plain=False, *, check=None, charge=None):
-    """``(title, text)`` of an HTML page as Markdown (or plain text with ``plain``).
-
-    Keeps headings, paragraphs, nested lists, links, emphasis, inline code,
-    code blocks, tables, block quotes and images' alt text of the page's main
-    content (see :func:`_choose_content`); drops scripts, styles, navigation,
-    headers, footers, banners, comments, teasers and related links.  The page
-    is parsed into a tree once, scored, then replayed into the converter.
-
-    Linear in the size of the page, whatever its markup: ``check`` (called
-    every few hundred tags) may raise to stop a conversion that runs past a
-    deadline or is cancelled; html.parser's own failures on broken markup
-    end the conversion with what was read so far.  ``charge(nbytes)`` is
-    told the memory the conversion takes as it builds (the text and output
-    at once, the tree's elements as they are made) and may raise to stop it.
-
-    >>> html_to_markdown("<title>T</title><nav>x</nav><main><h1>Hi</h1><p>a <b>b</b></p></main>")
-    ('T', '# Hi\\n\\na **b**')
-    """
-    large = len(html) > _GC_DEFER_CHARS
-    if charge is not None:
-        charge(_HTML_BYTES_PER_CHAR * len(html))
-    tree = _TreeBuilder(check, charge)
-    with _cyclic_gc_deferred(large):
-        try:
-            tree.parse(html)
-            root = _choose_content(tree.nodes, check)
-            converter = _MarkdownConverter(base_url, plain, check, max(_MIN_OUTPUT_CAP, 3 * len(html)))
-            _render_tree(root, converter)
-            return collapse_ws(tree.title or ""), converter.result()
-        finally:
-            if large:
-                _dismantle(tree.nodes)
-
-
-def _dismantle(nodes):
-    """Free a large tree in slices, letting other threads run in between.
-
-    Parent links make the tree cyclic: left to the collector, one pass would
-    walk and free every node while holding the interpreter lock.
-    """
-    for node in nodes:
-        node.parent = None
-        node.children = []
-    while nodes:
-        del nodes[-4096:]
-        time.sleep(0)
-
-
 class _Node:
     """An element of the page tree (children are nodes and text strings), and the one record the
     content chooser keeps per element: what it measured below the element, and its verdicts."""
 
     __slots__ = ("tag", "attrs", "parent", "children", "silent", "own", "text", "links", "score", "paragraph",
-                 "has_prose", "blocky", "tables", "cells", "block_cells", "width", "shape", "chrome", "clean",
-                 "prose", "marks")
+                 "has_prose", "blocky", "tables", "cells", "block_cells", "width", "shape", "level", "chrome",
+                 "clean", "prose", "marks", "label", "kept")
 
     def __init__(self, tag, attrs, parent):
         self.tag = tag
@@ -1168,11 +1107,14 @@ class _Node:
         self.blocky = False       # holds a block element (a table whose cells mostly do is for layout)
         self.tables = self.cells = self.block_cells = self.width = 0   # tables, cells, block cells, widest row
         self.shape = None         # tables only: True for a layout table
+        self.level = 0            # chrome level by tag, role and class (see _classify_chrome)
         # Decided by each pass of _choose_content.
         self.chrome = False       # page chrome, or inside it or a silent element
         self.clean = 0            # characters of text below, chrome left out
         self.prose = 0            # of which in paragraph-like blocks outside links
         self.marks = None         # True when skipped
+        self.label = False        # a short bold line ending in ":" or "?": a heading the converter may drop
+        self.kept = 0             # characters of text left once the rules marked what they drop
 
     def attr(self, name):
         """The value of attribute ``name``, or None (see :func:`_attr`)."""
@@ -1205,7 +1147,7 @@ class _TreeBuilder:
         self.charged = 1            # nodes charged so far
         self.nodes = [_Node("#document", [], None)]
         self.current = self.nodes[0]
-        self.open = collections.Counter()   # open elements by tag: unmatched end tags cost O(1)
+        self.open = {}            # open elements by tag: unmatched end tags cost O(1)
         self.ticks = 0
         self.title = None
         self.title_node = None
@@ -1224,11 +1166,12 @@ class _TreeBuilder:
         parser.handle_startendtag = self.handle_startendtag
         parser.handle_endtag = self.handle_endtag
         parser.handle_data = self.handle_data
+        parser.updatepos = _skip_position   # lines and columns only serve html.parser's error messages
         # "<![" starts a marked section that html.parser (3.9-3.13) fails on with an AssertionError
         # unless a known keyword follows; "<!x[" is a bogus comment up to the next ">", which is
         # what a browser makes of "<![" in HTML content (CDATA included).
         try:
-            parser.feed(html.replace("<![", "<!x["))
+            parser.feed(close_raw_text_ends(html.replace("<![", "<!x[")))
             _close_parser(parser)
         except RingError:
             raise
@@ -1236,35 +1179,34 @@ class _TreeBuilder:
             pass
         return self
 
-    def tick(self):
-        self.ticks += 1
-        if self.ticks % _CHECK_EVERY == 0:
-            if self.charge is not None:
-                self._charge_nodes()
-            if self.check is not None and self.check():
-                raise _ParseStopped
-
-    def _charge_nodes(self):
-        """Charge the elements made since the last time (a few hundred at most)."""
-        made = self.nodes[self.charged:]
-        self.charged = len(self.nodes)
-        self.charge(_HTML_BYTES_PER_NODE * len(made) + _HTML_BYTES_PER_ATTR * sum(len(n.attrs) for n in made))
+    def _every(self):
+        """Every _CHECK_EVERY events: charge the elements made since the last time, then call check
+        (True from it ends the parse)."""
+        if self.charge is not None:
+            made = self.nodes[self.charged:]
+            self.charged = len(self.nodes)
+            self.charge(_HTML_BYTES_PER_NODE * len(made) + _HTML_BYTES_PER_ATTR * sum(len(n.attrs) for n in made))
+        return self.check is not None and self.check()
 
     def handle_starttag(self, tag, attrs):
-        self.tick()
+        self.ticks += 1
+        if not self.ticks % _CHECK_EVERY and self._every():
+            raise _ParseStopped
         if self.title_parts is not None:
             self._end_title()
-        if tag == "a" and self.open["a"]:
+        opened = self.open
+        if tag == "a" and opened.get("a"):
             self.handle_endtag("a")   # links do not nest: a new <a> ends the open one
-        node = _Node(tag, attrs, self.current)
-        self.current.children.append(node)
+        parent = self.current
+        node = _Node(tag, attrs, parent)
+        parent.children.append(node)
         self.nodes.append(node)
         if tag in _VOID_TAGS:
             return
         if tag == "title" and self.title is None:
             self.title_parts = []
             self.title_node = node
-        self.open[tag] += 1
+        opened[tag] = opened.get(tag, 0) + 1
         self.current = node
 
     def handle_startendtag(self, tag, attrs):
@@ -1273,29 +1215,70 @@ class _TreeBuilder:
             self.handle_endtag(tag)
 
     def handle_endtag(self, tag):
-        self.tick()
+        self.ticks += 1
+        if not self.ticks % _CHECK_EVERY and self._every():
+            raise _ParseStopped
         if self.title_parts is not None and tag == "title":
             self._end_title()
-        if not self.open[tag]:
+        opened = self.open
+        if not opened.get(tag):
             return
+        node = self.current
         while True:
-            node = self.current
-            self.current = node.parent
-            self.open[node.tag] -= 1
+            opened[node.tag] -= 1
             if node.tag == tag:
+                self.current = node.parent
                 return
+            node = node.parent
 
     def _end_title(self):
         self.title = collapse_ws("".join(self.title_parts))
         self.title_parts = None
 
     def handle_data(self, data):
-        self.tick()
+        self.ticks += 1
+        if not self.ticks % _CHECK_EVERY and self._every():
+            raise _ParseStopped
         if self.title_parts is not None:
             self.title_parts.append(data)
             if self.current is not self.title_node:
                 return            # "</head>" closed the title element early: still title text, not page text
         self.current.children.append(data)
+
+
+def _skip_position(i, j):
+    return j
+
+
+_RAW_TEXT_END = LazyPattern(r"</(script|style)[\t\n\f\r /]", re.I)
+
+
+def close_raw_text_ends(html):
+    """``html`` with each ``</script`` or ``</style`` that white space or "/" follows ended the way
+    a browser ends it: at the next ">" (an end tag's attributes are ignored).
+
+    html.parser only knows ``</script>`` and keeps the script open to the next
+    one: the article between the two went with it.  Linear: the next ">" is
+    searched once for every run of such tags.
+
+    >>> close_raw_text_ends("<script>x()</script\\n\\n<!-- pixel --><p>Text</p>")
+    '<script>x()</script><p>Text</p>'
+    """
+    parts, done, end = [], 0, -1
+    for match in _RAW_TEXT_END.finditer(html):
+        if match.start() < done:
+            continue              # inside the previous end tag's ignored attributes
+        if end < match.end():
+            end = html.find(">", match.end())
+            if end < 0:
+                break
+        parts.append(html[done:match.start()])
+        parts.append("</%s>" % match.group(1).lower())
+        done = end + 1
+    if not parts:
+        return html
+    parts.append(html[done:])
+    return "".join(parts)
 
 
 def _close_parser(parser):
@@ -1390,28 +1373,276 @@ def html_links(tree):
     return hrefs
 
 
+def _attr(attrs, name):
+    """``dict(attrs).get(name)`` without building the dict: the last of repeated attributes wins."""
+    for key, value in reversed(attrs):
+        if key == name:
+            return value
+    return None
+
+
+# -- Page metadata: title, byline, date, site and language as the page states them --------------------
+
+_JSON_LD_MAX_CHARS = 200_000   # a JSON-LD block longer than this is not read
+_JSON_LD_MAX_BLOCKS = 8
+_JSON_LD_MAX_DEPTH = 6         # objects this deep inside a block are not looked at
+_JSON_LD_MAX_ITEMS = 2000      # values looked at per page
+_META_MAX_CHARS = 300          # a metadata value is cut at this length
+_ARTICLE_TYPES = LazyPattern(r"(?:\w*Article|BlogPosting|Report|Review|Recipe|WebPage|NewsArticle)\Z")
+_LANGUAGE_TAG = LazyPattern(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8}){0,3}\Z")
+_META_KEYS = {"og:title": "headline", "twitter:title": "headline", "author": "byline", "article:author": "byline",
+              "parsely-author": "byline", "dc.creator": "byline", "article:published_time": "published",
+              "og:published_time": "published", "datepublished": "published", "date": "published",
+              "dc.date": "published", "og:site_name": "site_name", "application-name": "site_name",
+              "content-language": "language"}
+META_FIELDS = ("title", "byline", "published", "site_name", "language")
+
+
+def page_metadata(tree, head=""):
+    """What a page states about itself, as ``{field: text}`` with only the fields it has:
+    ``title`` (``<title>``, else ``og:title`` or the JSON-LD headline), ``byline`` (meta author,
+    ``article:author``, JSON-LD author), ``published`` (ISO 8601: ``article:published_time``,
+    JSON-LD ``datePublished``, the first ``<time datetime>``), ``site_name`` (``og:site_name``,
+    JSON-LD publisher) and ``language`` (``<html lang>``); ``headline`` too when ``og:title`` or
+    JSON-LD name one.  JSON-LD is read within size and depth limits and never raises.  ``head``
+    is the page's head when ``tree`` holds only its body (see :func:`html_page`).
+
+    >>> page_metadata(html_tree('<html lang="de"><title>T</title><meta property="og:site_name" content="S">'))
+    {'title': 'T', 'site_name': 'S', 'language': 'de'}
+    """
+    found, blocks = {}, []
+    if head:
+        _scan_metadata(_head_elements(head), found, blocks)
+    _scan_metadata(tree.nodes, found, blocks)
+    for node in blocks:
+        _read_json_ld("".join(child for child in node.children if child.__class__ is str), found)
+    return _metadata_fields(_head_title(head) or tree.title, found)
+
+
+_METADATA_TAGS = frozenset({"meta", "html", "time", "script"})
+
+
+def _scan_metadata(nodes, found, blocks):
+    tags = _METADATA_TAGS
+    for node in nodes:
+        tag = node.tag
+        if tag not in tags:
+            continue
+        if tag == "meta":
+            _read_meta(node, found)
+        elif tag == "html" and "language" not in found and node.attr("lang"):
+            found["language"] = node.attr("lang")
+        elif tag == "time" and "time" not in found and node.attr("datetime"):
+            found["time"] = node.attr("datetime")
+        elif tag == "script" and len(blocks) < _JSON_LD_MAX_BLOCKS \
+                and (node.attr("type") or "").strip().lower() == "application/ld+json":
+            blocks.append(node)
+
+
+_HEAD_TAG = LazyPattern(r"<(html|meta|script)\b([^<>]*)>", re.I)
+_TAG_ATTRIBUTE = LazyPattern(r"""([^\s=<>/"']+)(?:\s*=\s*("[^"]*"|'[^']*'|[^\s>]*))?""")
+_SCRIPT_END = LazyPattern(r"</script", re.I)
+
+
+def _attribute_value(raw):
+    if raw[:1] in ("'", '"') and raw[-1:] == raw[:1] and len(raw) > 1:
+        raw = raw[1:-1]
+    return _html_parser.unescape(raw)
+
+
+def _without_comments(text):
+    """``text`` without its ``<!-- ... -->`` comments (an unclosed one runs to the end)."""
+    parts, done = [], 0
+    while True:
+        start = text.find("<!--", done)
+        if start < 0:
+            break
+        parts.append(text[done:start])
+        end = text.find("-->", start + 4)
+        done = len(text) if end < 0 else end + 3
+    parts.append(text[done:])
+    return "".join(parts)
+
+
+def _head_title(head):
+    return _html_parser.unescape(page_title(head)) if head else ""
+
+
+def _head_elements(head):
+    """The ``<html>``, ``<meta>`` and ``<script>`` elements of a page's head, read with regular
+    expressions (a script with its text), without the cost of parsing the head."""
+    elements, done = [], 0
+    head = _without_comments(head)
+    for match in _HEAD_TAG.finditer(head):
+        if match.start() < done:
+            continue              # inside the script read last
+        attrs = [(name.lower(), _attribute_value(value)) for name, value in _TAG_ATTRIBUTE.findall(match.group(2))]
+        node = _Node(match.group(1).lower(), attrs, None)
+        if node.tag == "script":
+            end = _SCRIPT_END.search(head, match.end())
+            done = end.start() if end else len(head)
+            node.children.append(head[match.end():done])
+        elements.append(node)
+    return elements
+
+
+def _read_meta(node, found):
+    key = (node.attr("property") or node.attr("name") or node.attr("itemprop") or
+           node.attr("http-equiv") or "").strip().lower()
+    field = _META_KEYS.get(key)
+    value = node.attr("content")
+    if field is not None and value and value.strip() and field not in found:
+        if field == "byline" and value.strip().startswith(("http:", "https:")):
+            return                # article:author is often the author's page, not a name
+        found[field] = value
+
+
+def _read_json_ld(text, found):
+    """Headline, author, date and publisher of the first article object in a JSON-LD block."""
+    if len(text) > _JSON_LD_MAX_CHARS:
+        return
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return
+    stack, budget = [(data, 0)], _JSON_LD_MAX_ITEMS
+    while stack and budget > 0:
+        value, depth = stack.pop()
+        budget -= 1
+        if isinstance(value, list):
+            if depth < _JSON_LD_MAX_DEPTH:
+                stack.extend((item, depth + 1) for item in reversed(value[:100]))
+        elif isinstance(value, dict):
+            if _is_article(value.get("@type")):
+                _read_article(value, found)
+                return
+            if depth < _JSON_LD_MAX_DEPTH and isinstance(value.get("@graph"), list):
+                stack.extend((item, depth + 1) for item in reversed(value["@graph"][:100]))
+
+
+def _is_article(kind):
+    kinds = kind if isinstance(kind, list) else [kind]
+    return any(isinstance(k, str) and _ARTICLE_TYPES.match(k) for k in kinds[:10])
+
+
+def _read_article(article, found):
+    for key, field in (("headline", "headline"), ("datePublished", "published")):
+        if isinstance(article.get(key), str) and field not in found:
+            found[field] = article[key]
+    names = [_ld_name(person) for person in (article.get("author") if isinstance(article.get("author"), list)
+                                             else [article.get("author")])[:10]]
+    names = [name for name in names if name]
+    if names and "byline" not in found:
+        found["byline"] = ", ".join(names)
+    publisher = _ld_name(article.get("publisher"))
+    if publisher and "site_name" not in found:
+        found["site_name"] = publisher
+
+
+def _ld_name(value):
+    if isinstance(value, dict):
+        value = value.get("name")
+    return value.strip() if isinstance(value, str) and not value.strip().startswith(("http:", "https:")) else ""
+
+
+def _metadata_fields(title, found):
+    """The fields of :func:`page_metadata` from what was found, cleaned, the absent ones left out."""
+    fields = {}
+    headline = collapse_ws(found.get("headline") or "")[:_META_MAX_CHARS]
+    fields["title"] = collapse_ws(title or "")[:_META_MAX_CHARS] or headline
+    fields["byline"] = collapse_ws(found.get("byline") or "")[:_META_MAX_CHARS]
+    fields["published"] = _iso_stated(found.get("published")) or _iso_stated(found.get("time"))
+    fields["site_name"] = collapse_ws(found.get("site_name") or "")[:_META_MAX_CHARS]
+    language = (found.get("language") or "").strip()
+    fields["language"] = language.replace("_", "-") if _LANGUAGE_TAG.match(language) else ""
+    fields["headline"] = headline
+    return {name: value for name, value in fields.items() if value}
+
+
+def _iso_stated(value):
+    """``value`` when it is an ISO 8601 date (and time) of a real day, else ""."""
+    value = (value or "").strip()[:64]
+    match = re.match(_ISO_DATE, value)
+    if not match:
+        return ""
+    year, month, day, hour, minute, second = (int(part or 0) for part in match.groups()[:6])
+    try:
+        datetime.date(year, month, day)
+    except ValueError:
+        return ""
+    return value if hour < 24 and minute < 60 and second < 61 else ""
+
+
+# ---------------------------------------------------------------------------
+# §5 Main content
+# ---------------------------------------------------------------------------
+
 # -- Choosing the main content ------------------------------------------------------------------------
 
-def _chrome_level(node):
-    """How surely an element is page chrome: 0 not, 1 likely, 2 surely.
+def _token_level(token):
+    """How surely a class or id token names page chrome: 0 not, 1 likely, 2 surely (cached).
 
-    Surely: navigation, asides, headers and footers, chrome roles, hidden
-    elements, a class or id that is a chrome word.  Likely: a form or dialog,
-    a class or id that is a chrome word with another word joined to it.
+    Surely: a strong word alone ("sidebar"), a skip-link token.  Likely: a
+    chrome word as a part followed only by parts that name a box, list or
+    item ("heateor_sss_sharing_container", "related-news"), chrome words run
+    together ("jp-relatedposts"), an author box ("author-bio").  Parts are
+    split at "-" and "_"; substrings never count; a token of more than five
+    parts is a slug ("write-your-own-javascript-loader"), not a class name.
     """
+    level = _TOKEN_LEVELS.get(token)
+    if level is not None:
+        return level
+    low = token.lower()
+    if low in _STRONG_WORDS or low in _HIDDEN_TOKENS:
+        level = 2
+    else:
+        parts = [part for part in _TOKEN_SPLIT.split(low) if part]
+        if len(parts) == 1:
+            level = 1 if low in _WHOLE_WEAK or _JOINED_CHROME.match(low) else 0
+        else:
+            level = 1 if len(parts) <= 5 and any(_chrome_part(part, parts[i + 1:])
+                                                 for i, part in enumerate(parts)) else 0
+    if len(_TOKEN_LEVELS) < 65536:
+        _TOKEN_LEVELS[token] = level
+    return level
+
+
+def _chrome_part(part, rest):
+    """``part`` of a class token names chrome when only box, list or item parts follow it."""
+    if part in _STRONG_WORDS or part in _WEAK_WORDS or _JOINED_CHROME.match(part) or (part in _BOX_WORDS and rest):
+        return all(r in _CHROME_SUFFIXES for r in rest)
+    return part == "author" and bool(rest) and all(r in _AUTHOR_SUFFIXES for r in rest)
+
+
+def _chrome_tokens(node):
+    """``(level, tokens)``: the chrome level an element's tag, role or state gives (no tokens), or
+    else the chrome tokens of its class and id with the highest level among them."""
     tag = node.tag
     if tag in _CHROME_TAGS:
-        return 1 if tag in ("form", "dialog") else 2
-    attrs = dict(node.attrs)
-    if "hidden" in attrs or attrs.get("aria-hidden") == "true" or attrs.get("role") in _CHROME_ROLES:
-        return 2
+        return (1 if tag in ("form", "dialog") else 2), ()
     if tag in ("body", "html", "main"):
-        return 0
-    tokens = ((attrs.get("class") or "") + " " + (attrs.get("id") or "")).split()
-    matches = [_CHROME_TOKEN.match(token) for token in tokens]
-    if not any(matches):
-        return 0
-    return 2 if any(m and m.group(1) for m in matches) else 1
+        return 0, ()
+    classes = ident = None
+    for name, value in node.attrs:
+        if name == "class":
+            classes = value
+        elif name == "id":
+            ident = value
+        elif name == "hidden" or (name == "aria-hidden" and value == "true") or (
+                name == "role" and value in _CHROME_ROLES):
+            return 2, ()
+    if not classes and not ident:
+        return 0, ()
+    level, found = 0, []
+    tokens = (classes or "").split()
+    if ident and ident.count("-") + ident.count("_") < 3:    # a longer id is a heading's slug, not a name
+        tokens.append(ident)
+    for token in tokens:
+        got = _token_level(token)
+        if got:
+            found.append(token)
+            level = max(level, got)
+    return level, found
 
 
 def _choose_content(nodes, check=None):
@@ -1425,9 +1656,13 @@ def _choose_content(nodes, check=None):
     links by tag, role or whole class token; link lists) inside it is skipped,
     except an element holding at least half of the text.  When that keeps
     less than ``_MIN_CONTENT`` characters and a more lenient reading of the
-    chrome rules would keep more, the choice is made again with it.
+    chrome rules would keep more, the choice is made again with it.  Inside
+    the content, what boilerplate looks like is then skipped too: "read also"
+    lines, link blocks after the last paragraph, credit, date and byline
+    lines, pitches with a button, headings left with nothing under them.
     """
     _score_paragraphs(nodes, check)
+    _classify_chrome(nodes)
     root, kept = _select_content(nodes, lenient=False)
     if kept < _MIN_CONTENT:       # chrome rules that ate the article: again, more leniently
         root, kept = _select_content(nodes, lenient=True)
@@ -1446,7 +1681,8 @@ def _score_paragraphs(nodes, check=None):
         for child in node.children:
             if child.__class__ is str:
                 own += len(child.strip())
-                commas += child.count(",") + child.count("\uff0c") + child.count("\u3001")
+                if "," in child or "\uff0c" in child or "\u3001" in child:
+                    commas += child.count(",") + child.count("\uff0c") + child.count("\u3001")
         node.own = own
         node.text += own
         if node.tag == "a":
@@ -1498,6 +1734,48 @@ def _measure_table_shape(node, parent):
         parent.width = node.width
 
 
+def _classify_chrome(nodes):
+    """Each element's chrome level by tag, role and class tokens (see :func:`_chrome_tokens`).
+
+    Not chrome whatever its class says: a data table, the ``<header>`` of an
+    ``<article>`` (its headline and standfirst), and an element whose chrome
+    tokens are the layout's own: a token on elements that together hold at
+    least half of the page's text ("elementor-widget-container" on every
+    block of a page builder) names no box.
+    """
+    total = nodes[0].text or 1
+    coverage, inherited, tokened, in_article = {}, {}, [], set()
+    for node in nodes[1:]:
+        if node.silent:
+            continue
+        parent = node.parent
+        if node.tag == "article" or parent in in_article:
+            in_article.add(node)
+        if node.tag == "header" and parent in in_article or node.tag == "table" and not node.shape:
+            node.level, found = 0, ()
+        else:
+            node.level, found = _chrome_tokens(node)
+        above = inherited.get(parent, ())
+        if found:
+            tokened.append((node, found))
+            above = _count_tokens(node, found, above, coverage)
+        if above:
+            inherited[node] = above
+    layout = {token for token, chars in coverage.items() if chars * 2 >= total}
+    if layout:
+        for node, found in tokened:
+            node.level = max([_token_level(token) for token in found if token not in layout] or [0])
+
+
+def _count_tokens(node, found, above, coverage):
+    """Add ``node``'s text to the coverage of its chrome tokens that no ancestor has (a token counts
+    once for a subtree that repeats it); returns the tokens of it and its ancestors."""
+    new = [token for token in found if token not in above]
+    for token in new:
+        coverage[token] = coverage.get(token, 0) + node.text
+    return above + tuple(new) if new and len(above) < _INHERITED_MAX else above
+
+
 def _select_content(nodes, lenient):
     """``(root, kept)``: one choice of the content over measured elements, and the characters of
     text it keeps (``_MIN_CONTENT`` when a lenient pass could keep no more)."""
@@ -1505,7 +1783,12 @@ def _select_content(nodes, lenient):
     _measure_clean_text(nodes)
     ranked = _rank_candidates(nodes)
     root = _select_best_candidate(ranked) if ranked else nodes[0]
-    _prune(nodes, root, ranked[0] if ranked else None)
+    best = ranked[0] if ranked else None
+    protected = {best, *_ancestors(best)} if best is not None else set()
+    _prune(nodes, root, best, protected)
+    _mark_tail(nodes, root, protected)
+    _mark_shapes(root, protected)
+    _mark_empty_headings(nodes, root, protected)
     return root, root.clean if vetoable or lenient else _MIN_CONTENT
 
 
@@ -1520,6 +1803,7 @@ def _mark_chrome(nodes, lenient):
     vetoable = False
     for node in nodes:
         node.marks = None
+        node.label = False
         node.clean = node.prose = 0
         parent = node.parent
         if parent is None:
@@ -1527,7 +1811,7 @@ def _mark_chrome(nodes, lenient):
         if node.silent or parent.chrome:
             node.chrome = True
             continue
-        level = _chrome_level(node)
+        level = node.level
         node.chrome = bool(level) and (level == 2 and not lenient or node.text * 2 < total or not node.has_prose)
         vetoable = vetoable or node.chrome and node.text * 2 >= total
     return vetoable
@@ -1574,9 +1858,9 @@ def _select_best_candidate(ranked):
     floor = 0.75 * _weighted_score(best)
     rivals = [node for node in ranked[1:] if _weighted_score(node) >= floor]
     root = _shared_ancestor(best, rivals) if len(rivals) >= 2 else best
-    while root.parent is not None and root.clean >= _CLIMB * root.parent.clean:
-        root = root.parent
-    return _join_siblings(root)
+    while root.parent is not None and root.clean >= _CLIMB * root.parent.clean and root.tag not in ("main", "article"):
+        root = root.parent           # (not above <main> or <article>: what surrounds them is the site's)
+    return _widen_to_article(_join_siblings(root))
 
 
 def _shared_ancestor(best, rivals):
@@ -1599,7 +1883,8 @@ def _join_siblings(root):
         return root
     threshold = max(_SIBLING_MIN, _SIBLING_SHARE * root.prose)
     siblings = [node for node in parent.children if node.__class__ is not str and node is not root]
-    joining = {node for node in siblings if _is_related_sibling(node, root, threshold)}
+    before = _siblings_before(parent, root)
+    joining = {node for node in siblings if _is_related_sibling(node, root, threshold, node in before)}
     if not joining:
         return root
     for node in siblings:
@@ -1608,19 +1893,54 @@ def _join_siblings(root):
     return parent
 
 
-def _is_related_sibling(node, root, threshold):
+def _siblings_before(parent, root):
+    before = set()
+    for node in parent.children:
+        if node is root:
+            return before
+        if node.__class__ is not str:
+            before.add(node)
+    return before
+
+
+def _is_related_sibling(node, root, threshold, before):
+    """A sibling of the content that joins it: one of its kind with some prose, one with prose of
+    its own, or a paragraph of prose (before the content, any block: a lead, standfirst or intro)."""
     if node.chrome:
         return False
-    same = node.tag == root.tag and node.attr("class") == root.attr("class")
-    return node.prose >= (25 if same else threshold) or (
-        node.tag == "p" and node.prose >= 80 and node.links < 0.25 * node.text)
+    same = node.tag == root.tag and _same_kind(node, root)
+    text = max(node.prose, node.clean) if same and node.links * 4 < node.text else node.prose
+    return text >= (25 if same else threshold) or (
+        (node.tag == "p" or before) and text >= 80 and node.links < 0.25 * node.text)
 
 
-def _prune(nodes, root, best):
-    """Mark as skipped the chrome and the link lists (menus, teasers, related stories, tag clouds)
-    below ``root``; the best candidate, its ancestors and the lists inside it are content."""
+def _same_kind(a, b):
+    """Two elements of one kind: the same class, or the same first class token ("field
+    field-name-body" and "field field-name-intro")."""
+    first, second = a.attr("class") or "", b.attr("class") or ""
+    if first == second:
+        return True
+    first, second = first.split(), second.split()
+    return bool(first and second and first[0] == second[0])
+
+
+def _widen_to_article(root):
+    """The ``<article>`` up to three levels above ``root`` when it adds little text: the article's
+    own header (headline, standfirst) belongs with its body."""
+    up, depth = root.parent, 0
+    while up is not None and up.tag != "article" and depth < 3:
+        up, depth = up.parent, depth + 1
+    if root.tag != "article" and up is not None and up.tag == "article" and not up.chrome \
+            and up.clean <= _ARTICLE_GROWTH * root.clean:
+        return up
+    return root
+
+
+def _prune(nodes, root, best, protected):
+    """Mark as skipped the chrome, the link lists (menus, teasers, related stories, tag clouds)
+    and the link lines ("Read also: ...") below ``root``; the best candidate and its ancestors
+    (``protected``) and the lists inside it are content."""
     keep_total = root.text or 1
-    protected = {best, *_ancestors(best)} if best is not None else set()
     in_best = {best} if best is not None else set()
     for node in nodes[1:]:
         if node.parent in in_best:
@@ -1629,6 +1949,9 @@ def _prune(nodes, root, best):
             continue
         if node.chrome or _is_link_list(node, keep_total) and node not in in_best:
             node.marks = True
+        elif node.tag in _LINK_LINE_TAGS and 0 < node.text <= _LINK_LINE_MAX \
+                and node.links >= _LINK_LINE_SHARE * node.text and _link_label(node):
+            node.marks = True     # a label and a link: "Read also: ...", ">> Another story <<"
 
 
 def _is_link_list(node, keep_total):
@@ -1636,7 +1959,439 @@ def _is_link_list(node, keep_total):
         and node.text * 4 < keep_total
 
 
-# -- Markdown ---------------------------------------------------------------------------------------
+# -- Boilerplate by its shape: link lines, the tail after the article, credits, dates, pitches --------
+
+_LINK_LABEL = LazyPattern(r"\W*(?:[^\W\d_]+\W{0,3}){1,3}[:\uff1a|»>\u25b6\u2192]\W*\Z|\W*[»>\u25b6\u2192\[(]+\W*\Z")
+_CTA_MAX = 600             # a box up to this long with a button-styled link in it is a pitch
+_SHAPE_MAX = 160           # credit, date and label lines are at most this long
+_LINE_TAGS = frozenset({"p", "div", "figcaption", "section", "header", "footer", "aside", "dd", "dt", "address",
+                        "blockquote", "center", "figure"})
+_BOX_TAGS = frozenset({"div", "section", "aside", "ul", "ol", "table", "figure", "span", "p", "li", "dl"})
+_LIST_PARTS = frozenset({"li", "td", "th", "tr", "ul", "ol", "table", "tbody", "thead", "dl"})
+_CREDIT_LINE = LazyPattern(
+    r"\s*(?:©|\(c\)\s|copyright\b"
+    r"|(?:fotos?|photos?|photographs?|bild(?:er)?|images?|quelle|sources?|credits?|crédits?|créditos?|fuente|grafik"
+    r"|illustrations?|abbildung|picture)(?:\s+[^\W\d_]+)?\s*:"
+    r"|(?:photo(?:graph)?|image|picture|illustration|foto)s?\s+(?:by|courtesy|von|de|par)\b)", re.I)
+_MONTH_NAMES = ("jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec|january|february|march|april|june|july|august"
+           "|september|october|november|december|januar|februar|märz|mai|juni|juli|oktober|dezember|janvier|février"
+           "|mars|avril|juin|juillet|août|septembre|octobre|novembre|décembre|enero|febrero|marzo|abril|mayo|junio"
+           "|julio|agosto|septiembre|octubre|noviembre|diciembre")
+_DATE = LazyPattern(
+    r"\b(?:\d{1,2}\.\s?\d{1,2}\.\s?\d{2,4}|\d{1,2}/\d{1,2}/\d{2,4}|\d{4}-\d{2}-\d{2}"
+    r"|(?:%s)\.?\s+\d{1,2}(?:st|nd|rd|th)?,?(?:\s+\d{4})?|\d{1,2}\.?\s+(?:de\s+)?(?:%s)\.?(?:\s+(?:de\s+)?\d{4})?)\b"
+    % (_MONTH_NAMES, _MONTH_NAMES), re.I)
+# What a date or byline line holds besides its date and names: times, byline words, days, zones.
+_DATE_LINE_REST = LazyPattern(
+    r"\d{1,2}[:.h]\d{2}(?:\s*(?:am|pm|a\.m\.|p\.m\.|uhr|h))?|\b(?:by|von|par|por|de|am|on|at|um|à|le|el|posted|published"
+    r"|updated|veröffentlicht|aktualisiert|publié|publicado|actualizado|mis à jour|stand|date|datum|categories|category"
+    r"|categor[ií]as?|catégories?"
+    r"|kategorien?|tags?|comments?|kommentare?|author|autor|auteur|in|and|und|et|y|est|edt|cet|cest|utc|gmt|pst|pdt"
+    r"|mon|tue|wed|thu|fri|sat|sun|monday|tuesday|wednesday|thursday|friday|saturday|sunday|montag|dienstag|mittwoch"
+    r"|donnerstag|freitag|samstag|sonntag|\d{4})\b|[\W\d_]+", re.I)
+_DATE_LINE_LETTERS = 12    # a date line keeps at most this many letters besides dates, links and byline words
+_LINE_ITEMS = 64           # elements and strings a short line may hold (more: not a line, and not read twice)
+
+
+def _link_label(node):
+    """The text of a link line outside its links is a short label ("Lea también:", "MIRA:",
+    "Read more:", ">>") or nothing but brackets and arrows."""
+    parts, stack, budget = [], [node], _LINE_ITEMS
+    while stack:
+        budget -= 1
+        if not budget:
+            return False          # a line of that many pieces is no label and a link
+        item = stack.pop()
+        if item.__class__ is str:
+            parts.append(item)
+        elif item.tag != "a" and not item.silent:
+            stack.extend(reversed(item.children))
+    label = "".join(parts).strip()
+    return bool(label) and len(label) <= 24 and bool(_LINK_LABEL.match(label))
+
+
+def _subtree_end(nodes, start):
+    """The index after the last element below ``nodes[start]`` (document order)."""
+    inside = {nodes[start]}
+    end = start + 1
+    while end < len(nodes) and nodes[end].parent in inside:
+        inside.add(nodes[end])
+        end += 1
+    return end
+
+
+def _mark_tail(nodes, root, protected):
+    """Mark the link-heavy blocks after the article's last paragraph of prose: "read also" links,
+    teasers and navigation that follow the text inside the chosen element (not lists or tables:
+    a reference list is links and is content)."""
+    start = next((index for index, node in enumerate(nodes) if node is root), None)
+    if start is None:
+        return
+    end = _subtree_end(nodes, start)
+    last = _last_prose(nodes, start, end)
+    if last is None:
+        return
+    skip = {nodes[last]}
+    for node in nodes[last + 1:end]:
+        if node.parent in skip:
+            skip.add(node)
+        elif node not in protected and not node.marks and node.tag in _TAIL_TAGS \
+                and 0 < node.text <= _TAIL_MAX and node.links * 2 >= node.text:
+            node.marks = True
+            skip.add(node)
+
+
+def _last_prose(nodes, start, end):
+    """The index of the last paragraph of prose in ``nodes[start:end]`` left by the rules, or None."""
+    last = None
+    skipped = set()               # marked, or inside a marked element
+    for index in range(start, end):
+        node = nodes[index]
+        if index > start and (node.marks or node.parent in skipped):
+            skipped.add(node)
+        elif (node.paragraph or 0) >= _SIBLING_MIN and node.links * 4 < node.text:
+            last = index
+    return last
+
+
+def _node_text(node, budget=-1):
+    """The text below ``node`` that is kept so far, white space folded; None when it holds more
+    than ``budget`` elements and strings."""
+    parts, stack = [], [node]
+    while stack:
+        budget -= 1
+        if not budget:
+            return None
+        item = stack.pop()
+        if item.__class__ is str:
+            parts.append(item)
+        elif not item.marks and not item.silent:
+            stack.extend(reversed(item.children))
+    return " ".join("".join(parts).split())
+
+
+def _link_texts(node):
+    parts, stack = [], [node]
+    while stack:
+        item = stack.pop()
+        if item.tag == "a":
+            parts.append(_node_text(item))
+        elif not item.silent:
+            stack.extend(child for child in item.children if child.__class__ is not str)
+    return parts
+
+
+def _bold_only(node):
+    """All of an element's text is inside <strong>/<b> (a label line)."""
+    stack = list(node.children)
+    while stack:
+        item = stack.pop()
+        if item.__class__ is str:
+            if item.strip():
+                return False
+        elif item.tag not in ("strong", "b") and not item.silent and not item.marks:
+            stack.extend(item.children)
+    return True
+
+
+def _is_button(node):
+    """A link styled as a button ("btn", "button", "cta" as a class part) with a real target."""
+    href = node.attr("href") or ""
+    value = node.attr("class") or ""
+    return bool(href and value) and not href.startswith(("#", "javascript:")) and any(
+        part in ("btn", "button", "cta") for part in _TOKEN_SPLIT.split(value.lower().replace(" ", "-")))
+
+
+def _button_holders(root):
+    """The elements below ``root`` that hold a button-styled link with some text (a pitch)."""
+    holders = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.silent:
+            continue
+        if node.tag == "a":
+            if node.text >= 8 and _is_button(node):
+                up = node.parent
+                while up is not None and up not in holders:
+                    holders.add(up)
+                    if up is root:
+                        break
+                    up = up.parent
+            continue
+        stack.extend(child for child in node.children if child.__class__ is not str)
+    return holders
+
+
+def _mark_shapes(root, protected):
+    """Mark lines that are photo credits ("Foto: ...", "© ..."), date and byline lines ("January
+    13, 2020 at 08:45 AM | categories: ..."), and pitches with a button (membership,
+    newsletter); flag short bold label lines ("More topics:"), which the converter drops when
+    nothing follows them."""
+    buttons = _button_holders(root)
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.marks or node.silent:
+            continue
+        verdict = _shape_verdict(node, root, protected, buttons)
+        if verdict:
+            node.marks = True
+        elif verdict is False:
+            stack.extend(child for child in node.children if child.__class__ is not str)
+
+
+def _shape_verdict(node, root, protected, buttons):
+    """True to drop ``node``, None to leave it as it is, False to look at its parts."""
+    tag = node.tag
+    if node.text > _SHAPE_MAX or node is root or node in protected:
+        # a pitch with a button: membership, newsletter, download the app
+        return node in buttons and node.text <= _CTA_MAX and tag in _BOX_TAGS and node is not root \
+            and node not in protected
+    if not node.text or tag == "a" or tag in _HEADINGS or tag in _LIST_PARTS:
+        return None               # list items and table cells are not lines of a story
+    if node in buttons and tag in _BOX_TAGS:
+        return True
+    return _line_verdict(node)
+
+
+def _line_verdict(node):
+    """True for a short line of its own that is a credit or a date and byline line; None for one
+    to leave as it is (a piece of running text, a bold label line ending in ":" or "?", which is
+    flagged as a label); False for one whose parts are to be looked at."""
+    tag = node.tag
+    if tag not in _LINE_TAGS and node.parent.own:
+        return None               # its parent has text of its own: a piece of running text
+    text = _node_text(node, _LINE_ITEMS)
+    if not text:
+        return None
+    if _CREDIT_LINE.match(text):
+        return True
+    if node.links * 2 <= node.text + 1 and _DATE.search(text):
+        rest = text
+        for link in _link_texts(node):
+            if link:              # (an empty link text would put a space between all characters)
+                rest = rest.replace(link, " ", 1)
+        rest = _DATE_LINE_REST.sub(" ", _DATE.sub(" ", rest))
+        if len(rest.replace(" ", "")) <= _DATE_LINE_LETTERS:
+            return True
+    if tag in ("p", "div") and len(text) <= 60 and text[-1] in ":?\uff1a\uff1f" and _bold_only(node):
+        node.label = True
+        return None
+    return False
+
+
+def _mark_empty_headings(nodes, root, protected):
+    """Mark a heading whose section lost all its text to the rules ("Related posts" over a list of
+    links, "Share this" over buttons): what follows it up to the next kept text was all removed."""
+    _measure_kept(nodes)
+    headings, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        if not node.kept:
+            continue
+        if node.tag in _HEADINGS and node is not root and node not in protected:
+            headings.append(node)
+        else:
+            stack.extend(child for child in node.children if child.__class__ is not str)
+    wraps = {}                    # parent -> the headings (or the boxes holding only them) in it
+    for heading in headings:
+        wrap = heading
+        while wrap.parent is not None and wrap.parent is not root and wrap.parent not in protected \
+                and wrap.parent.kept == heading.kept:
+            wrap = wrap.parent
+        if wrap.parent is not None:
+            wraps.setdefault(wrap.parent, set()).add(wrap)
+    for parent, titles in wraps.items():
+        _mark_titles_of_nothing(parent, titles)
+
+
+def _measure_kept(nodes):
+    """Each element's text left once the rules marked what they drop."""
+    for node in nodes:
+        node.kept = 0
+    for node in reversed(nodes):
+        if node.marks or node.silent:
+            node.kept = 0         # (what its children passed up goes with it)
+            continue
+        node.kept += node.own
+        if node.kept and node.parent is not None:
+            node.parent.kept += node.kept
+
+
+def _mark_titles_of_nothing(parent, titles):
+    """Mark each of ``titles`` (children of ``parent``) after which every sibling up to the next
+    kept text or heading was removed.  One pass from the last child back: ``ahead`` says whether
+    that holds for the siblings after the current one, ``ahead_removed`` the same once something
+    removed has been passed (so that a heading next counts as the end)."""
+    ahead, ahead_removed = False, True
+    for sibling in reversed(parent.children):
+        if sibling.__class__ is str:
+            if sibling.strip():
+                ahead = ahead_removed = False
+            continue
+        if sibling in titles and ahead:
+            sibling.marks = True
+        if sibling.marks and sibling.text:
+            ahead = ahead_removed
+        elif sibling.kept:
+            ahead, ahead_removed = False, sibling.tag in _HEADINGS
+
+
+# ---------------------------------------------------------------------------
+# §6 HTML to Markdown
+# ---------------------------------------------------------------------------
+
+_GC_DEFER_CHARS = 256 * 1024    # pages larger than this are freed in slices (see _dismantle)
+
+
+class _cyclic_gc_deferred:
+    """Keep the cyclic garbage collector off while a page is converted.
+
+    The element tree of a multi-megabyte page triggers full collections whose
+    pauses grow with the heap (over 200 ms at 5 MB) and hold the interpreter
+    lock, so the stdin reader could not answer ``ping`` meanwhile; a small
+    page's tree only adds collections that find nothing (the tree is freed by
+    :func:`_dismantle`, not by the collector).  The
+    collector is process-wide, so so is the count: the last conversion to end
+    turns it back on (unless it was off before the first began).
+    """
+
+    _lock = threading.Lock()
+    _active = 0                  # conversions inside, under _lock
+    _was_enabled = True
+
+    def __init__(self, wanted=True):
+        self._wanted = wanted
+
+    def __enter__(self):
+        if self._wanted:
+            with _cyclic_gc_deferred._lock:
+                if _cyclic_gc_deferred._active == 0:
+                    _cyclic_gc_deferred._was_enabled = gc.isenabled()
+                    gc.disable()
+                _cyclic_gc_deferred._active += 1
+        return self
+
+    def __exit__(self, *exc):
+        if self._wanted:
+            with _cyclic_gc_deferred._lock:
+                _cyclic_gc_deferred._active -= 1
+                if _cyclic_gc_deferred._active == 0 and _cyclic_gc_deferred._was_enabled:
+                    gc.enable()
+
+
+def html_to_markdown(html, base_url="", plain=False, *, check=None, charge=None):
+    """``(title, text)`` of an HTML page as Markdown (or plain text with ``plain``).
+
+    Keeps headings, paragraphs, nested lists, links, emphasis, inline code,
+    code blocks, tables, block quotes and images' alt text of the page's main
+    content (see :func:`_choose_content`); drops scripts, styles, navigation,
+    headers, footers, banners, comments, teasers and related links.  The page
+    is parsed into a tree once, scored, then replayed into the converter.
+
+    Linear in the size of the page, whatever its markup: ``check`` (called
+    every few hundred tags) may raise to stop a conversion that runs past a
+    deadline or is cancelled; html.parser's own failures on broken markup
+    end the conversion with what was read so far.  ``charge(nbytes)`` is
+    told the memory the conversion takes as it builds (the text and output
+    at once, the tree's elements as they are made) and may raise to stop it.
+
+    >>> html_to_markdown("<title>T</title><nav>x</nav><main><h1>Hi</h1><p>a <b>b</b></p></main>")
+    ('T', '# Hi\\n\\na **b**')
+    """
+    return html_page(html, base_url, plain, check=check, charge=charge)[:2]
+
+
+def html_page(html, base_url="", plain=False, *, check=None, charge=None):
+    """``(title, text, metadata)`` of an HTML page: :func:`html_to_markdown` and what the page
+    states about itself (:func:`page_metadata`).  The headline it states (``og:title``, JSON-LD)
+    is metadata: a first heading of the content that repeats it is left out of the text (after
+    it served to tell which headings title nothing).  The head, which holds no text to show, is
+    not parsed: its metadata is read by :func:`page_metadata`; nor is the inside of an ``<svg>``.
+    ``charge`` as for :func:`html_to_markdown`."""
+    if charge is not None:
+        charge(_HTML_BYTES_PER_CHAR * len(html))
+    tree = _TreeBuilder(check, charge)
+    with _cyclic_gc_deferred():
+        try:
+            head, body = _split_head(html)
+            tree.parse(_without_svg(body))
+            metadata = page_metadata(tree, head)
+            root = _choose_content(tree.nodes, check)
+            converter = _MarkdownConverter(base_url, plain, check, max(_MIN_OUTPUT_CAP, 3 * len(html)))
+            converter.headline = metadata.get("headline", "").casefold()
+            _render_tree(root, converter)
+            return collapse_ws(_head_title(head) or tree.title or ""), converter.result(), metadata
+        finally:
+            _dismantle(tree.nodes)
+
+
+_BODY_START = LazyPattern(r"<body[\s>/]", re.I)
+_RAW_OPEN = LazyPattern(r"<(script|style|textarea|noscript|template|title|xmp|iframe|noembed|noframes)[\s>/]", re.I)
+
+
+def _split_head(html):
+    """``(head, rest)``: the text before ``<body`` and the rest, when nothing in the head is left
+    open that the "<body" could sit inside (a comment, a script); else ``("", html)``.  The head
+    holds no text to show: only its metadata is read (see :func:`page_metadata`)."""
+    body = _BODY_START.search(html)
+    if body is None:
+        return "", html
+    end = body.start()
+    comment = html.rfind("<!--", 0, end)
+    if comment >= 0 and html.find("-->", comment + 4, end) < 0:
+        return "", html
+    last = None
+    for last in _RAW_OPEN.finditer(html, 0, end):
+        pass
+    if last is not None and not re.compile(r"</%s\s*>" % last.group(1), re.I).search(html, last.end(), end):
+        return "", html
+    return html[:end], html[end:]
+
+
+_SVG_OPEN = LazyPattern(r"<svg[\s>/]", re.I)
+_SVG_CLOSE = LazyPattern(r"</svg\s*>", re.I)
+
+
+def _without_svg(html):
+    """``html`` with the content of each ``<svg>`` that holds no other ``<svg>`` cut out before
+    parsing: its paths are many tags and none of it is text to show."""
+    parts, done, closing = [], 0, None
+    for opening in _SVG_OPEN.finditer(html):
+        if opening.start() < done:
+            continue
+        if closing is None or closing.start() < opening.end():   # (one search serves nested openings)
+            closing = _SVG_CLOSE.search(html, opening.end())
+        if closing is None:
+            break
+        if _SVG_OPEN.search(html, opening.end(), closing.start()) is None:
+            parts.append(html[done:opening.start()])
+            parts.append("<svg></svg>")
+            done = closing.end()
+    if not parts:
+        return html
+    parts.append(html[done:])
+    return "".join(parts)
+
+
+def _dismantle(nodes):
+    """Free a tree now; a large one in slices, letting other threads run in between.
+
+    Parent links make the tree cyclic: left to the collector, one pass would
+    walk and free every node while holding the interpreter lock.
+    """
+    for node in nodes:
+        node.parent = None
+        node.children = []
+    if len(nodes) * 16 < _GC_DEFER_CHARS:
+        nodes.clear()
+        return
+    while nodes:
+        del nodes[-4096:]
+        time.sleep(0)
+
+
 
 def _render_tree(root, converter):
     """Replay the kept part of the tree into ``converter`` as parser events, without recursion.
@@ -1652,7 +2407,7 @@ def _render_tree(root, converter):
             continue
         node, tag, in_layout = item
         if tag is not None:
-            converter.handle_endtag(tag)
+            _replay_end(converter, tag)
             continue
         if node.marks or node.tag in _SILENT_TAGS:
             continue
@@ -1670,9 +2425,22 @@ def _render_tree(root, converter):
             tag = None                # the layout table's own structure is not replayed
         if tag is not None and node.parent is not None:
             converter.handle_starttag(tag, node.attrs)
+            if node.label and tag != "table":
+                converter.label += 1      # until its end tag has flushed the line
+                stack.append((node, "#label", False))
             stack.append((node, tag, False))
         for child in reversed(node.children):
             stack.append(child if child.__class__ is str else (child, None, in_layout))
+
+
+def _replay_end(converter, tag):
+    if tag == "#label":
+        converter.label -= 1      # the label line has been flushed
+    else:
+        converter.handle_endtag(tag)
+
+
+_TITLE_SEPARATORS = "|-\u2013\u2014:\u00b7\u2022/"
 
 
 _SPACE_RUN = LazyPattern(r"[ \t\r\n\f\v]+")
@@ -1691,6 +2459,7 @@ class _MarkdownConverter:
 
     def __init__(self, base_url, plain, check=None, max_chars=_MIN_OUTPUT_CAP):
         self.base_url = base_url
+        self.origin = None        # scheme and host of base_url when it is a plain absolute URL, else ""
         self.plain = plain
         self.check = check
         self.max_chars = max_chars
@@ -1710,6 +2479,10 @@ class _MarkdownConverter:
         self.row = None
         self.cell = None          # text parts of the open cell
         self.quote = 0
+        self.heading = 0          # level of the heading being flushed
+        self.label = 0            # inside a label line ("More topics:"): a heading of level 7
+        self.headings = {}        # index in blocks -> level, for headings and label lines
+        self.headline = ""        # casefolded: a first heading with this text is metadata, not text
 
     # -- output ------------------------------------------------------------------
     def tick(self):
@@ -1718,6 +2491,8 @@ class _MarkdownConverter:
             self.check()
 
     def emit(self, block):
+        if self.heading or self.label:
+            self.headings[len(self.blocks)] = self.heading or 7
         self.blocks.append(block)
         self.pending = 0
         self.size += len(block)
@@ -1725,6 +2500,9 @@ class _MarkdownConverter:
             self.full = True
 
     def flush(self, prefix=""):
+        if not self.inline:
+            self.pending = 0
+            return
         text = "".join(self.inline)
         self.inline = []
         self.pending = 0
@@ -1763,7 +2541,7 @@ class _MarkdownConverter:
         self.flush()
         # Items of one list sit on consecutive lines; other blocks are paragraphs.
         out, in_list = [], False
-        for block in self.blocks:
+        for block in self._titled_blocks():
             if block is None:         # the end of a top-level list
                 in_list = False
                 continue
@@ -1775,9 +2553,48 @@ class _MarkdownConverter:
             in_list = item
         return "\n\n".join("\n".join(lines) for lines in out).strip()
 
+    def _titled_blocks(self):
+        """The blocks without the headings that title nothing: a heading followed by no block, or by
+        a heading of its level or higher, titled a box the rules removed ("Related posts", "Share
+        this"); and without a widget's "Loading..." placeholder."""
+        blocks = self.blocks
+        if not self.headings:
+            return blocks
+        keep = []
+        following = None          # level of the next kept block when it is a heading, 0 for text
+        headline = self._headline_index()
+        for index in range(len(blocks) - 1, -1, -1):
+            block = blocks[index]
+            if block is None:
+                keep.append(block)
+                continue
+            level = self.headings.get(index)
+            if level and (following is None or (following and following <= level)):
+                continue
+            if index == headline:
+                following = level
+                continue
+            if len(block) <= 30 and block.endswith(("...", "\u2026")) and len(block.split()) <= 3:
+                continue
+            keep.append(block)
+            following = level or 0
+        return keep[::-1]
+
+    def _headline_index(self):
+        """The index of the first heading of level 1 or 2 when its text is the page's headline (which
+        may go on with a separator and the site's name: "Title | Site | 23.05.2011")."""
+        first = min((index for index, level in self.headings.items() if level <= 2), default=None)
+        if first is None or not self.headline:
+            return None
+        text = self.blocks[first].lstrip("#").strip().casefold()
+        rest = self.headline[len(text):].lstrip() if text and self.headline.startswith(text) else None
+        return first if rest == "" or rest and rest[0] in _TITLE_SEPARATORS else None
+
     # -- parser events -------------------------------------------------------------
     def handle_starttag(self, tag, attrs):
-        self.tick()
+        self.ticks += 1
+        if self.check is not None and not self.ticks % _CHECK_EVERY:
+            self.check()
         if tag in _VOID_TAGS:
             handler = self._VOID.get(tag)
             if handler is not None and not self.full:
@@ -1824,7 +2641,9 @@ class _MarkdownConverter:
         self.flush(self._list_prefix())
 
     def _end_heading(self, tag):
+        self.heading = _HEADINGS[tag]
         self.flush("" if self.plain else "#" * _HEADINGS[tag] + " ")
+        self.heading = 0
 
     def _start_quote(self, tag, attrs):
         self._start_block(tag, attrs)
@@ -1886,8 +2705,20 @@ class _MarkdownConverter:
         href = _attr(attrs, "href") or ""
         url = None
         if href and not href.startswith(("javascript:", "#", "mailto:")):
-            url = absolute_url(self.base_url, href)
+            url = True if self.plain else self._absolute(href)   # plain text shows no targets
         self.links.append([url, len(self.inline)])
+
+    def _absolute(self, href):
+        """``absolute_url(base_url, href)``; a root-relative path that needs no resolving is joined
+        to the base's origin directly (a page's links are mostly such paths)."""
+        if self.origin is None:
+            base = self.base_url or ""
+            self.origin = base[:base.find("/", base.find("//") + 2)] if _PLAIN_ABSOLUTE_URL.match(base) \
+                and base.count("/") >= 3 else ""
+        if self.origin and href[:1] == "/" and href[1:2] != "/" and "/." not in href \
+                and _PLAIN_ABSOLUTE_URL.match(self.origin + href):
+            return self.origin + href
+        return absolute_url(self.base_url, href)
 
     def _end_link(self, tag):
         if not self.links:
@@ -1971,14 +2802,6 @@ class _MarkdownConverter:
     _VOID = {"img": _image, "hr": _rule, "br": _line_break}
 
 
-def _attr(attrs, name):
-    """``dict(attrs).get(name)`` without building the dict: the last of repeated attributes wins."""
-    for key, value in reversed(attrs):
-        if key == name:
-            return value
-    return None
-
-
 def _code_lang(attrs):
     """``python`` from ``class="language-python"`` / ``lang-python`` / ``highlight-python``."""
     match = re.search(r"(?:language|lang|highlight)-([\w+#.-]+)", _attr(attrs, "class") or "")
@@ -1997,14 +2820,14 @@ def _render_table(rows, plain):
 
 
 # ---------------------------------------------------------------------------
-# §5 PDF: filters and encryption
+# §7 PDF: filters and encryption
 # ---------------------------------------------------------------------------
 
-# pdf_to_text() (at the end of §8) reads the text layer of a PDF with the standard library
-# only, in four sections: this one undoes encryption and stream filters; §6 finds the
+# pdf_to_text() (at the end of §10) reads the text layer of a PDF with the standard library
+# only, in four sections: this one undoes encryption and stream filters; §8 finds the
 # objects (xref tables and streams, object streams, incremental updates, a scan for
-# "N G obj" when the xref is damaged); §7 turns font codes into text (ToUnicode CMaps,
-# simple encodings with /Differences, Type0 CID fonts); §8 runs the text operators of
+# "N G obj" when the xref is damaged); §9 turns font codes into text (ToUnicode CMaps,
+# simple encodings with /Differences, Type0 CID fonts); §10 runs the text operators of
 # content streams and lays the text out as lines and paragraphs.
 #
 # Work and memory are bounded by the limits below, most of them in proportion to the size of
@@ -3003,7 +3826,7 @@ def _pdf_run_length(data, limit, doc=None):
     return bytes(out[:limit])
 
 # ---------------------------------------------------------------------------
-# §6 PDF: objects and cross-references
+# §8 PDF: objects and cross-references
 # ---------------------------------------------------------------------------
 
 # The lexer, the object parser, and _PdfDocument: the objects of one file by number,
@@ -3013,7 +3836,7 @@ def _pdf_run_length(data, limit, doc=None):
 # an object that cannot be read is None.  Nesting deeper than _PDF_MAX_NESTING is
 # flattened; reference chains, cross-reference sections and scanned trailers are capped,
 # and so are, in proportion to the file's size, the values parsed, the cross-reference
-# entries and the bytes decoded (the limits are at the top of §5).
+# entries and the bytes decoded (the limits are at the top of §7).
 
 # The lexer: one alternative per token kind, each a single unambiguous loop, so that a match
 # costs time linear in its length.  Group numbers are the token kinds used by the parsers.
@@ -3925,7 +4748,7 @@ def _pdf_box(value):
 
 
 # ---------------------------------------------------------------------------
-# §7 PDF: fonts and encodings
+# §9 PDF: fonts and encodings
 # ---------------------------------------------------------------------------
 
 # What the codes of a shown string mean: their text and their widths.  Simple fonts map
@@ -4664,7 +5487,7 @@ def _pdf_load_font(doc, ref):
 
 
 # ---------------------------------------------------------------------------
-# §8 PDF: text layout
+# §10 PDF: text layout
 # ---------------------------------------------------------------------------
 
 # The content streams of each page are run for their text operators, with the CTM, q/Q
@@ -5184,7 +6007,7 @@ def pdf_to_text(data, *, check=None, charge=None, max_pages=PDF_MAX_PAGES):
 
 
 # ---------------------------------------------------------------------------
-# §9 robots.txt and sitemaps
+# §11 robots.txt and sitemaps
 # ---------------------------------------------------------------------------
 
 ROBOTS_MAX_BYTES = 500 * 1024        # RFC 9309 §2.5: parse at least the first 500 KiB, nothing beyond
@@ -5850,7 +6673,7 @@ def iter_sitemap(body, base_url=None):
 
 
 # ---------------------------------------------------------------------------
-# §10 Configuration
+# §12 Configuration
 # ---------------------------------------------------------------------------
 
 class ValueKind:
@@ -6745,7 +7568,7 @@ def env_table_markdown():
 
 
 # ---------------------------------------------------------------------------
-# §11 Deadlines and cancellation
+# §13 Deadlines and cancellation
 # ---------------------------------------------------------------------------
 
 class Deadline:
@@ -7019,7 +7842,7 @@ def _sleep(ctx, seconds):
 
 
 # ---------------------------------------------------------------------------
-# §12 HTTP transport
+# §14 HTTP transport
 # ---------------------------------------------------------------------------
 
 class Response:
@@ -7997,7 +8820,7 @@ def exhausted_window(headers):
 
 
 # ---------------------------------------------------------------------------
-# §13 Streaming LLM client
+# §15 Streaming LLM client
 # ---------------------------------------------------------------------------
 
 _INVALID_KEY = LazyPattern(r"incorrect api key|invalid api key|invalid_api_key|api key.{0,20}(invalid|not valid)"
@@ -8353,7 +9176,7 @@ def stream_answer(transport, config, protocol, model, system, user, ctx, timeout
 
 
 # ---------------------------------------------------------------------------
-# §14 Key pool, circuit breaker and engine health
+# §16 Key pool, circuit breaker and engine health
 # ---------------------------------------------------------------------------
 
 class KeyState(enum.Enum):
@@ -8709,7 +9532,7 @@ class HealthBoard:
 
 
 # ---------------------------------------------------------------------------
-# §15 Cache and coalescing
+# §17 Cache and coalescing
 # ---------------------------------------------------------------------------
 
 class TTLCache:
@@ -9090,7 +9913,7 @@ class LayeredCache:
 
 
 # ---------------------------------------------------------------------------
-# §16 Vendors
+# §18 Vendors
 # ---------------------------------------------------------------------------
 
 # A 200 whose text apologises instead of answering.
@@ -10234,7 +11057,7 @@ VENDOR_CLASSES = {cls.name: cls for cls in (BraveVendor, SerperVendor, YepVendor
 
 
 # ---------------------------------------------------------------------------
-# §17 Fetch providers and the site mapper
+# §19 Fetch providers and the site mapper
 # ---------------------------------------------------------------------------
 
 _MEDIA_HTML = ("text/html", "application/xhtml+xml")
@@ -10255,9 +11078,9 @@ class Document:
     the page instead of the one before it.
     """
 
-    __slots__ = ("url", "final_url", "title", "content", "provider", "content_type", "shell", "fallback")
+    __slots__ = ("url", "final_url", "title", "content", "provider", "content_type", "shell", "fallback", "metadata")
 
-    def __init__(self, url, final_url, title, content, provider, content_type, shell=None):
+    def __init__(self, url, final_url, title, content, provider, content_type, shell=None, metadata=None):
         self.url = url
         self.final_url = final_url
         self.title = title
@@ -10266,6 +11089,7 @@ class Document:
         self.content_type = content_type
         self.shell = shell
         self.fallback = None
+        self.metadata = metadata or {}   # what the page states about itself (see page_metadata)
 
     def weight(self):
         return len(self.content) * 2 + 256
@@ -10486,8 +11310,9 @@ class Fetcher:
             html = decode_page(body, ctype)
             if fmt == "html":
                 return Document(url, resp.url, page_title(html), html, "direct", media)
-            title, content = html_to_markdown(html, resp.url, plain=fmt == "text", check=check, charge=budget.charge)
-            return Document(url, resp.url, title, content, "direct", media, script_shell(html, content))
+            _, content, metadata = html_page(html, resp.url, plain=fmt == "text", check=check, charge=budget.charge)
+            return Document(url, resp.url, metadata.get("title", ""), content, "direct", media,
+                            script_shell(html, content), metadata)
         if media.startswith(_MEDIA_TEXT_PREFIXES) or media in _MEDIA_TEXTUAL or media.endswith(("+json", "+xml")):
             return Document(url, resp.url, "", decode_page(body, ctype).strip(), "direct", media)
         raise UpstreamError("direct", "bad_response", "unsupported_content_type",
@@ -10969,7 +11794,7 @@ class SiteMapper:
 
 
 # ---------------------------------------------------------------------------
-# §18 Ring
+# §20 Ring
 # ---------------------------------------------------------------------------
 
 RRF_K = 60   # reciprocal rank fusion constant (Cormack et al., 2009)
@@ -11269,7 +12094,7 @@ class Ring:
 
 
 # ---------------------------------------------------------------------------
-# §19 Tool schemas and argument checking
+# §21 Tool schemas and argument checking
 # ---------------------------------------------------------------------------
 
 _STATUS_PROPS = {
@@ -11293,12 +12118,17 @@ _RESULT_SCHEMA = {"type": "object", "properties": {
     "rank": {"type": "integer"}, "title": {"type": "string"}, "url": {"type": "string"},
     "snippet": {"type": "string"}, "published": {"type": ["string", "null"]},
     "score": {"type": ["number", "null"]}, "vendors": {"type": "array", "items": {"type": "string"}},
-    "language": {"type": ["string", "null"]}, "content": {"type": ["string", "null"]}}}
+    "language": {"type": ["string", "null"]}, "content": {"type": ["string", "null"]},
+    "metadata": {"type": "object", "description": "With include_content: what the page states about itself "
+                                                  "(title, byline, published, site_name, language; each only "
+                                                  "when the page has it)."}}}
 
 # The result fields select can name, in the order results carry them; description is the typed search
 # contract's name for snippet. Omitted, select is the fields web_search has always returned.
-RESULT_FIELDS = ("rank", "title", "url", "snippet", "published", "score", "vendors", "language", "content")
-DEFAULT_SELECT = ("rank", "title", "url", "snippet", "published", "score", "vendors", "content")
+RESULT_FIELDS = ("rank", "title", "url", "snippet", "published", "score", "vendors", "language", "content",
+                 "metadata")
+DEFAULT_SELECT = ("rank", "title", "url", "snippet", "published", "score", "vendors", "content", "metadata")
+_PAGE_FIELDS = frozenset(("content", "metadata"))   # read from the page itself: only with include_content
 _FIELD_ALIASES = {"description": "snippet"}
 _FIELD_PARTS = {"content": ("content", "content_status", "next_start_index")}
 
@@ -11318,7 +12148,8 @@ WEB_SEARCH_INPUT = {
                    "items": {"type": "string", "enum": list(RESULT_FIELDS[:3]) + ["snippet", "description"]
                              + list(RESULT_FIELDS[4:])},
                    "description": "Result fields to return, e.g. [\"url\", \"title\"] (description = snippet; "
-                                  "language when the engine reports it; content with include_content). "
+                                  "language when the engine reports it; content, and metadata (the page's own "
+                                  "title, byline, published, site_name, language), with include_content). "
                                   "Default: all but language."},
         "lang": {"type": "string", "pattern": "^[A-Za-z]{2}([-_][A-Za-z0-9]{1,8}){0,3}$",
                  "description": "Language of the results: an ISO 639-1 code or a BCP 47 tag, e.g. en, de, ja, "
@@ -11711,8 +12542,8 @@ def _normalize_select(args, values, issues, adjustments):
             adjustments.append({"path": "/select", "received": args["select"], "used": "content added",
                                 "reason": "include_content returns each page's content"})
         fields.add("content")
-    elif asked and "content" in fields:
-        fields.discard("content")
+    elif asked and fields & _PAGE_FIELDS:
+        fields -= _PAGE_FIELDS
         if not fields:
             issues.append(issue("/select", "conflict", "content is only returned with include_content",
                                 "pass include_content (1-%d), or select other fields" % MAX_INCLUDE_CONTENT))
@@ -11720,7 +12551,7 @@ def _normalize_select(args, values, issues, adjustments):
             adjustments.append({"path": "/select", "received": args["select"], "used": "content left out",
                                 "reason": "content needs include_content (1-%d)" % MAX_INCLUDE_CONTENT})
     else:
-        fields.discard("content")
+        fields -= _PAGE_FIELDS
     values["select"] = [f for f in RESULT_FIELDS if f in fields]
 
 
@@ -11799,6 +12630,11 @@ WEB_FETCH_OUTPUT = {
         "url": {"type": "string", "description": "The URL asked for."},
         "final_url": {"type": ["string", "null"], "description": "Where redirects ended."},
         "title": {"type": ["string", "null"]},
+        "byline": {"type": "string", "description": "The author(s) the page names; absent when it names none."},
+        "published": {"type": "string", "description": "When the page says it was published (ISO 8601); "
+                                                       "absent when it does not say."},
+        "site_name": {"type": "string", "description": "The site's name as the page states it."},
+        "language": {"type": "string", "description": "The page's language tag (<html lang>), e.g. en, de-CH."},
         "content": {"type": "string", "description": "This page of the document."},
         "start_index": {"type": "integer"},
         "total_length": {"type": "integer", "description": "Characters in the whole document."},
@@ -12220,7 +13056,7 @@ def _argument_row(name, spec, required):
 
 
 # ---------------------------------------------------------------------------
-# §20 Search and page tools
+# §22 Search and page tools
 # ---------------------------------------------------------------------------
 
 def _cap_text(text, max_chars):
@@ -12422,6 +13258,8 @@ class SearchTools:
             result.update({"content": None if is_error else page["content"],
                            "content_status": page["error"] if is_error else "success",
                            "next_start_index": None if is_error else page["next_start_index"]})
+            if not is_error:
+                result["metadata"] = {name: page[name] for name in META_FIELDS if page.get(name)}
         s["results"] = results
 
     @staticmethod
@@ -12632,6 +13470,7 @@ class PageTools:
                   "provider": doc.provider, "fallback": doc.fallback, "content_type": doc.content_type,
                   "cached": how == "cached",
                   "coalesced": how == "shared", "attempts": attempts})
+        s.update((name, doc.metadata[name]) for name in META_FIELDS[1:] if doc.metadata.get(name))
         return s, self._page_text(s, call.say), False
 
     def _document(self, url, fmt, call, inline, served, prior):
@@ -12693,6 +13532,8 @@ class PageTools:
         head = "%s\n%s (%s via %s%s, characters %d-%d of %d)" % (
             s["title"] or s["final_url"], s["final_url"], s["format"], s["provider"],
             ", cached" if s["cached"] else "", start, end, total)
+        if s.get("byline") or s.get("published"):
+            head += "\n" + " \u00b7 ".join(filter(None, (s.get("byline") and "By " + s["byline"], s.get("published"))))
         if s["fallback"]:
             head += "\nRead through %s because %s" % (s["provider"], s["fallback"])
         tail = "\n\n[more: call %s with %s]" % (say("web_fetch"), say("start_index", end)) if end < total else ""
@@ -12791,7 +13632,7 @@ def _map_failure(url, attempts):
 
 
 # ---------------------------------------------------------------------------
-# §21 Answer and configuration tools
+# §23 Answer and configuration tools
 # ---------------------------------------------------------------------------
 
 # A few lines of extra guidance, each added only when the question is of its kind.
@@ -13304,7 +14145,7 @@ class _ProgressTicker:
 
 
 # ---------------------------------------------------------------------------
-# §22 Planning tools
+# §24 Planning tools
 # ---------------------------------------------------------------------------
 
 PLAN_REQUIRED = {1: PLAN_PHASES[:3], 2: PLAN_PHASES[:5], 3: PLAN_PHASES}
@@ -13472,7 +14313,7 @@ def _dependency_groups(sub_queries):
 
 
 # ---------------------------------------------------------------------------
-# §23 JSON-RPC server
+# §25 JSON-RPC server
 # ---------------------------------------------------------------------------
 
 _META_VERSION = "io.modelcontextprotocol/protocolVersion"
@@ -14072,7 +14913,7 @@ def _call_key(msg_id):
 
 
 # ---------------------------------------------------------------------------
-# §24 Streamable HTTP
+# §26 Streamable HTTP
 # ---------------------------------------------------------------------------
 
 HTTP_PATH = "/mcp"
@@ -14770,7 +15611,7 @@ def serve_http(server, address):
 
 
 # ---------------------------------------------------------------------------
-# §25 Command line
+# §27 Command line
 # ---------------------------------------------------------------------------
 
 # The one command that is not a tool's: its client argument and options are the parser's own.
