@@ -7974,9 +7974,10 @@ def test_web_map_direct_takes_limit_urls_from_a_100000_url_sitemap(start_server,
     elapsed = time.monotonic() - started
     assert is_error is False
     assert elapsed < 6.0, "took %.1f s" % elapsed
-    # The sitemap fills the limit before the crawl, so the start page (never fetched) is not listed.
+    # The sitemap fills the limit before the crawl, so the start page is not listed; it was asked
+    # once, before the sitemaps, only to learn where it lands (issue 21).
     assert content["results"] == urls[:5000]
-    assert fake_upstream.hits("GET", "/") == 0       # the limit was reached before any crawl
+    assert fake_upstream.hits("GET", "/") == 1
 
 
 def test_web_map_direct_site_disallowing_everything_is_no_urls_and_is_not_crawled(
@@ -8058,6 +8059,84 @@ def test_web_map_direct_honours_crawl_delay_and_reports_it(start_server, fake_up
     stats = content["stats"]
     assert stats["crawl_delay_s"] == 0.03 and stats["crawl_delay_applied_s"] == 0.03
     assert 0.0 < stats["crawl_delay_waited_s"] <= 0.06
+
+
+# -- web_map: maps that follow the site (issue 21), in-process --
+
+def inprocess_direct_server(ring, **extra):
+    """websearch_ring.Server in-process on the built-in fetch and map paths, allowed to reach 127.0.0.1."""
+    config = ring.Config.from_env(direct_env(**extra))
+    return ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+
+
+def inprocess_map(ring, server, url, **args):
+    """web_map through the server's own handler: (structured, text, is_error)."""
+    return server.tool_handlers["web_map"](dict(url=url, **args), new_call(ring))
+
+
+def test_web_map_takes_the_site_from_where_the_start_url_lands(ring, fake_upstream, upstreams):
+    landing = upstreams()
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nAllow: /\n"})
+    fake_upstream.route("GET", "/", {"status": 301, "headers": {"Location": landing.url + "/home"}})
+    landing.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /private\nSitemap: %s/s.xml\n"
+                                                 % landing.url})
+    landing.route("GET", "/s.xml", {"headers": {"Content-Type": "application/xml"}, "body": sitemap_xml(
+        [landing.url + "/a", landing.url + "/private/b", fake_upstream.url + "/elsewhere"])})
+    route_page(landing, "/home", links_page("/c"))
+    content, _, is_error = inprocess_map(ring, inprocess_direct_server(ring), fake_upstream.url + "/")
+    assert is_error is False, content
+    assert content["results"] == [landing.url + "/home", landing.url + "/a", landing.url + "/c"]
+    stats = content["stats"]
+    assert stats["landed_on"] == landing.url + "/home" and stats["robots"] == "rules"
+    assert stats["skipped"]["skipped_by_robots"] == {"count": 1, "why": "robots.txt disallows it",
+                                                     "examples": [landing.url + "/private/b"]}
+    assert stats["skipped"]["skipped_other_site"]["examples"] == [fake_upstream.url + "/elsewhere"]
+    assert landing.hits("GET", "/home") == 1       # read once: to land, then for its links
+    assert fake_upstream.hits("GET", "/sitemap.xml") == 0
+
+
+def test_web_map_treats_http_and_https_of_one_host_as_one_site(ring, fake_upstream):
+    base = fake_upstream.url
+    secure = "https://127.0.0.1:%d" % fake_upstream.port
+    fake_upstream.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
+                                                "body": sitemap_xml([secure + "/docs/a", secure + "/docs/b"])})
+    route_page(fake_upstream, "/", links_page("/c"))
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    content, _, is_error = inprocess_map(ring, inprocess_direct_server(ring), base + "/")
+    assert is_error is False, content
+    assert content["results"] == [base + "/", secure + "/docs/a", secure + "/docs/b", base + "/c"]
+    assert "skipped_other_site" not in content["stats"]["skipped"]
+
+
+def test_sitemap_element_inside_a_urlset_is_a_page_entry(ring, fake_upstream):
+    doc = ("<urlset xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'><sitemap><loc>https://a.example/p1</loc>"
+           "<lastmod>2026-01-02</lastmod></sitemap><url><loc>https://a.example/p2</loc></url></urlset>")
+    assert [tuple(e) for e in ring.iter_sitemap(doc)] == [("https://a.example/p1", "2026-01-02", False),
+                                                          ("https://a.example/p2", None, False)]
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    fake_upstream.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"}, "body": (
+        "<urlset><sitemap><loc>%s/guide.xml</loc></sitemap><url><loc>%s/a</loc></url></urlset>" % (base, base))})
+    content, _, is_error = inprocess_map(ring, inprocess_direct_server(ring), base + "/", limit=2)
+    assert is_error is False
+    assert content["results"] == [base + "/guide.xml", base + "/a"]
+    assert fake_upstream.hits("GET", "/guide.xml") == 0
+
+
+def test_web_map_stats_say_what_was_skipped_and_why(ring, fake_upstream):
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /x\n"})
+    fake_upstream.route("GET", "/sitemap.xml", {"status": 500, "body": "down"})
+    route_page(fake_upstream, "/", links_page("/x/1", "/x/2", "/x/3", "/x/4", "http://other.example/", "/ok",
+                                              "http://[::1"))
+    content, _, is_error = inprocess_map(ring, inprocess_direct_server(ring), base + "/", max_depth=1)
+    assert is_error is False and content["results"] == [base + "/", base + "/ok"]
+    skipped = content["stats"]["skipped"]
+    assert skipped["skipped_by_robots"]["count"] == 4 and len(skipped["skipped_by_robots"]["examples"]) == 3
+    assert skipped["skipped_other_site"] == {"count": 1, "why": "on another site",
+                                             "examples": ["http://other.example/"]}
+    assert skipped["sitemaps_unreadable"]["examples"] == [base + "/sitemap.xml (HTTP 500)"]
+    assert skipped["bad_links"]["count"] == 1
 
 
 def test_every_listed_tool_is_fully_described(start_server):

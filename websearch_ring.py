@@ -4340,10 +4340,13 @@ _ROBOTS_PLAIN = frozenset(chr(c) for c in range(0x21, 0x7F))
 # elements holding one entry -> whether that entry names another sitemap; bare_loc: what a <loc>
 # outside any record is (None: nothing; else whether it names a sitemap); link_href: whether an
 # entry's URL is <link href="..."/> (Atom) rather than <link>URL</link> (RSS).
+# A <sitemap> inside a <urlset> lists a page (sites that name their page records so): only an index's
+# records name other sitemaps.
 _SitemapFormat = collections.namedtuple("_SitemapFormat", "records bare_loc link_href")
-_SITEMAP_URLSET = _SitemapFormat({"url": False, "sitemap": True}, False, False)
+_SITEMAP_URLSET = _SitemapFormat({"url": False, "sitemap": False}, False, False)
+_SITEMAP_INDEX = _SitemapFormat({"url": False, "sitemap": True}, True, False)
 _SITEMAP_RSS = _SitemapFormat({"item": False, "entry": False}, None, False)
-_SITEMAP_FORMATS = {"sitemapindex": _SITEMAP_URLSET._replace(bare_loc=True), "rss": _SITEMAP_RSS,
+_SITEMAP_FORMATS = {"sitemapindex": _SITEMAP_INDEX, "rss": _SITEMAP_RSS,
                     "rdf": _SITEMAP_RSS, "channel": _SITEMAP_RSS, "feed": _SITEMAP_RSS._replace(link_href=True)}
 # The fields read inside a record.
 _SITEMAP_FIELDS = frozenset({"loc", "lastmod", "link", "pubdate", "updated", "published", "date"})
@@ -9429,20 +9432,56 @@ def _page_links(html, ctx):
 
 
 MAP_SITEMAPS_MAX = 20      # sitemap files read per map (index files point to more)
+MAP_SKIP_EXAMPLES = 3      # URLs shown per reason in stats["skipped"]
+
+# What each counter of a map's stats leaves out, as stats["skipped"] explains it.
+_MAP_SKIPS = {"skipped_by_robots": "robots.txt disallows it", "skipped_other_site": "on another site",
+              "bad_links": "not a valid URL", "pages_unreadable": "the page could not be read",
+              "sitemaps_too_deep": "a sitemap index nested deeper than %d levels" % SITEMAP_INDEX_DEPTH_MAX,
+              "sitemaps_other_origin": "a sitemap on another site", "sitemaps_unreadable": "the sitemap could not "
+              "be read (an error, or no answer 200)", "sitemaps_over_limit": "more than %d sitemap files"
+              % MAP_SITEMAPS_MAX}
+
+
+def site_of(url):
+    """The site ``url`` belongs to, ``(host, port)``: ``http`` and ``https`` of one host are one site
+    (a default port counts as none); None when ``url`` is not an http(s) URL with a host.
+
+    >>> site_of("http://A.example/x") == site_of("https://a.example:443/y"), site_of("http://a.example:8080/")
+    (True, ('a.example', 8080))
+    """
+    try:
+        parts = _urllib_parse.urlsplit(url)
+        host, port = (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not host:
+        return None
+    return host, None if port == (443 if scheme == "https" else 80) else port
+
+
+def _robots_verdict(robots):
+    return "disallow_all" if robots.disallow_all else ("rules" if robots.rules else "allow_all")
 
 
 class _MapRun:
     """One map in progress: the site, its robots.txt rules and request pacer, the URLs found so far
     and the counters of ``stats``.
 
-    The phases (:meth:`read_robots`, :meth:`read_sitemaps`, :meth:`crawl_links`, :meth:`result`)
-    are built from pieces a crawler can reuse: :meth:`sitemap_pages` discovers the pages the
-    sitemaps list, :meth:`may_fetch` and :meth:`polite` gate each request to the site, :meth:`add`
-    takes a URL into the map, :meth:`fetch_page` and :meth:`page_links` read a page and its links.
+    The phases (:meth:`read_robots`, :meth:`land`, :meth:`read_sitemaps`, :meth:`crawl_links`,
+    :meth:`result`) are built from pieces a crawler can reuse: :meth:`sitemap_pages` discovers the
+    pages the sitemaps list, :meth:`may_fetch` and :meth:`polite` gate each request to the site,
+    :meth:`add` takes a URL into the map, :meth:`fetch_page` and :meth:`page_links` read a page and
+    its links, :meth:`skip` counts what is left out and why.
+
+    The site is where the start URL lands (its redirects followed), ``http`` and ``https`` of one
+    host being one site (:func:`site_of`); robots.txt is read from the origin it lands on (RFC 9309
+    2.3: robots.txt speaks for one scheme, host and port).
     """
 
     __slots__ = ("mapper", "ctx", "start", "origin", "site", "limit", "robots", "pacer",
-                 "found", "seen", "lastmod", "stats")
+                 "found", "seen", "lastmod", "stats", "landing")
 
     def __init__(self, mapper, url, limit, ctx):
         parts = _urllib_parse.urlsplit(url)
@@ -9450,36 +9489,75 @@ class _MapRun:
         self.ctx = ctx
         self.start = url
         self.origin = "%s://%s" % (parts.scheme, parts.netloc)
-        self.site = _origin(url)     # robots.txt speaks for one scheme, host and port (RFC 9309 2.3)
+        self.site = site_of(url)
         self.limit = limit
         self.robots = None
         self.pacer = None
         self.found, self.seen, self.lastmod = [], set(), {}
         self.stats = {}
+        self.landing = None          # the start page's response until the crawl takes it; False: robots.txt
+        #                              refused the start page
 
     def read_robots(self):
         """Read robots.txt (the first request to the site), then start the pacer and the counters."""
+        self.use_robots()
+        self.stats.update({"sitemaps_read": 0, "pages_crawled": 0, "skipped_by_robots": 0, "sitemaps_too_deep": 0,
+                           "skipped": {}})
+
+    def use_robots(self):
+        """Read robots.txt of ``origin`` and pace the requests to it by its Crawl-delay."""
         robots = self.robots = self.mapper._robots(self.origin, self.ctx)
         self.pacer = CrawlPacer(robots.crawl_delay_s, clock=self.mapper._clock, wait=self.mapper._wait)
-        self.pacer.pause(self.ctx)          # robots.txt was the first request
-        self.stats = {"robots": "disallow_all" if robots.disallow_all else ("rules" if robots.rules else "allow_all"),
-                      "sitemaps_read": 0, "pages_crawled": 0, "skipped_by_robots": 0, "sitemaps_too_deep": 0}
+        self.pacer.pause(self.ctx)          # robots.txt was the request just made
+        self.stats["robots"] = _robots_verdict(robots)
+
+    def land(self):
+        """Request the start URL (when robots.txt allows it) and take the site from where it lands:
+        a redirect to another origin makes that origin the map's, its robots.txt read first.  The
+        response waits for :meth:`crawl_links`, which reads the start page without asking again."""
+        if not self.may_fetch(self.start):
+            self.landing = False         # the crawl does not ask (or count) again
+            return
+        if not self.polite():
+            return
+        try:
+            resp = self.mapper._get(self.start, self.ctx)
+        except UpstreamError as exc:
+            self.skip("pages_unreadable", "%s (%s)" % (self.start, exc.code))
+            return
+        self.landing = resp
+        landed = resp.url.split("#", 1)[0]
+        if _origin(landed) == _origin(self.start) or site_of(landed) is None:
+            return
+        parts = _urllib_parse.urlsplit(landed)
+        self.origin = "%s://%s" % (parts.scheme, parts.netloc)
+        self.site = site_of(landed)
+        self.stats["landed_on"] = landed
+        self.use_robots()
 
     def on_site(self, url):
-        return _origin(url) == self.site
+        return site_of(url) == self.site
 
     def full(self):
         return len(self.found) >= self.limit
 
-    def skip(self, reason):
-        """Count one URL (or sitemap) left out, under ``reason``, a key of ``stats``."""
+    def skip(self, reason, what=None):
+        """Count one URL (or sitemap) left out, under ``reason``, a key of ``stats`` and of
+        ``stats["skipped"]``, which says why and shows the first few (``what``)."""
         self.stats[reason] = self.stats.get(reason, 0) + 1
+        entry = self.stats["skipped"].get(reason)
+        if entry is None:
+            entry = self.stats["skipped"][reason] = {"count": 0, "why": _MAP_SKIPS.get(reason, reason),
+                                                     "examples": []}
+        entry["count"] += 1
+        if what and len(entry["examples"]) < MAP_SKIP_EXAMPLES:
+            entry["examples"].append(what[:300])
 
-    def allowed(self, target):
-        """robots.txt's answer for the path ``target``; a refusal is counted."""
+    def allowed(self, target, url=None):
+        """robots.txt's answer for the path ``target`` (of ``url``); a refusal is counted."""
         if self.robots.allowed(target):
             return True
-        self.skip("skipped_by_robots")
+        self.skip("skipped_by_robots", url or target)
         return False
 
     def may_fetch(self, page):
@@ -9487,9 +9565,9 @@ class _MapRun:
         try:
             target = robots_path(page)
         except ValueError:
-            self.skip("bad_links")
+            self.skip("bad_links", page)
             return False
-        return self.allowed(target)
+        return self.allowed(target, page)
 
     def polite(self):
         """Wait out Crawl-delay before a request to the site; False when the deadline comes first."""
@@ -9505,13 +9583,17 @@ class _MapRun:
             candidate = iri_to_uri(candidate)
             target = robots_path(candidate)
         except ValueError:
-            self.skip("bad_links")
-            return False
-        if not self.on_site(candidate):
+            self.skip("bad_links", candidate)
             return False
         url = candidate.split("#", 1)[0]
         key = normalize_url(url)
-        if key in self.seen or not self.allowed(target):
+        if key in self.seen:
+            return False
+        if not self.on_site(candidate):
+            self.seen.add(key)              # counted once, however often it is linked
+            self.skip("skipped_other_site", url)
+            return False
+        if not self.allowed(target, url):
             return False
         self.seen.add(key)
         self.found.insert(0 if first else len(self.found), url)
@@ -9523,7 +9605,10 @@ class _MapRun:
     def sitemap_queue(self):
         """The sitemaps robots.txt names on the site (or /sitemap.xml), those elsewhere counted."""
         listed = self.robots.sitemaps
-        self.stats["sitemaps_other_origin"] = sum(1 for s in listed if not self.on_site(s))
+        self.stats["sitemaps_other_origin"] = 0
+        for sitemap in listed:
+            if not self.on_site(sitemap):
+                self.skip("sitemaps_other_origin", sitemap)
         return [(s, 0) for s in listed if self.on_site(s)] or [(self.origin + "/sitemap.xml", 0)]
 
     def sitemap_pages(self):
@@ -9543,12 +9628,15 @@ class _MapRun:
                 if not entry.is_sitemap:
                     yield entry
                 elif level >= SITEMAP_INDEX_DEPTH_MAX:
-                    self.skip("sitemaps_too_deep")
+                    self.skip("sitemaps_too_deep", entry.url)
                 elif not self.on_site(entry.url):
-                    self.skip("sitemaps_other_origin")
+                    self.skip("sitemaps_other_origin", entry.url)
                 elif entry.url not in queued:
                     queued.add(entry.url)
                     queue.append((entry.url, level + 1))
+        if read >= MAP_SITEMAPS_MAX:
+            for sitemap, _ in queue:
+                self.skip("sitemaps_over_limit", sitemap)
 
     def sitemap_entries(self, sitemap):
         """The entries of one sitemap file (gzip or not); none when it cannot be read."""
@@ -9559,8 +9647,10 @@ class _MapRun:
                 body = _decompress(body, MAX_BODY_BYTES, truncate=True)
         except UpstreamError as exc:
             self.mapper.log.info("map: sitemap %s unreadable: %s", sitemap, exc.message)
+            self.skip("sitemaps_unreadable", "%s (%s)" % (sitemap, exc.code))
             return
         if resp.status != 200:
+            self.skip("sitemaps_unreadable", "%s (HTTP %d)" % (sitemap, resp.status))
             return
         self.stats["sitemaps_read"] += 1
         for n, entry in enumerate(iter_sitemap(body, base_url=resp.url)):
@@ -9577,17 +9667,21 @@ class _MapRun:
                 return
 
     def fetch_page(self, page):
-        """The response of ``page`` when it is an HTML page that answered 200, else None.  The start
-        page joins the map (first) once it answered."""
-        try:
-            resp = self.mapper._get(page, self.ctx)
-        except UpstreamError:
-            return None
+        """The response of ``page`` when it is an HTML page that answered 200, else None (the start
+        page's is the one :meth:`land` read).  The start page joins the map (first, as the URL it
+        landed on) once it answered."""
+        resp, self.landing = (self.landing, None) if page == self.start else (None, self.landing)
+        if resp is None:
+            try:
+                resp = self.mapper._get(page, self.ctx)
+            except UpstreamError as exc:
+                self.skip("pages_unreadable", "%s (%s)" % (page, exc.code))
+                return None
         self.stats["pages_crawled"] += 1
         if resp.status != 200:
             return None
         if page == self.start:
-            self.add(page, first=True)
+            self.add(resp.url, first=True)
         if _media_type(resp.headers.get("content-type")) not in _MEDIA_HTML:
             return None
         return resp
@@ -9605,7 +9699,7 @@ class _MapRun:
                 continue
             target = absolute_url(resp.url, href)
             if target is None:
-                self.skip("bad_links")
+                self.skip("bad_links", href)
                 continue
             yield target.split("#", 1)[0]
 
@@ -9620,10 +9714,13 @@ class _MapRun:
             if depth >= max_depth or page in crawled:
                 continue
             crawled.add(page)
-            if not self.may_fetch(page):
-                continue
-            if not self.polite():
-                return
+            if page == self.start and self.landing is False:
+                continue                                        # robots.txt refused it in land()
+            if page != self.start or self.landing is None:     # else land() read it already
+                if not self.may_fetch(page):
+                    continue
+                if not self.polite():
+                    return
             resp = self.fetch_page(page)
             if resp is None:
                 continue
@@ -9681,6 +9778,7 @@ class SiteMapper:
         """
         run = _MapRun(self, url, args["limit"], ctx)
         run.read_robots()
+        run.land()
         run.read_sitemaps()
         run.crawl_links(args["max_depth"], args["max_breadth"])
         return run.result()
@@ -10587,7 +10685,8 @@ WEB_MAP_OUTPUT = {
                             "description": "Items the provider returned that are not usable URLs, with why."},
         "lastmod": {"type": "object", "additionalProperties": {"type": "string"},
                     "description": "Last modification of listed URLs, as their sitemap or feed gives it."},
-        "stats": {"type": "object", "description": "robots.txt verdict, sitemaps read, pages crawled."},
+        "stats": {"type": "object", "description": "robots.txt verdict, sitemaps read, pages crawled, where the "
+                                                   "start URL landed, what was skipped and why."},
         "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
         "validation": {"type": "object"},
     }),
