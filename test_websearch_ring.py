@@ -8369,6 +8369,52 @@ def test_web_crawl_of_an_unreachable_site_or_a_site_without_pages_is_a_clear_err
     assert is_error is True and refused["error"] == "private_address"
 
 
+def test_web_crawl_through_tavily_crawl_with_the_same_result_shape(ring, fake_upstream):
+    fake_upstream.route("POST", "/crawl", "tavily/crawl_success.json")
+    config = ring.Config.from_env(ring_env({"tavily": fake_upstream}, TAVILY_API_KEYS=TAVILY_KEY_POOL,
+                                           WEBSEARCH_CRAWL_PROVIDERS="tavily,direct"))
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    content, _, is_error = inprocess_crawl(ring, server, "https://docs.tavily.com", max_pages=5, query="credits",
+                                           include_paths=["/documentation/*"])
+    assert is_error is False and content["provider"] == "tavily", content
+    expected = fixture_json("tavily/crawl_success.json")["results"]
+    assert [p["url"] for p in content["pages"]] == [expected[1]["url"], expected[0]["url"]]
+    assert content["pages"][0]["title"] == "Credits & Pricing" and content["pages"][0]["score"] == 1.0
+    [sent] = fake_upstream.requests_to("POST", "/crawl")
+    assert sent.json() == {"url": "https://docs.tavily.com", "max_depth": 2, "limit": 5, "format": "markdown",
+                           "extract_depth": "basic", "timeout": 60, "instructions": "credits",
+                           "select_paths": ["^/documentation/.*$"]}
+    assert sent.header("Authorization") == "Bearer " + TAVILY_KEYS[0]
+    fetched, _, _ = server.tool_handlers["web_fetch"]({"url": expected[0]["url"]}, new_call(ring))
+    assert fetched["cached"] is True and fetched["provider"] == "tavily"
+    keyless = inprocess_direct_server(ring, WEBSEARCH_CRAWL_PROVIDERS="tavily")
+    content, _, is_error = inprocess_crawl(ring, keyless, fake_upstream.url + "/")
+    assert is_error is True and content["error"] == "no_provider"
+    assert content["attempts"][0]["code"] == "not_usable"
+
+
+def test_web_crawl_over_the_protocol_reports_each_page_and_a_cancel_gets_no_response(start_server, fake_upstream):
+    never = threading.Event()
+    route_page(fake_upstream, "/", article("Home", [("/a", "A"), ("/b", "B"), ("/stuck", "S")]))
+    route_page(fake_upstream, "/a", article("A"))
+    route_page(fake_upstream, "/b", article("B"))
+    fake_upstream.route("GET", "/stuck", {"headers": {"Content-Type": "text/html"}, "body": article("S"),
+                                          "block_until": never})
+    server = start_server(direct_env())
+    server.initialize()
+    response = server.call_tool("web_crawl", {"url": fake_upstream.url + "/", "max_pages": 3},
+                                {"progressToken": "crawl-1"})
+    assert structured(response)["status"] == "success"
+    notes = [n["params"] for n in server.notifications
+             if n["method"] == "notifications/progress" and n["params"].get("progressToken") == "crawl-1"]
+    assert sorted(n["progress"] for n in notes) == [1, 2, 3] and all(n["total"] == 3 for n in notes)
+    call = server.start_call_tool("web_crawl", {"url": fake_upstream.url + "/", "max_pages": 5})
+    fake_upstream.wait_for_requests(1, path="/stuck")
+    server.notify("notifications/cancelled", {"requestId": call, "reason": "test"})
+    server.expect_no_response(call, within_s=0.3)
+    never.set()
+
+
 def test_every_listed_tool_is_fully_described(start_server):
     server = start_server({"WEBSEARCH_TOOLS": "all"})
     server.initialize()
@@ -11608,6 +11654,30 @@ data: {"result":{"content":[{"type":"text","text":"Title: Write-Ahead Logging\nU
   "response_time": 1.23,
   "usage": {"credits": 1},
   "request_id": "123e4567-e89b-12d3-a456-426614174111"
+}
+""",
+    },
+    # contracts/fixtures/tavily/crawl_success.json (POST /crawl)
+    "tavily/crawl_success.json": {
+        "status": 200,
+        "headers": {"Content-Type": "application/json"},
+        "body": r"""{
+  "base_url": "docs.tavily.com",
+  "results": [
+    {
+      "url": "https://docs.tavily.com/welcome",
+      "raw_content": "Welcome - Tavily Docs\n\n# Explore our docs\n\nYour journey to state-of-the-art web search starts right here.\n\n## Quickstart\n\nStart searching with Tavily in minutes\n",
+      "favicon": "https://docs.tavily.com/favicon.ico"
+    },
+    {
+      "url": "https://docs.tavily.com/documentation/api-credits",
+      "raw_content": "Credits & Pricing - Tavily Docs\n\n# Credits & Pricing\n\nA basic search costs 1 API credit; an advanced search costs 2 API credits.\n",
+      "favicon": "https://docs.tavily.com/favicon.ico"
+    }
+  ],
+  "response_time": 9.87,
+  "usage": {"credits": 2},
+  "request_id": "4f6a2c8e-1b7d-4e93-a0c5-8d2e7f1b3a69"
 }
 """,
     },

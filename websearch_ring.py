@@ -5410,6 +5410,10 @@ VARIABLES = (
     Var("WEBSEARCH_MAP_PROVIDERS", "map_providers", "providers", "tavily,direct",
         "web_map providers in order: tavily (Tavily Map, only with a key) and direct (robots.txt, "
         "sitemaps and a same-origin crawl).", choices=("tavily", "direct")),
+    Var("WEBSEARCH_CRAWL_PROVIDERS", "crawl_providers", "providers", "direct",
+        "web_crawl providers in order: direct (the built-in crawler) and tavily (Tavily Crawl, only with a key: "
+        "Tavily reads the pages, with its own robots.txt policy, and charges credits), e.g. tavily,direct.",
+        choices=("direct", "tavily")),
     Var("WEBSEARCH_CRAWL_MAX_CHARS", "crawl_max_chars", "int", "50000",
         "Characters of page text one web_crawl result holds in all (each page also within its "
         "max_chars_per_page); the rest of every page stays available through web_fetch.", lo=1000, hi=1000000),
@@ -9930,6 +9934,20 @@ def _path_patterns(patterns):
     return out
 
 
+def _glob_regex(pattern):
+    """A path glob as the regular expression Tavily's ``select_paths`` takes (same reading as
+    :func:`_path_patterns`).
+
+    >>> _glob_regex("/docs/*"), _glob_regex("docs")
+    ('^/docs/.*$', '^/docs.*$')
+    """
+    if not pattern.startswith(("/", "*")):
+        pattern = "/" + pattern
+    if not any(c in pattern for c in "*?["):
+        pattern = pattern.rstrip("/") + "*"
+    return "^" + re.escape(pattern).replace(r"\*", ".*").replace(r"\?", ".") + "$"
+
+
 def _repeats(segments):
     """The most times one path segment occurs."""
     counts = {}
@@ -10162,11 +10180,13 @@ class _CrawlRun(_MapRun):
                                "score": score, "content_type": doc.content_type,
                                "content": doc.content[:self.opts.chars], "total_length": len(doc.content)})
             n = len(self.pages)
+            # Reported under the lock, so the notes rise as the pages do (the sink drops a note
+            # that does not); it writes one short line.
+            self.ctx.report(n, self.opts.max_pages, "page %d of at most %d: %s" % (n, self.opts.max_pages, url))
             if depth < self.opts.max_depth:
                 self.take_links(links, depth + 1)
         if doc.content.strip():
             self.crawler.documents.put(("web_fetch", url, self.opts.format), doc)
-        self.ctx.report(n, self.opts.max_pages, "page %d of at most %d: %s" % (n, self.opts.max_pages, url))
 
     def first_read(self, url, final, canonical):
         """True when this page is not one already read (by its URL, where it landed, or its
@@ -10277,6 +10297,34 @@ class SiteCrawler:
         self.mapper = mapper
         self.documents = documents
         self.log = logger
+
+    def via_tavily(self, url, opts, timeout_s, ctx):
+        """The outcome of Tavily Crawl from ``url`` in the shape :meth:`crawl` gives (its pages also go
+        into the fetch cache); raises UpstreamError."""
+        payload = {"url": url, "max_depth": max(1, opts.max_depth), "limit": opts.max_pages, "format": opts.format,
+                   "extract_depth": "basic", "timeout": int(max(10, min(150, timeout_s)))}
+        if opts.query:
+            payload["instructions"] = opts.query
+        if opts.include:
+            payload["select_paths"] = [_glob_regex(p) for p in opts.include]
+        if opts.exclude:
+            payload["exclude_paths"] = [_glob_regex(p) for p in opts.exclude]
+        data, _ = self.mapper.tavily.post("/crawl", payload, ctx, timeout_s + 5.0, keyless=False)
+        terms, pages = query_terms(opts.query), []
+        for item in data.get("results") or []:
+            url_of = item.get("url") if isinstance(item, dict) else None
+            doc = _tavily_document(item, [url_of]) if isinstance(url_of, str) and url_of.startswith(
+                ("http://", "https://")) else None
+            if doc is None or len(pages) >= opts.max_pages:
+                continue
+            self.documents.put(("web_fetch", doc.url, opts.format), doc)
+            pages.append({"url": doc.url, "final_url": doc.url, "title": doc.title, "depth": None,
+                          "score": relevance(terms, doc.url, doc.title), "content_type": doc.content_type,
+                          "content": doc.content[:opts.chars], "total_length": len(doc.content)})
+        if terms:
+            pages.sort(key=lambda p: -p["score"])
+        return {"pages": pages, "left": [], "not_pages": [], "failed": [],
+                "stats": {"pages_read": len(pages), "left": 0, "stopped": "site_read"}}
 
     def crawl(self, url, opts, ctx):
         """The outcome of a crawl from ``url`` (see :meth:`_CrawlRun.outcome`); raises UpstreamError when
@@ -11222,6 +11270,7 @@ WEB_CRAWL_OUTPUT = {
         "not_pages": {"type": "array", "items": {"type": "object"}, "description": "URLs listed, not read."},
         "failed": {"type": "array", "items": {"type": "object"}, "description": "Pages that could not be read."},
         "stats": {"type": "object", "description": "robots.txt, Crawl-delay, why it stopped, what was skipped."},
+        "provider": {"type": ["string", "null"]}, "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
         "validation": {"type": "object"},
     }),
     "required": ["status", "partial", "error"],
@@ -12161,17 +12210,50 @@ class PageTools:
         opts = CrawlOptions(values["max_pages"], values["max_depth"], values.get("query") or None,
                             values.get("include_paths") or (), values.get("exclude_paths") or (),
                             values["format"], values["max_chars_per_page"])
-        url = values["url"]
-        try:
-            outcome = self.crawler.crawl(url, opts, call.within(float(values["timeout"]), self._clock))
-        except UpstreamError as exc:
-            call.check()
-            return self._crawl_failed(call, url, exc, started)
-        return with_adjustments(self._crawl_result(call, url, opts, outcome, started), adjustments)
+        url, timeout = values["url"], float(values["timeout"])
+        outcome, provider, attempts, failure = self._crawl_providers(url, opts, timeout, call.within(
+            timeout, self._clock))
+        if outcome is None:
+            return self._crawl_failed(call, url, failure, started, attempts)
+        s, text, is_error = self._crawl_result(call, url, opts, outcome, started)
+        s.update({"provider": provider, "attempts": attempts})
+        return with_adjustments((s, text, is_error), adjustments)
 
-    def _crawl_failed(self, call, url, exc, started):
+    def _crawl_providers(self, url, opts, timeout_s, ctx):
+        """``(outcome, provider, attempts, last error)``: the crawl providers in turn until one reads
+        pages (a private or malformed URL stops them all); outcome None when every one failed."""
+        attempts, outcome, provider, failure = [], None, None, None
+        for name in self.config.crawl_providers:
+            ctx.check()
+            if name == "tavily" and not (self.mapper.tavily.keyed and self.config.tavily_enabled):
+                attempts.append(attempt_record("tavily", "skipped", 0.0, code="not_usable",
+                                               message="no Tavily key (TAVILY_API_KEY or TAVILY_API_KEYS)"))
+                continue
+            began = self._clock()
+            try:
+                found = self.crawler.via_tavily(url, opts, timeout_s, ctx) if name == "tavily" else \
+                    self.crawler.crawl(url, opts, ctx)
+            except UpstreamError as exc:
+                ctx.check()
+                attempts.append(attempt_record(name, exc.outcome, self._clock() - began, code=exc.code,
+                                               http_status=exc.status, message=exc.message))
+                failure = exc
+                if exc.code in ("private_address", "bad_url"):
+                    break
+                continue
+            attempts.append(attempt_record(name, "success", self._clock() - began))
+            outcome, provider = found, name
+            if found["pages"]:
+                break
+        if outcome is None and failure is None:
+            failure = UpstreamError("direct", "no_results", "no_provider",
+                                    "no web_crawl provider is usable (WEBSEARCH_CRAWL_PROVIDERS=%s)" % ",".join(
+                                        self.config.crawl_providers), retryable=False)
+        return outcome, provider, attempts, failure
+
+    def _crawl_failed(self, call, url, exc, started, attempts):
         """A crawl that could not start: robots.txt unreadable, a refused or unreachable site."""
-        code = exc.code if exc.code in ("robots_unavailable", "private_address", "bad_url") else (
+        code = exc.code if exc.code in ("robots_unavailable", "private_address", "bad_url", "no_provider") else (
             "site_unreachable" if exc.outcome == "network_error" else
             "deadline_exceeded" if exc.outcome == "timeout" else "crawl_failed")
         message = "could not reach %s: %s" % (url, exc.message) if code == "site_unreachable" else exc.message
@@ -12179,7 +12261,7 @@ class PageTools:
             "robots_unavailable", "site_unreachable", "deadline_exceeded"), http_status=exc.status))
         s.update({"request_id": call.request_id, "duration_ms": round((self._clock() - started) * 1000.0, 2),
                   "crawl_id": None, "base_url": url, "pages": [], "left": [], "not_pages": [], "failed": [],
-                  "stats": {}})
+                  "stats": {}, "provider": None, "attempts": attempts})
         return s, "Crawl failed: " + message, True
 
     def _crawl_result(self, call, url, opts, outcome, started):
