@@ -8363,6 +8363,11 @@ def test_web_crawl_of_an_unreachable_site_or_a_site_without_pages_is_a_clear_err
     fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /\n"})
     content, text, is_error = inprocess_crawl(ring, server, base + "/")
     assert is_error is True and content["error"] == "no_pages" and "robots.txt disallows it" in text
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    fake_upstream.route("GET", "/", {"headers": {"Content-Type": "application/zip"}, "body": "PK"})
+    content, text, is_error = inprocess_crawl(ring, server, base + "/")
+    assert is_error is True and content["error"] == "no_pages" and "1 not HTML or PDF" in text
+    assert content["not_pages"] == [{"url": base + "/", "why": "application/zip: not HTML or PDF"}]
     refused, _, is_error = inprocess_crawl(ring, ring.Server(ring.Config.from_env({}), stdin=io.BytesIO(),
                                                              stdout=io.BytesIO(), logger=quiet_logger(ring)),
                                            base + "/")

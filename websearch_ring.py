@@ -10220,6 +10220,8 @@ class _CrawlRun(_MapRun):
                 return None
         else:
             if not self.pace():
+                with self.lock:                  # not read: it is left, with the rest of the frontier
+                    heapq.heappush(self.frontier, (0.0, 0, 0, url, 0.0))
                 return None
             try:
                 resp = self.crawler.fetcher._get_page(url, self.ctx, CRAWLER_UA)
@@ -12320,7 +12322,10 @@ def _no_pages_message(url, outcome):
         why = "; ".join(f["message"] for f in failed)
     else:
         skipped = outcome["stats"].get("skipped") or {}
-        why = "; ".join("%d skipped: %s" % (v["count"], v["why"]) for v in skipped.values()) or "nothing to read"
+        reasons = ["%d skipped: %s" % (v["count"], v["why"]) for v in skipped.values()]
+        if outcome["not_pages"]:
+            reasons.append("%d not HTML or PDF" % outcome["stats"].get("not_pages", len(outcome["not_pages"])))
+        why = "; ".join(reasons) or "nothing to read"
     return "no page of %s could be read (%s)" % (url, why)
 
 
