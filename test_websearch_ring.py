@@ -8096,6 +8096,24 @@ def test_web_map_takes_the_site_from_where_the_start_url_lands(ring, fake_upstre
     assert fake_upstream.hits("GET", "/sitemap.xml") == 0
 
 
+def test_web_map_and_web_crawl_leave_out_a_landing_page_its_own_robots_txt_refuses(ring, fake_upstream, upstreams):
+    landing = upstreams()
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    fake_upstream.route("GET", "/", {"status": 302, "headers": {"Location": landing.url + "/home"}})
+    landing.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /home\n"})
+    landing.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
+                                          "body": sitemap_xml([landing.url + "/a"])})
+    route_page(landing, "/home", links_page("/b"))
+    route_page(landing, "/a", html_page("A", "<p>Page a.</p>"))
+    server = inprocess_direct_server(ring)
+    content, _, is_error = inprocess_map(ring, server, fake_upstream.url + "/")
+    assert is_error is False and content["results"] == [landing.url + "/a"], content
+    assert content["stats"]["skipped"]["skipped_by_robots"]["examples"] == [landing.url + "/home"]
+    crawled, _, is_error = server.tool_handlers["web_crawl"]({"url": fake_upstream.url + "/"}, new_call(ring))
+    assert is_error is False and [p["url"] for p in crawled["pages"]] == [landing.url + "/a"]
+    assert landing.hits("GET", "/b") == 0
+
+
 def test_web_map_treats_http_and_https_of_one_host_as_one_site(ring, fake_upstream):
     base = fake_upstream.url
     secure = "https://127.0.0.1:%d" % fake_upstream.port

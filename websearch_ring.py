@@ -9556,6 +9556,8 @@ class _MapRun:
         self.site = site_of(landed)
         self.stats["landed_on"] = landed
         self.use_robots()
+        if not self.may_fetch(landed):
+            self.landing = False         # its own site's robots.txt refuses it: neither listed nor read
 
     def delay_cap_s(self):
         """The longest robots.txt Crawl-delay honoured."""
