@@ -970,6 +970,40 @@ class FakeSite(FakeUpstream):
             request.reply(200, "text/html; charset=utf-8", self.article)
 
 
+# The crawl bench's site (see FakeCrawlSite).
+CRAWL_SITE_PAGES = 300
+CRAWL_PAGE_S = 0.05          # every page answers after this long
+CRAWL_BENCH_PAGES = 50       # pages of one timed crawl
+CRAWL_RSS_PAGES = 100        # pages of the crawl whose RSS growth is measured
+CRAWL_RUNS = 3
+
+
+class FakeCrawlSite(FakeUpstream):
+    """A site for web_crawl: CRAWL_SITE_PAGES articles of a few KB at /p/N, each linking to the next
+    five, all listed in /sitemap.xml; every page answers after CRAWL_PAGE_S (robots.txt is a 404)."""
+
+    name = "fake-crawl-site"
+
+    def __init__(self):
+        super().__init__()
+        urls = "".join("<url><loc>%s/p/%d</loc></url>" % (self.url, i) for i in range(CRAWL_SITE_PAGES))
+        self.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
+                                           "body": "<urlset>%s</urlset>" % urls})
+        self.route("GET", "/p/", self._page, prefix=True)
+
+    def _page(self, request):
+        with self.visit("page"):
+            self.pause(CRAWL_PAGE_S)
+            n = int(request.route_path.rsplit("/", 1)[1] or 0)
+            links = "".join("<a href=\"/p/%d\">Page %d</a> " % (j % CRAWL_SITE_PAGES, j % CRAWL_SITE_PAGES)
+                            for j in range(n + 1, n + 6))
+            body = ("<html><head><title>Page %d</title></head><body><nav>%s</nav><main><h1>Page %d</h1>%s</main>"
+                    "</body></html>" % (n, links, n, "".join(
+                        "<p>Paragraph %d of page %d: a crawler reads every page of the site once, politely.</p>"
+                        % (k, n) for k in range(40))))
+            request.reply(200, "text/html; charset=utf-8", body.encode("utf-8"))
+
+
 # The answer bench's streams (see FakeChat).
 ANSWER_STREAM_S = 0.2        # a normal answer streams for this long
 ANSWER_CHUNKS = 20
@@ -2066,6 +2100,70 @@ class Bench:
         finally:
             site.close()
 
+    def crawl(self):
+        site = FakeCrawlSite()
+        env = offline_env(self.fake.url, WEBSEARCH_FETCH_PROVIDERS="direct", WEBSEARCH_MAP_PROVIDERS="direct",
+                          WEBSEARCH_ALLOW_PRIVATE_URLS="1", WEBSEARCH_CRAWL_MAX_CHARS="1000000")
+        try:
+            self._crawl_time(site, env)
+            self._crawl_rss(site, env)
+        finally:
+            site.close()
+
+    def _crawl_time(self, site, env):
+        """50 pages against the ideal for 2 requests at once; every page's Markdown against web_fetch's."""
+        client = self.spawn(env, threaded=False)
+        runs, pages = [], []
+        try:
+            client.handshake_sync()
+            for _ in range(CRAWL_RUNS):
+                t0 = time.perf_counter()
+                resp = client.call_sync("tools/call", {"name": "web_crawl", "arguments": {
+                    "url": site.url + "/p/0", "max_pages": CRAWL_BENCH_PAGES, "max_depth": 3,
+                    "max_chars_per_page": 20000}})
+                runs.append(time.perf_counter() - t0)
+                pages = _sc(resp).get("pages") or []
+        finally:
+            client.close()
+        ideal = CRAWL_BENCH_PAGES * CRAWL_PAGE_S / 2
+        took = _median(runs)
+        self.row("web_crawl %d pages of a %d-page site (%.0f ms a page)" % (
+            CRAWL_BENCH_PAGES, CRAWL_SITE_PAGES, CRAWL_PAGE_S * 1000), "%.2f s (%d read)" % (took, len(pages)),
+            "<= %.2f s (1.5x ideal %.2f s)" % (1.5 * ideal, ideal), _verdict(took <= 1.5 * ideal))
+        self.row("  at most 2 requests at once to the site", "max %d" % site.max_active, "<= 2",
+                 _verdict(site.max_active <= 2))
+        fresh = self.spawn(env, threaded=False)
+        same = 0
+        try:
+            fresh.handshake_sync()
+            for page in pages:
+                sc = _sc(fresh.call_sync("tools/call", fetch_params(page["url"], max_length=1000000)))
+                same += sc.get("content") == page["content"] and sc.get("cached") is False
+        finally:
+            fresh.close()
+        self.row("  pages whose Markdown equals a fresh web_fetch", "%d of %d" % (same, len(pages)), "all",
+                 _verdict(same == len(pages) and pages))
+
+    def _crawl_rss(self, site, env):
+        client = self.spawn(env, threaded=False)
+        try:
+            client.handshake_sync()
+            client.call_sync("tools/call", {"name": "web_crawl", "arguments": {
+                "url": site.url + "/p/200", "max_pages": 5, "max_depth": 1}})
+            before = rss_kb(client.pid)
+            resp = client.call_sync("tools/call", {"name": "web_crawl", "arguments": {
+                "url": site.url + "/p/0", "max_pages": CRAWL_RSS_PAGES, "max_depth": 5, "timeout": 60}})
+            after = rss_kb(client.pid)
+        finally:
+            client.close()
+        read = len(_sc(resp).get("pages") or [])
+        if before is None or after is None:
+            self.row("RSS growth of a %d-page crawl" % CRAWL_RSS_PAGES, "n/a", "< 30 MB")
+            return
+        growth = (after - before) / 1024.0
+        self.row("RSS growth of a %d-page crawl (%d read)" % (CRAWL_RSS_PAGES, read), "%+.1f MB" % growth,
+                 "< 30 MB", _verdict(growth < 30.0))
+
     def _fetch_cpu(self, site, env):
         client = self.spawn(env, threaded=False)
         first_ms, cpu_ms, page_ms, urls, errors = [], [], [], [], []
@@ -2866,6 +2964,7 @@ def run_bench(server_path):
         ("fan-out", "web_search mode=fanout over tavily, bing, duckduckgo, exa (each %d results after %.0f ms)"
          % (ENGINE_RESULTS, FANOUT_LATENCY_S * 1000), bench.fanout),
         ("web_fetch", "web_fetch, direct provider, ~%.0f KB article" % (ARTICLE_BYTES / 1024.0), bench.fetch),
+        ("web_crawl", "web_crawl of a loopback site, built-in crawler", bench.crawl),
         ("several pages", "several pages in one call (search and every page answer after %.0f ms)"
          % (PAGES_LATENCY_S * 1000), bench.pages),
         ("web_answer", "web_answer over a streaming chat endpoint (~%.0f ms per normal answer)"

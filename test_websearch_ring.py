@@ -1420,7 +1420,7 @@ SNIPPET_TAVILY_SECRET = "tvly-secret-value-123456"
 SNIPPET_BRAVE_SECRET = "BSA-brave-secret-value-987654"
 PLAN_TOOLS = ("plan_intent", "plan_complexity", "plan_sub_query", "plan_search_term",
               "plan_tool_mapping", "plan_execution")
-CORE_TOOLS = ("web_search", "web_answer", "get_sources", "web_fetch", "web_map",
+CORE_TOOLS = ("web_search", "web_answer", "get_sources", "web_fetch", "web_map", "web_crawl",
               "get_config_info", "switch_model")
 KEYLESS_TOOLS = tuple(t for t in CORE_TOOLS if t not in ("web_answer", "switch_model"))
 
@@ -2305,7 +2305,7 @@ def test_websearch_tools_selects_the_listed_tools_in_order(start_server, value, 
     server.initialize()
     names = tool_names(server)
     assert names == list(expected)
-    assert len(names) == {None: 5, "all": 13, "plan": 6}.get(value, len(expected))
+    assert len(names) == {None: 6, "all": 14, "plan": 6}.get(value, len(expected))
 
 
 def test_websearch_tools_unknown_name_is_a_configuration_error_with_the_default_tools(
@@ -8272,7 +8272,7 @@ def test_the_tool_table_names_every_tool_once_with_a_handler_and_its_command(rin
     assert {tool.inline for tool in ring.TOOLS} == {None, "always", "try"}
     commands = {tool.command.name: tool.name for tool in ring.TOOLS if tool.command}
     assert commands == {"search": "web_search", "answer": "web_answer", "fetch": "web_fetch", "map": "web_map",
-                        "check": "get_config_info"}
+                        "crawl": "web_crawl", "check": "get_config_info"}
     assert {tool for tool, _ in ring.INSTRUCTIONS if tool} <= set(names)
 
 
@@ -8337,7 +8337,8 @@ def test_every_limit_in_the_listed_schemas_is_what_the_tools_enforce(ring):
     config = ring.Config.from_env({"WEBSEARCH_TOOLS": "all"})
     server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
     minimal = {"web_search": {"query": "q"}, "web_fetch": {"url": "https://example.org/"},
-               "web_map": {"url": "https://example.org/"}, "web_answer": {"query": "q"},
+               "web_map": {"url": "https://example.org/"}, "web_crawl": {"url": "https://example.org/"},
+               "web_answer": {"query": "q"},
                "switch_model": {"model": "m"}}
     checked = 0
     for tool in ring.TOOLS:
@@ -9201,9 +9202,10 @@ def test_web_map_direct_takes_limit_urls_from_a_100000_url_sitemap(start_server,
     elapsed = time.monotonic() - started
     assert is_error is False
     assert elapsed < 6.0, "took %.1f s" % elapsed
-    # The sitemap fills the limit before the crawl, so the start page (never fetched) is not listed.
+    # The sitemap fills the limit before the crawl, so the start page is not listed; it was asked
+    # once, before the sitemaps, only to learn where it lands (issue 21).
     assert content["results"] == urls[:5000]
-    assert fake_upstream.hits("GET", "/") == 0       # the limit was reached before any crawl
+    assert fake_upstream.hits("GET", "/") == 1
 
 
 def test_web_map_direct_site_disallowing_everything_is_no_urls_and_is_not_crawled(
@@ -9287,11 +9289,387 @@ def test_web_map_direct_honours_crawl_delay_and_reports_it(start_server, fake_up
     assert 0.0 < stats["crawl_delay_waited_s"] <= 0.06
 
 
+# -- web_map: maps that follow the site (issue 21), in-process --
+
+def inprocess_direct_server(ring, **extra):
+    """websearch_ring.Server in-process on the built-in fetch and map paths, allowed to reach 127.0.0.1."""
+    config = ring.Config.from_env(direct_env(**extra))
+    return ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+
+
+def inprocess_map(ring, server, url, **args):
+    """web_map through the server's own handler: (structured, text, is_error)."""
+    return server.tool_handlers["web_map"](dict(url=url, **args), new_call(ring))
+
+
+def test_web_map_takes_the_site_from_where_the_start_url_lands(ring, fake_upstream, upstreams):
+    landing = upstreams()
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nAllow: /\n"})
+    fake_upstream.route("GET", "/", {"status": 301, "headers": {"Location": landing.url + "/home"}})
+    landing.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /private\nSitemap: %s/s.xml\n"
+                                                 % landing.url})
+    landing.route("GET", "/s.xml", {"headers": {"Content-Type": "application/xml"}, "body": sitemap_xml(
+        [landing.url + "/a", landing.url + "/private/b", fake_upstream.url + "/elsewhere"])})
+    route_page(landing, "/home", links_page("/c"))
+    content, _, is_error = inprocess_map(ring, inprocess_direct_server(ring), fake_upstream.url + "/")
+    assert is_error is False, content
+    assert content["results"] == [landing.url + "/home", landing.url + "/a", landing.url + "/c"]
+    stats = content["stats"]
+    assert stats["landed_on"] == landing.url + "/home" and stats["robots"] == "rules"
+    assert stats["skipped"]["skipped_by_robots"] == {"count": 1, "why": "robots.txt disallows it",
+                                                     "examples": [landing.url + "/private/b"]}
+    assert stats["skipped"]["skipped_other_site"]["examples"] == [fake_upstream.url + "/elsewhere"]
+    assert landing.hits("GET", "/home") == 1       # read once: to land, then for its links
+    assert fake_upstream.hits("GET", "/sitemap.xml") == 0
+
+
+def test_web_map_and_web_crawl_leave_out_a_landing_page_its_own_robots_txt_refuses(ring, fake_upstream, upstreams):
+    landing = upstreams()
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    fake_upstream.route("GET", "/", {"status": 302, "headers": {"Location": landing.url + "/home"}})
+    landing.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /home\n"})
+    landing.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
+                                          "body": sitemap_xml([landing.url + "/a"])})
+    route_page(landing, "/home", links_page("/b"))
+    route_page(landing, "/a", html_page("A", "<p>Page a.</p>"))
+    server = inprocess_direct_server(ring)
+    content, _, is_error = inprocess_map(ring, server, fake_upstream.url + "/")
+    assert is_error is False and content["results"] == [landing.url + "/a"], content
+    assert content["stats"]["skipped"]["skipped_by_robots"]["examples"] == [landing.url + "/home"]
+    crawled, _, is_error = server.tool_handlers["web_crawl"]({"url": fake_upstream.url + "/"}, new_call(ring))
+    assert is_error is False and [p["url"] for p in crawled["pages"]] == [landing.url + "/a"]
+    assert landing.hits("GET", "/b") == 0
+
+
+def test_web_map_treats_http_and_https_of_one_host_as_one_site(ring, fake_upstream):
+    base = fake_upstream.url
+    secure = "https://127.0.0.1:%d" % fake_upstream.port
+    fake_upstream.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
+                                                "body": sitemap_xml([secure + "/docs/a", secure + "/docs/b"])})
+    route_page(fake_upstream, "/", links_page("/c"))
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    content, _, is_error = inprocess_map(ring, inprocess_direct_server(ring), base + "/")
+    assert is_error is False, content
+    assert content["results"] == [base + "/", secure + "/docs/a", secure + "/docs/b", base + "/c"]
+    assert "skipped_other_site" not in content["stats"]["skipped"]
+
+
+def test_sitemap_element_inside_a_urlset_is_a_page_entry(ring, fake_upstream):
+    doc = ("<urlset xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'><sitemap><loc>https://a.example/p1</loc>"
+           "<lastmod>2026-01-02</lastmod></sitemap><url><loc>https://a.example/p2</loc></url></urlset>")
+    assert [tuple(e) for e in ring.iter_sitemap(doc)] == [("https://a.example/p1", "2026-01-02", False),
+                                                          ("https://a.example/p2", None, False)]
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    fake_upstream.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"}, "body": (
+        "<urlset><sitemap><loc>%s/guide.xml</loc></sitemap><url><loc>%s/a</loc></url></urlset>" % (base, base))})
+    content, _, is_error = inprocess_map(ring, inprocess_direct_server(ring), base + "/", limit=2)
+    assert is_error is False
+    assert content["results"] == [base + "/guide.xml", base + "/a"]
+    assert fake_upstream.hits("GET", "/guide.xml") == 0
+
+
+def test_web_map_stats_say_what_was_skipped_and_why(ring, fake_upstream):
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /x\n"})
+    fake_upstream.route("GET", "/sitemap.xml", {"status": 500, "body": "down"})
+    route_page(fake_upstream, "/", links_page("/x/1", "/x/2", "/x/3", "/x/4", "http://other.example/", "/ok",
+                                              "http://[::1"))
+    content, _, is_error = inprocess_map(ring, inprocess_direct_server(ring), base + "/", max_depth=1)
+    assert is_error is False and content["results"] == [base + "/", base + "/ok"]
+    skipped = content["stats"]["skipped"]
+    assert skipped["skipped_by_robots"]["count"] == 4 and len(skipped["skipped_by_robots"]["examples"]) == 3
+    assert skipped["skipped_other_site"] == {"count": 1, "why": "on another site",
+                                             "examples": ["http://other.example/"]}
+    assert skipped["sitemaps_unreadable"]["examples"] == [base + "/sitemap.xml (HTTP 500)"]
+    assert skipped["bad_links"]["count"] == 1
+
+
+# -- web_crawl (issue 25), in-process: a fake site on 127.0.0.1 --
+
+def article(title, links=(), extra_head=""):
+    """An HTML article with enough text to be the main content, and links (href, text) after it."""
+    return ("<html><head><title>%s</title>%s</head><body><main><h1>%s</h1><p>%s</p>%s</main></body></html>"
+            % (title, extra_head, title, ("Text of %s. " % title) * 12,
+               "".join("<a href=\"%s\">%s</a> " % link for link in links)))
+
+
+def inprocess_crawl(ring, server, url, call=None, **args):
+    """web_crawl through the server's own handler: (structured, text, is_error)."""
+    return server.tool_handlers["web_crawl"](dict(url=url, **args), call or new_call(ring))
+
+
+def crawled_paths(fake):
+    """The pages the crawler asked for, in order (robots.txt and sitemaps left out)."""
+    return [r.route_path for r in fake.requests if r.route_path != "/robots.txt" and ".xml" not in r.route_path]
+
+
+def test_web_crawl_reads_a_site_politely_and_web_fetch_serves_its_pages_from_the_cache(ring, fake_upstream):
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /private\n"})
+    fake_upstream.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
+                                                "body": sitemap_xml([base + "/guide"])})
+    route_page(fake_upstream, "/", article("Home", [("/a", "A"), ("/b#part", "B"), ("/private/x", "X"),
+                                                    ("/logo.png", "logo"), ("http://other.example/", "o")]))
+    for path in ("/a", "/b", "/guide"):
+        route_page(fake_upstream, path, article("Page " + path, [("/a/deeper", "deeper")]))
+    route_page(fake_upstream, "/a/deeper", article("Deeper"))
+    server = inprocess_direct_server(ring)
+    content, text, is_error = inprocess_crawl(ring, server, base + "/", max_depth=1, max_chars_per_page=200)
+    assert is_error is False and content["status"] == "success", content
+    assert [p["url"] for p in content["pages"]] == [base + "/", base + "/guide", base + "/a", base + "/b"]
+    assert fake_upstream.hits("GET", "/a/deeper") == 0 and fake_upstream.hits("GET", "/private/x") == 0
+    assert fake_upstream.hits("GET", "/logo.png") == 0
+    assert content["not_pages"] == [{"url": base + "/logo.png", "why": "not HTML or PDF (by its name); not requested"}]
+    skipped = content["stats"]["skipped"]
+    assert skipped["skipped_by_robots"]["examples"] == [base + "/private/x"]
+    assert skipped["skipped_other_site"]["count"] == 1
+    assert all(r.headers["User-Agent"].startswith("websearch-ring/") for r in fake_upstream.requests)
+    first = content["pages"][0]
+    assert first["title"] == "Home" and len(first["content"]) == 200 and first["next_start_index"] == 200
+    assert "=== 1. Home ===" in text and "start_index=200" in text
+    # web_fetch of a crawled page: the cache, and the very Markdown a fresh fetch makes.
+    fetched, _, _ = server.tool_handlers["web_fetch"]({"url": base + "/a"}, new_call(ring))
+    assert fetched["cached"] is True and fetched["content"].startswith(content["pages"][2]["content"])
+    fresh, _, _ = inprocess_direct_server(ring).tool_handlers["web_fetch"]({"url": base + "/a"}, new_call(ring))
+    assert fresh["cached"] is False and fresh["content"] == fetched["content"]
+    rest, _, _ = server.tool_handlers["web_fetch"]({"url": base + "/", "start_index": 200}, new_call(ring))
+    assert rest["cached"] is True and rest["start_index"] == 200
+    sources, _, is_error = server.tool_handlers["get_sources"]({"session_id": content["crawl_id"]}, new_call(ring))
+    assert is_error is False and sources["tool"] == "web_crawl"
+    assert [s["url"] for s in sources["sources"]] == [p["url"] for p in content["pages"]]
+
+
+def test_web_crawl_depth_zero_reads_only_the_start_page_and_validates_its_arguments(ring, fake_upstream):
+    base = fake_upstream.url
+    route_page(fake_upstream, "/", article("Home", [("/a", "A")]))
+    server = inprocess_direct_server(ring)
+    content, _, is_error = inprocess_crawl(ring, server, base + "/", max_depth=0)
+    assert is_error is False and [p["url"] for p in content["pages"]] == [base + "/"]
+    assert crawled_paths(fake_upstream) == ["/"]
+    bad, _, is_error = inprocess_crawl(ring, server, base + "/", max_pages=0, max_depth=9, format="html")
+    assert is_error is True and set(issue_codes(bad)) == {"/max_pages", "/max_depth", "/format"}
+
+
+def test_web_crawl_deduplicates_canonical_urls_tracking_parameters_sessions_and_slashes(ring, fake_upstream):
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    route_page(fake_upstream, "/", article("Home", [("/doc?utm_source=x", "1"), ("/doc/", "2"), ("/doc#top", "3"),
+                                                    ("/doc;jsessionid=AB12", "4"), ("/doc?sid=77", "5")]))
+    route_page(fake_upstream, "/doc", article("Doc", [("/print/doc", "printable")]))
+    canonical = "<link rel=\"canonical\" href=\"%s/doc\">" % base
+    route_page(fake_upstream, "/print/doc", article("Doc, printable", extra_head=canonical))
+    content, _, _ = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/")
+    assert [p["url"] for p in content["pages"]] == [base + "/", base + "/doc?utm_source=x"]
+    assert fake_upstream.hits("GET", "/doc") == 1
+    assert content["stats"]["skipped"]["duplicate_page"]["examples"] == [base + "/print/doc"]
+
+
+def test_web_crawl_treats_http_and_https_of_one_host_as_one_site(ring, fake_upstream):
+    base = fake_upstream.url
+    secure = "https://127.0.0.1:%d" % fake_upstream.port
+    fake_upstream.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
+                                                "body": sitemap_xml([secure + "/docs/a"])})
+    route_page(fake_upstream, "/", article("Home"))
+    route_page(fake_upstream, "/docs/a", article("A"))
+    content, _, _ = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/")
+    assert [p["url"] for p in content["pages"]] == [base + "/", base + "/docs/a"]
+
+
+def test_web_crawl_query_reads_the_matching_pages_of_a_500_page_sitemap_first(ring, fake_upstream):
+    base = fake_upstream.url
+    matching = {"/docs/connection-pool-%d" % i for i in range(10)}
+    paths = ["/blog/post-%d" % i for i in range(490)] + sorted(matching)
+    paths = paths[:137] + paths[490:] + paths[137:490]          # the matches sit in the middle of the list
+    fake_upstream.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
+                                                "body": sitemap_xml([base + p for p in paths])})
+    route_page(fake_upstream, "/", article("Home"))
+    fake_upstream.route("GET", "/", {"headers": {"Content-Type": "text/html"}, "body": article("Home")})
+    fake_upstream.route("GET", "/docs/", {"headers": {"Content-Type": "text/html"}, "body": article("Pool doc")},
+                        prefix=True)
+    fake_upstream.route("GET", "/blog/", {"headers": {"Content-Type": "text/html"}, "body": article("Post")},
+                        prefix=True)
+    content, _, _ = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", max_pages=12,
+                                    query="connection pool")
+    read = crawled_paths(fake_upstream)
+    assert read[0] == "/" and matching <= set(read[:12]), read
+    assert [p["url"][len(base):] for p in content["pages"][:10]] == sorted(
+        (p["url"][len(base):] for p in content["pages"] if p["score"] == 1.0),
+        key=[p["url"][len(base):] for p in content["pages"]].index)
+    assert {p["url"][len(base):] for p in content["pages"][:10]} == matching
+
+
+def endless_site(handler):
+    """A page that links to two pages further down, without end (a link spiral)."""
+    path = handler.route_path
+    body = article("Level %d" % path.count("/"), [(path.rstrip("/") + "/x", "x"), (path.rstrip("/") + "/y", "y")])
+    handler.reply(200, "text/html", body.encode())
+
+
+def test_web_crawl_traps_end_with_the_page_budget_and_say_why(ring, fake_upstream):
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    many = [("/many/%d" % i, "n") for i in range(10_000)]
+    near = [("/item?id=%d" % i, "i") for i in range(1000)]
+    calendar = [("/cal/%d/%02d" % (2000 + i // 12, i % 12 + 1), "month") for i in range(300)]
+    spiral = [("/s/a/b/a/b/a/b", "spiral"), ("/" + "d/" * 20, "deep"), ("/long?" + "q" * 3000, "long")]
+    route_page(fake_upstream, "/", article("Home", spiral + [("/loop", "loop"), ("/endless", "e"), ("/hub/many", "m"),
+                                                            ("/hub/near", "n"), ("/hub/calendar", "c")]))
+    route_page(fake_upstream, "/hub/many", article("Many", many))
+    route_page(fake_upstream, "/hub/near", article("Near", near))
+    route_page(fake_upstream, "/hub/calendar", article("Calendar", calendar))
+    fake_upstream.route("GET", "/loop", {"status": 302, "headers": {"Location": "/loop2"}})
+    fake_upstream.route("GET", "/loop2", {"status": 302, "headers": {"Location": "/loop"}})
+    fake_upstream.route("GET", "/endless", endless_site, prefix=True)
+    for prefix in ("/many/", "/item", "/cal/"):
+        fake_upstream.route("GET", prefix, {"headers": {"Content-Type": "text/html"}, "body": article("P")},
+                            prefix=True)
+    content, _, is_error = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", max_pages=60, max_depth=5)
+    stats = content["stats"]
+    assert is_error is False and len(content["pages"]) == 60
+    assert stats["stopped"] == "max_pages" and stats["left"] > 0
+    skipped = stats["skipped"]
+    for reason in ("repeated_path", "path_too_deep", "url_too_long", "near_duplicates", "calendar",
+                   "links_over_page_cap"):
+        assert skipped[reason]["count"] >= 1, reason
+    assert skipped["near_duplicates"]["count"] == 990 and skipped["calendar"]["count"] == 290
+    assert skipped["links_over_page_cap"]["count"] == 9000
+    assert [f["error"] for f in content["failed"]] == ["too_many_redirects"]
+    assert len(fake_upstream.requests) < 60 * 3 + 5
+
+
+def test_web_crawl_include_and_exclude_paths(ring, fake_upstream):
+    base = fake_upstream.url
+    route_page(fake_upstream, "/", article("Home", [("/docs/a", "a"), ("/docs/old/b", "b"), ("/blog/c", "c")]))
+    fake_upstream.route("GET", "/docs/", {"headers": {"Content-Type": "text/html"}, "body": article("D")},
+                        prefix=True)
+    content, _, _ = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", include_paths=["/docs/*"],
+                                    exclude_paths=["/docs/old"])
+    assert [p["url"] for p in content["pages"]] == [base + "/", base + "/docs/a"]
+    assert content["stats"]["skipped"]["excluded_by_pattern"]["count"] == 2
+
+
+def test_web_crawl_sends_at_most_two_requests_at_once_and_honours_crawl_delay(ring, fake_upstream):
+    base = fake_upstream.url
+
+    def slow(handler):
+        with fake_upstream.visit("page"):
+            time.sleep(0.02)
+            handler.reply(200, "text/html", article("Slow").encode())
+    route_page(fake_upstream, "/", article("Home", [("/p%d" % i, "p") for i in range(12)]))
+    fake_upstream.route("GET", "/p", slow, prefix=True)
+    server = inprocess_direct_server(ring)
+    content, _, _ = inprocess_crawl(ring, server, base + "/", max_pages=13)
+    assert len(content["pages"]) == 13 and fake_upstream.max_active == 2
+    fake_upstream.max_active = 0
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nCrawl-delay: 0.03\n"})
+    content, _, _ = inprocess_crawl(ring, server, base + "/", max_pages=3)
+    stats = content["stats"]
+    assert stats["crawl_delay_applied_s"] == 0.03 and stats["crawl_delay_waited_s"] > 0.0
+    assert fake_upstream.max_active == 1
+
+
+def test_web_crawl_deadline_returns_what_was_read_as_partial_success(ring, fake_upstream):
+    base = fake_upstream.url
+
+    def slow(handler):
+        time.sleep(0.04)
+        handler.reply(200, "text/html", article("Slow " + handler.route_path).encode())
+    route_page(fake_upstream, "/", article("Home", [("/p%d" % i, "p") for i in range(60)]))
+    fake_upstream.route("GET", "/p", slow, prefix=True)
+    call = ring.CallContext(deadline=ring.Deadline(0.5))
+    content, text, is_error = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", call=call, max_pages=60)
+    assert is_error is False and content["status"] == "partial_success", content["stats"]
+    assert content["error"] == "deadline_exceeded" and content["stats"]["stopped"] == "deadline"
+    assert 1 < len(content["pages"]) < 60 and content["left"] and content["crawl_id"]
+
+
+def test_web_crawl_cancelled_stops_and_returns_nothing_more(ring, fake_upstream):
+    base = fake_upstream.url
+    call = new_call(ring)
+
+    def cancelling(handler):
+        if fake_upstream.hits("GET", None) >= 4:
+            call.token.cancel("client cancelled")
+        handler.reply(200, "text/html", article("P").encode())
+    route_page(fake_upstream, "/", article("Home", [("/p%d" % i, "p") for i in range(50)]))
+    fake_upstream.route("GET", "/p", cancelling, prefix=True)
+    with pytest.raises(ring.Cancelled):
+        inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", call=call, max_pages=50)
+    assert len(crawled_paths(fake_upstream)) <= 8
+
+
+def test_web_crawl_of_an_unreachable_site_or_a_site_without_pages_is_a_clear_error(ring, fake_upstream):
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"status": 503, "body": "busy"})
+    server = inprocess_direct_server(ring)
+    content, _, is_error = inprocess_crawl(ring, server, base + "/")
+    assert is_error is True and content["error"] == "robots_unavailable" and content["pages"] == []
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /\n"})
+    content, text, is_error = inprocess_crawl(ring, server, base + "/")
+    assert is_error is True and content["error"] == "no_pages" and "robots.txt disallows it" in text
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    fake_upstream.route("GET", "/", {"headers": {"Content-Type": "application/zip"}, "body": "PK"})
+    content, text, is_error = inprocess_crawl(ring, server, base + "/")
+    assert is_error is True and content["error"] == "no_pages" and "1 not HTML or PDF" in text
+    assert content["not_pages"] == [{"url": base + "/", "why": "application/zip: not HTML or PDF"}]
+    refused, _, is_error = inprocess_crawl(ring, ring.Server(ring.Config.from_env({}), stdin=io.BytesIO(),
+                                                             stdout=io.BytesIO(), logger=quiet_logger(ring)),
+                                           base + "/")
+    assert is_error is True and refused["error"] == "private_address"
+
+
+def test_web_crawl_through_tavily_crawl_with_the_same_result_shape(ring, fake_upstream):
+    fake_upstream.route("POST", "/crawl", "tavily/crawl_success.json")
+    config = ring.Config.from_env(ring_env({"tavily": fake_upstream}, TAVILY_API_KEYS=TAVILY_KEY_POOL,
+                                           WEBSEARCH_CRAWL_PROVIDERS="tavily,direct"))
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    content, _, is_error = inprocess_crawl(ring, server, "https://docs.tavily.com", max_pages=5, query="credits",
+                                           include_paths=["/documentation/*"])
+    assert is_error is False and content["provider"] == "tavily", content
+    expected = fixture_json("tavily/crawl_success.json")["results"]
+    assert [p["url"] for p in content["pages"]] == [expected[1]["url"], expected[0]["url"]]
+    assert content["pages"][0]["title"] == "Credits & Pricing" and content["pages"][0]["score"] == 1.0
+    [sent] = fake_upstream.requests_to("POST", "/crawl")
+    assert sent.json() == {"url": "https://docs.tavily.com", "max_depth": 2, "limit": 5, "format": "markdown",
+                           "extract_depth": "basic", "timeout": 60, "instructions": "credits",
+                           "select_paths": ["^/documentation/.*$"]}
+    assert sent.header("Authorization") == "Bearer " + TAVILY_KEYS[0]
+    fetched, _, _ = server.tool_handlers["web_fetch"]({"url": expected[0]["url"]}, new_call(ring))
+    assert fetched["cached"] is True and fetched["provider"] == "tavily"
+    keyless = inprocess_direct_server(ring, WEBSEARCH_CRAWL_PROVIDERS="tavily")
+    content, _, is_error = inprocess_crawl(ring, keyless, fake_upstream.url + "/")
+    assert is_error is True and content["error"] == "no_provider"
+    assert content["attempts"][0]["code"] == "not_usable"
+
+
+def test_web_crawl_over_the_protocol_reports_each_page_and_a_cancel_gets_no_response(start_server, fake_upstream):
+    never = threading.Event()
+    route_page(fake_upstream, "/", article("Home", [("/a", "A"), ("/b", "B"), ("/stuck", "S")]))
+    route_page(fake_upstream, "/a", article("A"))
+    route_page(fake_upstream, "/b", article("B"))
+    fake_upstream.route("GET", "/stuck", {"headers": {"Content-Type": "text/html"}, "body": article("S"),
+                                          "block_until": never})
+    server = start_server(direct_env())
+    server.initialize()
+    response = server.call_tool("web_crawl", {"url": fake_upstream.url + "/", "max_pages": 3},
+                                {"progressToken": "crawl-1"})
+    assert structured(response)["status"] == "success"
+    notes = [n["params"] for n in server.notifications
+             if n["method"] == "notifications/progress" and n["params"].get("progressToken") == "crawl-1"]
+    assert sorted(n["progress"] for n in notes) == [1, 2, 3] and all(n["total"] == 3 for n in notes)
+    call = server.start_call_tool("web_crawl", {"url": fake_upstream.url + "/", "max_pages": 5})
+    fake_upstream.wait_for_requests(1, path="/stuck")
+    server.notify("notifications/cancelled", {"requestId": call, "reason": "test"})
+    server.expect_no_response(call, within_s=0.3)
+    never.set()
+
+
 def test_every_listed_tool_is_fully_described(start_server):
     server = start_server({"WEBSEARCH_TOOLS": "all"})
     server.initialize()
     tools = server.request("tools/list")["result"]["tools"]
-    assert len(tools) == 13
+    assert len(tools) == 14
     for tool in tools:
         name = tool["name"]
         assert isinstance(tool.get("title"), str) and tool["title"].strip(), name
@@ -11670,6 +12048,20 @@ def test_cli_map_lists_the_sitemap_and_the_crawled_links(fake_upstream):
     assert result["stats"]["robots"] == "allow_all"
 
 
+def test_cli_crawl_prints_each_page_and_its_json_form(fake_upstream):
+    route_small_site(fake_upstream)
+    base = fake_upstream.url
+    run = run_cli("crawl", base + "/", "--pages", "3", "--chars", "100", env=direct_env())
+    assert run.code == 0, run
+    assert run.out.startswith("3 pages of %s/ (stopped: max pages" % base)
+    assert "=== 1. %s/ ===" % base in run.out and "crawl_id crl_" in run.out
+    assert "[more: fetch" not in run.out or "--start" in run.out
+    result = run_cli("crawl", base + "/", "--depth", "0", "--json", env=direct_env()).json()
+    assert result["status"] == "success" and [p["url"] for p in result["pages"]] == [base + "/"]
+    bad = run_cli("crawl", base + "/", "--pages", "500", env=direct_env())
+    assert bad.code == 2 and "--pages" in bad.err
+
+
 def test_cli_answer_without_a_key_says_so_and_exits_one():
     run = run_cli("answer", "what", "is", "new", "in", "python?")
     assert run.code == 1 and run.out == "", run
@@ -12885,6 +13277,30 @@ data: {"result":{"content":[{"type":"text","text":"Title: Write-Ahead Logging\nU
   "response_time": 1.23,
   "usage": {"credits": 1},
   "request_id": "123e4567-e89b-12d3-a456-426614174111"
+}
+""",
+    },
+    # contracts/fixtures/tavily/crawl_success.json (POST /crawl)
+    "tavily/crawl_success.json": {
+        "status": 200,
+        "headers": {"Content-Type": "application/json"},
+        "body": r"""{
+  "base_url": "docs.tavily.com",
+  "results": [
+    {
+      "url": "https://docs.tavily.com/welcome",
+      "raw_content": "Welcome - Tavily Docs\n\n# Explore our docs\n\nYour journey to state-of-the-art web search starts right here.\n\n## Quickstart\n\nStart searching with Tavily in minutes\n",
+      "favicon": "https://docs.tavily.com/favicon.ico"
+    },
+    {
+      "url": "https://docs.tavily.com/documentation/api-credits",
+      "raw_content": "Credits & Pricing - Tavily Docs\n\n# Credits & Pricing\n\nA basic search costs 1 API credit; an advanced search costs 2 API credits.\n",
+      "favicon": "https://docs.tavily.com/favicon.ico"
+    }
+  ],
+  "response_time": 9.87,
+  "usage": {"credits": 2},
+  "request_id": "4f6a2c8e-1b7d-4e93-a0c5-8d2e7f1b3a69"
 }
 """,
     },

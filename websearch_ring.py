@@ -39,9 +39,9 @@ Contents (grep -n '^# §'), in two parts:
  Server:
  §12 Configuration  §13 Deadlines and cancellation  §14 HTTP transport  §15 Streaming LLM client
  §16 Key pool, circuit breaker and engine health  §17 Cache and coalescing  §18 Vendors
- §19 Fetch providers and the site mapper  §20 Ring  §21 Tool schemas and argument checking
- §22 Search and page tools  §23 Answer and configuration tools  §24 Planning tools
- §25 JSON-RPC server  §26 Streamable HTTP  §27 Command line
+ §19 Fetch providers and the site mapper  §20 Site crawler  §21 Ring
+ §22 Tool schemas and argument checking  §23 Search and page tools  §24 Answer and configuration tools
+ §25 Planning tools  §26 JSON-RPC server  §27 Streamable HTTP  §28 Command line
 """
 
 __version__ = "0.1.0"
@@ -53,6 +53,7 @@ import collections
 import datetime
 import enum
 import gc
+import heapq
 import importlib
 import json
 import os
@@ -116,7 +117,8 @@ KNOWN_VENDORS = KEYED_VENDORS + RING_VENDORS
 DEFAULT_RETRYABLE_CODES = ("408", "429", "500", "502", "503", "504", "server_error", "server_is_overloaded",
                            "overloaded", "upstream_error", "rate_limit_exceeded", "resource_exhausted",
                            "Some resource has been exhausted", "timeout", "internal_error", "unavailable")
-CORE_TOOLS = ("web_search", "web_answer", "get_sources", "web_fetch", "web_map", "get_config_info", "switch_model")
+CORE_TOOLS = ("web_search", "web_answer", "get_sources", "web_fetch", "web_map", "web_crawl", "get_config_info",
+              "switch_model")
 PLAN_PHASES = ("intent", "complexity", "sub_query", "search_term", "tool_mapping", "execution")
 PLAN_TOOL_NAMES = tuple("plan_" + p for p in PLAN_PHASES)
 TIME_RANGES = {"day": 1, "week": 7, "month": 31, "year": 366}   # window in days
@@ -133,6 +135,7 @@ INSTRUCTIONS = (
     ("web_fetch", "Read a promising result in full with web_fetch (paged Markdown: continue with "
                   "start_index=next_start_index)."),
     ("web_map", "Use web_map to list a site's pages when you know the site but not the page."),
+    ("web_crawl", "Use web_crawl to read many pages of one site in one call (query picks the relevant ones)."),
     ("web_answer", "Use web_answer for questions that need a researched, cited synthesis."),
     ("get_sources", "get_sources returns the sources of a search or answer by session_id."),
     (None, "Errors are structured: fix the arguments named in validation.issues and retry."),
@@ -6035,10 +6038,13 @@ _ROBOTS_PLAIN = frozenset(chr(c) for c in range(0x21, 0x7F))
 # elements holding one entry -> whether that entry names another sitemap; bare_loc: what a <loc>
 # outside any record is (None: nothing; else whether it names a sitemap); link_href: whether an
 # entry's URL is <link href="..."/> (Atom) rather than <link>URL</link> (RSS).
+# A <sitemap> inside a <urlset> lists a page (sites that name their page records so): only an index's
+# records name other sitemaps.
 _SitemapFormat = collections.namedtuple("_SitemapFormat", "records bare_loc link_href")
-_SITEMAP_URLSET = _SitemapFormat({"url": False, "sitemap": True}, False, False)
+_SITEMAP_URLSET = _SitemapFormat({"url": False, "sitemap": False}, False, False)
+_SITEMAP_INDEX = _SitemapFormat({"url": False, "sitemap": True}, True, False)
 _SITEMAP_RSS = _SitemapFormat({"item": False, "entry": False}, None, False)
-_SITEMAP_FORMATS = {"sitemapindex": _SITEMAP_URLSET._replace(bare_loc=True), "rss": _SITEMAP_RSS,
+_SITEMAP_FORMATS = {"sitemapindex": _SITEMAP_INDEX, "rss": _SITEMAP_RSS,
                     "rdf": _SITEMAP_RSS, "channel": _SITEMAP_RSS, "feed": _SITEMAP_RSS._replace(link_href=True)}
 # The fields read inside a record.
 _SITEMAP_FIELDS = frozenset({"loc", "lastmod", "link", "pubdate", "updated", "published", "date"})
@@ -7067,7 +7073,7 @@ VARIABLES = (
         choices=KNOWN_VENDORS, label="the default ring"),
     Var("WEBSEARCH_TOOLS", "tools", "tools", "",
         "Tools to list: all, the group plan (the six plan_* tools), or names, comma-separated "
-        "(e.g. web_search,web_fetch,plan). Unset: the seven core tools.", label="the seven core tools"),
+        "(e.g. web_search,web_fetch,plan). Unset: the eight core tools.", label="the eight core tools"),
     Var("WEBSEARCH_TIMEOUT_MS", "timeout_s", "int", "12000",
         "Timeout of one vendor attempt, in milliseconds.", lo=100, hi=600000, scale=0.001),
     Var("WEBSEARCH_DEADLINE_MS", "deadline_s", "int", "30000",
@@ -7116,6 +7122,16 @@ VARIABLES = (
     Var("WEBSEARCH_MAP_PROVIDERS", "map_providers", "providers", "tavily,direct",
         "web_map providers in order: tavily (Tavily Map, only with a key) and direct (robots.txt, "
         "sitemaps and a same-origin crawl).", choices=("tavily", "direct")),
+    Var("WEBSEARCH_CRAWL_PROVIDERS", "crawl_providers", "providers", "direct",
+        "web_crawl providers in order: direct (the built-in crawler) and tavily (Tavily Crawl, only with a key: "
+        "Tavily reads the pages, with its own robots.txt policy, and charges credits), e.g. tavily,direct.",
+        choices=("direct", "tavily")),
+    Var("WEBSEARCH_CRAWL_MAX_CHARS", "crawl_max_chars", "int", "50000",
+        "Characters of page text one web_crawl result holds in all (each page also within its "
+        "max_chars_per_page); the rest of every page stays available through web_fetch.", lo=1000, hi=1000000),
+    Var("WEBSEARCH_CRAWL_DELAY_MAX_MS", "crawl_delay_max_s", "int", "5000",
+        "Longest robots.txt Crawl-delay web_crawl honours between two requests to a site, in milliseconds "
+        "(a longer one is cut to this).", lo=0, hi=60000, scale=0.001),
     Var("WEBSEARCH_ALLOW_PRIVATE_URLS", "allow_private", "bool", "0",
         "1 lets the direct fetch and map reach loopback, private and link-local addresses "
         "(intranets, air-gapped sites, tests)."),
@@ -11280,10 +11296,13 @@ class Fetcher:
             url, reasons[url]), status=200)
 
     def _direct(self, url, fmt, ctx):
-        """The page as the built-in extractor reads it (HTML, PDF, text and JSON), as a Document.
-        The memory it takes while it is read is charged to a budget of its own, drawn from the
-        call's: past either, the fetch stops with ``too_large``."""
-        resp = self._get_page(url, ctx)
+        """The page as the built-in extractor reads it (HTML, PDF, text and JSON), as a Document."""
+        return self.document_of(url, self._get_page(url, ctx), fmt, ctx)
+
+    def document_of(self, url, resp, fmt, ctx):
+        """The Document the built-in extractor makes of ``resp``, the 200 response of ``url``;
+        UpstreamError when it cannot read its type.  The memory it takes while it is read is
+        charged to a budget of its own, drawn from the call's: past either, ``too_large``."""
         limit = self.config.document_max_mb << 20
         budget = ctx.budget.child(limit, "this page") if ctx.budget is not None else MemoryBudget(limit, "this page")
         try:
@@ -11319,14 +11338,15 @@ class Fetcher:
                             "%s is %s, which the built-in extractor does not read (HTML, PDF, text and JSON only)" % (
                                 url, media), status=200, retryable=False)
 
-    def _get_page(self, url, ctx):
-        """GET ``url`` for the built-in extractor: the 200 response, or UpstreamError."""
+    def _get_page(self, url, ctx, user_agent=None):
+        """GET ``url`` for the built-in extractor (as ``user_agent``, by default the configured one):
+        the 200 response, or UpstreamError."""
         try:
             resp = call_upstream("direct", self.transport, "GET", url, ctx=ctx,
                                  timeout_s=self.config.timeout_s, max_redirects=5,
                                  max_bytes=self.config.fetch_max_mb * 1024 * 1024,
                                  public_only=not self.config.allow_private, headers={
-                                     "User-Agent": self.config.user_agent,
+                                     "User-Agent": user_agent or self.config.user_agent,
                                      "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,"
                                                "application/json;q=0.8,*/*;q=0.5",
                                      "Accept-Language": "en-US,en;q=0.8"})
@@ -11459,6 +11479,8 @@ def _jina_error(resp, data):
     return UpstreamError("jina", outcome, code, message, status=status, retryable=retryable)
 
 MAP_CRAWL_DELAY_MAX_S = 2.0          # robots.txt Crawl-delay honoured up to this, within the map's timeout
+# What the mapper and the crawler call themselves: the product token robots.txt groups name, then how to learn more.
+CRAWLER_UA = "%s/%s (+MCP server)" % (RobotsRules.AGENT, __version__)
 
 
 class CrawlPacer:
@@ -11518,20 +11540,57 @@ def _page_links(html, ctx):
 
 
 MAP_SITEMAPS_MAX = 20      # sitemap files read per map (index files point to more)
+MAP_SKIP_EXAMPLES = 3      # URLs shown per reason in stats["skipped"]
+
+# What each counter of a map's stats leaves out, as stats["skipped"] explains it.
+_MAP_SKIPS = {"skipped_by_robots": "robots.txt disallows it", "skipped_other_site": "on another site",
+              "bad_links": "not a valid URL", "pages_unreadable": "the page could not be read",
+              "sitemaps_too_deep": "a sitemap index nested deeper than %d levels" % SITEMAP_INDEX_DEPTH_MAX,
+              "sitemaps_other_origin": "a sitemap on another site", "sitemaps_unreadable": "the sitemap could not "
+              "be read (an error, or no answer 200)", "sitemaps_over_limit": "more than %d sitemap files"
+              % MAP_SITEMAPS_MAX}
+
+
+def site_of(url):
+    """The site ``url`` belongs to, ``(host, port)``: ``http`` and ``https`` of one host are one site
+    (a default port counts as none); None when ``url`` is not an http(s) URL with a host.
+
+    >>> site_of("http://A.example/x") == site_of("https://a.example:443/y"), site_of("http://a.example:8080/")
+    (True, ('a.example', 8080))
+    """
+    try:
+        parts = _urllib_parse.urlsplit(url)
+        host, port = (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not host:
+        return None
+    return host, None if port == (443 if scheme == "https" else 80) else port
+
+
+def _robots_verdict(robots):
+    return "disallow_all" if robots.disallow_all else ("rules" if robots.rules else "allow_all")
 
 
 class _MapRun:
     """One map in progress: the site, its robots.txt rules and request pacer, the URLs found so far
     and the counters of ``stats``.
 
-    The phases (:meth:`read_robots`, :meth:`read_sitemaps`, :meth:`crawl_links`, :meth:`result`)
-    are built from pieces a crawler can reuse: :meth:`sitemap_pages` discovers the pages the
-    sitemaps list, :meth:`may_fetch` and :meth:`polite` gate each request to the site, :meth:`add`
-    takes a URL into the map, :meth:`fetch_page` and :meth:`page_links` read a page and its links.
+    The phases (:meth:`read_robots`, :meth:`land`, :meth:`read_sitemaps`, :meth:`crawl_links`,
+    :meth:`result`) are built from pieces a crawler can reuse: :meth:`sitemap_pages` discovers the
+    pages the sitemaps list, :meth:`may_fetch` and :meth:`polite` gate each request to the site,
+    :meth:`add` takes a URL into the map, :meth:`fetch_page` and :meth:`page_links` read a page and
+    its links, :meth:`skip` counts what is left out and why.
+
+    The site is where the start URL lands (its redirects followed), ``http`` and ``https`` of one
+    host being one site (:func:`site_of`); robots.txt is read from the origin it lands on (RFC 9309
+    2.3: robots.txt speaks for one scheme, host and port).
     """
 
     __slots__ = ("mapper", "ctx", "start", "origin", "site", "limit", "robots", "pacer",
-                 "found", "seen", "lastmod", "stats")
+                 "found", "seen", "lastmod", "stats", "landing")
+    SKIPS = _MAP_SKIPS            # why each counter of stats["skipped"] leaves a URL out
 
     def __init__(self, mapper, url, limit, ctx):
         parts = _urllib_parse.urlsplit(url)
@@ -11539,36 +11598,82 @@ class _MapRun:
         self.ctx = ctx
         self.start = url
         self.origin = "%s://%s" % (parts.scheme, parts.netloc)
-        self.site = _origin(url)     # robots.txt speaks for one scheme, host and port (RFC 9309 2.3)
+        self.site = site_of(url)
         self.limit = limit
         self.robots = None
         self.pacer = None
         self.found, self.seen, self.lastmod = [], set(), {}
         self.stats = {}
+        self.landing = None          # the start page's response until the crawl takes it; False: robots.txt
+        #                              refused the start page
 
     def read_robots(self):
         """Read robots.txt (the first request to the site), then start the pacer and the counters."""
+        self.use_robots()
+        self.stats.update({"sitemaps_read": 0, "pages_crawled": 0, "skipped_by_robots": 0, "sitemaps_too_deep": 0,
+                           "skipped": {}})
+
+    def use_robots(self):
+        """Read robots.txt of ``origin`` and pace the requests to it by its Crawl-delay."""
         robots = self.robots = self.mapper._robots(self.origin, self.ctx)
-        self.pacer = CrawlPacer(robots.crawl_delay_s, clock=self.mapper._clock, wait=self.mapper._wait)
-        self.pacer.pause(self.ctx)          # robots.txt was the first request
-        self.stats = {"robots": "disallow_all" if robots.disallow_all else ("rules" if robots.rules else "allow_all"),
-                      "sitemaps_read": 0, "pages_crawled": 0, "skipped_by_robots": 0, "sitemaps_too_deep": 0}
+        self.pacer = CrawlPacer(robots.crawl_delay_s, self.delay_cap_s(), clock=self.mapper._clock,
+                                wait=self.mapper._wait)
+        self.pacer.pause(self.ctx)          # robots.txt was the request just made
+        self.stats["robots"] = _robots_verdict(robots)
+
+    def land(self):
+        """Request the start URL (when robots.txt allows it) and take the site from where it lands:
+        a redirect to another origin makes that origin the map's, its robots.txt read first.  The
+        response waits for :meth:`crawl_links`, which reads the start page without asking again."""
+        if not self.may_fetch(self.start):
+            self.landing = False         # the crawl does not ask (or count) again
+            return
+        if not self.polite():
+            return
+        try:
+            resp = self.mapper._get(self.start, self.ctx)
+        except UpstreamError as exc:
+            self.skip("pages_unreadable", "%s (%s)" % (self.start, exc.code))
+            return
+        self.landing = resp
+        landed = resp.url.split("#", 1)[0]
+        if _origin(landed) == _origin(self.start) or site_of(landed) is None:
+            return
+        parts = _urllib_parse.urlsplit(landed)
+        self.origin = "%s://%s" % (parts.scheme, parts.netloc)
+        self.site = site_of(landed)
+        self.stats["landed_on"] = landed
+        self.use_robots()
+        if not self.may_fetch(landed):
+            self.landing = False         # its own site's robots.txt refuses it: neither listed nor read
+
+    def delay_cap_s(self):
+        """The longest robots.txt Crawl-delay honoured."""
+        return MAP_CRAWL_DELAY_MAX_S
 
     def on_site(self, url):
-        return _origin(url) == self.site
+        return site_of(url) == self.site
 
     def full(self):
         return len(self.found) >= self.limit
 
-    def skip(self, reason):
-        """Count one URL (or sitemap) left out, under ``reason``, a key of ``stats``."""
-        self.stats[reason] = self.stats.get(reason, 0) + 1
+    def skip(self, reason, what=None, count=1):
+        """Count ``count`` URLs (or sitemaps) left out, under ``reason``, a key of ``stats`` and of
+        ``stats["skipped"]``, which says why (``SKIPS``) and shows the first few (``what``)."""
+        self.stats[reason] = self.stats.get(reason, 0) + count
+        entry = self.stats["skipped"].get(reason)
+        if entry is None:
+            entry = self.stats["skipped"][reason] = {"count": 0, "why": self.SKIPS.get(reason, reason),
+                                                     "examples": []}
+        entry["count"] += count
+        if what and len(entry["examples"]) < MAP_SKIP_EXAMPLES:
+            entry["examples"].append(what[:300])
 
-    def allowed(self, target):
-        """robots.txt's answer for the path ``target``; a refusal is counted."""
+    def allowed(self, target, url=None):
+        """robots.txt's answer for the path ``target`` (of ``url``); a refusal is counted."""
         if self.robots.allowed(target):
             return True
-        self.skip("skipped_by_robots")
+        self.skip("skipped_by_robots", url or target)
         return False
 
     def may_fetch(self, page):
@@ -11576,9 +11681,9 @@ class _MapRun:
         try:
             target = robots_path(page)
         except ValueError:
-            self.skip("bad_links")
+            self.skip("bad_links", page)
             return False
-        return self.allowed(target)
+        return self.allowed(target, page)
 
     def polite(self):
         """Wait out Crawl-delay before a request to the site; False when the deadline comes first."""
@@ -11594,13 +11699,17 @@ class _MapRun:
             candidate = iri_to_uri(candidate)
             target = robots_path(candidate)
         except ValueError:
-            self.skip("bad_links")
-            return False
-        if not self.on_site(candidate):
+            self.skip("bad_links", candidate)
             return False
         url = candidate.split("#", 1)[0]
         key = normalize_url(url)
-        if key in self.seen or not self.allowed(target):
+        if key in self.seen:
+            return False
+        if not self.on_site(candidate):
+            self.seen.add(key)              # counted once, however often it is linked
+            self.skip("skipped_other_site", url)
+            return False
+        if not self.allowed(target, url):
             return False
         self.seen.add(key)
         self.found.insert(0 if first else len(self.found), url)
@@ -11612,7 +11721,10 @@ class _MapRun:
     def sitemap_queue(self):
         """The sitemaps robots.txt names on the site (or /sitemap.xml), those elsewhere counted."""
         listed = self.robots.sitemaps
-        self.stats["sitemaps_other_origin"] = sum(1 for s in listed if not self.on_site(s))
+        self.stats["sitemaps_other_origin"] = 0
+        for sitemap in listed:
+            if not self.on_site(sitemap):
+                self.skip("sitemaps_other_origin", sitemap)
         return [(s, 0) for s in listed if self.on_site(s)] or [(self.origin + "/sitemap.xml", 0)]
 
     def sitemap_pages(self):
@@ -11632,12 +11744,15 @@ class _MapRun:
                 if not entry.is_sitemap:
                     yield entry
                 elif level >= SITEMAP_INDEX_DEPTH_MAX:
-                    self.skip("sitemaps_too_deep")
+                    self.skip("sitemaps_too_deep", entry.url)
                 elif not self.on_site(entry.url):
-                    self.skip("sitemaps_other_origin")
+                    self.skip("sitemaps_other_origin", entry.url)
                 elif entry.url not in queued:
                     queued.add(entry.url)
                     queue.append((entry.url, level + 1))
+        if read >= MAP_SITEMAPS_MAX:
+            for sitemap, _ in queue:
+                self.skip("sitemaps_over_limit", sitemap)
 
     def sitemap_entries(self, sitemap):
         """The entries of one sitemap file (gzip or not); none when it cannot be read."""
@@ -11648,8 +11763,10 @@ class _MapRun:
                 body = _decompress(body, MAX_BODY_BYTES, truncate=True, ctx=self.ctx)
         except UpstreamError as exc:
             self.mapper.log.info("map: sitemap %s unreadable: %s", sitemap, exc.message)
+            self.skip("sitemaps_unreadable", "%s (%s)" % (sitemap, exc.code))
             return
         if resp.status != 200:
+            self.skip("sitemaps_unreadable", "%s (HTTP %d)" % (sitemap, resp.status))
             return
         self.stats["sitemaps_read"] += 1
         for n, entry in enumerate(iter_sitemap(body, base_url=resp.url)):
@@ -11666,17 +11783,21 @@ class _MapRun:
                 return
 
     def fetch_page(self, page):
-        """The response of ``page`` when it is an HTML page that answered 200, else None.  The start
-        page joins the map (first) once it answered."""
-        try:
-            resp = self.mapper._get(page, self.ctx)
-        except UpstreamError:
-            return None
+        """The response of ``page`` when it is an HTML page that answered 200, else None (the start
+        page's is the one :meth:`land` read).  The start page joins the map (first, as the URL it
+        landed on) once it answered."""
+        resp, self.landing = (self.landing, None) if page == self.start else (None, self.landing)
+        if resp is None:
+            try:
+                resp = self.mapper._get(page, self.ctx)
+            except UpstreamError as exc:
+                self.skip("pages_unreadable", "%s (%s)" % (page, exc.code))
+                return None
         self.stats["pages_crawled"] += 1
         if resp.status != 200:
             return None
         if page == self.start:
-            self.add(page, first=True)
+            self.add(resp.url, first=True)
         if _media_type(resp.headers.get("content-type")) not in _MEDIA_HTML:
             return None
         return resp
@@ -11694,7 +11815,7 @@ class _MapRun:
                 continue
             target = absolute_url(resp.url, href)
             if target is None:
-                self.skip("bad_links")
+                self.skip("bad_links", href)
                 continue
             yield target.split("#", 1)[0]
 
@@ -11709,10 +11830,13 @@ class _MapRun:
             if depth >= max_depth or page in crawled:
                 continue
             crawled.add(page)
-            if not self.may_fetch(page):
-                continue
-            if not self.polite():
-                return
+            if page == self.start and self.landing is False:
+                continue                                        # robots.txt refused it in land()
+            if page != self.start or self.landing is None:     # else land() read it already
+                if not self.may_fetch(page):
+                    continue
+                if not self.polite():
+                    return
             resp = self.fetch_page(page)
             if resp is None:
                 continue
@@ -11750,7 +11874,7 @@ class SiteMapper:
         return call_upstream("direct", self.transport, "GET", url, ctx=ctx,
                              timeout_s=min(self.config.timeout_s, ctx.remaining() or 0.001),
                              max_redirects=5, public_only=not self.config.allow_private, truncate=truncate,
-                             headers={"User-Agent": "%s/%s (+MCP server)" % (RobotsRules.AGENT, __version__),
+                             headers={"User-Agent": CRAWLER_UA,
                                       "Accept": "text/html,application/xml,text/xml;q=0.9,*/*;q=0.5"})
 
     def via_tavily(self, url, args, ctx):
@@ -11770,6 +11894,7 @@ class SiteMapper:
         """
         run = _MapRun(self, url, args["limit"], ctx)
         run.read_robots()
+        run.land()
         run.read_sitemaps()
         run.crawl_links(args["max_depth"], args["max_breadth"])
         return run.result()
@@ -11794,7 +11919,522 @@ class SiteMapper:
 
 
 # ---------------------------------------------------------------------------
-# §20 Ring
+# §20 Site crawler
+# ---------------------------------------------------------------------------
+
+CRAWL_MAX_PAGES, CRAWL_DEFAULT_PAGES = 100, 10
+CRAWL_MAX_DEPTH, CRAWL_DEFAULT_DEPTH = 5, 2
+CRAWL_PER_HOST = 2                  # requests at once to one host
+CRAWL_URL_MAX = 2048                # characters of a URL followed (sitemaps.org's cap: longer ones are traps)
+CRAWL_SEGMENTS_MAX = 12             # path segments of a URL followed
+CRAWL_SEGMENT_REPEATS = 2           # times one path segment may recur in a URL (/a/b/a/b/a/b is a spiral)
+CRAWL_VARIANTS_MAX = 10             # URLs of one path that differ only in their query; pages of one calendar
+CRAWL_LINKS_PER_PAGE = 1000         # links taken from one page
+CRAWL_FRONTIER_MAX = 5000           # URLs waiting at once
+CRAWL_LISTED_MAX = 50               # URLs a result lists as left unread, not pages, or failed
+CRAWL_REQUESTS_PER_PAGE = 3         # requests per page of max_pages: failures and duplicates cost too
+CRAWL_LINK_TEXT_MAX = 200           # characters of a link's text scored against the query
+
+# Query parameters and path parameters that carry a session, not a page: dropped when URLs are compared.
+_SESSION_PARAMS = LazyPattern(r"^(jsessionid|phpsessid|aspsessionid\w*|sid|sessionid|session_id|cfid|cftoken"
+                              r"|zenid|oscsid)$", re.I)
+_PATH_SESSION = LazyPattern(r";(?:jsessionid|phpsessid|sid)=[^/?#]*", re.I)
+# A date in a path or query (2026/12, 2026-12-01): the mark of a calendar, whose pages never end.
+_CALENDAR_DATE = LazyPattern(r"(?<!\d)(?:19|20)\d\d[-/_.]?(?:0?[1-9]|1[0-2])(?:[-/_.]?(?:0?[1-9]|[12]\d|3[01]))?(?!\d)")
+_CALENDAR_PARAMS = LazyPattern(r"(?:^|&)(?:year|month|day|date|week|cal|calendar)=", re.I)
+_DIGITS = LazyPattern(r"\d+")
+# Names that are not pages (images, code, archives, media, fonts, office files): listed, never requested.
+_NOT_PAGES = LazyPattern(r"\.(?:png|jpe?g|gif|webp|avif|svg|ico|bmp|tiff?|css|js|mjs|map|json|xml|rss|atom|txt|csv"
+                         r"|zip|gz|tgz|bz2|xz|7z|rar|tar|exe|dmg|msi|deb|rpm|apk|iso|bin|mp[34]|m4a|wav|ogg|webm|avi"
+                         r"|mov|mkv|woff2?|ttf|otf|eot|docx?|xlsx?|pptx?|odt|epub)$", re.I)
+_QUERY_WORD = LazyPattern(r"[^\W_]{2,}")
+_QUERY_STOP = frozenset("the and for with how what are was not but you your from this that into about does "
+                        "der die das und les des une".split())
+
+# Why a crawl leaves a URL out, beyond the map's reasons (see _MapRun.skip).
+_CRAWL_SKIPS = {"url_too_long": "a URL longer than %d characters" % CRAWL_URL_MAX,
+                "path_too_deep": "more than %d path segments" % CRAWL_SEGMENTS_MAX,
+                "repeated_path": "a path segment repeated more than %d times (a link spiral)" % CRAWL_SEGMENT_REPEATS,
+                "near_duplicates": "more than %d URLs of one path that differ only in their query"
+                                   % CRAWL_VARIANTS_MAX,
+                "calendar": "more than %d dated pages of one shape (a calendar)" % CRAWL_VARIANTS_MAX,
+                "excluded_by_pattern": "outside include_paths or inside exclude_paths",
+                "frontier_full": "more than %d URLs waiting" % CRAWL_FRONTIER_MAX,
+                "links_over_page_cap": "a page's links beyond the first %d" % CRAWL_LINKS_PER_PAGE,
+                "redirected_off_site": "it redirects to another site",
+                "duplicate_page": "the same page as one read (its canonical URL or where it redirects)"}
+
+
+def crawl_key(url):
+    """The form of a URL that tells a site's pages apart: :func:`normalize_url`'s (no fragment,
+    tracking parameter or trailing slash) without session ids or scheme.
+
+    >>> crawl_key("https://Docs.example/a/;jsessionid=F00?sid=9&x=1&utm_source=y#top")
+    'docs.example/a?x=1'
+    >>> crawl_key("http://docs.example/a/?x=1") == crawl_key("https://docs.example/a?x=1")
+    True
+    """
+    key = normalize_url(_PATH_SESSION.sub("", url) if ";" in url else url)
+    base, _, query = key.partition("?")
+    if query:
+        kept = [p for p in query.split("&") if not _SESSION_PARAMS.match(p.split("=", 1)[0])]
+        key = base + ("?" + "&".join(kept) if kept else "")
+    return key.partition("://")[2]
+
+
+def query_terms(query):
+    """The words of ``query`` a page is scored by: lower-case, two characters or more, common words left out.
+
+    >>> query_terms("How does the Crawl-delay work?")
+    ['crawl', 'delay', 'work']
+    """
+    terms = []
+    for word in _QUERY_WORD.findall((query or "").lower()):
+        if word not in _QUERY_STOP and word not in terms:
+            terms.append(word)
+    return terms[:20]
+
+
+def relevance(terms, url, text=""):
+    """The share of ``terms`` found in the path and query of ``url`` and in ``text`` (a link's text, a
+    title), 0 to 1.
+
+    >>> relevance(["crawl", "delay"], "https://a.example/docs/crawl-delay", ""), relevance(["x"], "https://x.example/")
+    (1.0, 0.0)
+    """
+    if not terms:
+        return 0.0
+    rest = url.partition("://")[2]
+    slash = rest.find("/")
+    hay = ((rest[slash:] if slash >= 0 else "") + " " + text).lower()
+    return round(sum(1 for t in terms if t in hay) / len(terms), 3)
+
+
+def _path_patterns(patterns):
+    """The compiled globs of ``include_paths``/``exclude_paths``: ``*`` spans ``/``; a pattern without a
+    wildcard matches its path and everything below it."""
+    import fnmatch
+    out = []
+    for pattern in patterns or ():
+        if not pattern.startswith(("/", "*")):
+            pattern = "/" + pattern
+        if not any(c in pattern for c in "*?["):
+            pattern = pattern.rstrip("/") + "*"
+        out.append(re.compile(fnmatch.translate(pattern)))
+    return out
+
+
+def _glob_regex(pattern):
+    """A path glob as the regular expression Tavily's ``select_paths`` takes (same reading as
+    :func:`_path_patterns`).
+
+    >>> _glob_regex("/docs/*"), _glob_regex("docs")
+    ('^/docs/.*$', '^/docs.*$')
+    """
+    if not pattern.startswith(("/", "*")):
+        pattern = "/" + pattern
+    if not any(c in pattern for c in "*?["):
+        pattern = pattern.rstrip("/") + "*"
+    return "^" + re.escape(pattern).replace(r"\*", ".*").replace(r"\?", ".") + "$"
+
+
+def _repeats(segments):
+    """The most times one path segment occurs."""
+    counts = {}
+    for segment in segments:
+        counts[segment] = counts.get(segment, 0) + 1
+    return max(counts.values()) if counts else 0
+
+
+CrawlOptions = collections.namedtuple("CrawlOptions", "max_pages max_depth query include exclude format chars")
+CrawlOptions.__doc__ = """What one crawl reads: pages, depth, query, path globs, format, characters kept per page."""
+
+
+class _CrawlRun(_MapRun):
+    """One crawl in progress: the map's site, robots.txt, pacer and sitemaps (:class:`_MapRun`), a
+    frontier ordered by relevance to the query and then breadth first, and the pages read.
+
+    Up to CRAWL_PER_HOST threads read pages at once; every request to the site waits its turn at the
+    pacer (Crawl-delay).  ``lock`` (a condition) guards the frontier, the keys, the counters, ``pages``
+    and the stats; no request is made while it is held.
+    """
+
+    SKIPS = dict(_MAP_SKIPS, **_CRAWL_SKIPS)
+    __slots__ = ("crawler", "opts", "terms", "frontier", "seq", "keys", "done", "variants", "include", "exclude",
+                 "lock", "pace_lock", "busy", "requests", "pages", "others", "failed", "stopped", "first")
+
+    def __init__(self, crawler, url, opts, ctx):
+        _MapRun.__init__(self, crawler.mapper, url, CRAWL_FRONTIER_MAX, ctx)
+        self.crawler = crawler
+        self.opts = opts
+        self.terms = query_terms(opts.query)
+        self.frontier, self.seq = [], 0       # heap of (-score, depth, seq, url, score)
+        self.keys, self.done, self.variants = set(), set(), {}   # keys queued or seen, keys read, trap counters
+        self.include, self.exclude = _path_patterns(opts.include), _path_patterns(opts.exclude)
+        self.lock = threading.Condition(threading.Lock())
+        self.pace_lock = threading.Lock()
+        self.busy = self.requests = 0
+        self.pages, self.others, self.failed = [], [], []
+        self.stopped = None
+        self.first = None                     # the start page's URL, as it landed
+
+    def delay_cap_s(self):
+        return self.crawler.config.crawl_delay_max_s
+
+    # -- the frontier -------------------------------------------------------------------------------------
+
+    def local(self, url):
+        """``url`` (on the site) with the scheme and host the start URL landed on."""
+        rest = url.partition("://")[2]
+        slash = rest.find("/")
+        return self.origin + (rest[slash:] if slash >= 0 else "/")
+
+    def offer(self, url, depth, text=""):
+        """Queue ``url``, found at ``depth`` under a link reading ``text``, unless it is off the site,
+        known, a trap, not a page, or disallowed (each counted in stats).  Called with ``lock`` held."""
+        try:
+            url = iri_to_uri(url).split("#", 1)[0]
+        except ValueError:
+            self.skip("bad_links", url)
+            return False
+        if not url.startswith(("http://", "https://")):
+            return False
+        key = crawl_key(url)
+        if key in self.keys:
+            return False
+        self.keys.add(key)
+        if not self.on_site(url):
+            self.skip("skipped_other_site", url)
+            return False
+        url = self.local(url)
+        reason = self.trap(url, key, depth)
+        if reason:
+            self.skip(reason, url)
+            return False
+        path = _urllib_parse.urlsplit(url).path
+        if _NOT_PAGES.search(path):
+            self.list_other(url, "not HTML or PDF (by its name); not requested")
+            return False
+        if not self.may_fetch(url):
+            return False
+        score = relevance(self.terms, url, text[:CRAWL_LINK_TEXT_MAX])
+        self.seq += 1
+        heapq.heappush(self.frontier, (-score, depth, self.seq, url, score))
+        return True
+
+    def trap(self, url, key, depth):
+        """Why ``url`` (found at ``depth``) is not followed (a key of ``stats["skipped"]``), or None.
+        The path globs do not apply to the start page, which is read for its links whatever they say."""
+        if len(url) > CRAWL_URL_MAX:
+            return "url_too_long"
+        parts = _urllib_parse.urlsplit(url)
+        segments = [s for s in parts.path.split("/") if s]
+        if len(segments) > CRAWL_SEGMENTS_MAX:
+            return "path_too_deep"
+        if _repeats(segments) > CRAWL_SEGMENT_REPEATS:
+            return "repeated_path"
+        if depth and ((self.include and not any(p.match(parts.path) for p in self.include)) or any(
+                p.match(parts.path) for p in self.exclude)):
+            return "excluded_by_pattern"
+        if parts.query and self.counted(("query", parts.path)) > CRAWL_VARIANTS_MAX:
+            return "near_duplicates"
+        if (_CALENDAR_DATE.search(key) or _CALENDAR_PARAMS.search(parts.query)) and \
+                self.counted(("calendar", _DIGITS.sub("0", key))) > CRAWL_VARIANTS_MAX:
+            return "calendar"
+        if len(self.frontier) >= CRAWL_FRONTIER_MAX:
+            return "frontier_full"
+        return None
+
+    def counted(self, shape):
+        """How many URLs of ``shape`` have been seen, this one included."""
+        n = self.variants[shape] = self.variants.get(shape, 0) + 1
+        return n
+
+    def list_other(self, url, why):
+        """A URL on the site that is not read (not HTML or PDF): listed, up to CRAWL_LISTED_MAX."""
+        self.stats["not_pages"] = self.stats.get("not_pages", 0) + 1
+        if len(self.others) < CRAWL_LISTED_MAX:
+            self.others.append({"url": url, "why": why})
+
+    def fail(self, url, code, message):
+        """A page that could not be read."""
+        with self.lock:
+            self.stats["pages_failed"] = self.stats.get("pages_failed", 0) + 1
+            if len(self.failed) < CRAWL_LISTED_MAX:
+                self.failed.append({"url": url, "error": code, "message": message[:300]})
+
+    def read_sitemaps(self):
+        """The pages the site's sitemaps list join the frontier, one level below the start page."""
+        for entry in self.sitemap_pages():
+            with self.lock:
+                self.offer(entry.url, 1)
+                if len(self.frontier) >= CRAWL_FRONTIER_MAX:
+                    return
+
+    def queue_start(self):
+        """The start page heads the frontier (as it landed), whatever the query."""
+        url = self.start
+        if self.landing is False:
+            return                               # robots.txt disallows the start page (counted in land)
+        if self.landing:
+            self.first = url = self.landing.url.split("#", 1)[0]
+        self.offer(url, 0)
+        self.keys.add(crawl_key(self.start))     # the URL given is the page it landed on
+        if self.frontier:
+            score, depth, seq, url, raw = self.frontier[0]
+            self.frontier[0] = (-2.0, depth, seq, url, raw)      # first, even before better matches
+
+    # -- reading --------------------------------------------------------------------------------------------
+
+    def read_pages(self):
+        """Read the frontier with CRAWL_PER_HOST threads until the page budget, the frontier or the
+        deadline ends; raises Cancelled when the call is cancelled."""
+        handle = self.ctx.token.add_callback(self.wake)
+        try:
+            threads = [threading.Thread(target=self.work, name="web_crawl-%d" % i, daemon=True)
+                       for i in range(1, CRAWL_PER_HOST)]
+            for thread in threads:
+                thread.start()
+            self.work()
+            for thread in threads:
+                thread.join()
+        finally:
+            self.ctx.token.remove(handle)
+        self.ctx.check()
+
+    def wake(self):
+        with self.lock:
+            self.lock.notify_all()
+
+    def work(self):
+        """One reader: the next URL, read outside the lock, until there is none."""
+        while True:
+            job = self.next_job()
+            if job is None:
+                return
+            try:
+                self.read(*job)
+            except Cancelled:
+                return
+            except Exception as exc:         # one page's bug must not end the crawl
+                self.crawler.log.unexpected("web_crawl of %s" % job[0], exc)
+                self.fail(job[0], "internal_error", "%s: %s" % (type(exc).__name__, exc))
+            finally:
+                with self.lock:
+                    self.busy -= 1
+                    self.lock.notify_all()
+
+    def next_job(self):
+        """``(url, depth, score, order)`` to read next, or None when the crawl is over (``stopped`` says why)."""
+        opts = self.opts
+        with self.lock:
+            while True:
+                if self.ctx.cancelled or self.stopped:
+                    return None
+                if self.ctx.expired():
+                    self.stopped = "deadline"
+                elif len(self.pages) >= opts.max_pages:
+                    self.stopped = "max_pages"
+                elif self.requests >= opts.max_pages * CRAWL_REQUESTS_PER_PAGE:
+                    self.stopped = "request_budget"
+                elif self.frontier and len(self.pages) + self.busy < opts.max_pages:
+                    _, depth, _, url, score = heapq.heappop(self.frontier)
+                    self.busy += 1
+                    self.requests += 1
+                    return url, depth, score, self.requests
+                elif not self.busy:
+                    return None                   # the frontier is empty: the site is read
+                if self.stopped:
+                    self.lock.notify_all()
+                    return None
+                self.lock.wait(min(0.25, self.ctx.remaining()))
+
+    def read(self, url, depth, score, order):
+        """Read one page (the ``order``-th taken from the frontier): its Document into the results and
+        the fetch cache, its links into the frontier."""
+        got = self.fetch(url)
+        if got is None:
+            return
+        resp, doc = got
+        html = decode_page(resp.body, resp.headers.get("content-type", "")) if doc.content_type in _MEDIA_HTML \
+            else None
+        links, canonical, bad = self.links(html, resp.url) if html is not None else ([], None, [])
+        final = self.local(resp.url.split("#", 1)[0])
+        with self.lock:
+            for href in bad:
+                self.skip("bad_links", href)
+            if not self.first_read(url, final, canonical):
+                return
+            score = max(score, relevance(self.terms, url, doc.title))
+            self.pages.append({"url": url, "final_url": final, "title": doc.title, "depth": depth, "order": order,
+                               "score": score, "content_type": doc.content_type,
+                               "content": doc.content[:self.opts.chars], "total_length": len(doc.content)})
+            n = len(self.pages)
+            # Reported under the lock, so the notes rise as the pages do (the sink drops a note
+            # that does not); it writes one short line.
+            self.ctx.report(n, self.opts.max_pages, "page %d of at most %d: %s" % (n, self.opts.max_pages, url))
+            if depth < self.opts.max_depth:
+                self.take_links(links, depth + 1)
+        if doc.content.strip():
+            self.crawler.documents.put(("web_fetch", url, self.opts.format), doc)
+
+    def first_read(self, url, final, canonical):
+        """True when this page is not one already read (by its URL, where it landed, or its
+        canonical URL); its keys are then taken.  Called with ``lock`` held."""
+        keys = {crawl_key(url), crawl_key(final)}
+        if canonical and self.on_site(canonical):
+            keys.add(crawl_key(canonical))
+        if keys & self.done:
+            self.skip("duplicate_page", url)
+            return False
+        self.done |= keys
+        self.keys |= keys
+        return True
+
+    def take_links(self, links, depth):
+        """The first CRAWL_LINKS_PER_PAGE links of a page go to :meth:`offer`; the rest are counted."""
+        for n, (href, text) in enumerate(links):
+            if n >= CRAWL_LINKS_PER_PAGE:
+                self.skip("links_over_page_cap", None, len(links) - n)
+                return
+            self.offer(href, depth, text)
+
+    def fetch(self, url):
+        """``(response, Document)`` of ``url`` when it is an HTML page or a PDF on the site, else None
+        (counted: failed, not a page, redirected off the site).  The start page's response is the one
+        :meth:`land` read."""
+        if url == self.first and self.landing:
+            resp, self.landing = self.landing, None
+            if resp.status != 200:
+                self.fail(url, "http_%d" % resp.status, "%s answered HTTP %d" % (url, resp.status))
+                return None
+        else:
+            if not self.pace():
+                with self.lock:                  # not read: it is left, with the rest of the frontier
+                    heapq.heappush(self.frontier, (0.0, 0, 0, url, 0.0))
+                return None
+            try:
+                resp = self.crawler.fetcher._get_page(url, self.ctx, CRAWLER_UA)
+            except UpstreamError as exc:
+                self.fail(url, exc.code, exc.message)
+                return None
+        if not self.on_site(resp.url):
+            with self.lock:
+                self.skip("redirected_off_site", "%s -> %s" % (url, resp.url))
+            return None
+        media = _media_type(resp.headers.get("content-type")) or _sniff_media(resp.body)
+        if media not in _MEDIA_HTML and media != "application/pdf" and resp.body.lstrip()[:5] != b"%PDF-":
+            with self.lock:
+                self.list_other(url, "%s: not HTML or PDF" % media)
+            return None
+        try:
+            return resp, self.crawler.fetcher.document_of(url, resp, self.opts.format, self.ctx)
+        except UpstreamError as exc:
+            self.fail(url, exc.code, exc.message)
+            return None
+
+    def pace(self):
+        """Wait for this request's turn at the pacer; False when the deadline comes first.  The wait
+        is made holding ``pace_lock`` on purpose: the other reader's request is due after this one."""
+        with self.pace_lock:
+            if self.polite():
+                return True
+        with self.lock:
+            self.stopped = "deadline"
+        return False
+
+    def links(self, html, base_url):
+        """``([(absolute URL, link text)], canonical URL or None, [hrefs that are no URL])`` of a page,
+        read by the extractor's parser."""
+        def stop():
+            self.ctx.check()
+            return self.ctx.expired()
+        links, canonical, bad = [], None, []
+        for node in html_tree(html, stop).nodes:
+            if node.tag == "a":
+                href = node.attr("href")
+                if href and not href.startswith(("javascript:", "mailto:", "#", "tel:")):
+                    target = absolute_url(base_url, href)
+                    if target is None:
+                        bad.append(href)
+                    else:
+                        links.append((target, html_text(node)[:CRAWL_LINK_TEXT_MAX]))
+            elif node.tag == "link" and canonical is None and "canonical" in (node.attr("rel") or "").lower().split():
+                canonical = absolute_url(base_url, node.attr("href") or "")
+        return links, canonical, bad
+
+    def outcome(self):
+        """What the crawl read: pages (ordered by relevance, then as read), what was left, and the stats."""
+        pages = sorted(self.pages, key=lambda p: (-p["score"] if self.terms else 0.0, p.pop("order")))
+        left = [item[3] for item in heapq.nsmallest(CRAWL_LISTED_MAX, self.frontier)]
+        _, stats = self.result()
+        stats.pop("lastmod", None)
+        stats.pop("pages_crawled", None)          # the map's counter: pages_read and page_requests say it here
+        stats.update({"pages_read": len(self.pages), "page_requests": self.requests, "left": len(self.frontier),
+                      "stopped": self.stopped or "site_read"})
+        if self.first:
+            stats["start_url"] = self.first
+        return {"pages": pages, "left": left, "not_pages": self.others, "failed": self.failed, "stats": stats}
+
+
+class SiteCrawler:
+    """The content of many pages of one site in one call: robots.txt, the sitemaps and the links of
+    the pages read (see :class:`_CrawlRun`), each page read by the built-in extractor as web_fetch
+    reads it and kept in the fetch cache (``documents``), so web_fetch of a crawled URL is served
+    from there."""
+
+    def __init__(self, config, fetcher, mapper, documents, logger):
+        self.config = config
+        self.fetcher = fetcher
+        self.mapper = mapper
+        self.documents = documents
+        self.log = logger
+
+    def via_tavily(self, url, opts, timeout_s, ctx):
+        """The outcome of Tavily Crawl from ``url`` in the shape :meth:`crawl` gives (its pages also go
+        into the fetch cache); raises UpstreamError."""
+        payload = {"url": url, "max_depth": max(1, opts.max_depth), "limit": opts.max_pages, "format": opts.format,
+                   "extract_depth": "basic", "timeout": int(max(10, min(150, timeout_s)))}
+        if opts.query:
+            payload["instructions"] = opts.query
+        if opts.include:
+            payload["select_paths"] = [_glob_regex(p) for p in opts.include]
+        if opts.exclude:
+            payload["exclude_paths"] = [_glob_regex(p) for p in opts.exclude]
+        data, _ = self.mapper.tavily.post("/crawl", payload, ctx, timeout_s + 5.0, keyless=False)
+        terms, pages = query_terms(opts.query), []
+        for item in data.get("results") or []:
+            url_of = item.get("url") if isinstance(item, dict) else None
+            doc = _tavily_document(item, [url_of]) if isinstance(url_of, str) and url_of.startswith(
+                ("http://", "https://")) else None
+            if doc is None or len(pages) >= opts.max_pages:
+                continue
+            self.documents.put(("web_fetch", doc.url, opts.format), doc)
+            pages.append({"url": doc.url, "final_url": doc.url, "title": doc.title, "depth": None,
+                          "score": relevance(terms, doc.url, doc.title), "content_type": doc.content_type,
+                          "content": doc.content[:opts.chars], "total_length": len(doc.content)})
+        if terms:
+            pages.sort(key=lambda p: -p["score"])
+        return {"pages": pages, "left": [], "not_pages": [], "failed": [],
+                "stats": {"pages_read": len(pages), "left": 0, "stopped": "site_read"}}
+
+    def crawl(self, url, opts, ctx):
+        """The outcome of a crawl from ``url`` (see :meth:`_CrawlRun.outcome`); raises UpstreamError when
+        the site cannot be crawled at all (robots.txt unreadable, a private or unreachable address)
+        and Cancelled when the call is cancelled."""
+        run = _CrawlRun(self, url, opts, ctx)
+        run.read_robots()
+        run.land()
+        with run.lock:
+            run.queue_start()
+        if opts.max_depth > 0:
+            run.read_sitemaps()
+        run.read_pages()
+        return run.outcome()
+
+
+# ---------------------------------------------------------------------------
+# §21 Ring
 # ---------------------------------------------------------------------------
 
 RRF_K = 60   # reciprocal rank fusion constant (Cormack et al., 2009)
@@ -12094,7 +12734,7 @@ class Ring:
 
 
 # ---------------------------------------------------------------------------
-# §21 Tool schemas and argument checking
+# §22 Tool schemas and argument checking
 # ---------------------------------------------------------------------------
 
 _STATUS_PROPS = {
@@ -12687,8 +13327,53 @@ WEB_MAP_OUTPUT = {
                             "description": "Items the provider returned that are not usable URLs, with why."},
         "lastmod": {"type": "object", "additionalProperties": {"type": "string"},
                     "description": "Last modification of listed URLs, as their sitemap or feed gives it."},
-        "stats": {"type": "object", "description": "robots.txt verdict, sitemaps read, pages crawled."},
+        "stats": {"type": "object", "description": "robots.txt verdict, sitemaps read, pages crawled, where the "
+                                                   "start URL landed, what was skipped and why."},
         "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
+        "validation": {"type": "object"},
+    }),
+    "required": ["status", "partial", "error"],
+}
+
+_PATH_GLOBS = {"type": "array", "maxItems": 20, "items": {"type": "string", "maxLength": 200}}
+
+WEB_CRAWL_INPUT = {
+    "type": "object",
+    "properties": {
+        "url": {"type": "string", "minLength": 1, "format": "uri",
+                "description": "Start page; the crawl keeps to its site."},
+        "max_pages": {"type": "integer", "minimum": 1, "maximum": CRAWL_MAX_PAGES, "default": CRAWL_DEFAULT_PAGES,
+                      "description": "Most pages read."},
+        "max_depth": {"type": "integer", "minimum": 0, "maximum": CRAWL_MAX_DEPTH, "default": CRAWL_DEFAULT_DEPTH,
+                      "description": "Links deep (0: start page only)."},
+        "query": {"type": "string", "maxLength": 400, "description": "Read pages relevant to this first."},
+        "include_paths": dict(_PATH_GLOBS, description="Only paths matching, e.g. /docs/*."),
+        "exclude_paths": dict(_PATH_GLOBS, description="Skip paths matching."),
+        "format": {"type": "string", "enum": ["markdown", "text"], "default": "markdown",
+                   "description": "Page text format."},
+        "max_chars_per_page": {"type": "integer", "minimum": 100, "maximum": MAX_CONTENT_CHARS,
+                               "default": DEFAULT_CONTENT_CHARS,
+                               "description": "Characters per page."},
+        "timeout": {"type": "number", "minimum": 5, "maximum": 150, "default": 60,
+                    "description": "Seconds in all."},
+    },
+    "required": ["url"],
+    "additionalProperties": False,
+}
+
+WEB_CRAWL_OUTPUT = {
+    "type": "object",
+    "properties": dict(_STATUS_PROPS, **{
+        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
+        "crawl_id": {"type": ["string", "null"], "description": "Pass as session_id to get_sources for the pages."},
+        "base_url": {"type": "string"}, "query": {"type": ["string", "null"]}, "format": {"type": "string"},
+        "pages": {"type": "array", "items": {"type": "object"},
+                  "description": "url, final_url, title, depth, score, content, total_length, next_start_index."},
+        "left": {"type": "array", "items": {"type": "string"}, "description": "URLs found but not read."},
+        "not_pages": {"type": "array", "items": {"type": "object"}, "description": "URLs listed, not read."},
+        "failed": {"type": "array", "items": {"type": "object"}, "description": "Pages that could not be read."},
+        "stats": {"type": "object", "description": "robots.txt, Crawl-delay, why it stopped, what was skipped."},
+        "provider": {"type": ["string", "null"]}, "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
         "validation": {"type": "object"},
     }),
     "required": ["status", "partial", "error"],
@@ -12764,12 +13449,14 @@ GET_CONFIG_INFO_OUTPUT = {
 }
 
 def tool_entry(name, title, description, input_schema, output_schema, *, read_only=True, idempotent=True,
-               open_world=True):
-    """One tools/list entry with honest annotations."""
+               open_world=True, many_pages=False):
+    """One tools/list entry with honest annotations (``manyPagesHint``: one call reads many pages)."""
+    annotations = {"title": title, "readOnlyHint": read_only, "destructiveHint": False,
+                   "idempotentHint": idempotent, "openWorldHint": open_world}
+    if many_pages:
+        annotations["manyPagesHint"] = True
     return {"name": name, "title": title, "description": description, "inputSchema": input_schema,
-            "outputSchema": output_schema,
-            "annotations": {"title": title, "readOnlyHint": read_only, "destructiveHint": False,
-                            "idempotentHint": idempotent, "openWorldHint": open_world}}
+            "outputSchema": output_schema, "annotations": annotations}
 
 
 def _option(*flags, **settings):
@@ -12799,10 +13486,10 @@ class Tool:
     __slots__ = ("name", "listing", "handler", "bound", "inline", "command")
 
     def __init__(self, name, title, description, input_schema, output_schema, handler, *, read_only=True,
-                 idempotent=True, open_world=True, inline=None, command=None, bound=()):
+                 idempotent=True, open_world=True, inline=None, command=None, bound=(), many_pages=False):
         self.name = name
         self.listing = tool_entry(name, title, description, input_schema, output_schema, read_only=read_only,
-                                  idempotent=idempotent, open_world=open_world)
+                                  idempotent=idempotent, open_world=open_world, many_pages=many_pages)
         self.handler = handler
         self.bound = bound
         self.inline = inline
@@ -12857,6 +13544,19 @@ _MAP_COMMAND = Command(
         _option("--timeout", type=float, metavar="S", help="seconds in all (default 60)"),
         _option("--instructions", help="focus for the Tavily mapper")))
 
+_CRAWL_COMMAND = Command(
+    "crawl", "URL", "the content of many pages of a site, politely",
+    ("url", {"help": "an http:// or https:// URL: the start page"}), (
+        _option("--pages", type=int, dest="max_pages", metavar="N",
+                help="most pages read, 1-%d (default %d)" % (CRAWL_MAX_PAGES, CRAWL_DEFAULT_PAGES)),
+        _option("--depth", type=int, dest="max_depth", metavar="N", help="links deep, 0-5 (default 2)"),
+        _option("--query", help="read the pages most relevant to this first"),
+        _option("--include", action="append", dest="include_paths", metavar="GLOB", help="only these paths"),
+        _option("--exclude", action="append", dest="exclude_paths", metavar="GLOB", help="not these paths"),
+        _option("--format", choices=("markdown", "text")),
+        _option("--chars", type=int, dest="max_chars_per_page", metavar="N", help="characters of each page"),
+        _option("--timeout", type=float, metavar="S", help="seconds in all (default 60)")))
+
 _CHECK_COMMAND = Command("check", "", "configuration problems, then one timed probe of every configured backend")
 
 TOOLS = (
@@ -12893,6 +13593,13 @@ TOOLS = (
          ("List the URLs of a website (its sitemap and a same-origin crawl honouring robots.txt, or Tavily "
           "Map with a key), to find the right page to fetch. Use it when you know the site but not the page."),
          WEB_MAP_INPUT, WEB_MAP_OUTPUT, "page_tools.web_map", command=_MAP_COMMAND),
+    Tool("web_crawl", "Crawl a site (reads many pages)",
+         ("Read many pages of one site in one call, as Markdown: its sitemaps, then links, breadth first "
+          "(query reads the most relevant first), honouring robots.txt and Crawl-delay. Each page is cut to "
+          "max_chars_per_page; web_fetch of a crawled URL reads the rest from the cache, and get_sources with "
+          "the crawl_id lists the pages again. Use it for documentation, changelogs or a small site instead of "
+          "web_fetch page by page."),
+         WEB_CRAWL_INPUT, WEB_CRAWL_OUTPUT, "page_tools.web_crawl", command=_CRAWL_COMMAND, many_pages=True),
     Tool("get_config_info", "Configuration and health",
          ("Show the server's configuration (keys masked), every configuration problem, each search vendor's "
           "health and cooldown, the Tavily key pool, and a connection test of the answer endpoint (its model "
@@ -12904,7 +13611,7 @@ TOOLS = (
          SWITCH_MODEL_INPUT, SWITCH_MODEL_OUTPUT, "answer_tools.switch_model", read_only=False, open_world=False),
 )
 
-_PLANNABLE_TOOLS = ("web_search", "web_answer", "web_fetch", "web_map", "get_sources")
+_PLANNABLE_TOOLS = ("web_search", "web_answer", "web_fetch", "web_map", "web_crawl", "get_sources")
 
 _SESSION_FIELD = {"type": "string", "description": "The plan's session_id from plan_intent (omit in plan_intent "
                                                    "to start a new plan)."}
@@ -13056,7 +13763,7 @@ def _argument_row(name, spec, required):
 
 
 # ---------------------------------------------------------------------------
-# §22 Search and page tools
+# §23 Search and page tools
 # ---------------------------------------------------------------------------
 
 def _cap_text(text, max_chars):
@@ -13322,9 +14029,10 @@ _FETCH_CODES = ("private_address", "bad_url", "unsupported_content_type", "body_
 
 
 class PageTools:
-    """web_fetch and web_map: providers, the extracted-document cache, coalescing."""
+    """web_fetch, web_map and web_crawl: providers, the extracted-document cache, coalescing; a
+    crawl's page list goes to ``sessions`` (get_sources' store) under its crawl_id."""
 
-    def __init__(self, config, fetcher, mapper, documents, coalescer, logger, clock=time.monotonic):
+    def __init__(self, config, fetcher, mapper, documents, coalescer, logger, clock=time.monotonic, sessions=None):
         self.config = config
         self.fetcher = fetcher
         self.mapper = mapper
@@ -13332,6 +14040,8 @@ class PageTools:
         self.coalescer = coalescer
         self.log = logger
         self._clock = clock
+        self.sessions = sessions
+        self.crawler = SiteCrawler(config, fetcher, mapper, documents, logger)
 
     def web_fetch(self, args, call, inline=False):
         """The web_fetch tool.  With ``inline`` only what needs no network is answered."""
@@ -13603,6 +14313,145 @@ class PageTools:
                 break
         return urls, provider, stats, attempts
 
+    def web_crawl(self, args, call):
+        """The web_crawl tool: many pages of one site (see :class:`SiteCrawler`)."""
+        started = self._clock()
+        values, issues, adjustments = check_args(WEB_CRAWL_INPUT, args)
+        if issues:
+            return validation_result("web_crawl", issues, {"request_id": call.request_id})
+        opts = CrawlOptions(values["max_pages"], values["max_depth"], values.get("query") or None,
+                            values.get("include_paths") or (), values.get("exclude_paths") or (),
+                            values["format"], values["max_chars_per_page"])
+        url, timeout = values["url"], float(values["timeout"])
+        outcome, provider, attempts, failure = self._crawl_providers(url, opts, timeout, call.within(
+            timeout, self._clock))
+        if outcome is None:
+            return self._crawl_failed(call, url, failure, started, attempts)
+        s, text, is_error = self._crawl_result(call, url, opts, outcome, started)
+        s.update({"provider": provider, "attempts": attempts})
+        return with_adjustments((s, text, is_error), adjustments)
+
+    def _crawl_providers(self, url, opts, timeout_s, ctx):
+        """``(outcome, provider, attempts, last error)``: the crawl providers in turn until one reads
+        pages (a private or malformed URL stops them all); outcome None when every one failed."""
+        attempts, outcome, provider, failure = [], None, None, None
+        for name in self.config.crawl_providers:
+            ctx.check()
+            if name == "tavily" and not (self.mapper.tavily.keyed and self.config.tavily_enabled):
+                attempts.append(attempt_record("tavily", "skipped", 0.0, code="not_usable",
+                                               message="no Tavily key (TAVILY_API_KEY or TAVILY_API_KEYS)"))
+                continue
+            began = self._clock()
+            try:
+                found = self.crawler.via_tavily(url, opts, timeout_s, ctx) if name == "tavily" else \
+                    self.crawler.crawl(url, opts, ctx)
+            except UpstreamError as exc:
+                ctx.check()
+                attempts.append(attempt_record(name, exc.outcome, self._clock() - began, code=exc.code,
+                                               http_status=exc.status, message=exc.message))
+                failure = exc
+                if exc.code in ("private_address", "bad_url"):
+                    break
+                continue
+            attempts.append(attempt_record(name, "success", self._clock() - began))
+            outcome, provider = found, name
+            if found["pages"]:
+                break
+        if outcome is None and failure is None:
+            failure = UpstreamError("direct", "no_results", "no_provider",
+                                    "no web_crawl provider is usable (WEBSEARCH_CRAWL_PROVIDERS=%s)" % ",".join(
+                                        self.config.crawl_providers), retryable=False)
+        return outcome, provider, attempts, failure
+
+    def _crawl_failed(self, call, url, exc, started, attempts):
+        """A crawl that could not start: robots.txt unreadable, a refused or unreachable site."""
+        code = exc.code if exc.code in ("robots_unavailable", "private_address", "bad_url", "no_provider") else (
+            "site_unreachable" if exc.outcome == "network_error" else
+            "deadline_exceeded" if exc.outcome == "timeout" else "crawl_failed")
+        message = "could not reach %s: %s" % (url, exc.message) if code == "site_unreachable" else exc.message
+        s = status_fields("error", code, error_detail(code, message, "web_crawl", retryable=code in (
+            "robots_unavailable", "site_unreachable", "deadline_exceeded"), http_status=exc.status))
+        s.update({"request_id": call.request_id, "duration_ms": round((self._clock() - started) * 1000.0, 2),
+                  "crawl_id": None, "base_url": url, "pages": [], "left": [], "not_pages": [], "failed": [],
+                  "stats": {}, "provider": None, "attempts": attempts})
+        return s, "Crawl failed: " + message, True
+
+    def _crawl_result(self, call, url, opts, outcome, started):
+        """The structured result and text of a crawl that ran: its pages cut to fit, status by why it stopped."""
+        pages = self._cut_pages(outcome["pages"], opts)
+        stats = outcome["stats"]
+        stopped = stats["stopped"]
+        if pages:
+            s = status_fields("success")
+            if stopped == "deadline":
+                s = status_fields("partial_success", "deadline_exceeded", error_detail(
+                    "deadline_exceeded", "the timeout ended the crawl after %d pages; %d URLs were left unread" % (
+                        len(pages), stats["left"]), "web_crawl", retryable=True))
+        else:
+            code = "deadline_exceeded" if stopped == "deadline" else "no_pages"
+            s = status_fields("error", code, error_detail(code, _no_pages_message(url, outcome), "web_crawl",
+                                                          retryable=code == "deadline_exceeded"))
+        s.update({"request_id": call.request_id, "duration_ms": round((self._clock() - started) * 1000.0, 2),
+                  "crawl_id": self._remember_crawl(url, opts, pages) if pages else None, "base_url": url,
+                  "query": opts.query, "format": opts.format, "pages": pages, "left": outcome["left"],
+                  "not_pages": outcome["not_pages"], "failed": outcome["failed"], "stats": stats})
+        if not pages:
+            return s, "Crawl failed: " + s["error_detail"]["message"], True
+        return s, _crawl_text(s, call.say), False
+
+    def _cut_pages(self, pages, opts):
+        """The pages as the result gives them: each within max_chars_per_page and all within
+        WEBSEARCH_CRAWL_MAX_CHARS, with where web_fetch goes on (``next_start_index``)."""
+        budget = self.config.crawl_max_chars
+        out = []
+        for page in pages:
+            content = page["content"][:max(0, min(opts.chars, budget))]
+            budget -= len(content)
+            page = dict(page, content=content,
+                        next_start_index=len(content) if len(content) < page["total_length"] else None)
+            if not opts.query:
+                page.pop("score", None)
+            out.append(page)
+        return out
+
+    def _remember_crawl(self, url, opts, pages):
+        """The crawl_id under which get_sources lists the pages read (the store of search sessions)."""
+        if self.sessions is None:
+            return None
+        cid = new_id("crl_")
+        self.sessions.put(cid, {"tool": "web_crawl", "query": opts.query or url, "sources": [
+            {"title": p["title"], "url": p["url"], "total_length": p["total_length"], "format": opts.format}
+            for p in pages]})
+        return cid
+
+
+def _no_pages_message(url, outcome):
+    """Why a crawl read no page: the first failures, else what was skipped."""
+    failed = outcome["failed"][:3]
+    if failed:
+        why = "; ".join(f["message"] for f in failed)
+    else:
+        skipped = outcome["stats"].get("skipped") or {}
+        reasons = ["%d skipped: %s" % (v["count"], v["why"]) for v in skipped.values()]
+        if outcome["not_pages"]:
+            reasons.append("%d not HTML or PDF" % outcome["stats"].get("not_pages", len(outcome["not_pages"])))
+        why = "; ".join(reasons) or "nothing to read"
+    return "no page of %s could be read (%s)" % (url, why)
+
+
+def _crawl_text(s, say):
+    """A crawl's readable text: what was read and why it stopped, each page, then how to read on."""
+    stats = s["stats"]
+    lines = ["%d pages of %s (stopped: %s%s)" % (len(s["pages"]), s["base_url"], stats["stopped"].replace("_", " "),
+                                                ", %d URLs left unread" % stats["left"] if stats["left"] else "")]
+    for n, page in enumerate(s["pages"], 1):
+        lines += ["", "=== %d. %s ===" % (n, page["title"] or page["url"]), page["url"], "", page["content"]]
+        if page["next_start_index"] is not None:
+            lines.append("[more: %s %s with %s]" % (say("web_fetch"), page["url"],
+                                                   say("start_index", page["next_start_index"])))
+    lines += ["", "crawl_id %s: %s lists these pages again." % (s["crawl_id"], say("get_sources"))]
+    return "\n".join(lines)
+
 
 _ABSOLUTE_URL = LazyPattern(r"^https?://[^\s/]+")
 
@@ -13632,7 +14481,7 @@ def _map_failure(url, attempts):
 
 
 # ---------------------------------------------------------------------------
-# §23 Answer and configuration tools
+# §24 Answer and configuration tools
 # ---------------------------------------------------------------------------
 
 # A few lines of extra guidance, each added only when the question is of its kind.
@@ -14145,7 +14994,7 @@ class _ProgressTicker:
 
 
 # ---------------------------------------------------------------------------
-# §24 Planning tools
+# §25 Planning tools
 # ---------------------------------------------------------------------------
 
 PLAN_REQUIRED = {1: PLAN_PHASES[:3], 2: PLAN_PHASES[:5], 3: PLAN_PHASES}
@@ -14313,7 +15162,7 @@ def _dependency_groups(sub_queries):
 
 
 # ---------------------------------------------------------------------------
-# §25 JSON-RPC server
+# §26 JSON-RPC server
 # ---------------------------------------------------------------------------
 
 _META_VERSION = "io.modelcontextprotocol/protocolVersion"
@@ -14392,7 +15241,7 @@ class Server:
         self.page_tools = PageTools(config, Fetcher(config, self.transport, self.ring.tavily, self.log,
                                                     self.ring.health, clock),
                                     SiteMapper(config, self.transport, self.ring.tavily, self.log),
-                                    self.documents, self.coalescer, self.log, clock)
+                                    self.documents, self.coalescer, self.log, clock, sessions=self.sessions)
         self.search_tools = SearchTools(config, self.ring, self.cache, self.sessions, self.coalescer,
                                         self.log, clock, pages=self.page_tools)
         self.answer_tools = AnswerTools(config, self.transport, self.ring, self.sessions, self.coalescer,
@@ -14913,7 +15762,7 @@ def _call_key(msg_id):
 
 
 # ---------------------------------------------------------------------------
-# §26 Streamable HTTP
+# §27 Streamable HTTP
 # ---------------------------------------------------------------------------
 
 HTTP_PATH = "/mcp"
@@ -15611,7 +16460,7 @@ def serve_http(server, address):
 
 
 # ---------------------------------------------------------------------------
-# §27 Command line
+# §28 Command line
 # ---------------------------------------------------------------------------
 
 # The one command that is not a tool's: its client argument and options are the parser's own.
@@ -15650,6 +16499,9 @@ def _cli_parser():
     parser = _argparse.ArgumentParser(prog="python websearch_ring.py", add_help=False)
     sub = parser.add_subparsers(dest="command")
     words = {tool: command for command, tool in _CLI_TOOLS.items()}
+    # A command's positional argument keeps its own name in hints, though another command's option
+    # has its name too (search QUERY, crawl --query).
+    positional = {command.positional[0] for command in _COMMANDS if command.positional}
     for command in _COMMANDS:
         p = sub.add_parser(command.name, prog="python websearch_ring.py " + command.name,
                            description=command.summary, help=command.summary)
@@ -15661,7 +16513,8 @@ def _cli_parser():
             p.add_argument(command.positional[0], **command.positional[1])
         for flags, settings in command.options:
             action = p.add_argument(*flags, **settings)
-            words.setdefault(action.dest, max(flags, key=len))
+            if action.dest not in positional:
+                words.setdefault(action.dest, max(flags, key=len))
     return parser, words
 
 
