@@ -9784,6 +9784,28 @@ def test_client_gone_cancels_a_streaming_answer_and_exits_zero_at_once(tmp_path,
         assert "Traceback" not in server.stderr_text()
 
 
+def test_piped_requests_are_answered_after_the_end_of_stdin(tmp_path):
+    # printf '<initialize>\n<tools/call>\n' | server: stdin ends while the search is in flight (the
+    # vendor answers after 300 ms); the grace after EOF lets it finish and be answered.
+    with FakeUpstream(fixtures=FIXTURES) as fake:
+        route_vendor(fake, "tavily", {"fixture": "tavily/search_success.json", "delay_s": 0.3})
+        argv, pythonpath = server_command()
+        lines = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                  "params": {"protocolVersion": LATEST_PROTOCOL, "capabilities": {},
+                             "clientInfo": {"name": "printf", "version": "1"}}},
+                 {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                 {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                  "params": {"name": "web_search", "arguments": {"query": "python asyncio timeout"}}}]
+        run = subprocess.run(argv, input="".join(json.dumps(m) + "\n" for m in lines).encode(),
+                             capture_output=True, timeout=DEFAULT_TIMEOUT_S,
+                             env=with_pythonpath(server_env(ring_env({"tavily": fake})), pythonpath))
+    assert run.returncode == 0
+    answers = {m["id"]: m for m in map(json.loads, run.stdout.splitlines()) if "id" in m}
+    assert answers[1]["result"]["protocolVersion"] == LATEST_PROTOCOL
+    assert answers[2]["result"]["isError"] is False
+    assert answers[2]["result"]["structuredContent"]["results"]
+
+
 def _strict_json(line):
     """json.loads that refuses NaN and Infinity, as strict clients (JavaScript's JSON.parse) do."""
     def refuse(name):

@@ -102,6 +102,9 @@ MAX_MAP_LIMIT = 5000
 SESSION_MAX, SESSION_TTL_S = 256, 3600.0
 CACHE_SWEEP_S = 60.0
 SHUTDOWN_GRACE_S = 0.5    # after stdin EOF or SIGTERM, calls get this long to unwind before the exit
+# After stdin EOF, calls in flight first get this long to finish and be answered: a client that pipes
+# its requests and closes stdin (`printf ... | server`) still reads the answers. SIGTERM skips it.
+EOF_GRACE_S = 2.0
 
 # The keyless four close every default ring; keyed vendors and SearXNG go first when configured.
 RING_VENDORS = ("exa", "tavily", "bing", "duckduckgo")
@@ -12296,35 +12299,43 @@ class Server:
 
     # -- input ----------------------------------------------------------------
 
-    def serve(self):
+    def serve(self, eof_grace_s=EOF_GRACE_S):
         """Read stdin until EOF or :class:`Stop`, then cancel what is in flight; returns 0.
 
-        The end of stdin means the client has gone and nobody will read an
-        answer, so calls still running are cancelled rather than finished.
+        At the end of stdin, calls in flight get ``eof_grace_s`` to finish and
+        be answered (a client may pipe its requests and close stdin at once,
+        still reading stdout); what is still running then is cancelled.  A
+        :class:`Stop` (SIGTERM), also during that grace, cancels at once.
         """
         for problem in self.config.problems:
             self.log.warning("configuration: %s", problem.message)
         reason = "the client closed stdin"
         try:
-            while True:
-                try:
-                    line = self._stdin.readline(MAX_LINE_BYTES + 1)
-                except (OSError, ValueError):
-                    break
-                if not line:
-                    break
-                if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-                    self._discard_rest_of_line()
-                    self.send(rpc_error(None, INVALID_REQUEST, "message longer than %d bytes" % MAX_LINE_BYTES))
-                    continue
-                try:
-                    self.handle_line(line)
-                except Exception as exc:   # nothing escapes the stdin loop
-                    self.log.unexpected("internal error handling a message", exc)
+            self._read_stdin()
+            if not self.drain(eof_grace_s):
+                self.log.info("%s: calls still running after %.1f s", reason, eof_grace_s)
         except Stop as stop:
             reason = stop.reason
         self.shutdown(reason)
         return 0
+
+    def _read_stdin(self):
+        """Answer stdin lines until its end (or a read error)."""
+        while True:
+            try:
+                line = self._stdin.readline(MAX_LINE_BYTES + 1)
+            except (OSError, ValueError):
+                return
+            if not line:
+                return
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                self._discard_rest_of_line()
+                self.send(rpc_error(None, INVALID_REQUEST, "message longer than %d bytes" % MAX_LINE_BYTES))
+                continue
+            try:
+                self.handle_line(line)
+            except Exception as exc:   # nothing escapes the stdin loop
+                self.log.unexpected("internal error handling a message", exc)
 
     def _discard_rest_of_line(self):
         while True:
