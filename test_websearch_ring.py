@@ -2236,6 +2236,35 @@ def test_config_unset_or_whitespace_variables_take_their_defaults(ring):
         assert config.vendors == ("exa", "tavily", "bing", "duckduckgo")
 
 
+@pytest.mark.parametrize("name, guess", [("WEBSEARCH_VENDOR", "WEBSEARCH_VENDORS"),
+                                         ("WEBSEARCH_ALLOW_PRIVATE_URL", "WEBSEARCH_ALLOW_PRIVATE_URLS"),
+                                         ("TAVILY_KEY", "TAVILY_API_KEY"), ("GROK_MODLE", "GROK_MODEL"),
+                                         ("websearch_vendors", "WEBSEARCH_VENDORS"), ("BING_MARKET", None),
+                                         ("DUCKDUCKGO_REGION", None)])
+def test_an_unknown_variable_with_an_own_prefix_is_a_problem_naming_the_closest(ring, name, guess):
+    config = ring.Config.from_env({name: "tvly-dev-Ax7Qm2Lp9Rs4Tu6Vw8Yz0111", "HOME": "/x", "GROKKING": "1"})
+    assert [p.variable for p in config.problems] == [name]
+    message = config.problems[0].message
+    assert message.startswith("%s is not a variable of websearch-ring and is ignored" % name)
+    assert ("did you mean %s?" % guess in message) if guess else ("--help-env" in message)
+    assert ("Ax7Qm2" in config.problems[0].value) is (not ring._SECRET_NAME.search(name))
+
+
+def test_every_variable_read_is_known_to_the_typo_check(ring):
+    env = {n: "" for var in ring.VARIABLES for n in (var.name,) + var.aliases}
+    assert ring.unknown_variables(env) == []
+
+
+@pytest.mark.parametrize("value", ["<your TAVILY_API_KEY>", "tvly-...", "tvly-xxxxxxxx", "tvly-YOUR_KEY",
+                                   "your-key", "YOUR_TAVILY_API_KEY", "<tvly-key>"])
+def test_a_placeholder_tavily_key_is_reported_and_tavily_takes_its_keyless_place(ring, value):
+    config = ring.Config.from_env({"TAVILY_API_KEY": value, "SEARXNG_URL": "http://127.0.0.1:8888"})
+    assert [p.variable for p in config.problems] == ["TAVILY_API_KEY"]
+    assert "Tavily runs keyless" in config.problems[0].message and config.problems[0].value == "<hidden>"
+    assert config.tavily_keys == () and config.tavily_enabled
+    assert config.vendors == ("searxng", "exa", "tavily", "bing", "duckduckgo")
+
+
 @pytest.mark.parametrize("variable, raw, expected_form, field, default", [
     pytest.param("WEBSEARCH_TIMEOUT_MS", "12s", "an integer from 100 to 600000", "timeout_s", 12.0,
                  id="timeout-with-unit"),
@@ -10208,6 +10237,13 @@ def test_cli_check_with_every_vendor_refused_exits_one_and_lists_problems():
         assert re.search(r"^  %s +network_error +\d+ ms" % vendor, run.out, re.M), run
     assert "search: NOT available" in run.out
     assert "WEBSEARCH_TIMEOUT_MS" in run.err
+
+
+def test_cli_check_names_a_misspelt_variable_instead_of_saying_ok(fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    run = run_cli("check", env=ring_env({"tavily": fake_upstream}, WEBSEARCH_VENDOR="bing"))
+    assert "configuration: ok" not in run.out
+    assert re.search(r"^  - WEBSEARCH_VENDOR is not a variable .* did you mean WEBSEARCH_VENDORS\?$", run.out, re.M)
 
 
 def test_cli_check_json_is_not_silently_ignored(fake_upstream):

@@ -5551,14 +5551,16 @@ class Problem:
 
 
 # Values people paste instead of a key: what config and the README print, and the usual stand-ins.
-_PLACEHOLDER_KEY = LazyPattern(r"(x{3,}|\*{3,}|(your|insert|enter|paste|put)[\W_].*|change[\W_]?me|replace[\W_]?me"
+# A vendor's key prefix may come first: tvly-xxxx, tvly-YOUR_KEY, sk-your-key.
+_PLACEHOLDER_KEY = LazyPattern(r"((tvly|sk|xai|exa|jina|bsa)[-_](dev[-_])?)?"
+                               r"(x{3,}|\*{3,}|(your|insert|enter|paste|put)[\W_].*|change[\W_]?me|replace[\W_]?me"
                                r"|placeholder|none|null|todo|tbd|undefined|(api[\W_]?)?key|secret|token)$", re.I)
 
 
 def key_problem(raw):
     """Why the value of a key variable is not a key, or None.
 
-    >>> key_problem("<your TAVILY_API_KEY>"), key_problem("tvly-..."), key_problem("YOUR_API_KEY")
+    >>> key_problem("<your TAVILY_API_KEY>"), key_problem("tvly-..."), key_problem("tvly-YOUR_KEY")
     ('it is a placeholder, not a key', 'it is a placeholder, not a key', 'it is a placeholder, not a key')
     >>> key_problem('"tvly-dev-abc123"'), key_problem("tvly-dev-abc123 "), key_problem("tvly-dev-abc123")
     ('it is in quotes', 'it has spaces or a line break around it', None)
@@ -5573,6 +5575,28 @@ def key_problem(raw):
                 _PLACEHOLDER_KEY.match(part):
             return "it is a placeholder, not a key"
     return None
+
+
+# A variable with one of these prefixes that is not in VARIABLES is most likely a misspelt one.
+OWN_PREFIXES = ("WEBSEARCH_", "GROK_", "TAVILY_", "EXA_", "BRAVE_", "SERPER_", "YEP_", "SEARXNG_", "JINA_", "BING_",
+                "DUCKDUCKGO_")
+_SECRET_NAME = LazyPattern(r"KEY|TOKEN|SECRET|PASS", re.I)
+
+
+def unknown_variables(env):
+    """A Problem for each variable of ``env`` with one of OWN_PREFIXES that this server does not read,
+    naming the closest variable it does read (a typo would otherwise change nothing without a word)."""
+    known = sorted({n for var in VARIABLES for n in (var.name,) + var.aliases if n.upper().startswith(OWN_PREFIXES)})
+    problems = []
+    for name in sorted(env):
+        if name in known or not name.upper().startswith(OWN_PREFIXES):
+            continue
+        guess = closest(name, known)
+        shown = "<hidden>" if _SECRET_NAME.search(name) or "@" in str(env[name]) else str(env[name])[:100]
+        problems.append(Problem(name, shown, "a variable listed by --help-env", "%s is not a variable of %s "
+                                "and is ignored; %s" % (name, SERVER_NAME, "did you mean %s?" % guess if guess else
+                                                        "python3 websearch_ring.py --help-env lists them")))
+    return problems
 
 
 def _parse_value(var, raw):
@@ -5615,6 +5639,8 @@ def _invalid_value(var, used, raw, exc):
         mask_url_credentials(raw.strip()) if var.kind in ("url", "proxy") else raw)
     if var.kind == "proxy":   # going direct instead would bypass the proxy the user asked for
         fallback = "requests that would use it fail instead of going direct"
+    elif var.field in ("tavily_api_key", "tavily_api_keys"):
+        fallback = "the key is not used: without another key Tavily runs keyless, in its keyless place in the ring"
     elif var.secret:
         fallback = "the key is not used"
     else:
@@ -5699,6 +5725,7 @@ class Config:
                 if var.kind == "proxy":
                     broken[var.field] = "%s=%r is invalid (%s)" % (used, problems[-1].value, exc)
         _complete_values(values, problems, sources, env)
+        problems.extend(unknown_variables(env))
         values["broken_proxies"] = broken
         return cls(values, problems, sources)
 
