@@ -8113,6 +8113,70 @@ def test_every_listed_tool_is_fully_described(start_server):
         assert annotations.get("destructiveHint") is False, name
 
 
+def _schema_types(schema):
+    """Every ``type`` value anywhere in a schema."""
+    found, todo = [], [schema]
+    while todo:
+        spec = todo.pop()
+        if isinstance(spec, dict):
+            found += [spec["type"]] if "type" in spec else []
+            todo += list(spec.values())
+        elif isinstance(spec, list):
+            todo += spec
+    return found
+
+
+def test_the_tool_list_is_lean_with_single_typed_output_schemas(ring):
+    # An agent pays for every listed byte in its context: the default list stays under 8 KB, each
+    # input schema under 2 KB; strict validators warn about
+    # nullable type arrays, so every type is one name.
+    server = ring.Server(ring.Config.from_env({}), stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    assert {"web_search", "web_fetch"} <= {t["name"] for t in server.tools}
+    assert len(ring.json_line({"tools": server.tools})) <= 8 * 1024
+    for tool in ring.TOOLS:
+        assert len(ring.json_line(tool.listing["inputSchema"])) <= 2048, tool.name
+        assert all(isinstance(t, str) for t in _schema_types(tool.listing["outputSchema"])), tool.name
+        assert all(isinstance(t, str) for t in _schema_types(tool.listing["inputSchema"])), tool.name
+
+
+def test_the_lean_web_search_schema_keeps_every_choice_and_limit(ring):
+    # The argument choices web_search listed before its schema was trimmed (issue 22), pinned.
+    props = ring.WEB_SEARCH_INPUT["properties"]
+    rules = {name: {k: v for k, v in spec.items() if k not in ("description", "items")}
+             for name, spec in props.items()}
+    assert rules == {
+        "query": {"type": "string", "minLength": 1, "maxLength": 1000},
+        "numResults": {"type": "integer"},
+        "select": {"type": "array", "minItems": 1, "maxItems": 20},
+        "lang": {"type": "string", "pattern": "^[A-Za-z]{2}([-_][A-Za-z0-9]{1,8}){0,3}$"},
+        "time_range": {"type": "string", "enum": ["day", "week", "month", "year"]},
+        "include_domains": {"type": "array", "maxItems": 20, "uniqueItems": True},
+        "exclude_domains": {"type": "array", "maxItems": 20, "uniqueItems": True},
+        "max_results_per_domain": {"type": "integer", "minimum": 1, "maximum": 10},
+        "country": {"type": "string", "pattern": "^[A-Za-z]{2}$"},
+        "safesearch": {"type": "string", "enum": ["off", "moderate", "strict"]},
+        "topic": {"type": "string", "enum": ["general", "news"]},
+        "start_date": {"type": "string", "format": "date"},
+        "end_date": {"type": "string", "format": "date"},
+        "page": {"type": "integer", "minimum": 1, "maximum": 5},
+        "vendor": {"type": "string", "enum": ["brave", "serper", "yep", "searxng", "exa", "tavily", "bing",
+                                              "duckduckgo"]},
+        "include_content": {"type": "integer", "minimum": 0, "maximum": 5},
+        "content_chars": {"type": "integer", "minimum": 100, "maximum": 20000},
+        "mode": {"type": "string", "enum": ["failover", "fanout"]}}
+    assert props["select"]["items"]["enum"] == ["rank", "title", "url", "snippet", "description", "published",
+                                                "score", "vendors", "language", "content"]
+    assert props["include_domains"]["items"] == {"type": "string", "minLength": 1, "format": "hostname"}
+    values, issues, _ = ring.validate_search_args({"query": "q"})
+    assert issues == [] and {k: values[k] for k in ("numResults", "topic", "page", "include_content",
+                                                    "content_chars", "mode")} == {
+        "numResults": 8, "topic": "general", "page": 1, "include_content": 0, "content_chars": 3000,
+        "mode": "failover"}
+    values, issues, adjustments = ring.validate_search_args({"query": "q", "limit": 50})   # read, not listed
+    assert issues == [] and values["numResults"] == 20 and adjustments
+    assert ring.validate_search_args({"query": "q", "limit": "many"})[1][0]["path"] == "/limit"
+
+
 def test_plan_level_one_completes_after_intent_complexity_and_a_sub_query(start_server):
     server = start_server({"WEBSEARCH_TOOLS": "all"})
     server.initialize()
@@ -8345,7 +8409,7 @@ def test_plan_sessions_beyond_256_evict_the_least_recently_used(ring, fake_clock
 # web_search filter arguments: each mistake is reported with its RFC 6901 path and a suggestion.
 
 FILTER_VALIDATION_CASES = [
-    ("lang_three_letters", {"lang": "eng"}, "/lang", "pattern", "ISO 639-1"),
+    ("lang_three_letters", {"lang": "eng"}, "/lang", "pattern", "e.g. en"),
     ("time_range_unknown", {"time_range": "fortnight"}, "/time_range", "enum", "week"),
     ("include_url", {"include_domains": ["https://example.com"]}, "/include_domains/0",
      "not_a_domain", "bare domain 'example.com'"),

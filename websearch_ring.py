@@ -10038,28 +10038,22 @@ class Ring:
 # §19 Tool schemas and argument checking
 # ---------------------------------------------------------------------------
 
-_STATUS_PROPS = {
-    "status": {"type": "string", "enum": ["success", "partial_success", "error"],
-               "description": "Outcome of the call."},
-    "partial": {"type": "boolean", "description": "True when status is partial_success."},
-    "error": {"type": ["string", "null"], "description": "Short error code, null on success."},
-    "error_detail": {"type": ["object", "null"],
-                     "description": "code, message, service, retryable, http_status, upstream_code, diagnostics."},
-    "config_problems": {"type": "array", "items": {"type": "object"},
-                        "description": "Invalid environment variables (each fell back to its default)."},
-}
+# Output schemas are lean: they name the fields a caller reads, each with one type, and leave out the
+# fields that may be null (error, error_detail, session_id ...): an undeclared field may hold anything,
+# while a nullable type array costs bytes in every tools/list and warns in strict validators.
+_STATUS_PROPS = {"status": {"type": "string", "enum": ["success", "partial_success", "error"]},
+                 "partial": {"type": "boolean"}}
 
-_ATTEMPT_SCHEMA = {"type": "object", "properties": {
-    "vendor": {"type": "string"}, "outcome": {"type": "string"}, "code": {"type": ["string", "null"]},
-    "http_status": {"type": ["integer", "null"]}, "elapsed_ms": {"type": "number"},
-    "message": {"type": ["string", "null"]}}}
 
-# Every field is optional: select may leave any of them out.
-_RESULT_SCHEMA = {"type": "object", "properties": {
-    "rank": {"type": "integer"}, "title": {"type": "string"}, "url": {"type": "string"},
-    "snippet": {"type": "string"}, "published": {"type": ["string", "null"]},
-    "score": {"type": ["number", "null"]}, "vendors": {"type": "array", "items": {"type": "string"}},
-    "language": {"type": ["string", "null"]}, "content": {"type": ["string", "null"]}}}
+def output_schema(**properties):
+    """A tool's output schema: status and partial, then ``properties`` (each of a single type)."""
+    return {"type": "object", "properties": dict(_STATUS_PROPS, **properties), "required": ["status", "partial"]}
+
+
+_ARRAY = {"type": "array"}
+_OBJECT = {"type": "object"}
+_STRING = {"type": "string"}
+_INTEGER = {"type": "integer"}
 
 # The result fields select can name, in the order results carry them; description is the typed search
 # contract's name for snippet. Omitted, select is the fields web_search has always returned.
@@ -10069,110 +10063,57 @@ _FIELD_ALIASES = {"description": "snippet"}
 _FIELD_PARTS = {"content": ("content", "content_status", "next_start_index")}
 
 _DOMAIN_LIST = {"type": "array", "maxItems": MAX_DOMAINS, "uniqueItems": True,
-                "items": {"type": "string", "minLength": 1, "format": "hostname",
-                          "description": "A bare domain such as example.com."}}
+                "items": {"type": "string", "minLength": 1, "format": "hostname"}}
 
+# Descriptions say what an argument is for in a few words; the limits and choices are the schema's own.
+# The defaults are _SEARCH_DEFAULTS (the environment may change some): listing them here cost bytes in
+# every tools/list for what a model can leave out anyway.
 WEB_SEARCH_INPUT = {
     "type": "object",
     "properties": {
-        "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
-                  "description": "What to search for: a precise query, 1 to 1000 characters."},
-        "numResults": {"type": "integer", "default": DEFAULT_RESULTS,
-                       "description": "How many results to return: 1-20, default 8 (other values are clamped)."},
-        "limit": {"type": "integer", "description": "Another name for numResults."},
+        "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS, "description": "Search query."},
+        "numResults": {"type": "integer", "description": "1-20, clamped."},
         "select": {"type": "array", "minItems": 1, "maxItems": 20,
                    "items": {"type": "string", "enum": list(RESULT_FIELDS[:3]) + ["snippet", "description"]
                              + list(RESULT_FIELDS[4:])},
-                   "description": "Result fields to return, e.g. [\"url\", \"title\"] (description = snippet; "
-                                  "language when the engine reports it; content with include_content). "
-                                  "Default: all but language."},
+                   "description": "Fields to return."},
         "lang": {"type": "string", "pattern": "^[A-Za-z]{2}([-_][A-Za-z0-9]{1,8}){0,3}$",
-                 "description": "Language of the results: an ISO 639-1 code or a BCP 47 tag, e.g. en, de, ja, "
-                                "pt-BR (the engines take its language part)."},
-        "time_range": {"type": "string", "enum": list(TIME_RANGES),
-                       "description": "Only results published within the last day, week, month or year."},
-        "include_domains": dict(_DOMAIN_LIST, description="Only results from these domains (and their subdomains)."),
-        "exclude_domains": dict(_DOMAIN_LIST, description="No results from these domains (or their subdomains)."),
-        "max_results_per_domain": {"type": "integer", "minimum": 1, "maximum": 10,
-                                   "description": "At most this many results from one site (1-10)."},
-        "country": {"type": "string", "pattern": "^[A-Za-z]{2}$",
-                    "description": "Results for this country: ISO 3166-1 alpha-2, e.g. US, DE, JP."},
-        "safesearch": {"type": "string", "enum": ["off", "moderate", "strict"],
-                       "description": "Adult-content filtering where the engine has it."},
-        "topic": {"type": "string", "enum": ["general", "news"], "default": "general",
-                  "description": "news: news articles only (engines without a news search are skipped)."},
-        "start_date": {"type": "string", "format": "date",
-                       "description": "Only results published on or after this day (YYYY-MM-DD)."},
-        "end_date": {"type": "string", "format": "date",
-                     "description": "Only results published on or before this day (YYYY-MM-DD)."},
-        "page": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 1,
-                 "description": "Further results: page 2 to %d (engines that cannot page are skipped)." % MAX_PAGE},
-        "vendor": {"type": "string", "enum": list(KNOWN_VENDORS),
-                   "description": "Ask only this engine instead of the ring (it must be configured)."},
-        "include_content": {"type": "integer", "minimum": 0, "maximum": MAX_INCLUDE_CONTENT, "default": 0,
-                            "description": "Also read the pages of the top N results (0-%d) and return the start "
-                                           "of each as content; web_fetch continues from next_start_index."
-                                           % MAX_INCLUDE_CONTENT},
+                 "description": "e.g. en, pt-BR."},
+        "time_range": {"type": "string", "enum": list(TIME_RANGES), "description": "Recent only."},
+        "include_domains": dict(_DOMAIN_LIST, description="Only these sites."),
+        "exclude_domains": dict(_DOMAIN_LIST, description="Not these sites."),
+        "max_results_per_domain": {"type": "integer", "minimum": 1, "maximum": 10, "description": "Cap per site."},
+        "country": {"type": "string", "pattern": "^[A-Za-z]{2}$", "description": "e.g. US, DE."},
+        "safesearch": {"type": "string", "enum": ["off", "moderate", "strict"], "description": "Adult filter."},
+        "topic": {"type": "string", "enum": ["general", "news"], "description": "news: news only."},
+        "start_date": {"type": "string", "format": "date", "description": "From this day."},
+        "end_date": {"type": "string", "format": "date", "description": "To this day."},
+        "page": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "description": "Results page."},
+        "vendor": {"type": "string", "enum": list(KNOWN_VENDORS), "description": "Only this engine."},
+        "include_content": {"type": "integer", "minimum": 0, "maximum": MAX_INCLUDE_CONTENT,
+                            "description": "Read the top N pages too."},
         "content_chars": {"type": "integer", "minimum": 100, "maximum": MAX_CONTENT_CHARS,
-                          "default": DEFAULT_CONTENT_CHARS,
-                          "description": "With include_content: characters of each page (default %d)."
-                                         % DEFAULT_CONTENT_CHARS},
-        "mode": {"type": "string", "enum": ["failover", "fanout"], "default": "failover",
-                 "description": "failover: engines in turn until one answers (fast, cheap). fanout: every "
-                                "healthy engine at once, rankings fused (broader, slower, costs more)."},
+                          "description": "Chars per page read."},
+        "mode": {"type": "string", "enum": ["failover", "fanout"], "description": "fanout: all at once."},
     },
     "required": ["query"],
     "additionalProperties": False,
 }
 
-WEB_SEARCH_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "request_id": {"type": "string", "description": "Identifier of this call, for logs."},
-        "duration_ms": {"type": "number", "description": "Wall time of the call."},
-        "session_id": {"type": ["string", "null"], "description": "Pass to get_sources to see these sources again."},
-        "query": {"type": "string", "description": "The query as searched (whitespace collapsed)."},
-        "vendor": {"type": ["string", "null"], "description": "The engine that served the results."},
-        "vendors": {"type": "array", "items": {"type": "string"}, "description": "Every engine that contributed."},
-        "cached": {"type": "boolean", "description": "Served from the cache."},
-        "coalesced": {"type": "boolean", "description": "Shared with an identical concurrent call."},
-        "results": {"type": "array", "items": _RESULT_SCHEMA, "description": "Ranked results."},
-        "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA,
-                     "description": "Every vendor tried, in order, with its outcome."},
-        "mode": {"type": "string", "description": "failover or fanout."},
-        "filters_applied": {"type": "object",
-                            "description": "Per filter: native, post_filter, or why it could not be honoured."},
-        "health": {"type": "object", "description": "Per vendor: state (healthy, cooldown, half_open), "
-                                                    "cooldown_remaining_s, reason."},
-        "duplicates_removed": {"type": "integer", "description": "Fan-out: results merged by normalized URL."},
-        "truncated": {"type": "boolean", "description": "The text block was cut at WEBSEARCH_MAX_CHARS."},
-        "adjustments": {"type": "array", "items": {"type": "object"},
-                        "description": "Arguments the server changed (e.g. numResults clamped)."},
-        "select": {"type": "array", "items": {"type": "string"}, "description": "The result fields returned."},
-        "validation": {"type": "object", "description": "On invalid arguments: issues[] with path, code, suggestion."},
-    }),
-    "required": ["status", "partial", "error"],
-}
+WEB_SEARCH_OUTPUT = output_schema(
+    results={"type": "array", "items": {"type": "object", "properties": {
+        "rank": _INTEGER, "title": _STRING, "url": _STRING, "snippet": _STRING}}},
+    vendors={"type": "array", "items": _STRING}, attempts=_ARRAY)
 
 GET_SOURCES_INPUT = {
     "type": "object",
     "properties": {"session_id": {"type": "string", "minLength": 1,
-                                  "description": "The session_id of an earlier web_search or web_answer result."}},
+                                  "description": "From an earlier web_search or web_answer."}},
     "required": ["session_id"],
     "additionalProperties": False,
 }
 
-GET_SOURCES_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "session_id": {"type": "string"},
-        "tool": {"type": "string", "description": "The tool that produced the sources."},
-        "query": {"type": "string"},
-        "sources": {"type": "array", "items": {"type": "object"}},
-        "sources_count": {"type": "integer"},
-    }),
-    "required": ["status", "partial", "error"],
-}
+GET_SOURCES_OUTPUT = output_schema(sources={"type": "array", "items": _OBJECT})
 
 
 def issue(path, code, message, suggestion):
@@ -10360,8 +10301,10 @@ def _check_array(path, value, spec, issues, adjustments):
 def _about(spec):
     """The suggestion for a value that does not fit ``spec``: what the argument wants."""
     kind = VALUE_KINDS.get(spec.get("type"))
-    return "pass %s: %s" % (kind.words if kind is not None and kind.fits is not None else "a value",
-                            spec.get("description") or "see the tool's input schema")
+    about = spec.get("description") or (VALUE_KINDS[spec["format"]].words + (
+        " such as example.com" if spec["format"] == "hostname" else "") if "format" in spec else
+        "see the tool's input schema")
+    return "pass %s: %s" % (kind.words if kind is not None and kind.fits is not None else "a value", about)
 
 
 def _label(path):
@@ -10380,10 +10323,11 @@ def validate_search_args(args, config=None):
     """
     if isinstance(args.get("query"), str):          # the engines get the query with its whitespace collapsed
         args = dict(args, query=collapse_ws(args["query"]))
-    values, issues, adjustments = check_args(WEB_SEARCH_INPUT, args, defaults=_search_defaults(config),
-                                             clamp={"numResults": (MIN_RESULTS, MAX_RESULTS),
-                                                    "limit": (MIN_RESULTS, MAX_RESULTS)})
-    _merge_limit(args, values, adjustments)
+    values, issues, adjustments = check_args(WEB_SEARCH_INPUT, {k: v for k, v in args.items() if k != "limit"},
+                                             defaults=_search_defaults(config),
+                                             clamp={"numResults": (MIN_RESULTS, MAX_RESULTS)})
+    if "limit" in args:
+        _merge_limit(args, values, issues, adjustments)
     _normalize_select(args, values, issues, adjustments)
     if "numResults" in args and args["numResults"] is None:
         adjustments.append({"path": "/numResults", "received": None, "used": values["numResults"],
@@ -10399,16 +10343,30 @@ def validate_search_args(args, config=None):
     return values, issues, adjustments
 
 
+_SEARCH_DEFAULTS = {"numResults": DEFAULT_RESULTS, "topic": "general", "page": 1, "include_content": 0,
+                    "content_chars": DEFAULT_CONTENT_CHARS, "mode": "failover"}
+
+
 def _search_defaults(config):
-    """The defaults the environment sets for web_search arguments."""
+    """The defaults of web_search arguments, with those the environment sets."""
     if config is None:
-        return {}
-    return {"numResults": config.default_results, "lang": config.default_lang or None,
-            "country": config.default_country or None, "safesearch": config.default_safesearch or None}
+        return dict(_SEARCH_DEFAULTS)
+    return dict(_SEARCH_DEFAULTS, numResults=config.default_results, lang=config.default_lang or None,
+                country=config.default_country or None, safesearch=config.default_safesearch or None)
 
 
-def _merge_limit(args, values, adjustments):
+# limit: another name for numResults that some clients send. It is read, and checked by its own schema,
+# but not listed: one name is all a model needs, and every listed byte is paid for in every context.
+_LIMIT_INPUT = {"type": "object", "properties": {"limit": {"type": "integer", "description": "Same as numResults."}}}
+
+
+def _merge_limit(args, values, issues, adjustments):
     """limit is another name for numResults: numResults wins when both are given."""
+    limit, found, changed = check_args(_LIMIT_INPUT, {"limit": args["limit"]},
+                                       clamp={"limit": (MIN_RESULTS, MAX_RESULTS)})
+    issues.extend(found)
+    adjustments.extend(changed)
+    values.update(limit)
     if "limit" in values:
         if args.get("numResults") is None:
             values["numResults"] = values["limit"]
@@ -10541,88 +10499,39 @@ def validation_result(tool, issues, extra=None):
 WEB_FETCH_INPUT = {
     "type": "object",
     "properties": {
-        "url": {"type": "string", "minLength": 1, "format": "uri",
-                "description": "Absolute http:// or https:// URL of the page."},
+        "url": {"type": "string", "minLength": 1, "format": "uri", "description": "http(s) URL of the page."},
         "urls": {"type": "array", "items": {"type": "string", "minLength": 1, "format": "uri"}, "minItems": 1,
-                 "maxItems": MAX_FETCH_URLS,
-                 "description": "Instead of url: up to %d pages fetched at once, each with its own result "
-                                "(start_index and max_length apply to each)." % MAX_FETCH_URLS},
+                 "maxItems": MAX_FETCH_URLS, "description": "Instead of url: several pages at once."},
         "start_index": {"type": "integer", "minimum": 0, "default": 0,
-                        "description": "Character offset to start from: pass next_start_index of the previous "
-                                       "page to continue a long document."},
+                        "description": "Continue from next_start_index."},
         "max_length": {"type": "integer", "minimum": 1, "maximum": MAX_FETCH_LENGTH, "default": DEFAULT_FETCH_LENGTH,
-                       "description": "Most characters to return in this page (default 20000)."},
+                       "description": "Characters per piece."},
         "format": {"type": "string", "enum": ["markdown", "text", "html"], "default": "markdown",
-                   "description": "markdown (default), plain text, or the page's raw HTML."},
+                   "description": "Output form."},
     },
     "additionalProperties": False,
 }
 
-WEB_FETCH_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
-        "url": {"type": "string", "description": "The URL asked for."},
-        "final_url": {"type": ["string", "null"], "description": "Where redirects ended."},
-        "title": {"type": ["string", "null"]},
-        "content": {"type": "string", "description": "This page of the document."},
-        "start_index": {"type": "integer"},
-        "total_length": {"type": "integer", "description": "Characters in the whole document."},
-        "next_start_index": {"type": ["integer", "null"], "description": "Pass as start_index for the next page; "
-                                                                          "null at the end."},
-        "format": {"type": "string"}, "provider": {"type": ["string", "null"]},
-        "fallback": {"type": ["string", "null"],
-                     "description": "Why a later provider (jina) served the page instead of direct."},
-        "content_type": {"type": ["string", "null"]},
-        "cached": {"type": "boolean", "description": "Served from the extracted-document cache."},
-        "coalesced": {"type": "boolean"},
-        "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
-        "results": {"type": "array", "items": {"type": "object"},
-                    "description": "With urls: one result per URL, in order, each shaped like a single fetch."},
-        "succeeded": {"type": "integer"}, "failed": {"type": "integer"},
-        "validation": {"type": "object"},
-    }),
-    "required": ["status", "partial", "error"],
-}
+WEB_FETCH_OUTPUT = output_schema(content=_STRING, total_length=_INTEGER, results={"type": "array", "items": _OBJECT})
 
 WEB_MAP_INPUT = {
     "type": "object",
     "properties": {
-        "url": {"type": "string", "minLength": 1, "format": "uri",
-                "description": "Absolute http:// or https:// URL of the site (or a section)."},
-        "max_depth": {"type": "integer", "minimum": 1, "maximum": 5, "default": 1,
-                      "description": "How many links deep to crawl from the URL (1-5)."},
+        "url": {"type": "string", "minLength": 1, "format": "uri", "description": "http(s) URL of the site."},
+        "max_depth": {"type": "integer", "minimum": 1, "maximum": 5, "default": 1, "description": "Links deep."},
         "max_breadth": {"type": "integer", "minimum": 1, "maximum": 500, "default": 20,
-                        "description": "Most links followed from one page (1-500)."},
+                        "description": "Links followed per page."},
         "limit": {"type": "integer", "minimum": 1, "maximum": MAX_MAP_LIMIT, "default": 50,
-                  "description": "Most URLs returned (1-%d)." % MAX_MAP_LIMIT},
+                  "description": "Most URLs returned."},
         "instructions": {"type": "string", "maxLength": 400,
-                         "description": "Natural-language focus such as 'only API reference pages' "
-                                        "(used by the Tavily provider; the built-in mapper ignores it)."},
-        "timeout": {"type": "number", "minimum": 5, "maximum": 150, "default": 60,
-                    "description": "Seconds the whole map may take (5-150)."},
+                         "description": "Focus, e.g. 'only API reference pages'."},
+        "timeout": {"type": "number", "minimum": 5, "maximum": 150, "default": 60, "description": "Seconds in all."},
     },
     "required": ["url"],
     "additionalProperties": False,
 }
 
-WEB_MAP_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
-        "base_url": {"type": "string"},
-        "results": {"type": "array", "items": {"type": "string"}, "description": "The site's URLs."},
-        "provider": {"type": ["string", "null"]},
-        "ignored_results": {"type": "array", "items": {"type": "object"},
-                            "description": "Items the provider returned that are not usable URLs, with why."},
-        "lastmod": {"type": "object", "additionalProperties": {"type": "string"},
-                    "description": "Last modification of listed URLs, as their sitemap or feed gives it."},
-        "stats": {"type": "object", "description": "robots.txt verdict, sitemaps read, pages crawled."},
-        "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
-        "validation": {"type": "object"},
-    }),
-    "required": ["status", "partial", "error"],
-}
+WEB_MAP_OUTPUT = output_schema(results={"type": "array", "items": _STRING})
 
 WEB_ANSWER_INPUT = {
     "type": "object",
@@ -10641,22 +10550,7 @@ WEB_ANSWER_INPUT = {
     "additionalProperties": False,
 }
 
-WEB_ANSWER_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
-        "session_id": {"type": ["string", "null"], "description": "Pass to get_sources for the full source list."},
-        "content": {"type": "string", "description": "The researched answer (Markdown, with citations)."},
-        "model": {"type": ["string", "null"]}, "protocol": {"type": ["string", "null"]},
-        "sources_count": {"type": "integer"},
-        "sources": {"type": "array", "items": {"type": "object"}},
-        "coalesced": {"type": "boolean", "description": "Shared with an identical concurrent question."},
-        "diagnostics": {"type": "object", "description": "termination, attempts, elapsed, budget, queue wait."},
-        "grok_error": {"type": ["object", "null"], "description": "Why the answer failed, when it did."},
-        "validation": {"type": "object"},
-    }),
-    "required": ["status", "partial", "error"],
-}
+WEB_ANSWER_OUTPUT = output_schema(content=_STRING, sources={"type": "array", "items": _OBJECT})
 
 SWITCH_MODEL_INPUT = {
     "type": "object",
@@ -10666,32 +10560,12 @@ SWITCH_MODEL_INPUT = {
     "additionalProperties": False,
 }
 
-SWITCH_MODEL_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "previous_model": {"type": ["string", "null"]}, "current_model": {"type": "string"},
-        "config_file": {"type": "string"}, "persisted": {"type": "boolean"}, "validation": {"type": "object"}}),
-    "required": ["status", "partial", "error"],
-}
+SWITCH_MODEL_OUTPUT = output_schema(current_model=_STRING, persisted={"type": "boolean"})
 
 GET_CONFIG_INFO_INPUT = {"type": "object", "properties": {}, "additionalProperties": False}
 
-GET_CONFIG_INFO_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "version": {"type": "string"},
-        "configuration": {"type": "object", "description": "Every variable, secrets as fingerprints."},
-        "problems": {"type": "array", "items": {"type": "object"}},
-        "answer": {"type": "object", "description": "Model (and where it came from), protocol, endpoint."},
-        "vendors": {"type": "array", "items": {"type": "object"}},
-        "keys": {"type": "object", "description": "Tavily key pool: masked keys, states, breaker."},
-        "connection_test": {"type": "object", "description": "GET /models on the answer endpoint."},
-        "tools": {"type": "array", "items": {"type": "string"}, "description": "The tools listed."},
-        "unlisted_tools": {"type": "array", "items": {"type": "object"},
-                           "description": "Core tools not listed, each with how to enable it."},
-    }),
-    "required": ["status", "partial", "error"],
-}
+GET_CONFIG_INFO_OUTPUT = output_schema(problems=_ARRAY, vendors=_ARRAY, tools=_ARRAY)
+
 
 def tool_entry(name, title, description, input_schema, output_schema, *, read_only=True, idempotent=True,
                open_world=True):
@@ -10791,46 +10665,35 @@ _CHECK_COMMAND = Command("check", "", "configuration problems, then one timed pr
 
 TOOLS = (
     Tool("web_search", "Web search (failover ring)",
-         ("Search the web and get ranked results (title, URL, snippet, date when known). "
-          "Engines are tried in turn until one answers (keyed engines first, then exa, tavily, bing, "
-          "duckduckgo), so a dead or rate-limited engine does not fail the search; the result names the "
-          "engine that served it and every failed attempt. Filters (lang, time_range, include_domains, "
-          "exclude_domains, max_results_per_domain) survive failover. mode=fanout asks every healthy "
-          "engine at once and fuses the rankings. Use it first for any question that needs current or "
-          "external information; identical searches are cached for a while."),
+         ("Search the web: ranked results (title, URL, snippet, date when known) and a session_id. Use it "
+          "first for anything that needs current or outside information, then web_fetch a result to read it. "
+          "Several engines stand behind it: one that fails or is rate-limited does not fail the search."),
          WEB_SEARCH_INPUT, WEB_SEARCH_OUTPUT, "search_tools.web_search", inline="try", command=_SEARCH_COMMAND),
     Tool("web_answer", "Researched answer with citations",
-         ("Ask an LLM with live web search (xAI Grok or any OpenAI-compatible model) to research a question "
-          "and answer it with cited sources. Use it for questions that need synthesis across several sources; "
-          "use web_search for plain lookups. Slower (seconds to minutes; progress is reported). platform "
-          "focuses the search (GitHub, Reddit, X ...); extra_sources first runs web_search and gives the "
-          "results to the model as evidence. The source list stays available through get_sources."),
+         ("Research a question with a web-searching LLM and get an answer with cited sources. Use it when the "
+          "question needs synthesis across several sources (it takes seconds to minutes); use web_search for "
+          "plain lookups."),
          WEB_ANSWER_INPUT, WEB_ANSWER_OUTPUT, "answer_tools.web_answer", idempotent=False,
          command=_ANSWER_COMMAND),
     Tool("get_sources", "Sources of an earlier call",
-         ("Return the full source list (titles and URLs) of an earlier web_search or web_answer call, by "
-          "the session_id that call returned. Sessions are kept for one hour (256 at most)."),
+         ("Every source (title, URL) of an earlier web_search or web_answer, by its session_id. Use it when you "
+          "need more sources than the call showed. Kept for an hour."),
          GET_SOURCES_INPUT, GET_SOURCES_OUTPUT, "search_tools.get_sources", open_world=False, inline="always"),
     Tool("web_fetch", "Fetch a page as Markdown",
-         ("Fetch one web page (http/https) and return its main content as clean Markdown (or plain text or "
-          "raw HTML), paged: long documents come in pieces of max_length characters; call again with "
-          "start_index = next_start_index for the next piece (served from cache, no refetch). Use it after "
-          "web_search to read a result in full; pass urls (up to %d) instead of url to read several pages in "
-          "one call. Uses Tavily Extract when a key is set, else a built-in extractor that refuses private "
-          "network addresses." % MAX_FETCH_URLS),
+         ("Read a web page (or up to %d with urls) as Markdown, plain text or HTML. Use it to read a search "
+          "result in full. A long page comes in pieces: call again with start_index = next_start_index."
+          % MAX_FETCH_URLS),
          WEB_FETCH_INPUT, WEB_FETCH_OUTPUT, "page_tools.web_fetch", inline="try", command=_FETCH_COMMAND),
     Tool("web_map", "Map a site's URLs",
-         ("List the URLs of a website (its sitemap and a same-origin crawl honouring robots.txt, or Tavily "
-          "Map with a key), to find the right page to fetch. Use it when you know the site but not the page."),
+         ("List the URLs of a website. Use it when you know the site but not the page, then web_fetch the page."),
          WEB_MAP_INPUT, WEB_MAP_OUTPUT, "page_tools.web_map", command=_MAP_COMMAND),
     Tool("get_config_info", "Configuration and health",
-         ("Show the server's configuration (keys masked), every configuration problem, each search vendor's "
-          "health and cooldown, the Tavily key pool, and a connection test of the answer endpoint (its model "
-          "catalogue). Use it when searches or answers fail, to see why."),
+         ("Configuration problems, search engine health and key status. Use it when searches or answers fail, "
+          "to see why."),
          GET_CONFIG_INFO_INPUT, GET_CONFIG_INFO_OUTPUT, "answer_tools.get_config_info", command=_CHECK_COMMAND),
     Tool("switch_model", "Switch the answer model",
-         ("Set the model web_answer uses from now on and save it in the config file. Use it when the user asks "
-          "for another model or the current one is unavailable (get_config_info shows the catalogue)."),
+         ("Change the model web_answer uses from now on (saved). Use it when the user asks for another model "
+          "or the current one is unavailable."),
          SWITCH_MODEL_INPUT, SWITCH_MODEL_OUTPUT, "answer_tools.switch_model", read_only=False, open_world=False),
 )
 
@@ -10907,22 +10770,7 @@ PLAN_INPUTS = {
     }, ["session_id", "parallel_groups"]),
 }
 
-PLAN_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "session_id": {"type": "string"},
-        "phase": {"type": "string", "description": "The phase this call recorded."},
-        "complexity_level": {"type": ["integer", "null"]},
-        "completed_phases": {"type": "array", "items": {"type": "string"}},
-        "phases_remaining": {"type": "array", "items": {"type": "string"},
-                             "description": "Phases still required by the complexity level, in order."},
-        "plan_complete": {"type": "boolean"},
-        "executable_plan": {"type": ["object", "null"], "description": "The finished plan, once complete."},
-        "revisions": {"type": "integer", "description": "Answers replaced so far."},
-        "validation": {"type": "object"},
-    }),
-    "required": ["status", "partial", "error"],
-}
+PLAN_OUTPUT = output_schema(session_id=_STRING, phases_remaining=_ARRAY, plan_complete={"type": "boolean"})
 
 _PLAN_DESCRIPTIONS = {
     "intent": "Start a search plan (step 1 of up to 6): state the real question, its type and how fresh the "
@@ -10963,10 +10811,12 @@ def tools_reference_markdown():
         entry, schema = tool.listing, tool.listing["inputSchema"]
         required = set(schema.get("required") or ())
         out += ["### `%s`%s" % (tool.name, "" if tool.name in CORE_TOOLS else " (with WEBSEARCH_TOOLS=plan)"),
-                "", entry["description"], ""]
+                "", entry["description"], "", "Its tools/list entry: %d bytes." % len(json_line(entry)[:-1]), ""]
+        defaults = _SEARCH_DEFAULTS if tool.name == "web_search" else {}
         if schema["properties"]:
             out += ["| argument | type | meaning |", "|---|---|---|"]
-            out += [_argument_row(name, spec, name in required) for name, spec in schema["properties"].items()]
+            out += [_argument_row(name, dict({"default": defaults[name]} if name in defaults else {}, **spec),
+                                  name in required) for name, spec in schema["properties"].items()]
         else:
             out.append("No arguments.")
         out.append("")
@@ -10978,6 +10828,17 @@ def _argument_row(name, spec, required):
     kind = spec.get("type", "object")
     if "enum" in spec:
         kind += ": " + " / ".join("`%s`" % v for v in spec["enum"])
+    if "minimum" in spec or "maximum" in spec:
+        kind += " %s-%s" % (spec.get("minimum", ""), spec.get("maximum", ""))
+    if "format" in spec or "pattern" in spec:
+        kind += " (%s)" % spec.get("format", "pattern `%s`" % spec.get("pattern"))
+    items = spec.get("items") or {}
+    if "maxItems" in spec:
+        kind += " of at most %d" % spec["maxItems"]
+    if "enum" in items or "format" in items:
+        kind += ": " + (" / ".join("`%s`" % v for v in items["enum"]) if "enum" in items else items["format"])
+    if "maxLength" in spec:
+        kind += " of at most %d characters" % spec["maxLength"]
     if "default" in spec:
         kind += ", default `%s`" % json.dumps(spec["default"])
     if required:
