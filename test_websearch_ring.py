@@ -10135,9 +10135,9 @@ def test_cli_invalid_arguments_exit_two(args):
         assert result["error"] == "invalid_arguments"
         assert [i["path"] for i in result["validation"]["issues"]] == ["/query"]
     elif args[0] in ("fetch", "map"):
-        assert run.err.startswith("Invalid arguments for %s:\n- url: " % args[0]) and run.out == "", run
+        assert run.err.startswith("Invalid arguments for %s:\n- URL: " % args[0]) and run.out == "", run
     elif args[1] == " ":
-        assert run.err.startswith("Invalid arguments for search:\n- query is empty") and run.out == "", run
+        assert run.err.startswith("Invalid arguments for search:\n- QUERY is empty") and run.out == "", run
     else:
         assert "error:" in run.err and run.out == "", run
 
@@ -10257,10 +10257,11 @@ def test_cli_version(ring, flag):
     assert run.out == "websearch-ring %s\n" % ring.__version__
 
 
-def test_cli_invalid_variable_is_reported_and_exits_two_after_the_output(fake_upstream):
+def test_cli_invalid_variable_is_a_warning_and_the_search_exits_zero(fake_upstream):
+    # The search did its job: a configuration problem is told on stderr, and `search ... && next` goes on.
     fake_upstream.route("POST", "/search", "tavily/search_success.json")
     run = run_cli("search", CLI_QUERY, env=ring_env({"tavily": fake_upstream}, WEBSEARCH_TIMEOUT_MS="12s"))
-    assert run.code == 2, run
+    assert run.code == 0, run
     assert "WEBSEARCH_TIMEOUT_MS='12s' is invalid" in run.err
     assert run.err.startswith("configuration problem:")
     assert run.out.startswith('3 results for "%s" (via tavily)' % CLI_QUERY)
@@ -10575,6 +10576,81 @@ def test_cli_output_loses_no_character_on_a_legacy_console_encoding(tmp_path):
     assert runs["json"].returncode == 0, runs["json"].stderr
     data = json.loads(runs["json"].stdout.decode("ascii"))
     assert data["results"][0]["title"] == "Café 東京 ☃"
+
+
+# --- the command line in its own words (issue 22)
+
+def _cli_text(ring, args, command="search", tool="web_search"):
+    """The command line's text for the invalid web_search ``args``."""
+    _, words = ring._cli_parser()
+    cmd = ring._command_named(command)
+    say = ring.cli_words(dict(words, **{cmd.positional[0]: cmd.argument}))
+    helps = {s.get("dest") or f[-1].lstrip("-"): s.get("help") for f, s in cmd.options}
+    helps[cmd.positional[0]] = cmd.positional[1]["help"]
+    issues = ring.validate_search_args(args)[1] if tool == "web_search" else \
+        ring.check_args(ring.WEB_FETCH_INPUT, args)[1]
+    return ring.cli_validation_text(tool, issues, say, helps)
+
+
+def test_cli_validation_names_options_and_never_the_schema(ring):
+    text = _cli_text(ring, {"query": "q", "start_date": "2024-02-01", "end_date": "2024-01-01"})
+    assert text == "Invalid arguments for search:\n- --to is before --from (swap the two days)"
+    text = _cli_text(ring, {"query": " "})
+    assert text.startswith("Invalid arguments for search:\n- QUERY is empty") and "what to search for" in text
+    assert ring.WEB_SEARCH_INPUT["properties"]["query"]["description"] not in text
+    text = _cli_text(ring, {"query": "q", "vendor": "googel"})
+    assert text.count("duckduckgo") == 1 and text.startswith("Invalid arguments for search:\n- --vendor must be")
+    text = _cli_text(ring, {"query": "q", "vendor": "exa", "mode": "fanout"})
+    assert "leave out --vendor for a fan-out, or --mode for a single engine" in text and "----" not in text
+    text = _cli_text(ring, {"url": "not-a-url", "start_index": -1}, "fetch", "web_fetch")
+    assert "- URL: 'not-a-url' is a relative URL" in text and "- --start must be" in text
+    assert "start_index" not in text and "url:" not in text
+
+
+def test_cli_every_option_has_help_naming_its_choices(ring):
+    for command in ring._COMMANDS:
+        for flags, settings in command.options:
+            assert settings.get("help"), (command.name, flags)
+            for choice in settings.get("choices") or ():
+                assert choice in settings["help"], (command.name, flags, choice)
+    assert all(v in ring._SEARCH_COMMAND.options[1][1]["help"] for v in ring.KNOWN_VENDORS)   # --vendor
+
+
+def test_cli_misspelt_option_gets_did_you_mean_and_numbers_out_of_range_are_refused():
+    run = run_cli("search", "x", "--nmu", "3")
+    assert run.code == 2 and run.out == "", run
+    assert run.err.startswith("python websearch_ring.py search: unknown option --nmu; did you mean --num?"), run
+    assert "usage: python websearch_ring.py [COMMAND" not in run.err
+    # One rule for every number: out of range is refused with the range (-n as --max), never clamped.
+    for args in (("search", "x", "-n", "0"), ("search", "x", "--num", "21"), ("fetch", "https://a.org/", "--max", "0")):
+        run = run_cli(*args)
+        assert run.code == 2 and run.out == "", run
+        assert re.search(r"^- --(num|max) must be an integer from 1 to \d+, got", run.err, re.M), run
+
+
+def test_unknown_tool_over_json_rpc_names_the_closest(ring):
+    server = ring.Server(ring.Config.from_env({}), stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    with pytest.raises(ring.RpcError) as raised:
+        server._read_call({"name": "web_serch", "arguments": {}})
+    assert raised.value.message == "Unknown tool: web_serch; did you mean web_search?"
+    with pytest.raises(ring.RpcError) as raised:
+        server._read_call({"name": "frobnicate"})
+    assert raised.value.message == "Unknown tool: frobnicate"
+
+
+def test_a_filter_that_matches_nothing_is_no_results_not_an_outage_and_exits_three(fake_upstream):
+    route_vendor(fake_upstream, "tavily", "tavily/search_success.json")
+    env = ring_env({"tavily": fake_upstream})
+    run = run_cli("search", CLI_QUERY, "--include", "nothing-matches.example", "--json", env=env)
+    assert run.code == 3, run
+    result = run.json()
+    assert (result["status"], result["error"]) == ("error", "no_results")
+    assert result["error_detail"]["message"].startswith("no result matched the filters (tavily: ")
+    assert result["error_detail"]["retryable"] is False
+    assert [(a["vendor"], a["outcome"], a["code"]) for a in result["attempts"]] == [
+        ("tavily", "no_results", "filtered_out")]
+    run = run_cli("search", CLI_QUERY, "--include", "nothing-matches.example", env=env)
+    assert run.code == 3 and run.err.startswith('No results for "%s": no result matched the filters' % CLI_QUERY), run
 
 
 # ----------------------------------------------------------------------------------------------

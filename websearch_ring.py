@@ -10617,13 +10617,15 @@ _SEARCH_COMMAND = Command(
     "search", "QUERY", "ranked results from the ring of search engines",
     ("query", {"nargs": "+", "help": "what to search for (quotes are optional)"}), (
         _option("-n", "--num", type=int, dest="numResults", metavar="N", help="how many results, 1-20 (default 8)"),
-        _option("--vendor", help="ask only this engine"),
+        _option("--vendor", help="ask only this engine: " + ", ".join(KNOWN_VENDORS)),
         _option("--mode", choices=("failover", "fanout"), help="failover (default) or fanout (every engine)"),
         _option("--lang", help="language of the results, e.g. en, de, pt-BR"),
         _option("--country", help="country of the results, e.g. US, DE"),
-        _option("--safesearch", choices=("off", "moderate", "strict")),
-        _option("--topic", choices=("general", "news")),
-        _option("--time-range", dest="time_range", choices=tuple(TIME_RANGES)),
+        _option("--safesearch", choices=("off", "moderate", "strict"),
+               help="adult-content filter where the engine has one: off, moderate or strict"),
+        _option("--topic", choices=("general", "news"), help="general (default) or news: news articles only"),
+        _option("--time-range", dest="time_range", choices=tuple(TIME_RANGES),
+               help="only results published within the last day, week, month or year"),
         _option("--from", dest="start_date", metavar="YYYY-MM-DD", help="published on or after this day"),
         _option("--to", dest="end_date", metavar="YYYY-MM-DD", help="published on or before this day"),
         _option("--include", action="append", dest="include_domains", metavar="DOMAIN",
@@ -10631,8 +10633,8 @@ _SEARCH_COMMAND = Command(
         _option("--exclude", action="append", dest="exclude_domains", metavar="DOMAIN",
                help="no results from these domains: repeat it, or separate them with commas"),
         _option("--per-domain", type=int, dest="max_results_per_domain", metavar="N",
-               help="at most N results per site"),
-        _option("--page", type=int, help="further results: page 2 to %d" % MAX_PAGE),
+               help="at most N results per site (1-10)"),
+        _option("--page", type=int, metavar="N", help="further results: page 2 to %d" % MAX_PAGE),
         _option("--content", type=int, dest="include_content", metavar="N",
                help="also read the top N pages (0-%d)" % MAX_INCLUDE_CONTENT)))
 
@@ -10649,16 +10651,18 @@ _FETCH_COMMAND = Command(
     ("url", {"help": "an http:// or https:// URL"}), (
         _option("--start", type=int, dest="start_index", metavar="N", help="character to start from (default 0)"),
         _option("--max", type=int, dest="max_length", metavar="N",
-               help="characters to show (default %d)" % DEFAULT_FETCH_LENGTH),
-        _option("--format", choices=("markdown", "text", "html"))))
+               help="characters to show, 1-%d (default %d)" % (MAX_FETCH_LENGTH, DEFAULT_FETCH_LENGTH)),
+        _option("--format", choices=("markdown", "text", "html"),
+               help="markdown (default), text (plain), or html (the page's raw HTML)")))
 
 _MAP_COMMAND = Command(
     "map", "URL", "the URLs of a site",
     ("url", {"help": "an http:// or https:// URL"}), (
         _option("--depth", type=int, dest="max_depth", metavar="N", help="links deep, 1-5 (default 1)"),
-        _option("--breadth", type=int, dest="max_breadth", metavar="N", help="links followed per page (default 20)"),
-        _option("--limit", type=int, metavar="N", help="most URLs returned (default 50)"),
-        _option("--timeout", type=float, metavar="S", help="seconds in all (default 60)"),
+        _option("--breadth", type=int, dest="max_breadth", metavar="N",
+               help="links followed per page, 1-500 (default 20)"),
+        _option("--limit", type=int, metavar="N", help="most URLs returned, 1-%d (default 50)" % MAX_MAP_LIMIT),
+        _option("--timeout", type=float, metavar="S", help="seconds in all, 5-150 (default 60)"),
         _option("--instructions", help="focus for the Tavily mapper")))
 
 _CHECK_COMMAND = Command("check", "", "configuration problems, then one timed probe of every configured backend")
@@ -10872,8 +10876,8 @@ def render_search_text(s, max_chars, say=mcp_words):
 
 def _search_failure_lines(s):
     """A failed search: why, then each attempt."""
-    lines = ["Search failed for %s: %s" % (json.dumps(s.get("query", ""), ensure_ascii=False),
-                                           s["error_detail"]["message"])]
+    lines = ["%s for %s: %s" % ("No results" if s["error"] == "no_results" else "Search failed",
+                                json.dumps(s.get("query", ""), ensure_ascii=False), s["error_detail"]["message"])]
     for a in s.get("attempts") or []:
         lines.append("- %s: %s%s%s" % (a["vendor"], a["outcome"],
                                         " (HTTP %s)" % a["http_status"] if a.get("http_status") else "",
@@ -10937,6 +10941,18 @@ def _content_lines(r, say):
         lines += ["   | " + line for line in r["content"].split("\n")]
     return lines
 
+
+
+def _nothing_found(attempts):
+    """Why a search that no engine failed found nothing (every engine asked answered, without results, or
+    with none inside the filters), or None when an engine failed: that is an outage, not an empty answer."""
+    asked = [a for a in attempts if a["outcome"] not in ("skipped", "skipped_cooldown")]
+    if not asked or any(a["outcome"] != "no_results" for a in asked):
+        return None
+    filtered = [a for a in asked if a.get("code") == "filtered_out"]
+    if filtered:
+        return "no result matched the filters (%s)" % "; ".join("%s: %s" % (a["vendor"], a["message"]) for a in filtered)
+    return "no engine found anything for this query (%s)" % ", ".join(a["vendor"] for a in asked)
 
 class SearchTools:
     """The web_search and get_sources tools over one ring, cache, coalescer and session store."""
@@ -11060,14 +11076,16 @@ class SearchTools:
             message = "%s is in cooldown: %s" % (vendor, skipped[0]["message"])
         elif skipped and len(skipped) == len(attempts):
             code, message = "all_vendors_in_cooldown", "every vendor is in cooldown; retry later"
+        elif _nothing_found(attempts):
+            code, message = "no_results", _nothing_found(attempts)
         else:
             code = "all_vendors_failed"
             message = "every vendor failed (%s)" % ", ".join("%s: %s" % (a["vendor"], a["outcome"]) for a in attempts)
             if attempts and all(a["outcome"] in ("network_error", "skipped_cooldown") for a in attempts):
                 message = "no engine reachable: check the network or the proxy variables (WEBSEARCH_PROXY, " \
                           "HTTPS_PROXY, NO_PROXY); " + message
-        retryable = any(a.get("retryable", a["outcome"] in ("timeout", "skipped_cooldown", "bad_response"))
-                        for a in attempts)
+        retryable = code != "no_results" and any(
+            a.get("retryable", a["outcome"] in ("timeout", "skipped_cooldown", "bad_response")) for a in attempts)
         wait = [a.get("cooldown_remaining_s") or a.get("retry_after_s") for a in attempts]
         wait = [w for w in wait if w]
         return status_fields("error", code, error_detail(
@@ -12526,7 +12544,9 @@ class Server:
         if args is None:
             args = {}
         if not isinstance(name, str) or name not in self.handlers:
-            hint = " (listed when GROK_API_KEY is set)" if hidden_for_want_of_key(name, self.config) else ""
+            guess = closest(name, list(self.handlers)) if isinstance(name, str) and len(name) <= 100 else None
+            hint = " (listed when GROK_API_KEY is set)" if hidden_for_want_of_key(name, self.config) else \
+                "; did you mean %s?" % guess if guess else ""
             raise RpcError(INVALID_PARAMS, "Unknown tool: %s%s" % (name, hint), {"available": list(self.handlers)})
         if not isinstance(args, dict):
             raise RpcError(INVALID_PARAMS, "tools/call arguments must be an object, got %s" % _json_type(args))
@@ -12618,7 +12638,8 @@ options:
   --help          this text;  --help-env: every environment variable;  --version
 
 Results go to stdout; errors, progress and configuration problems to stderr.
-exit status: 0 success, 1 tool error, 2 bad usage or configuration.
+exit status: 0 done (configuration problems are warnings), 1 tool error,
+2 bad usage, 3 no result (the engines answered; nothing matched).
 """ % "\n".join("  %-18s%s" % (("%s %s" % (c.name, c.argument)).strip(), c.summary) for c in _COMMANDS)
 
 # The tool each command calls (check is get_config_info's, though it runs a check of its own).
@@ -12664,15 +12685,76 @@ def cli_words(words):
     return say
 
 
-def cli_validation_text(tool, issues, say):
-    """Invalid arguments, told with the command line's options."""
+def cli_validation_text(tool, issues, say, helps=None):
+    """Invalid arguments, told in the command line's own words: its options (``--to``, not ``end_date``)
+    and their help texts (not the schema's descriptions), each choice listed once."""
+    props = next(t for t in TOOLS if t.name == tool).listing["inputSchema"]["properties"]
     lines = ["Invalid arguments for %s:" % say(tool)]
     for item in issues:
         name = item["path"][1:].split("/")[0]
         message = say(name) + item["message"][len(name):] if item["message"].startswith(name) else \
             "%s: %s" % (say(name), item["message"])
-        lines.append("- %s (%s)" % (message, item["suggestion"]))
+        hint = item["suggestion"]
+        about = (props.get(name) or {}).get("description")
+        if about and hint.endswith(": " + about):      # _about's "pass a string: <schema prose>": the option's help
+            hint = helps[name] if helps and helps.get(name) else hint[:-len(about) - 2]
+        message, hint = _cli_names(message, props, say), _cli_names(hint, props, say)
+        listed = hint.split(": ", 1)[-1]
+        lines.append("- %s" % message if hint.startswith("one of") and listed in message else
+                     "- %s (%s)" % (message, hint))
     return "\n".join(lines)
+
+
+def _cli_names(text, props, say):
+    """``text`` with the tool's argument names in it as the command line calls them (start_date is
+    --from), outside quoted values and option names; a plain word (mode, limit) only where it is not
+    an English noun ("the limit is 400")."""
+    def word(match):
+        name = match.group(1)
+        if name not in props or say(name) == name or (match.group(0).startswith("the ") and name.islower()
+                                                     and "_" not in name):
+            return match.group(0)
+        return match.group(0)[:match.start(1) - match.start(0)] + say(name)
+    parts = re.split(r"(\"[^\"]*\"|'[^']*')", text)
+    return "".join(part if i % 2 else re.sub(r"(?:\bthe )?(?<![-\w])([A-Za-z][A-Za-z_]*)\b", word, part)
+                   for i, part in enumerate(parts))
+
+
+# The one number a tool clamps rather than refuses (numResults: an agent asking for 50 gets 20). The
+# command line has one rule for every number: out of range is refused, with the range.
+_CLI_RANGES = {"numResults": (MIN_RESULTS, MAX_RESULTS)}
+
+
+def _cli_range_issues(args):
+    """Issues for the numbers of ``args`` outside the range the command line allows."""
+    schema = {"type": "object", "properties": {name: {"type": "integer", "minimum": low, "maximum": high}
+                                               for name, (low, high) in _CLI_RANGES.items()}}
+    return check_args(schema, {name: args[name] for name in _CLI_RANGES if name in args})[1]
+
+
+def _command_named(name):
+    return next(c for c in _COMMANDS if c.name == name)
+
+
+def _command_options(command):
+    """The option strings ``command`` accepts."""
+    if command is _CONFIG_COMMAND:
+        return ["--module", "--scope", "--help", "-h"]
+    return [flag for flags, _ in command.options for flag in flags] + ["--json", "--help", "-h"]
+
+
+def _cli_unknown_words(command, words):
+    """Words the parser did not take: an option most like a real one is named ("did you mean --num?"),
+    then where the options are listed; returns 2."""
+    word = words[0].split("=", 1)[0]
+    if word.startswith("-"):
+        guess = closest(word, _command_options(command))
+        problem = "unknown option %s%s" % (word, "; did you mean %s?" % guess if guess else "")
+    else:
+        problem = "unexpected argument %r" % word
+    _emit("python websearch_ring.py %s: %s\n(python websearch_ring.py %s --help lists its options)" % (
+        command.name, problem, command.name), sys.stderr)
+    return 2
 
 
 def _emit(text, stream=None):
@@ -12691,23 +12773,33 @@ def _emit(text, stream=None):
 
 
 def run_cli(argv, env):
-    """The person-facing commands; returns the exit status."""
+    """The person-facing commands; returns the exit status: 0 done (configuration problems are only
+    warnings on stderr), 1 a tool error, 2 bad usage, 3 no result (every engine answered, none matched)."""
     parser, words = _cli_parser()
     try:
-        opts = parser.parse_args(argv)
+        opts, extra = parser.parse_known_args(argv)
     except SystemExit as exc:
         return 2 if exc.code else 0
+    command = _command_named(opts.command)
+    if extra:
+        return _cli_unknown_words(command, extra)
     config = Config.from_env(env)
     if opts.command == "config":
         return cli_config(opts.client, env, opts.module, opts.scope)
     server = _cli_server(config)
     if opts.command == "check":
         return cli_check(server, opts.json)
-    tool, args, say = _CLI_TOOLS[opts.command], _cli_arguments(opts), cli_words(words)
+    tool, args = _CLI_TOOLS[opts.command], _cli_arguments(opts)
+    say = cli_words(dict(words, **{command.positional[0]: command.argument}))
+    helps = dict([(command.positional[0], command.positional[1].get("help"))] + [
+        (settings.get("dest") or flags[-1].lstrip("-").replace("-", "_"), settings.get("help"))
+        for flags, settings in command.options])
     token = CancelToken()
     call = CallContext(token, progress=None if opts.json or not sys.stderr.isatty() else _cli_progress(), say=say)
     try:
-        structured, text, is_error = server.tool_handlers[tool](args, call)
+        out_of_range = _cli_range_issues(args)
+        structured, text, is_error = validation_result(tool, out_of_range) if out_of_range else \
+            server.tool_handlers[tool](args, call)
     except KeyboardInterrupt:
         token.cancel("interrupted")
         return 130
@@ -12715,7 +12807,7 @@ def run_cli(argv, env):
         return 130
     invalid = structured.get("validation")
     if invalid:
-        text = cli_validation_text(tool, invalid["issues"], say)
+        text = cli_validation_text(tool, invalid["issues"], say, helps)
     shown = server.redact.outgoing({"structuredContent": structured, "content": [{"type": "text", "text": text}]})
     if opts.json:
         _emit(_json_text(shown["structuredContent"]))
@@ -12723,7 +12815,9 @@ def run_cli(argv, env):
         _emit(shown["content"][0]["text"], sys.stderr if is_error else sys.stdout)
     if invalid:
         return 2
-    return 1 if is_error else (2 if config.problems else 0)
+    if structured.get("error") == "no_results":
+        return 3
+    return 1 if is_error else 0
 
 
 def _cli_server(config):
