@@ -10653,6 +10653,201 @@ def test_a_filter_that_matches_nothing_is_no_results_not_an_outage_and_exits_thr
     assert run.code == 3 and run.err.startswith('No results for "%s": no result matched the filters' % CLI_QUERY), run
 
 
+# --- install and uninstall (issue 22)
+
+INSTALL_KEY = TAVILY_KEYS[0]
+# What each file client's entry holds for TAVILY_API_KEY: its own reference, never the value. None: the
+# client has no reference syntax (the key stays out); codex and goose forward the variable by name.
+INSTALL_REFERENCES = {
+    "claude-desktop": None, "codex": "env_vars", "cursor": "${env:TAVILY_API_KEY}",
+    "vscode": "${input:websearch-ring-tavily-api-key}", "opencode": "{env:TAVILY_API_KEY}",
+    "mimocode": "{env:TAVILY_API_KEY}", "hermes": "${TAVILY_API_KEY}", "windsurf": "${env:TAVILY_API_KEY}",
+    "gemini-cli": "${TAVILY_API_KEY}", "zed": None, "cline": "${env:TAVILY_API_KEY}",
+    "roo-code": "${env:TAVILY_API_KEY}", "lm-studio": None, "continue": "${{ secrets.TAVILY_API_KEY }}",
+    "goose": "env_keys"}
+
+
+@pytest.fixture
+def install_home(tmp_path, monkeypatch):
+    """A fresh home (and working folder) for install: every client file lands under tmp_path."""
+    for name in ("HOME", "USERPROFILE"):
+        monkeypatch.setenv(name, str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _tiny_yaml(text):
+    """The YAML subset install writes, read independently of the module: nested block mappings whose
+    scalars are "quoted" (JSON strings), [flow, lists] (JSON arrays), true/false, integers or plain words."""
+    root = {}
+    stack = [(-1, root)]
+    for raw in text.splitlines():
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        indent = len(raw) - len(raw.lstrip(" "))
+        while stack[-1][0] >= indent:
+            stack.pop()
+        key, _, value = raw.strip().partition(":")
+        key, value = key.strip().strip('"'), value.strip()
+        if value == "":
+            stack[-1][1][key] = {}
+            stack.append((indent, stack[-1][1][key]))
+        else:
+            stack[-1][1][key] = json.loads(value) if value[0] in '"[' or value in ("true", "false") or \
+                value.isdigit() else value
+    return root
+
+
+def _read_back(ring, client, text):
+    """A written file parsed as the client reads it: strict JSON (all files written fresh are), TOML with
+    tomllib (3.11+), the YAML subset by a reader of its own."""
+    fmt = ring.CLIENTS[client].file["format"]
+    if fmt == "json":
+        return json.loads(text)
+    if fmt == "toml":
+        import tomllib      # the caller skips TOML before Python 3.11
+        return tomllib.loads(text)
+    return _tiny_yaml_document(text)
+
+
+def _tiny_yaml_document(text):
+    """_tiny_yaml, with Continue's ``mcpServers:`` list of items read as a list."""
+    if "\n  - " in text:
+        head, _, items = text.partition("mcpServers:\n")
+        doc = _tiny_yaml(head)
+        doc["mcpServers"] = [_tiny_yaml(chunk.replace("\n    ", "\n"))
+                             for chunk in ("\n" + items).split("\n  - ")[1:]]
+        return doc
+    return _tiny_yaml(text)
+
+
+def _server_entry(ring, client, doc):
+    """websearch-ring's entry in a parsed file (KeyError when absent)."""
+    spec = ring.CLIENTS[client].file
+    if spec["format"] == "yaml-file":
+        [entry] = [e for e in doc["mcpServers"] if e["name"] == "websearch-ring"]
+        return entry
+    if spec["format"] == "yaml":
+        return doc[spec["key"]]["websearch-ring"]
+    for key in spec["path"]:
+        doc = doc[key]
+    return doc["websearch-ring"]
+
+
+@pytest.mark.parametrize("client", sorted(INSTALL_REFERENCES))
+def test_install_writes_each_clients_file_parsed_back_then_reruns_and_uninstalls(ring, install_home, capsys, client):
+    if client == "codex" and sys.version_info < (3, 11):
+        pytest.skip("tomllib reads the written file back on Python 3.11+")
+    env = {"TAVILY_API_KEY": INSTALL_KEY, "WEBSEARCH_VENDORS": "exa,bing"}
+    assert ring.cli_install(client, env) == 0
+    path = ring.pick_path(client, ring.config_paths(client, env=env))
+    out = capsys.readouterr().out
+    assert path.startswith(str(install_home)) and ("written to " + path) in out, out
+    text = open(path, encoding="utf-8").read()
+    assert INSTALL_KEY not in text
+    entry = _server_entry(ring, client, _read_back(ring, client, text))
+    command = entry.get("command", entry.get("cmd"))
+    argv = (command if isinstance(command, list) else [command]) + entry.get("args", [])
+    assert argv[:2] == [sys.executable, os.path.abspath(ring.__file__)]
+    env_block = entry.get("env") or entry.get("environment") or entry.get("envs") or {}
+    assert env_block.get("WEBSEARCH_VENDORS") == "exa,bing"
+    reference = INSTALL_REFERENCES[client]
+    if reference in ("env_vars", "env_keys"):
+        assert entry[reference] == ["TAVILY_API_KEY"] and "TAVILY_API_KEY" not in env_block
+    elif reference is None:
+        assert "TAVILY_API_KEY" not in env_block and "--with-keys" in out
+    else:
+        assert env_block["TAVILY_API_KEY"] == reference
+    # Again: nothing to change, nothing written.
+    assert ring.cli_install(client, env) == 0
+    assert "nothing to change" in capsys.readouterr().out
+    assert open(path, encoding="utf-8").read() == text and not os.path.exists(path + ".websearch-ring.bak")
+    # Out again: the entry is gone, the file before it kept as the backup.
+    assert ring.cli_install(client, env, uninstall=True) == 0
+    assert open(path + ".websearch-ring.bak", encoding="utf-8").read() == text
+    if client == "continue":
+        assert not os.path.exists(path)
+    else:
+        remaining = open(path, encoding="utf-8").read()
+        with pytest.raises((KeyError, TypeError)):
+            _server_entry(ring, client, _read_back(ring, client, remaining) if remaining.strip() else {})
+
+
+def test_install_keeps_every_other_entry_comment_and_format(ring, install_home, capsys):
+    env = {"TAVILY_API_KEY": INSTALL_KEY}
+    zed = install_home / ".config" / "zed" / "settings.json"
+    zed.parent.mkdir(parents=True)
+    zed.write_text('// Zed settings\n{\n    "theme": "One Dark", // mine\n    "context_servers": {\n'
+                   '        "other": {"command": "other-mcp"},\n    },\n}\n', encoding="utf-8")
+    codex = install_home / ".codex" / "config.toml"
+    codex.parent.mkdir()
+    codex.write_text('model = "o3"  # mine\n\n[mcp_servers.other]\ncommand = "other-mcp"\n', encoding="utf-8")
+    hermes = install_home / ".hermes" / "config.yaml"
+    hermes.parent.mkdir()
+    hermes.write_text("# hermes\nmodel: x\nmcp_servers:\n  other:\n    command: other-mcp\n", encoding="utf-8")
+    before = {p: p.read_text(encoding="utf-8") for p in (zed, codex, hermes)}
+    assert ring.cli_install("zed", env, dry_run=True) == 0
+    diff = capsys.readouterr().out
+    assert diff.startswith("--- %s" % zed) and '+        "websearch-ring": {' in diff
+    assert zed.read_text(encoding="utf-8") == before[zed]          # --dry-run writes nothing
+    for client in ("zed", "codex", "hermes"):
+        assert ring.cli_install(client, env) == 0
+    after = {p: p.read_text(encoding="utf-8") for p in before}
+    assert after[zed].startswith('// Zed settings\n{\n    "theme": "One Dark", // mine\n') and \
+        '"other": {"command": "other-mcp"},' in after[zed]
+    assert ring.json_load(after[zed], "jsonc")[0]["context_servers"]["websearch-ring"]["source"] == "custom"
+    assert after[codex].startswith(before[codex])
+    if sys.version_info >= (3, 11):
+        import tomllib
+        doc = tomllib.loads(after[codex])
+        assert doc["model"] == "o3" and set(doc["mcp_servers"]) == {"other", "websearch-ring"}
+    assert after[hermes].startswith(before[hermes]) and "  websearch-ring:\n" in after[hermes]
+    for client, path in (("zed", zed), ("codex", codex), ("hermes", hermes)):
+        assert (path.parent / (path.name + ".websearch-ring.bak")).read_text(encoding="utf-8") == before[path]
+        assert ring.cli_install(client, env, uninstall=True) == 0
+        assert path.read_text(encoding="utf-8") == before[path], client
+
+
+def test_install_refuses_a_file_it_cannot_edit_safely_and_writes_nothing(ring, install_home, capsys):
+    cursor = install_home / ".cursor" / "mcp.json"
+    cursor.parent.mkdir()
+    cursor.write_text('{"mcpServers": {"a": {"command": "x"},},}', encoding="utf-8")   # strict JSON client
+    assert ring.cli_install("cursor", {}) == 1
+    assert "nothing was written" in capsys.readouterr().err
+    assert cursor.read_text(encoding="utf-8") == '{"mcpServers": {"a": {"command": "x"},},}'
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX file modes")
+def test_install_with_keys_writes_the_values_into_a_private_new_file(ring, install_home, capsys):
+    assert ring.cli_install("claude-desktop", {"TAVILY_API_KEY": INSTALL_KEY}, with_keys=True) == 0
+    path = ring.pick_path("claude-desktop", ring.config_paths("claude-desktop", env={}))
+    entry = json.load(open(path))["mcpServers"]["websearch-ring"]
+    assert entry["env"] == {"TAVILY_API_KEY": INSTALL_KEY}
+    assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+def test_install_prints_the_command_or_steps_for_clients_without_a_file(ring, install_home, capsys):
+    assert ring.cli_install("claude-code", {"TAVILY_API_KEY": INSTALL_KEY}, scope="user") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("claude mcp add --scope user websearch-ring -- ") and INSTALL_KEY not in out
+    assert ring.cli_install("claude-code", {}, uninstall=True) == 0
+    assert capsys.readouterr().out.startswith("claude mcp remove --scope local websearch-ring")
+    for client in ("cherry-studio", "jetbrains"):
+        assert ring.cli_install(client, {}) == 0
+        assert '"websearch-ring"' in capsys.readouterr().out
+    assert not any(install_home.iterdir())
+
+
+def test_cli_install_is_a_command_with_did_you_mean(tmp_path):
+    env = {"HOME": str(tmp_path), "USERPROFILE": str(tmp_path), "APPDATA": str(tmp_path)}
+    run = run_cli("install", "cursr", env=env)
+    assert run.code == 2 and "did you mean 'cursor'?" in run.err, run
+    run = run_cli("install", "cursor", "--dry-rn", env=env)
+    assert run.code == 2 and "did you mean --dry-run?" in run.err, run
+    run = run_cli("install", "cursor", "--dry-run", env=env)
+    assert run.code == 0 and run.out.startswith("--- /dev/null") and not any(tmp_path.iterdir()), run
+
+
 # ----------------------------------------------------------------------------------------------
 # § README
 # ----------------------------------------------------------------------------------------------

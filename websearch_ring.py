@@ -39,7 +39,8 @@ Contents (grep -n '^# §'), in two parts:
  §14 Key pool, circuit breaker and engine health  §15 Cache and coalescing  §16 Vendors
  §17 Fetch providers and the site mapper  §18 Ring  §19 Tool schemas and argument checking
  §20 Search and page tools  §21 Answer and configuration tools  §22 Planning tools
- §23 JSON-RPC server  §24 Command line
+ §23 JSON-RPC server  §24 Client files: JSON  §25 Client files: TOML  §26 Client files: YAML
+ §27 Installing into a client  §28 Command line
 """
 
 __version__ = "0.1.0"
@@ -295,6 +296,7 @@ class LazyModule:
 _argparse = LazyModule("argparse")
 _base64 = LazyModule("base64")
 _calendar = LazyModule("calendar")
+_copy = LazyModule("copy")
 _difflib = LazyModule("difflib")
 _email_utils = LazyModule("email.utils")
 _hashlib = LazyModule("hashlib")
@@ -308,6 +310,7 @@ _shlex = LazyModule("shlex")
 _socket = LazyModule("socket")
 _ssl = LazyModule("ssl")
 _tempfile = LazyModule("tempfile")
+_shutil = LazyModule("shutil")
 _traceback = LazyModule("traceback")
 _unicodedata = LazyModule("unicodedata")
 _urllib_parse = LazyModule("urllib.parse")
@@ -12615,20 +12618,2199 @@ def _call_key(msg_id):
 
 
 # ---------------------------------------------------------------------------
-# §24 Command line
+# §24 Client files: JSON
+# ---------------------------------------------------------------------------
+
+# `install` merges the server's entry into an MCP client's own configuration file and `uninstall` takes it
+# out again. These editors change only the entry's span and keep every other byte (comments, order,
+# indentation, line endings); each edit is read back and compared before anything is written, and what
+# they cannot edit safely is refused with a MergeError naming why.
+
+KEEP_ON_UPDATE = ("enabled", "disabled")   # the user's on/off switch: written on install, kept after
+BACKUP_SUFFIX = ".websearch-ring.bak"   # beside the file; the pre-edit bytes of the last change
+
+
+class MergeError(ValueError):
+    """A configuration file the installer refuses to edit (or an edit it could not verify)."""
+
+
+def _newline_of(text):
+    """The file's line ending: CRLF when the first line break is CRLF, else LF."""
+    i = text.find("\n")
+    return "\r\n" if i > 0 and text[i - 1] == "\r" else "\n"
+
+
+def _line_start(text, pos):
+    return text.rfind("\n", 0, pos) + 1
+
+
+def _eol(text, pos):
+    """Index where the line holding ``pos`` ends (its CR or LF; ``len(text)`` on the last line)."""
+    j = text.find("\n", pos)
+    if j < 0:
+        return len(text)
+    return j - 1 if j > 0 and text[j - 1] == "\r" and j - 1 >= pos else j
+
+
+def _after_eol(text, pos):
+    """Index just after the line break of the line holding ``pos`` (``len(text)`` on the last line)."""
+    j = text.find("\n", pos)
+    return len(text) if j < 0 else j + 1
+
+
+def _indent_at(text, pos):
+    start = _line_start(text, pos)
+    m = re.match(r"[ \t]*", text[start:pos])
+    return m.group() if m else ""
+
+
+def _starts_line(text, pos):
+    return text[_line_start(text, pos):pos].strip(" \t") == ""
+
+
+def _merge_entry(old, new, owned=None):
+    """The entry to write over an existing one: keys of ``new`` win; a key of ``owned`` (a dict:
+    key -> True, or key -> set of sub-keys) that ``new`` no longer has is dropped (a stale key this
+    installer wrote before); every other key stays (client-added fields such as Cline's
+    ``autoApprove``, Zed's ``enabled``, a hand-added ``timeout``).  Dicts on both sides merge one
+    level down, dropping the owned sub-keys ``new`` no longer has."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return _copy.deepcopy(new)
+    owned = owned or {}
+    out = _copy.deepcopy(old)
+    for key, spec in owned.items():
+        if key in new or key not in out:
+            continue
+        if spec is True:
+            del out[key]
+        elif isinstance(out[key], dict):
+            for sub in spec:
+                out[key].pop(sub, None)
+            if not out[key]:
+                del out[key]
+    for key, value in new.items():
+        if key in KEEP_ON_UPDATE and key in out:
+            continue
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and owned.get(key) is not True:
+            merged = out[key]
+            for sub in (owned.get(key) or ()):
+                if sub not in value:
+                    merged.pop(sub, None)
+            merged.update(_copy.deepcopy(value))
+        else:
+            out[key] = _copy.deepcopy(value)
+    return out
+
+
+def _place(text, what):
+    """'line N' of a position, for messages."""
+    return "line %d" % (text.count("\n", 0, what) + 1)
+
+
+# Dialects: "json" (strict: no comments, no trailing commas: Claude Desktop, Cursor, Cline, ...),
+# "json-comments" (comments but no trailing commas: Gemini CLI's strip-json-comments + JSON.parse),
+# "jsonc" (comments and trailing commas: VS Code, Zed, opencode).
+
+JSON_DIALECTS = ("json", "json-comments", "jsonc")
+_JSON_LITERAL = LazyPattern(r'[^\s{}\[\]:,"/]+')
+
+
+class _JNode(object):
+    """A value: kind is 'object', 'array' or 'scalar'; [start, end) its span; entries its members
+    (objects: key set) or items (arrays: key None)."""
+    __slots__ = ("kind", "start", "end", "entries")
+
+    def __init__(self, kind, start, end=None):
+        self.kind, self.start, self.end, self.entries = kind, start, end, []
+
+
+class _JEntry(object):
+    """A member (key, key_start) or array item (key None, key_start = value start), its value node
+    and the position of the comma after it (None when there is none)."""
+    __slots__ = ("key", "key_start", "value", "comma")
+
+    def __init__(self, key, key_start, value):
+        self.key, self.key_start, self.value, self.comma = key, key_start, value, None
+
+
+def _json_tokens(text):
+    """(kind, start, end) tokens: 'str', 'lit', 'comment' and the punctuation characters."""
+    tokens, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in " \t\r\n":
+            i += 1
+        elif c == '"':
+            j = i + 1
+            while True:
+                if j >= n or text[j] in "\r\n":
+                    raise MergeError("unterminated string at %s" % _place(text, i))
+                if text[j] == "\\":
+                    j += 2
+                    continue
+                j += 1
+                if text[j - 1] == '"':
+                    break
+            tokens.append(("str", i, j))
+            i = j
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            tokens.append(("comment", i, j))
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            if j < 0:
+                raise MergeError("unterminated /* comment at %s" % _place(text, i))
+            tokens.append(("comment", i, j + 2))
+            i = j + 2
+        elif c in "{}[]:,":
+            tokens.append((c, i, i + 1))
+            i += 1
+        else:
+            m = _JSON_LITERAL.match(text, i)
+            if not m:
+                raise MergeError("unexpected character %r at %s" % (c, _place(text, i)))
+            tokens.append(("lit", i, m.end()))
+            i = m.end()
+    return tokens
+
+
+def _json_tree(text):
+    """Parse the structure: returns (root node or None, comment spans, trailing comma positions)."""
+    all_tokens = _json_tokens(text)
+    comments = [(s, e) for k, s, e in all_tokens if k == "comment"]
+    toks = [t for t in all_tokens if t[0] != "comment"]
+    trailing = []
+    state = {"i": 0}
+
+    def peek():
+        return toks[state["i"]] if state["i"] < len(toks) else (None, len(text), len(text))
+
+    def take(expected=None):
+        tok = peek()
+        if tok[0] is None:
+            raise MergeError("unexpected end of file")
+        if expected is not None and tok[0] not in expected:
+            raise MergeError("expected %s at %s" % (" or ".join(repr(e) for e in expected), _place(text, tok[1])))
+        state["i"] += 1
+        return tok
+
+    def value(depth):
+        if depth > 200:
+            raise MergeError("nesting too deep")
+        kind, start, end = take(("{", "[", "str", "lit"))
+        if kind in ("str", "lit"):
+            return _JNode("scalar", start, end)
+        node = _JNode("object" if kind == "{" else "array", start)
+        close = "}" if kind == "{" else "]"
+        if peek()[0] == close:
+            node.end = take()[2]
+            return node
+        while True:
+            if kind == "{":
+                _, ks, ke = take(("str",))
+                key = json.loads(text[ks:ke])
+                take((":",))
+                entry = _JEntry(key, ks, value(depth + 1))
+            else:
+                item = value(depth + 1)
+                entry = _JEntry(None, item.start, item)
+            node.entries.append(entry)
+            sep = take((",", close))
+            if sep[0] == close:
+                node.end = sep[2]
+                return node
+            entry.comma = sep[1]
+            if peek()[0] == close:
+                trailing.append(sep[1])
+                node.end = take()[2]
+                return node
+
+    if not toks:
+        return None, comments, trailing
+    root = value(0)
+    if state["i"] != len(toks):
+        raise MergeError("unexpected text after the document at %s" % _place(text, toks[state["i"]][1]))
+    return root, comments, trailing
+
+
+def _reject_constant(name):
+    raise MergeError("%s is not valid JSON" % name)
+
+
+def json_load(text, dialect="jsonc", client=None):
+    """``(value, tree)`` of a JSON(C) document (``(None, None)`` when it holds no value), or
+    MergeError.  The tree's positions are positions in ``text``."""
+    if dialect not in JSON_DIALECTS:
+        raise ValueError("unknown JSON dialect %r" % dialect)
+    try:
+        root, comments, trailing = _json_tree(text)
+    except MergeError as exc:
+        raise MergeError("not valid JSON: %s" % exc)
+    who = client or "this client"
+    if comments and dialect == "json":
+        raise MergeError("the file has comments (%s), which %s does not accept; remove them first"
+                         % (_place(text, comments[0][0]), who))
+    if trailing and dialect != "jsonc":
+        raise MergeError("the file has a trailing comma (%s), which %s does not accept; remove it first"
+                         % (_place(text, trailing[0]), who))
+    if root is None:
+        if comments and dialect != "jsonc" and dialect != "json-comments":
+            raise MergeError("the file holds no JSON value")
+        return None, None
+    chars = list(text)
+    for start, end in comments:
+        for k in range(start, end):
+            if chars[k] not in "\r\n":
+                chars[k] = " "
+    for k in trailing:
+        chars[k] = " "
+    try:
+        value = json.loads("".join(chars), parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise MergeError("not valid JSON: %s" % exc)
+    return value, root
+
+
+def _json_unit(text, root):
+    """The indentation step the file uses (default two spaces)."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.kind == "scalar" or not node.entries:
+            continue
+        first = node.entries[0].key_start
+        if _starts_line(text, first) and _eol(text, node.start) < first:
+            outer, inner = _indent_at(text, node.start), _indent_at(text, first)
+            if inner.startswith(outer) and len(inner) > len(outer):
+                return inner[len(outer):]
+        stack.extend(e.value for e in node.entries)
+    return "  "
+
+
+def _json_seps(text, node):
+    """(item separator, key separator) seen in ``node`` (for single-line containers)."""
+    item, colon = ", ", ": "
+    for entry in node.entries:
+        if entry.comma is not None:
+            item = "," + (" " if text[entry.comma + 1:entry.comma + 2] == " " else "")
+            break
+    for entry in node.entries:
+        if entry.key is not None:
+            between = text[entry.key_start:entry.value.start]
+            colon = ":" + (" " if between.endswith(" ") else "")
+            break
+    return item, colon
+
+
+def _json_render(value, unit, base, nl, compact=None):
+    if compact is not None:
+        return json.dumps(value, ensure_ascii=False, separators=compact)
+    return (nl + base).join(json.dumps(value, ensure_ascii=False, indent=unit).split("\n"))
+
+
+def _only_trivia(text, start, end, comments):
+    """Whether text[start:end] holds only whitespace and comments."""
+    pos = start
+    for cs, ce in comments:
+        if ce <= pos or cs >= end:
+            continue
+        if text[pos:cs].strip():
+            return False
+        pos = max(pos, ce)
+    return not text[pos:end].strip()
+
+
+def _multiline(text, node):
+    return "\n" in text[node.start:node.end]
+
+
+def _json_insert(text, tree_comments, node, key, value, unit, nl):
+    """Text with a new member (``key`` not None) or item appended to container ``node``."""
+    item_sep, colon = _json_seps(text, node)
+    prefix = "" if key is None else json.dumps(key, ensure_ascii=False) + colon
+    close = node.end - 1
+    if node.entries and not _multiline(text, node):                       # {"a": 1} stays on one line
+        last = node.entries[-1]
+        piece = prefix + _json_render(value, unit, "", nl, (item_sep, colon))
+        if last.comma is not None:                                        # trailing-comma style
+            at = last.comma + 1
+            return text[:at] + item_sep[1:] + piece + "," + text[at:]
+        return text[:last.value.end] + item_sep + piece + text[last.value.end:]
+    if node.entries:
+        last = node.entries[-1]
+        if _starts_line(text, last.key_start):
+            indent = _indent_at(text, last.key_start)
+        else:
+            indent = _indent_at(text, node.start) + unit
+        piece = prefix + _json_render(value, unit, indent, nl)
+        if last.comma is not None:                                        # trailing-comma style
+            at = last.comma + 1
+            if _only_trivia(text, at, _eol(text, at), tree_comments) and _eol(text, at) < close:
+                at = _eol(text, at)
+            return text[:at] + nl + indent + piece + "," + text[at:]
+        end = last.value.end
+        line_end = _eol(text, end)
+        if line_end < close and _only_trivia(text, end, line_end, tree_comments):
+            return text[:end] + "," + text[end:line_end] + nl + indent + piece + text[line_end:]
+        return text[:end] + "," + nl + indent + piece + text[end:]
+    outer = _indent_at(text, node.start)
+    indent = outer + unit
+    piece = prefix + _json_render(value, unit, indent, nl)
+    inner = text[node.start + 1:close]
+    if "\n" in inner and _starts_line(text, close):
+        at = _line_start(text, close)
+        return text[:at] + indent + piece + nl + text[at:]
+    if not inner.strip():
+        return text[:node.start + 1] + nl + indent + piece + nl + outer + text[close:]
+    return text[:close] + nl + indent + piece + nl + outer + text[close:]
+
+
+def _json_delete(text, tree_comments, node, index):
+    """Text without entry ``index`` of container ``node`` (commas kept right)."""
+    entries = node.entries
+    entry = entries[index]
+    start = entry.key_start
+    end = entry.comma + 1 if entry.comma is not None else entry.value.end
+    line_mode = (_starts_line(text, start) and _only_trivia(text, end, _eol(text, end), tree_comments)
+                 and _eol(text, end) < node.end - 1)
+    edits = []                                                            # (start, end) to delete
+    last = index == len(entries) - 1
+    if line_mode:
+        edits.append((_line_start(text, start), _after_eol(text, end)))
+        if last and index > 0 and entry.comma is None:
+            edits.append((entries[index - 1].comma, entries[index - 1].comma + 1))
+    elif not last:
+        edits.append((start, entries[index + 1].key_start))
+    elif index > 0 and entry.comma is None:
+        edits.append((entries[index - 1].comma, entry.value.end))
+    elif index > 0 and not text[entries[index - 1].comma + 1:start].strip():
+        edits.append((entries[index - 1].comma + 1, end))    # trailing-comma style: keep "x,}"
+    else:
+        edits.append((start, end))
+    for s, e in sorted(edits, reverse=True):
+        text = text[:s] + text[e:]
+    return text
+
+
+def _collapse_if_empty(text, comments, node):
+    """``{ }`` / ``{\\n}`` left by a removal becomes ``{}`` (``[]``)."""
+    if node.entries:
+        return text
+    inner = text[node.start + 1:node.end - 1]
+    if inner and not inner.strip():
+        return text[:node.start + 1] + text[node.end - 1:]
+    return text
+
+
+def _json_find(text, root, path, client):
+    """Walk ``path`` from root: (nodes along the path, depth reached).  Refuses duplicate keys and
+    non-object values on the path."""
+    nodes = [root]
+    for depth, key in enumerate(path):
+        node = nodes[-1]
+        hits = [e for e in node.entries if e.key == key]
+        if len(hits) > 1:
+            raise MergeError("the key %r appears %d times in the same object; remove the duplicates first"
+                             % (key, len(hits)))
+        if not hits:
+            return nodes, depth
+        child = hits[0].value
+        if child.kind != "object":
+            raise MergeError("%r is not an object in this file (%s); edit it by hand"
+                             % (".".join(path[:depth + 1]), _place(text, child.start)))
+        nodes.append(child)
+    return nodes, len(path)
+
+
+def _get_path(value, path):
+    for key in path:
+        value = value[key]
+    return value
+
+
+def _fresh_json(path, name, value, nl, unit="  "):
+    doc = {name: value} if name is not None else value
+    for key in reversed(path):
+        doc = {key: doc}
+    return json.dumps(doc, ensure_ascii=False, indent=unit).replace("\n", nl) + nl
+
+
+def json_set_member(text, path, name, value, dialect="jsonc", client=None, merge=True, owned=None):
+    """``text`` with ``path...name`` set to ``value`` (missing parent objects created, an existing
+    value merged with ``_merge_entry`` unless ``merge`` is False); unchanged text when the parsed
+    value is already what it would be."""
+    old, root = json_load(text, dialect, client)
+    nl = _newline_of(text)
+    if root is None:
+        body = _fresh_json(path, name, value, nl)
+        return (text.rstrip() + nl + body) if text.strip() else body
+    if root.kind != "object":
+        raise MergeError("the top level of the file is not a JSON object")
+    _, comments, _ = _json_tree(text)
+    unit = _json_unit(text, root)
+    nodes, depth = _json_find(text, root, path, client)
+    expected = _copy.deepcopy(old)
+    container = _get_path(expected, path[:depth])
+    if depth < len(path):
+        tail = {name: value}
+        for key in reversed(path[depth + 1:]):
+            tail = {key: tail}
+        new_text = _json_insert(text, comments, nodes[-1], path[depth], tail, unit, nl)
+        container[path[depth]] = tail
+    else:
+        node = nodes[-1]
+        hits = [e for e in node.entries if e.key == name]
+        if len(hits) > 1:
+            raise MergeError("%r appears %d times; remove the duplicates first" % (name, len(hits)))
+        if hits:
+            current = container[name]
+            target = _merge_entry(current, value, owned) if merge else _copy.deepcopy(value)
+            if target == current:
+                return text
+            member = hits[0]
+            if _multiline(text, node) or not node.entries:
+                rendered = _json_render(target, unit, _indent_at(text, member.key_start), nl)
+            else:
+                item_sep, colon = _json_seps(text, node)
+                rendered = _json_render(target, unit, "", nl, (item_sep, colon))
+            new_text = text[:member.value.start] + rendered + text[member.value.end:]
+            container[name] = target
+        else:
+            new_text = _json_insert(text, comments, node, name, value, unit, nl)
+            container[name] = _copy.deepcopy(value)
+    _json_verify(new_text, dialect, client, expected)
+    return new_text
+
+
+def json_remove_member(text, path, name, dialect="jsonc", client=None, prune_empty=False):
+    """``text`` without ``path...name``; with ``prune_empty``, parent objects on ``path`` that are
+    left empty (and hold no comment) are removed too.  Unchanged text when there is nothing to do."""
+    old, root = json_load(text, dialect, client)
+    if root is None:
+        return text
+    if root.kind != "object":
+        raise MergeError("the top level of the file is not a JSON object")
+    nodes, depth = _json_find(text, root, path, client)
+    if depth < len(path):
+        return text
+    node = nodes[-1]
+    index = [i for i, e in enumerate(node.entries) if e.key == name]
+    if not index:
+        return text
+    if len(index) > 1:
+        raise MergeError("%r appears %d times; remove the duplicates first" % (name, len(index)))
+    expected = _copy.deepcopy(old)
+    del _get_path(expected, path)[name]
+    _, comments, _ = _json_tree(text)
+    text = _json_delete(text, comments, node, index[0])
+    for level in range(len(path), 0, -1):                    # collapse, then maybe prune, upwards
+        _, root = json_load(text, dialect, client)
+        _, comments, _ = _json_tree(text)
+        nodes, _ = _json_find(text, root, path[:level], client)
+        node = nodes[-1]
+        text = _collapse_if_empty(text, comments, node)
+        if not prune_empty:
+            break
+        _, root = json_load(text, dialect, client)
+        _, comments, _ = _json_tree(text)
+        nodes, _ = _json_find(text, root, path[:level], client)
+        node = nodes[-1]
+        if node.entries or not _only_trivia(text, node.start + 1, node.end - 1, []) or \
+                any(node.start < s < node.end for s, _ in comments):
+            break
+        parent = nodes[-2]
+        i = [k for k, e in enumerate(parent.entries) if e.key == path[level - 1]][0]
+        text = _json_delete(text, comments, parent, i)
+        del _get_path(expected, path[:level - 1])[path[level - 1]]
+    _, root = json_load(text, dialect, client)
+    _, comments, _ = _json_tree(text)
+    text = _collapse_if_empty(text, comments, root)
+    _json_verify(text, dialect, client, expected)
+    return text
+
+
+def json_upsert_item(text, path, match, item, dialect="jsonc", client=None):
+    """``text`` with ``item`` in the array at ``path`` (created if missing): it replaces the element
+    whose ``match[0]`` field equals ``match[1]``, or is appended."""
+    old, root = json_load(text, dialect, client)
+    nl = _newline_of(text)
+    if root is None:
+        return json_set_member(text, path[:-1], path[-1], [item], dialect, client)
+    nodes, depth = _json_find(text, root, path[:-1], client)
+    if depth < len(path) - 1:
+        return json_set_member(text, path[:-1], path[-1], [item], dialect, client)
+    parent = nodes[-1]
+    hits = [e for e in parent.entries if e.key == path[-1]]
+    if not hits:
+        return json_set_member(text, path[:-1], path[-1], [item], dialect, client)
+    array = hits[0].value
+    if array.kind != "array":
+        raise MergeError("%r is not an array in this file; edit it by hand" % ".".join(path))
+    current = _get_path(old, path)
+    expected = _copy.deepcopy(old)
+    found = [i for i, v in enumerate(current) if isinstance(v, dict) and v.get(match[0]) == match[1]]
+    _, comments, _ = _json_tree(text)
+    unit = _json_unit(text, root)
+    if found:
+        if current[found[0]] == item:
+            return text
+        element = array.entries[found[0]].value
+        if _multiline(text, array):
+            rendered = _json_render(item, unit, _indent_at(text, element.start), nl)
+        else:
+            rendered = _json_render(item, unit, "", nl, (",", ": "))
+        text = text[:element.start] + rendered + text[element.end:]
+        _get_path(expected, path)[found[0]] = _copy.deepcopy(item)
+    else:
+        text = _json_insert(text, comments, array, None, item, unit, nl)
+        _get_path(expected, path).append(_copy.deepcopy(item))
+    _json_verify(text, dialect, client, expected)
+    return text
+
+
+def json_remove_items(text, path, match_field, values, dialect="jsonc", client=None, prune_empty=False):
+    """``text`` without the elements of the array at ``path`` whose ``match_field`` is in ``values``."""
+    old, root = json_load(text, dialect, client)
+    if root is None:
+        return text
+    nodes, depth = _json_find(text, root, path[:-1], client)
+    if depth < len(path) - 1:
+        return text
+    hits = [e for e in nodes[-1].entries if e.key == path[-1]]
+    if not hits or hits[0].value.kind != "array":
+        return text
+    current = _get_path(old, path)
+    doomed = [i for i, v in enumerate(current) if isinstance(v, dict) and v.get(match_field) in values]
+    if not doomed:
+        return text
+    expected = _copy.deepcopy(old)
+    kept = [v for i, v in enumerate(current) if i not in doomed]
+    _get_path(expected, path[:-1])[path[-1]] = kept
+    for i in reversed(doomed):
+        _, root = json_load(text, dialect, client)
+        _, comments, _ = _json_tree(text)
+        nodes, _ = _json_find(text, root, path[:-1], client)
+        array = [e for e in nodes[-1].entries if e.key == path[-1]][0].value
+        text = _json_delete(text, comments, array, i)
+    _, root = json_load(text, dialect, client)
+    _, comments, _ = _json_tree(text)
+    nodes, _ = _json_find(text, root, path[:-1], client)
+    array = [e for e in nodes[-1].entries if e.key == path[-1]][0].value
+    text = _collapse_if_empty(text, comments, array)
+    if prune_empty and not kept and not any(array.start < s < array.end for s, _ in comments):
+        _, root = json_load(text, dialect, client)
+        _, comments, _ = _json_tree(text)
+        nodes, _ = _json_find(text, root, path[:-1], client)
+        parent = nodes[-1]
+        i = [k for k, e in enumerate(parent.entries) if e.key == path[-1]][0]
+        text = _json_delete(text, comments, parent, i)
+        _, root = json_load(text, dialect, client)
+        _, comments, _ = _json_tree(text)
+        text = _collapse_if_empty(text, comments, root)
+        del _get_path(expected, path[:-1])[path[-1]]
+    _json_verify(text, dialect, client, expected)
+    return text
+
+
+def _json_verify(text, dialect, client, expected):
+    try:
+        value, _ = json_load(text, dialect, client)
+    except MergeError as exc:                                   # pragma: no cover - editor bug
+        raise MergeError("internal error: the edited file would not parse (%s); nothing written" % exc)
+    if value != expected:                                       # pragma: no cover - editor bug
+        raise MergeError("internal error: the edited file does not read back as intended; nothing written")
+
+
+# ---------------------------------------------------------------------------
+# §25 Client files: TOML
+# ---------------------------------------------------------------------------
+
+
+def _toml_reader():
+    """tomllib (Python 3.11+) to check an edit, or None (3.9 and 3.10 re-scan the text instead)."""
+    try:
+        return importlib.import_module("tomllib")
+    except ImportError:
+        return None
+
+
+_TOML_BARE = LazyPattern(r"[A-Za-z0-9_-]+")
+_TOML_ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\", "e": "\x1b"}
+
+
+def _toml_basic_unescape(body):
+    out, i = [], 0
+    while i < len(body):
+        c = body[i]
+        if c != "\\":
+            out.append(c)
+            i += 1
+            continue
+        nxt = body[i + 1:i + 2]
+        if nxt in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[nxt])
+            i += 2
+        elif nxt in ("u", "U"):
+            width = 4 if nxt == "u" else 8
+            out.append(chr(int(body[i + 2:i + 2 + width], 16)))
+            i += 2 + width
+        elif nxt == "x":
+            out.append(chr(int(body[i + 2:i + 4], 16)))
+            i += 4
+        else:
+            raise MergeError("bad escape in a TOML key")
+    return "".join(out)
+
+
+def _toml_key(line, i):
+    """Parse a dotted key at ``line[i:]``: (tuple of parts, end index)."""
+    parts = []
+    while True:
+        while i < len(line) and line[i] in " \t":
+            i += 1
+        if i < len(line) and line[i] == '"':
+            j = i + 1
+            while j < len(line) and line[j] != '"':
+                j += 2 if line[j] == "\\" else 1
+            if j >= len(line):
+                raise MergeError("unterminated quoted key")
+            parts.append(_toml_basic_unescape(line[i + 1:j]))
+            i = j + 1
+        elif i < len(line) and line[i] == "'":
+            j = line.find("'", i + 1)
+            if j < 0:
+                raise MergeError("unterminated quoted key")
+            parts.append(line[i + 1:j])
+            i = j + 1
+        else:
+            m = _TOML_BARE.match(line, i)
+            if not m:
+                raise MergeError("bad key")
+            parts.append(m.group())
+            i = m.end()
+        while i < len(line) and line[i] in " \t":
+            i += 1
+        if i < len(line) and line[i] == ".":
+            i += 1
+            continue
+        return tuple(parts), i
+
+
+class _TLine(object):
+    __slots__ = ("start", "end", "kind", "key", "array")
+
+    def __init__(self, start, end, kind, key=None, array=False):
+        self.start, self.end, self.kind, self.key, self.array = start, end, kind, key, array
+
+
+def _toml_lines(text):
+    """Classify each physical line: 'blank', 'comment', 'header' (key, array), 'key' (dotted key of
+    a key/value line) or 'cont' (inside a multi-line string or array/inline table)."""
+    lines, pos, n = [], 0, len(text)
+    in_ml = None                       # '"""' or "'''" while inside a multi-line string
+    depth = 0                          # open [ and { of a value
+    while pos < n or (pos == n and not lines and n == 0):
+        if pos >= n:
+            break
+        end = _after_eol(text, pos)
+        raw = text[pos:end].rstrip("\r\n")
+        stripped = raw.strip()
+        if in_ml or depth:
+            kind, key, array = "cont", None, False
+            scan_from = 0
+        elif not stripped:
+            kind, key, array, scan_from = "blank", None, False, len(raw)
+        elif stripped.startswith("#"):
+            kind, key, array, scan_from = "comment", None, False, len(raw)
+        elif stripped.startswith("["):
+            i = raw.index("[")
+            array = raw.startswith("[[", i)
+            try:
+                key, j = _toml_key(raw, i + (2 if array else 1))
+            except (MergeError, ValueError) as exc:
+                raise MergeError("cannot read the table header at %s: %s" % (_place(text, pos), exc))
+            close = "]]" if array else "]"
+            if not raw.startswith(close, j):
+                raise MergeError("cannot read the table header at %s" % _place(text, pos))
+            rest = raw[j + len(close):].strip()
+            if rest and not rest.startswith("#"):
+                raise MergeError("unexpected text after the table header at %s" % _place(text, pos))
+            kind, scan_from = "header", len(raw)
+        else:
+            try:
+                key, j = _toml_key(raw, 0)
+            except (MergeError, ValueError) as exc:
+                raise MergeError("cannot read the key at %s: %s" % (_place(text, pos), exc))
+            if not raw.startswith("=", j):
+                raise MergeError("expected '=' after the key at %s" % _place(text, pos))
+            kind, array, scan_from = "key", False, j + 1
+        i = scan_from
+        while i < len(raw):                                        # update the multi-line state
+            if in_ml:
+                if in_ml == '"""' and raw[i] == "\\":
+                    i += 2
+                    continue
+                if raw.startswith(in_ml, i):
+                    j = i + 3
+                    while j < len(raw) and raw[j] == in_ml[0] and j - i < 5:
+                        j += 1                                     # """" : a quote, then the close
+                    i, in_ml = j, None
+                    continue
+                i += 1
+                continue
+            c = raw[i]
+            if c == "#":
+                break
+            if raw.startswith('"""', i) or raw.startswith("'''", i):
+                in_ml = raw[i:i + 3]
+                i += 3
+            elif c == '"':
+                j = i + 1
+                while j < len(raw) and raw[j] != '"':
+                    j += 2 if raw[j] == "\\" else 1
+                if j >= len(raw):
+                    raise MergeError("unterminated string at %s" % _place(text, pos))
+                i = j + 1
+            elif c == "'":
+                j = raw.find("'", i + 1)
+                if j < 0:
+                    raise MergeError("unterminated string at %s" % _place(text, pos))
+                i = j + 1
+            else:
+                if c in "[{":
+                    depth += 1
+                elif c in "]}":
+                    depth -= 1
+                    if depth < 0:
+                        raise MergeError("unbalanced brackets at %s" % _place(text, pos))
+                i += 1
+        lines.append(_TLine(pos, end, kind, key, array))
+        pos = end
+    if in_ml or depth:
+        raise MergeError("the file ends inside a multi-line value")
+    return lines
+
+
+def _toml_sections(lines):
+    """[(header line index or None for the root, first line, end line (exclusive))]."""
+    sections, start, head = [], 0, None
+    for i, line in enumerate(lines):
+        if line.kind == "header":
+            sections.append((head, start, i))
+            head, start = i, i
+    sections.append((head, start, len(lines)))
+    return sections
+
+
+def _toml_last_content(lines, first, end):
+    """Index after the last line of a section that is not blank and not a comment."""
+    last = first
+    for i in range(first, end):
+        if lines[i].kind not in ("blank", "comment"):
+            last = i + 1
+    return last
+
+
+def _toml_quote(text):
+    s = json.dumps(text, ensure_ascii=False)
+    return re.sub("[\x7f\u2028\u2029]", lambda m: "\\u%04x" % ord(m.group()), s)
+
+
+def _toml_keytext(key):
+    return key if _TOML_BARE.fullmatch(key) else _toml_quote(key)
+
+
+def _toml_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise MergeError("cannot write a non-finite number")
+        return repr(value)
+    if isinstance(value, str):
+        return _toml_quote(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join("%s = %s" % (_toml_keytext(k), _toml_value(v)) for k, v in value.items()) + " }" \
+            if value else "{}"
+    raise MergeError("cannot write %r in TOML" % (value,))
+
+
+def _toml_header(path):
+    return "[" + ".".join(_toml_keytext(k) for k in path) + "]"
+
+
+def _toml_table_text(text, lines, first, end, table_path, values, nl, drop=()):
+    """One table's text: the existing lines of ``[table_path]`` (``first``..``end``, header
+    included; ``first`` None for a new table) with the keys of ``values`` replaced or appended and
+    every other line kept.  Dict values are not written here (they become sub-tables) unless given
+    as ``("__inline__", dict)`` (an existing ``env = { .. }`` stays an inline table)."""
+    def render(key, v):
+        if isinstance(v, tuple) and v and v[0] == "__inline__":
+            v = v[1]
+        return "%s = %s%s" % (_toml_keytext(key), _toml_value(v), nl)
+
+    scalars = [(k, v) for k, v in values.items() if not isinstance(v, dict)]
+    tables = set(k for k, v in values.items() if isinstance(v, dict))
+    if first is None:
+        return _toml_header(table_path) + nl + "".join(render(k, v) for k, v in scalars)
+    out = [text[lines[first].start:lines[first].end]]
+    if not out[0].endswith("\n"):
+        out[0] += nl
+    done = set()
+    last = _toml_last_content(lines, first + 1, end)
+    i = first + 1
+    while i < last:
+        line = lines[i]
+        j = i + 1
+        while j < last and lines[j].kind == "cont":
+            j += 1
+        chunk = text[line.start:lines[j - 1].end]
+        i = j
+        if line.kind != "key":
+            out.append(chunk if chunk.endswith("\n") else chunk + nl)
+            continue
+        key = line.key
+        if key[0] in tables:
+            if len(key) == 1:
+                continue                                         # ``env = {..}`` -> written as a sub-table
+            raise MergeError("%s.%s is set with dotted keys; edit it by hand" % (".".join(table_path), ".".join(key)))
+        if key[0] in values:
+            if len(key) > 1:
+                raise MergeError("%s.%s is set with dotted keys; edit it by hand" % (".".join(table_path), ".".join(key)))
+            if key[0] not in done:
+                out.append(render(key[0], values[key[0]]))
+                done.add(key[0])
+            continue
+        if key[0] in drop:
+            continue                                             # a key this installer wrote before
+        out.append(chunk if chunk.endswith("\n") else chunk + nl)
+    for k, v in scalars:
+        if k not in done:
+            out.append(render(k, v))
+    return "".join(out)
+
+
+def toml_edit_table(text, path, name, value=None, uninstall=False, merge=True, owned=None):
+    """``text`` with the table ``[path.name]`` (and its sub-tables) written from ``value`` (a dict;
+    dict values become sub-tables) or removed.  Every other byte is kept.  Keys the table already
+    has are kept unless ``value`` sets them or ``owned`` marks them as written by this installer
+    (see _merge_entry)."""
+    nl = _newline_of(text)
+    base = tuple(path) + (name,)
+    old = None
+    if _toml_reader() is not None and text.strip():
+        try:
+            old = _toml_reader().loads(text)
+        except _toml_reader().TOMLDecodeError as exc:
+            raise MergeError("not valid TOML: %s" % exc)
+    lines = _toml_lines(text)
+    sections = _toml_sections(lines)
+    ours = []
+    for head, first, end in sections:
+        key = () if head is None else lines[head].key
+        if key[:len(base)] == base and head is not None:
+            if lines[head].array:
+                raise MergeError("[[%s]] is an array of tables; edit it by hand" % ".".join(key))
+            ours.append((head, first, end))
+            continue
+        if base[:len(key)] != key:
+            continue
+        for i in range(first if head is None else first + 1, end):  # a key line reaching into ours?
+            line = lines[i]
+            if line.kind != "key":
+                continue
+            full = key + line.key
+            m = min(len(full), len(base))
+            if full[:m] == base[:m]:
+                raise MergeError("%s is set with a dotted key or an inline table (line %d); edit it by hand"
+                                 % (".".join(full), text.count("\n", 0, line.start) + 1))
+    if uninstall:
+        if not ours:
+            return text
+        spans = []
+        for head, first, end in ours:
+            stop = _toml_last_content(lines, first, end)
+            start = head
+            if start > 0 and lines[start - 1].kind == "blank":
+                start -= 1                                       # the blank line install put before
+            elif start == 0:
+                while stop < len(lines) and lines[stop].kind == "blank":
+                    stop += 1                                    # at the top: no blank line left first
+            spans.append((lines[start].start, lines[stop - 1].end))
+        new_text = text
+        for s, e in sorted(spans, reverse=True):
+            new_text = new_text[:s] + new_text[e:]
+        if text and not text.endswith("\n") and new_text.endswith("\n"):
+            new_text = new_text[:-2] if new_text.endswith("\r\n") else new_text[:-1]   # no final newline
+        expected = None
+        if old is not None:
+            expected = _copy.deepcopy(old)
+            parent = _get_path(expected, path)
+            parent.pop(name, None)
+        _toml_verify(new_text, base, expected, path)
+        return new_text
+    if not isinstance(value, dict):
+        raise MergeError("the entry must be a table")
+    owned = owned or {}
+    if not merge:
+        owned = dict((k, True) for k in set(owned) | set(_toml_current_keys(text, lines, ours, base)))
+    current = None
+    if old is not None:
+        try:
+            current = _get_path(old, base)
+        except (KeyError, TypeError):
+            current = None
+    target = _merge_entry(current, value, owned) if current is not None else _copy.deepcopy(value)
+    if current is not None and current == target:
+        return text
+    by_path = {}
+    for head, first, end in ours:
+        by_path.setdefault(lines[head].key, (head, first, end))
+    own_table = by_path.get(base)
+    values = _copy.deepcopy(value)
+    inline = set()                       # dict values the existing table writes inline (env = {..})
+    if own_table is not None:
+        for i in range(own_table[0] + 1, _toml_last_content(lines, own_table[1], own_table[2])):
+            line = lines[i]
+            if line.kind == "key" and len(line.key) == 1 and base + line.key not in by_path and \
+                    (isinstance(values.get(line.key[0]), dict) or
+                     (line.key[0] not in values and isinstance(owned.get(line.key[0]), set))):
+                inline.add(line.key[0])
+                if current is not None and isinstance(target.get(line.key[0]), dict):
+                    values[line.key[0]] = target[line.key[0]]         # merged with the user's extras
+                elif current is not None and line.key[0] not in values:
+                    continue                                          # all of it was ours: dropped below
+                elif line.key[0] not in values:
+                    inline.discard(line.key[0])                       # no tomllib: keep it as it is
+    drop = set(k for k in owned if k not in values and (owned[k] is True or k in inline))
+    table_values = dict((k, ("__inline__", v) if k in inline else v) for k, v in values.items())
+    blocks = [_toml_table_text(text, lines, own_table[0] if own_table else None, own_table[2] if own_table else None,
+                               base, table_values, nl, drop)]
+    for key, sub in values.items():
+        if isinstance(sub, dict) and key not in inline:
+            existing = by_path.get(base + (key,))
+            stale = set(owned.get(key) or ()) - set(sub) if isinstance(owned.get(key), set) else ()
+            blocks.append(_toml_table_text(text, lines, existing[0] if existing else None,
+                                           existing[2] if existing else None, base + (key,), sub, nl, stale))
+    written = set([base] + [base + (k,) for k, v in values.items() if isinstance(v, dict) and k not in inline])
+    for head, first, end in ours:                                # other sub-tables of ours
+        key = lines[head].key
+        if key in written:
+            continue
+        spec = owned.get(key[len(base)]) if len(key) == len(base) + 1 else None
+        if spec is True:
+            continue
+        if isinstance(spec, set):
+            kept = _toml_table_text(text, lines, head, end, key, {}, nl, spec)
+            if len([ln for ln in kept.splitlines() if ln.strip() and not ln.strip().startswith("#")]) > 1:
+                blocks.append(kept)
+            continue
+        stop = _toml_last_content(lines, first, end)
+        chunk = text[lines[head].start:lines[stop - 1].end]
+        blocks.append(chunk if chunk.endswith("\n") else chunk + nl)
+    block = nl.join(blocks)
+    if ours:
+        spans = []
+        for n, (head, first, end) in enumerate(ours):
+            stop = _toml_last_content(lines, first, end)
+            start = head
+            if n and start > 0 and lines[start - 1].kind == "blank":
+                start -= 1
+            spans.append((lines[start].start, lines[stop - 1].end))
+        new_text = text
+        for s, e in sorted(spans[1:], reverse=True):
+            new_text = new_text[:s] + new_text[e:]
+        s, e = spans[0]
+        if e == len(text) and not text.endswith("\n"):
+            block = block[:-len(nl)]                                 # the file has no final newline
+        new_text = new_text[:s] + block + new_text[e:]
+    else:
+        anchor = None
+        for head, first, end in sections:
+            if head is not None and lines[head].key[:len(path)] == tuple(path):
+                anchor = (head, first, end)
+        if anchor is not None:
+            at = lines[_toml_last_content(lines, anchor[1], anchor[2]) - 1].end
+            if text[:at].endswith("\n"):
+                new_text = text[:at] + nl + block + text[at:]
+            else:                                                    # the end of a file without final newline
+                new_text = text[:at] + nl + nl + block[:-len(nl)] + text[at:]
+        elif not text.strip():
+            new_text = block
+        elif text.endswith("\n"):
+            new_text = text + nl + block
+        else:                                                        # no final newline: keep it that way
+            new_text = text + nl + nl + block[:-len(nl)]
+    if new_text == text:
+        return text
+    expected = None
+    if _toml_reader() is not None:
+        expected = _copy.deepcopy(old) if old is not None else {}
+        node = expected
+        for key in path:
+            node = node.setdefault(key, {})
+        node[name] = target
+    _toml_verify(new_text, base, expected, path)
+    return new_text
+
+
+def _toml_current_keys(text, lines, ours, base):
+    """Top-level keys of the existing ``[base]`` table and its direct sub-tables."""
+    keys = set()
+    for head, first, end in ours:
+        key = lines[head].key
+        if key == base:
+            keys.update(lines[i].key[0] for i in range(first + 1, end) if lines[i].kind == "key")
+        elif len(key) > len(base):
+            keys.add(key[len(base)])
+    return keys
+
+
+def _toml_verify(text, base, expected, path=()):
+    _toml_lines(text)                                            # our own structural check
+    if _toml_reader() is None or expected is None:
+        return
+    try:
+        value = _toml_reader().loads(text)
+    except _toml_reader().TOMLDecodeError as exc:                      # pragma: no cover - editor bug
+        raise MergeError("internal error: the edited file would not be valid TOML (%s); nothing written" % exc)
+    if _toml_prune(value, path) != _toml_prune(expected, path):  # pragma: no cover - editor bug
+        raise MergeError("internal error: the edited file does not read back as intended; nothing written")
+
+
+def _toml_prune(doc, path):
+    """``doc`` without the empty tables along ``path`` (a table a removed header implied)."""
+    doc = _copy.deepcopy(doc)
+    for depth in range(len(path), 0, -1):
+        try:
+            parent = _get_path(doc, path[:depth - 1])
+        except (KeyError, TypeError):
+            continue
+        if parent.get(path[depth - 1]) == {}:
+            del parent[path[depth - 1]]
+    return doc
+
+
+# ---------------------------------------------------------------------------
+# §26 Client files: YAML
+# ---------------------------------------------------------------------------
+
+_YAML_SPECIAL = set(["", "~", "null", "true", "false", "yes", "no", "on", "off", "y", "n"])
+_YAML_PLAIN_KEY = LazyPattern(r"[A-Za-z_][A-Za-z0-9_.\-/]*\Z")
+_BLOCK_SCALAR = LazyPattern(r"[|>][0-9+\-]*\Z")
+
+
+def _yaml_quote(text):
+    """Double-quoted YAML scalar (JSON escapes; C1 controls and U+2028/9 as \\u escapes)."""
+    return re.sub("[\x7f-\x9f\u2028\u2029\ufeff]", lambda m: "\\u%04x" % ord(m.group()),
+                  json.dumps(text, ensure_ascii=False))
+
+
+def _yaml_keytext(key):
+    if _YAML_PLAIN_KEY.match(key) and key.lower() not in _YAML_SPECIAL:
+        return key
+    return _yaml_quote(key)
+
+
+def _yaml_scalar(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise MergeError("cannot write a non-finite number")
+        return repr(value)
+    if isinstance(value, str):
+        return _yaml_quote(value)
+    if isinstance(value, (list, tuple)) and all(not isinstance(v, (list, tuple, dict)) for v in value):
+        return "[" + ", ".join(_yaml_scalar(v) for v in value) + "]"
+    if isinstance(value, dict) and not value:
+        return "{}"
+    raise MergeError("cannot write %r as a YAML scalar" % (value,))
+
+
+def _yaml_item(key, value, indent, unit, nl):
+    """``key: value`` lines at ``indent`` (nested dicts as block mappings)."""
+    if isinstance(value, dict) and value:
+        head = "%s%s:%s" % (indent, _yaml_keytext(key), nl)
+        return head + "".join(_yaml_item(k, v, indent + unit, unit, nl) for k, v in value.items())
+    return "%s%s: %s%s" % (indent, _yaml_keytext(key), _yaml_scalar(value), nl)
+
+
+class _YLine(object):
+    __slots__ = ("start", "end", "indent", "kind", "key", "value", "col")
+
+    def __init__(self, start, end, indent, kind, key=None, value=None, col=0):
+        self.start, self.end, self.indent, self.kind = start, end, indent, kind
+        self.key, self.value, self.col = key, value, col
+
+
+def _yaml_split_key(s):
+    """``key: rest`` -> (key, rest) for a mapping line (plain or quoted key), else None."""
+    if s.startswith('"'):
+        j = 1
+        while j < len(s) and s[j] != '"':
+            j += 2 if s[j] == "\\" else 1
+        if j >= len(s):
+            return None
+        try:
+            key = json.loads(s[:j + 1])
+        except ValueError:
+            return None
+        rest = s[j + 1:].lstrip(" ")
+        if not rest.startswith(":"):
+            return None
+        return key, rest[1:]
+    if s.startswith("'"):
+        j = 1
+        while True:
+            j = s.find("'", j)
+            if j < 0:
+                return None
+            if s.startswith("''", j):
+                j += 2
+                continue
+            break
+        key = s[1:j].replace("''", "'")
+        rest = s[j + 1:].lstrip(" ")
+        if not rest.startswith(":"):
+            return None
+        return key, rest[1:]
+    m = re.match(r"([^#\s'\"\[\]{},&*!|>%@`][^#]*?)[ \t]*:(?:[ \t]|$)", s)
+    if m is None:
+        return None
+    return m.group(1), s[m.end():]
+
+
+def _strip_comment(value):
+    """A line's value without a trailing ``# comment`` (quotes respected)."""
+    out, quote, i = [], None, 0
+    while i < len(value):
+        c = value[i]
+        if quote:
+            if c == "\\" and quote == '"':
+                out.append(value[i:i + 2])
+                i += 2
+                continue
+            if c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c == "#" and (i == 0 or value[i - 1] in " \t"):
+            break
+        out.append(c)
+        i += 1
+    return "".join(out).strip()
+
+
+def _yaml_lines(text):
+    """Classify physical lines: 'blank', 'comment', 'doc' (--- / ...), 'directive', 'key' (key,
+    value after the colon), 'seq' (a ``- `` item: key/value of its first mapping key when it has
+    one), 'other' (scalar or flow content) and 'cont' (inside a block scalar, a multi-line quoted
+    scalar or a multi-line flow collection)."""
+    lines, pos, n = [], 0, len(text)
+    block_col = None                   # a block scalar's owner column while inside it
+    quote = None                       # an open multi-line quoted scalar
+    depth = 0                          # open flow collections
+    while pos < n:
+        end = _after_eol(text, pos)
+        raw = text[pos:end].rstrip("\r\n")
+        content = raw.lstrip(" ")
+        indent = len(raw) - len(content)
+        if block_col is not None:
+            if not raw.strip() or indent > block_col:
+                lines.append(_YLine(pos, end, indent, "cont"))
+                pos = end
+                continue
+            block_col = None
+        if quote or depth:
+            lines.append(_YLine(pos, end, indent, "cont"))
+            quote, depth = _yaml_scan_flow(raw, quote, depth)
+            pos = end
+            continue
+        if raw.strip() and "\t" in raw[:len(raw) - len(raw.lstrip(" \t"))]:
+            raise MergeError("tab characters in the indentation (%s); YAML does not allow them here"
+                             % _place(text, pos))
+        if not content.strip():
+            lines.append(_YLine(pos, end, indent, "blank"))
+        elif content.startswith("#"):
+            lines.append(_YLine(pos, end, indent, "comment"))
+        elif indent == 0 and (content.rstrip() in ("---", "...") or content.startswith("--- ")):
+            lines.append(_YLine(pos, end, indent, "doc"))
+        elif indent == 0 and content.startswith("%"):
+            lines.append(_YLine(pos, end, indent, "directive"))
+        else:
+            col, body, kind = indent, content, "key"
+            if content == "-" or content.startswith("- "):
+                kind = "seq"
+                body = content
+                while body == "-" or body.startswith("- "):          # "- - x": nested sequences
+                    body = body[1:].lstrip(" ")
+                col = indent + (len(content) - len(body))
+            split = _yaml_split_key(body) if body else None
+            if split is None:
+                key, value = None, body
+                if kind == "key":
+                    kind = "other"
+            else:
+                key, value = split
+            line = _YLine(pos, end, indent, kind, key, value, col)
+            lines.append(line)
+            bare = _strip_comment(value or "")
+            if _BLOCK_SCALAR.match(bare):
+                block_col = col if key is not None else indent
+            else:
+                quote, depth = _yaml_scan_flow(bare, None, 0)
+        pos = end
+    return lines
+
+
+def _yaml_scan_flow(s, quote, depth):
+    """Track an open quoted scalar / flow collection across lines."""
+    i = 0
+    if quote is None and depth == 0:
+        t = s.strip()
+        if not t or t[0] not in "\"'[{":
+            return None, 0
+    while i < len(s):
+        c = s[i]
+        if quote == '"':
+            if c == "\\":
+                i += 2
+                continue
+            if c == '"':
+                quote = None
+        elif quote == "'":
+            if c == "'":
+                if s.startswith("''", i):
+                    i += 2
+                    continue
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        elif c == "#" and (i == 0 or s[i - 1] in " \t"):
+            break
+        i += 1
+    return quote, depth
+
+
+def _yaml_check_document(text, lines):
+    seen_content = False
+    for line in lines:
+        if line.kind == "doc":
+            if seen_content:
+                raise MergeError("the file holds several YAML documents; edit it by hand")
+        elif line.kind not in ("blank", "comment", "directive"):
+            seen_content = True
+    tops = [ln for ln in lines if ln.kind not in ("blank", "comment", "doc", "directive", "cont") and ln.indent == 0]
+    keys, open_key = {}, False
+    for line in tops:
+        if line.kind == "seq" and open_key:
+            continue                                             # an indentless sequence under a key
+        if line.kind != "key":
+            raise MergeError("the top level of the file is not a block mapping (%s); edit it by hand"
+                             % _place(text, line.start))
+        open_key = not _strip_comment(line.value or "")
+        keys.setdefault(line.key, []).append(line)
+    for key, hits in keys.items():
+        if len(hits) > 1:
+            raise MergeError("the top-level key %r appears %d times; remove the duplicates first" % (key, len(hits)))
+    return keys
+
+
+def _yaml_section(lines, key_index):
+    """Line range [key_index + 1, last) of a top-level key's block: indented lines, ``- `` items at
+    column 0 (an indentless sequence) and continuation lines; blank lines and column-0 comments after
+    the last of them are left to what follows."""
+    i = last = key_index + 1
+    while i < len(lines):
+        line = lines[i]
+        if line.kind == "cont" or (line.kind != "blank" and line.indent > 0) or \
+                (line.kind == "seq" and line.indent == 0):
+            i += 1
+            last = i
+        elif line.kind == "blank" or (line.kind == "comment" and line.indent == 0):
+            i += 1
+        else:
+            break
+    return key_index + 1, last
+
+
+def _yaml_refuse_value(text, line, what):
+    value = _strip_comment(line.value or "")
+    if value[:1] in ("&", "*", "!"):
+        raise MergeError("%s uses an anchor, alias or tag (%s); edit it by hand" % (what, _place(text, line.start)))
+    if value[:1] in ("{", "[") and value not in ("{}", "[]"):
+        raise MergeError("%s is written in flow style (%s); edit it by hand" % (what, _place(text, line.start)))
+    if value and value not in ("{}", "[]", "~", "null", "Null", "NULL"):
+        raise MergeError("%s is not a mapping (%s); edit it by hand" % (what, _place(text, line.start)))
+
+
+def _yaml_unit(lines):
+    indents = sorted(set(ln.indent for ln in lines if ln.kind in ("key", "seq") and ln.indent > 0))
+    return " " * indents[0] if indents else "  "
+
+
+def _yaml_items(lines, first, last, indent):
+    """(key, first line, end line) items of a block mapping whose keys sit at ``indent``: each item
+    runs to the line before the next key at that indent; trailing blank lines and comments that are
+    not indented deeper than the keys stay outside."""
+    items = []
+    starts = [k for k in range(first, last) if lines[k].kind == "key" and lines[k].indent == indent]
+    for n, k in enumerate(starts):
+        stop = starts[n + 1] if n + 1 < len(starts) else last
+        end = k + 1
+        indentless = not _strip_comment(lines[k].value or "")    # "key:" then "- item" at the same indent
+        for m in range(k + 1, stop):
+            ln = lines[m]
+            if ln.kind == "cont" or (ln.kind != "blank" and ln.indent > indent) or \
+                    (indentless and ln.kind == "seq" and ln.indent == indent):
+                end = m + 1
+        items.append((lines[k].key, k, end))
+    return items
+
+
+def _yaml_anchor_guard(text, lines, first, end, what):
+    chunk = text[lines[first].start:lines[end - 1].end]
+    if re.search(r"(^|[\s\[{,:-])[&*][^\s\[\]{},]+", _strip_yaml_strings(chunk)) or \
+            re.search(r"(^|\s)<<\s*:", chunk):
+        raise MergeError("%s uses anchors, aliases or merge keys; edit it by hand" % what)
+
+
+def _strip_yaml_strings(chunk):
+    return re.sub(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\n]|\'\')*\'|#[^\n]*', '""', chunk)
+
+
+def _yaml_merge_block(text, lines, first, end, indent, unit, value, nl, owned=None):
+    """The text of a block mapping (lines ``first``..``end``, keys at ``indent``) with the keys of
+    ``value`` replaced/appended, the ``owned`` keys it lacks dropped (see _merge_entry) and every
+    other line kept verbatim; dict values merge one level."""
+    owned = owned or {}
+    items = _yaml_items(lines, first, end, indent)
+    if not items:
+        return "".join(_yaml_item(k, v, " " * indent, unit, nl) for k, v in value.items())
+    out, done = [text[lines[first].start:lines[items[0][1]].start]], set()
+    for n, (key, k, stop) in enumerate(items):
+        nxt = items[n + 1][1] if n + 1 < len(items) else end
+        gap = text[lines[stop - 1].end:lines[nxt - 1].end] if nxt > stop else ""   # lines between items
+        chunk = text[lines[k].start:lines[stop - 1].end]
+        if not chunk.endswith("\n"):
+            chunk += nl
+        if key not in value:
+            spec = owned.get(key)
+            inner = [m for m in range(k + 1, stop) if lines[m].kind == "key"]
+            if spec is True:
+                out.append(gap)                                  # written by this installer before
+            elif isinstance(spec, set) and inner and not _strip_comment(lines[k].value or ""):
+                head = text[lines[k].start:lines[k].end]
+                body = _yaml_merge_block(text, lines, k + 1, stop, lines[inner[0]].indent, unit, {}, nl,
+                                         dict((s, True) for s in spec))
+                if any(ln.strip() and not ln.strip().startswith("#") for ln in body.splitlines()):
+                    out.append((head if head.endswith("\n") else head + nl) + body)
+                out.append(gap)
+            else:
+                out.append(chunk)
+                out.append(gap)
+            continue
+        if key in done:
+            out.append(gap)
+            continue                                             # a duplicate key: dropped
+        done.add(key)
+        if key in KEEP_ON_UPDATE:
+            out.append(chunk)
+            out.append(gap)
+            continue
+        new = value[key]
+        inner = [m for m in range(k + 1, stop) if lines[m].kind == "key"]
+        if isinstance(new, dict) and new and not _strip_comment(lines[k].value or "") and inner:
+            head = text[lines[k].start:lines[k].end]
+            out.append(head if head.endswith("\n") else head + nl)
+            spec = owned.get(key)
+            out.append(_yaml_merge_block(text, lines, k + 1, stop, lines[inner[0]].indent, unit, new, nl,
+                                         dict((s, True) for s in spec) if isinstance(spec, set) else None))
+        else:
+            out.append(_yaml_item(key, new, " " * indent, unit, nl))
+        out.append(gap)
+    missing = "".join(_yaml_item(k, v, " " * indent, unit, nl) for k, v in value.items() if k not in done)
+    if missing:                  # after the last item, before the comments/blank lines that follow it
+        out.insert(len(out) - 1, missing)
+    return "".join(out)
+
+
+def yaml_edit_mapping_entry(text, top_key, name, value=None, uninstall=False, merge=True, owned=None):
+    """``text`` with ``top_key: {name: value}`` written (``value`` a dict; keys we do not write
+    are kept when ``merge``) or ``name`` removed (``top_key`` too when left empty)."""
+    nl = _newline_of(text)
+    lines = _yaml_lines(text)
+    keys = _yaml_check_document(text, lines)
+    unit = _yaml_unit(lines)
+    if top_key not in keys:
+        if uninstall:
+            return text
+        block = "%s:%s" % (_yaml_keytext(top_key), nl) + _yaml_item(name, value, unit, unit, nl)
+        if text and not text.endswith("\n"):
+            block = nl + block[:-len(nl)]                           # no final newline: keep it that way
+        new_text = text + block
+        _yaml_verify_entry(new_text, top_key, name, value, False)
+        return new_text
+    head = keys[top_key][0]
+    k = lines.index(head)
+    _yaml_refuse_value(text, head, top_key)
+    first, last = _yaml_section(lines, k)
+    content = [ln for ln in lines[first:last] if ln.kind in ("key", "seq", "other")]
+    bare = _strip_comment(head.value or "")
+    if content and bare:
+        raise MergeError("%s has both a value and indented lines; edit it by hand" % top_key)
+    child = min(ln.indent for ln in content) if content else len(unit)
+    open_key = False
+    for ln in content:
+        if ln.indent != child:
+            continue
+        if ln.kind == "key":
+            open_key = not _strip_comment(ln.value or "")
+        elif not (ln.kind == "seq" and open_key):                # an indentless list under a key is fine
+            raise MergeError("%s is not a mapping of entries here; edit it by hand" % top_key)
+    items = _yaml_items(lines, first, last, child) if content else []
+    if any(it[0] == "<<" for it in items):
+        raise MergeError("%s uses a merge key (<<); edit it by hand" % top_key)
+    hits = [it for it in items if it[0] == name]
+    if len(hits) > 1:
+        raise MergeError("%s.%s appears %d times; remove the duplicates first" % (top_key, name, len(hits)))
+    if uninstall:
+        if not hits:
+            return text
+        _, s, e = hits[0]
+        _yaml_anchor_guard(text, lines, s, e, "%s.%s" % (top_key, name))
+        others = [m for m in range(first, last) if not (s <= m < e) and lines[m].kind != "blank"]
+        start = head.start if len(items) == 1 and not others else lines[s].start   # left empty: drop the key
+        stop = lines[e - 1].end
+        if stop == len(text) and not text.endswith("\n") and start > 0:
+            start -= 2 if text[start - 2:start] == "\r\n" else 1       # no final newline: keep it that way
+        new_text = text[:start] + text[stop:]
+        _yaml_verify_entry(new_text, top_key, name, None, True)
+        return new_text
+    if hits:
+        _, s, e = hits[0]
+        _yaml_anchor_guard(text, lines, s, e, "%s.%s" % (top_key, name))
+        inner = [m for m in range(s + 1, e) if lines[m].kind == "key"]
+        if merge and not _strip_comment(lines[s].value or "") and inner:
+            head_text = text[lines[s].start:lines[s].end]
+            rendered = (head_text if head_text.endswith("\n") else head_text + nl) + \
+                _yaml_merge_block(text, lines, s + 1, e, lines[inner[0]].indent, unit, value, nl, owned)
+        else:
+            rendered = _yaml_item(name, value, " " * child, unit, nl)
+        old_chunk = text[lines[s].start:lines[e - 1].end]
+        if not old_chunk.endswith("\n") and rendered.endswith(nl):
+            rendered = rendered[:-len(nl)]                        # the file had no final newline
+        if rendered == old_chunk:
+            return text
+        new_text = text[:lines[s].start] + rendered + text[lines[e - 1].end:]
+    elif items:
+        at = lines[items[-1][2] - 1].end
+        piece = _yaml_item(name, value, " " * child, unit, nl)
+        if not text[:at].endswith("\n"):
+            piece = nl + piece[:-len(nl)]                            # no final newline: keep it that way
+        new_text = text[:at] + piece + text[at:]
+    elif bare:                                                    # key: {} / null / ~  ->  a block
+        colon = head.start + _colon_offset(text[head.start:head.end])
+        new_text = text[:colon] + nl + _yaml_item(name, value, unit, unit, nl) + text[_after_eol(text, head.start):]
+    else:
+        at = head.end
+        new_text = text[:at] + ("" if text[:at].endswith("\n") else nl) + \
+            _yaml_item(name, value, unit, unit, nl) + text[at:]
+    _yaml_verify_entry(new_text, top_key, name, value, False)
+    return new_text
+
+
+def _colon_offset(line):
+    """Offset just after the mapping colon of a top-level ``key: value`` line."""
+    split = _yaml_split_key(line.rstrip("\r\n"))
+    rest = split[1] if split else ""
+    stripped = line.rstrip("\r\n")
+    return len(stripped) - len(rest)
+
+
+def yaml_edit_sequence_item(text, top_key, match_key, match_value, value=None, uninstall=False):
+    """``text`` with the item of the ``top_key:`` block sequence whose ``match_key`` is
+    ``match_value`` replaced by ``value`` (a dict), appended, or removed (``top_key`` too when left
+    empty).  Continue's ``mcpServers:`` list in ``config.yaml``."""
+    nl = _newline_of(text)
+    lines = _yaml_lines(text)
+    keys = _yaml_check_document(text, lines)
+    unit = _yaml_unit(lines)
+
+    def render(indent):
+        out = []
+        for n, (k, v) in enumerate(value.items()):
+            piece = _yaml_item(k, v, " " * (indent + 2), unit, nl)
+            out.append(" " * indent + "- " + piece[indent + 2:] if n == 0 else piece)
+        return "".join(out)
+
+    if top_key not in keys:
+        if uninstall:
+            return text
+        block = "%s:%s%s" % (_yaml_keytext(top_key), nl, render(len(unit)))
+        new_text = block if not text.strip() else text + ("" if text.endswith("\n") else nl) + block
+        return new_text
+    head = keys[top_key][0]
+    k = lines.index(head)
+    bare = _strip_comment(head.value or "")
+    if bare[:1] in ("&", "*", "!") or (bare[:1] in ("[", "{") and bare not in ("[]", "{}")):
+        raise MergeError("%s is written in flow style or uses an anchor/alias/tag; edit it by hand" % top_key)
+    first, last = _yaml_section(lines, k)
+    seqs = [m for m in range(first, last) if lines[m].kind == "seq"]
+    if not seqs:
+        if any(lines[m].kind == "key" for m in range(first, last)):
+            raise MergeError("%s is a mapping here, not a list; edit it by hand" % top_key)
+        if uninstall:
+            return text
+        rendered = render(len(unit))
+        if bare:
+            colon = head.start + _colon_offset(text[head.start:head.end])
+            new_text = text[:colon] + nl + rendered + text[_after_eol(text, head.start):]
+        else:
+            at = head.end
+            new_text = text[:at] + ("" if text[:at].endswith("\n") else nl) + rendered + text[at:]
+        return new_text
+    seq_indent = lines[seqs[0]].indent
+    starts = [m for m in seqs if lines[m].indent == seq_indent]
+    items = []
+    for n, s in enumerate(starts):
+        stop = starts[n + 1] if n + 1 < len(starts) else last
+        e = s + 1
+        for m in range(s + 1, stop):
+            ln = lines[m]
+            if ln.kind == "cont" or (ln.kind != "blank" and ln.indent > seq_indent):
+                e = m + 1
+        found = None
+        if lines[s].key == match_key:
+            found = _strip_comment(lines[s].value or "")
+        else:
+            for m in range(s + 1, e):
+                if lines[m].kind == "key" and lines[m].key == match_key and lines[m].indent == lines[s].col:
+                    found = _strip_comment(lines[m].value or "")
+        if found is not None and found[:1] in "\"'":
+            try:
+                found = json.loads(found) if found[0] == '"' else found[1:-1].replace("''", "'")
+            except ValueError:
+                pass
+        items.append((found, s, e))
+    hits = [it for it in items if it[0] == match_value]
+    if len(hits) > 1:
+        raise MergeError("%s has %d items named %r; remove the duplicates first" % (top_key, len(hits), match_value))
+    if uninstall:
+        if not hits:
+            return text
+        _, s, e = hits[0]
+        _yaml_anchor_guard(text, lines, s, e, "%s item %r" % (top_key, match_value))
+        if len(items) == 1 and not bare:
+            return text[:head.start] + text[lines[e - 1].end:]
+        return text[:lines[s].start] + text[lines[e - 1].end:]
+    rendered = render(seq_indent)
+    if hits:
+        _, s, e = hits[0]
+        _yaml_anchor_guard(text, lines, s, e, "%s item %r" % (top_key, match_value))
+        old_chunk = text[lines[s].start:lines[e - 1].end]
+        if not old_chunk.endswith("\n") and lines[e - 1].end == len(text):
+            rendered = rendered[:-len(nl)]
+        if rendered == old_chunk:
+            return text
+        return text[:lines[s].start] + rendered + text[lines[e - 1].end:]
+    _, s, e = items[-1]
+    at = lines[e - 1].end
+    return text[:at] + ("" if text[:at].endswith("\n") else nl) + rendered + text[at:]
+
+
+def _yaml_verify_entry(text, top_key, name, value, removed):
+    """Re-scan the edited text: the entry is (or is not) there and reads back as ``value`` for the
+    keys this module writes (a subset reader; the rest of the file is untouched by construction)."""
+    lines = _yaml_lines(text)
+    keys = _yaml_check_document(text, lines)
+    if top_key not in keys:
+        if removed:
+            return
+        raise MergeError("internal error: %s missing after the edit; nothing written" % top_key)
+    k = lines.index(keys[top_key][0])
+    first, last = _yaml_section(lines, k)
+    entries = [ln for ln in lines[first:last] if ln.kind == "key"]
+    child = min(e.indent for e in entries) if entries else 0
+    items = [it for it in _yaml_items(lines, first, last, child) if it[0] == name] if entries else []
+    if removed:
+        if items:
+            raise MergeError("internal error: %s.%s still present; nothing written" % (top_key, name))
+        return
+    if len(items) != 1:
+        raise MergeError("internal error: %s.%s not found after the edit; nothing written" % (top_key, name))
+    _, s, e = items[0]
+    _yaml_verify_items(text, lines, s + 1, e, value, "%s.%s" % (top_key, name))
+
+
+def _yaml_verify_items(text, lines, first, end, value, where):
+    """The keys of ``value`` read back from the block mapping in lines ``first``..``end`` (each
+    item is read on its own, so whatever else the block holds does not matter)."""
+    keys = [m for m in range(first, end) if lines[m].kind == "key"]
+    indent = min(lines[m].indent for m in keys) if keys else 0
+    found = dict((key, (k, stop)) for key, k, stop in _yaml_items(lines, first, end, indent)) if keys else {}
+    for key, want in value.items():
+        if key in KEEP_ON_UPDATE:
+            continue
+        if key not in found:
+            raise MergeError("internal error: %s.%s missing after the edit; nothing written" % (where, key))
+        k, stop = found[key]
+        if isinstance(want, dict) and want and not _strip_comment(lines[k].value or ""):
+            _yaml_verify_items(text, lines, k + 1, stop, want, "%s.%s" % (where, key))
+            continue
+        try:
+            got = yaml_mini_load(text[lines[k].start:lines[stop - 1].end])
+        except ValueError:
+            got = None
+        if not isinstance(got, dict) or got.get(key, _MISSING) != want:
+            raise MergeError("internal error: %s.%s does not read back; nothing written" % (where, key))
+
+
+_MISSING = object()
+
+
+def yaml_mini_load(text, lenient=False):
+    """A reader for the YAML subset this module writes (and common hand-written configs): block
+    mappings and sequences, flow lists/maps of scalars, plain/single/double-quoted scalars, comments.
+    Values it cannot read raise ValueError, or with ``lenient`` become the raw text."""
+    rows = []
+    for raw in text.splitlines():
+        if not raw.strip() or raw.lstrip().startswith("#") or raw.strip() in ("---", "...") or \
+                raw.startswith("%"):
+            continue
+        content = raw.lstrip(" ")
+        rows.append((len(raw) - len(content), content))
+    pos = [0]
+
+    def scalar(s):
+        s = _strip_comment(s)
+        if s == "" or s in ("~", "null", "Null", "NULL"):
+            return None
+        if s.startswith('"'):
+            return json.loads(s)
+        if s.startswith("'"):
+            return s[1:-1].replace("''", "'")
+        if s.startswith("[") or s.startswith("{"):
+            return flow(s)
+        if s in ("true", "True", "TRUE"):
+            return True
+        if s in ("false", "False", "FALSE"):
+            return False
+        if re.match(r"[-+]?[0-9]+\Z", s):
+            return int(s)
+        if re.match(r"[-+]?([0-9]*\.[0-9]+|[0-9]+\.[0-9]*)([eE][-+]?[0-9]+)?\Z", s):
+            return float(s)
+        if s[:1] in "&*!|>" and not lenient:
+            raise ValueError("unsupported YAML: %r" % s)
+        return s
+
+    def flow(s):
+        items, depth, cur, quote = [], 0, "", None
+        body = s[1:-1]
+        for c in body:
+            if quote:
+                cur += c
+                if c == quote:
+                    quote = None
+                continue
+            if c in "\"'":
+                quote = c
+            elif c in "[{":
+                depth += 1
+            elif c in "]}":
+                depth -= 1
+            elif c == "," and depth == 0:
+                items.append(cur)
+                cur = ""
+                continue
+            cur += c
+        if cur.strip():
+            items.append(cur)
+        if s.startswith("["):
+            return [scalar(i.strip()) for i in items]
+        out = {}
+        for i in items:
+            split = _yaml_split_key(i.strip())
+            if split is None:
+                raise ValueError("bad flow mapping")
+            out[split[0]] = scalar(split[1].strip())
+        return out
+
+    def block(indent):
+        if pos[0] >= len(rows):
+            return None
+        ind, content = rows[pos[0]]
+        if content.startswith("- ") or content == "-":
+            out = []
+            while pos[0] < len(rows) and rows[pos[0]][0] == ind and (rows[pos[0]][1].startswith("- ") or rows[pos[0]][1] == "-"):
+                body = rows[pos[0]][1][1:].lstrip(" ")
+                col = ind + len(rows[pos[0]][1]) - len(body)
+                if not body:
+                    pos[0] += 1
+                    out.append(block(ind + 1))
+                elif _yaml_split_key(body) is not None:
+                    rows[pos[0]] = (col, body)
+                    out.append(mapping(col))
+                else:
+                    pos[0] += 1
+                    out.append(scalar(body))
+            return out
+        return mapping(ind)
+
+    def mapping(ind):
+        out = {}
+        while pos[0] < len(rows) and rows[pos[0]][0] == ind:
+            split = _yaml_split_key(rows[pos[0]][1])
+            if split is None:
+                raise ValueError("not a mapping line: %r" % rows[pos[0]][1])
+            key, rest = split
+            pos[0] += 1
+            bare = _strip_comment(rest)
+            if bare:
+                if _BLOCK_SCALAR.match(bare):
+                    if not lenient:
+                        raise ValueError("block scalars are not supported")
+                    while pos[0] < len(rows) and rows[pos[0]][0] > ind:
+                        pos[0] += 1
+                    out[key] = bare
+                else:
+                    out[key] = scalar(bare)
+            elif pos[0] < len(rows) and (rows[pos[0]][0] > ind or
+                                         (rows[pos[0]][0] == ind and rows[pos[0]][1].startswith("- "))):
+                out[key] = block(rows[pos[0]][0])
+            else:
+                out[key] = None
+        return out
+
+    if not rows:
+        return None
+    value = block(rows[0][0])
+    if pos[0] != len(rows):
+        raise ValueError("unexpected indentation at %r" % (rows[pos[0]][1],))
+    return value
+
+
+# ---------------------------------------------------------------------------
+# §27 Installing into a client
+# ---------------------------------------------------------------------------
+
+# Where each client keeps its file, the entry in the client's own shape (keys as its references), and the
+# careful write: a backup beside the file, a temporary file renamed over it, refused if the file changed.
+# What differs per client is in its CLIENTS row (§28); what the shape of an entry needs is here.
+
+def config_paths(client, platform=None, env=None, home=None, cwd=None):
+    """Candidate user-level files for ``client`` on ``platform`` ('linux', 'darwin', 'win32'), most
+    specific first; the first that exists should be edited, else the first is created.  Project
+    files (VS Code .vscode/mcp.json, Cursor .cursor/mcp.json, ...) are the caller's choice."""
+    platform = platform or sys.platform
+    env = os.environ if env is None else env
+    home = home or os.path.expanduser("~")
+    win = platform.startswith("win")
+    mac = platform == "darwin"
+    appdata = env.get("APPDATA") or os.path.join(home, "AppData", "Roaming")
+    xdg = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    join = os.path.join
+
+    def code_user(product="Code"):
+        if win:
+            return join(appdata, product, "User")
+        if mac:
+            return join(home, "Library", "Application Support", product, "User")
+        return join(xdg, product, "User")
+
+    if client == "claude-desktop":
+        if win:
+            return [join(appdata, "Claude", "claude_desktop_config.json")]
+        if mac:
+            return [join(home, "Library", "Application Support", "Claude", "claude_desktop_config.json")]
+        return [join(xdg, "Claude", "claude_desktop_config.json")]
+    if client == "claude-code":
+        return [join(cwd or os.getcwd(), ".mcp.json")]
+    if client == "codex":
+        return [join(env.get("CODEX_HOME") or join(home, ".codex"), "config.toml")]
+    if client == "cursor":
+        return [join(home, ".cursor", "mcp.json")]
+    if client == "vscode":
+        return [join(code_user(), "mcp.json")]
+    if client == "opencode":
+        base = join(xdg, "opencode")
+        return [join(base, "opencode.jsonc"), join(base, "opencode.json"), join(base, "config.json")]
+    if client == "mimocode":
+        base = join(xdg, "mimocode")
+        return [join(base, "mimocode.jsonc"), join(base, "mimocode.json")]
+    if client == "hermes":
+        if env.get("HERMES_HOME"):
+            return [join(env["HERMES_HOME"], "config.yaml")]
+        if win:
+            local = env.get("LOCALAPPDATA") or join(home, "AppData", "Local")
+            return [join(local, "hermes", "config.yaml"), join(home, ".hermes", "config.yaml")]
+        return [join(home, ".hermes", "config.yaml")]
+    if client == "windsurf":
+        return [join(home, ".codeium", "windsurf", "mcp_config.json")]
+    if client == "gemini-cli":
+        return [join(home, ".gemini", "settings.json")]
+    if client == "zed":
+        if win:
+            return [join(appdata, "Zed", "settings.json")]
+        return [join(xdg if not mac else join(home, ".config"), "zed", "settings.json")]
+    if client == "cline":
+        return [join(code_user(), "globalStorage", "saoudrizwan.claude-dev", "settings", "cline_mcp_settings.json")]
+    if client == "roo-code":
+        return [join(code_user(), "globalStorage", "rooveterinaryinc.roo-cline", "settings", "mcp_settings.json")]
+    if client == "lm-studio":
+        return [join(home, ".lmstudio", "mcp.json")]
+    if client == "goose":
+        if win:
+            return [join(appdata, "Block", "goose", "config", "config.yaml")]
+        return [join(xdg if not mac else join(home, ".config"), "goose", "config.yaml")]
+    if client == "continue":
+        return [join(cwd or os.getcwd(), ".continue", "mcpServers", SERVER_NAME + ".yaml")]
+    if client == "continue-config":
+        return [join(home, ".continue", "config.yaml")]
+    raise ValueError("no configuration file for %r" % client)
+
+
+# Where a missing file is created when there are several candidates (opencode: opencode.json).
+CREATE_INDEX = {"opencode": 1, "mimocode": 1}
+
+
+def pick_path(client, candidates):
+    """The first candidate that exists, else the one to create."""
+    for path in candidates:
+        if os.path.exists(path):
+            return path
+    return candidates[CREATE_INDEX.get(client, 0)]
+
+
+def secret_reference(client, name, syntax=None):
+    """How ``client``'s configuration refers to the environment variable ``name`` without storing
+    its value (``syntax``, the client's form such as ``${env:%s}``), or None when it has no such syntax
+    (rely on inheritance, or --with-keys).  Codex (``env_vars``) and Goose (``env_keys``) forward by
+    name instead: see client_entry."""
+    if client == "vscode":
+        return "${input:%s-%s}" % (SERVER_NAME, name.lower().replace("_", "-"))
+    return syntax % name if syntax else None
+
+
+def vscode_inputs(secret_names):
+    """VS Code ``inputs`` entries (VS Code asks once and keeps the value in its secret storage)."""
+    return [{"type": "promptString", "id": "%s-%s" % (SERVER_NAME, n.lower().replace("_", "-")),
+             "description": "%s for %s" % (n, SERVER_NAME), "password": True} for n in secret_names]
+
+
+def default_owned(client, env_names=()):
+    """The keys of ``client``'s entry this installer writes (see _merge_entry): its own top-level
+    keys, and in the env mapping the names in ``env_names`` (pass every websearch-ring variable and
+    alias, so that a variable unset since the last install, or a key written with --with-keys,
+    is removed on the next install)."""
+    top = {
+        "codex": ("command", "args", "tool_timeout_sec", "env_vars"),
+        "opencode": ("type", "command"), "mimocode": ("type", "command"),
+        "goose": ("name", "type", "cmd", "args", "timeout", "env_keys"),
+        "continue": ("name", "type", "command", "args"), "continue-config": ("name", "type", "command", "args"),
+        "zed": ("source", "command", "args"),
+        "vscode": ("type", "command", "args"), "claude-code": ("type", "command", "args"),
+    }.get(client, ("command", "args"))
+    owned = dict((k, True) for k in top)
+    env_key = {"opencode": "environment", "mimocode": "environment", "goose": "envs"}.get(client, "env")
+    owned[env_key] = set(env_names)
+    return owned
+
+
+def client_entry(client, command, args, plain_env=None, secret_names=(), with_keys=False, secret_values=None,
+                 timeout=300, syntax=None):
+    """``(entry, extras)`` for ``client``: the server entry as the client wants it, with secrets as
+    the client's own references (``with_keys``: the values from ``secret_values``, in plain text),
+    and extras (VS Code: the ``inputs`` to add).  Clients that pass their environment on and have no
+    reference syntax get no secret at all: export it before starting the client."""
+    plain_env = dict(plain_env or {})
+    env, extras = dict(plain_env), {}
+    secret_names = list(secret_names)
+    forwarded = []                                     # Codex env_vars, Goose env_keys
+    for name in secret_names:
+        if with_keys:
+            env[name] = (secret_values or {})[name]
+        elif client == "codex":
+            forwarded.append(name)
+        elif client == "goose":
+            forwarded.append(name)
+        else:
+            ref = secret_reference(client, name, syntax)
+            if ref is not None:
+                env[name] = ref
+    if client == "vscode" and not with_keys and secret_names:
+        extras["inputs"] = vscode_inputs(secret_names)
+    args = list(args)
+    if client == "codex":
+        entry = {"command": command, "args": args, "tool_timeout_sec": timeout}
+        if forwarded:
+            entry["env_vars"] = forwarded
+        if env:
+            entry["env"] = env
+        return entry, extras
+    if client in ("opencode", "mimocode"):
+        entry = {"type": "local", "command": [command] + args, "enabled": True}
+        if env:
+            entry["environment"] = env
+        return entry, extras
+    if client == "goose":
+        entry = {"name": SERVER_NAME, "type": "stdio", "enabled": True, "cmd": command, "args": args,
+                 "timeout": timeout}
+        if env:
+            entry["envs"] = env
+        if forwarded:
+            entry["env_keys"] = forwarded
+        return entry, extras
+    if client in ("continue", "continue-config"):
+        entry = {"name": SERVER_NAME, "type": "stdio", "command": command, "args": args}
+        if env:
+            entry["env"] = env
+        return entry, extras
+    if client == "zed":
+        entry = {"source": "custom", "command": command, "args": args, "env": env}
+        return entry, extras
+    entry = {"command": command, "args": args}
+    if client in ("vscode", "cherry-studio", "claude-code"):
+        entry = {"type": "stdio", "command": command, "args": args}
+    if env:
+        entry["env"] = env
+    return entry, extras
+
+
+def command_instructions(client, command, args, secret_names=(), scope="user", uninstall=False,
+                         quote=None):
+    """Lines to print for the clients configured by a command or a dialog (``COMMAND_CLIENTS``).
+    ``quote`` quotes a word for the user's shell (default: shlex.quote)."""
+    if quote is None:
+        quote = _shlex.quote
+    argv = [command] + list(args)
+    if client == "claude-code":
+        if uninstall:
+            return ["claude mcp remove --scope %s %s" % (scope, SERVER_NAME)]
+        line = "claude mcp add --scope %s %s -- %s" % (scope, SERVER_NAME, " ".join(quote(a) for a in argv))
+        out = [line]
+        if secret_names:
+            out.append("# Claude Code passes its environment on: export %s in the shell that starts claude"
+                       % ", ".join(secret_names))
+            if scope == "project":
+                out.append("# (.mcp.json may also say -e NAME='${NAME:-}' to name them: expanded at start-up)")
+        return out
+    entry = {"type": "stdio", "command": command, "args": list(args)}
+    snippet = json.dumps({"mcpServers": {SERVER_NAME: entry}}, indent=2, ensure_ascii=False)
+    if client == "cherry-studio":
+        if uninstall:
+            return ["Cherry Studio: Settings > MCP Servers > %s > Delete" % SERVER_NAME]
+        out = ["Cherry Studio: Settings > MCP Servers > Add > Import from JSON, paste:", snippet]
+    elif client == "jetbrains":
+        if uninstall:
+            return ["JetBrains IDE: Settings > Tools > AI Assistant > Model Context Protocol (MCP) > "
+                    "select %s > Remove" % SERVER_NAME]
+        out = ["JetBrains IDE: Settings > Tools > AI Assistant > Model Context Protocol (MCP) > Add > As JSON "
+               "(level: Global), paste:", snippet]
+    else:
+        raise ValueError("%s is configured through a file: use plan_install" % client)
+    if secret_names:
+        out.append("Keys: add %s under Environment Variables in that dialog (stored in plain text), or export "
+                   "them where the app is started (it passes its environment on)." % ", ".join(secret_names))
+    return out
+
+
+def continue_block_text(entry, nl="\n"):
+    """The whole ``.continue/mcpServers/websearch-ring.yaml`` (a block file of its own)."""
+    head = "name: %s%sversion: 0.0.1%sschema: v1%s" % (SERVER_NAME, nl, nl, nl)
+    return head + yaml_edit_sequence_item("", "mcpServers", "name", SERVER_NAME, entry).replace("\n", nl)
+
+
+# ============================================================================================
+# Driver and writer
+# ============================================================================================
+
+def read_config(path):
+    """(text without BOM or None when missing, had_bom).  Refuses files that are not UTF-8."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return None, False
+    bom = data.startswith(b"\xef\xbb\xbf")
+    try:
+        text = data[3:].decode("utf-8") if bom else data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise MergeError("%s is not UTF-8 text; edit it by hand" % path)
+    if "\x00" in text:
+        raise MergeError("%s looks binary; edit it by hand" % path)
+    return text, bom
+
+
+def plan_install(client, path, entry, uninstall=False, name=SERVER_NAME, inputs=None, owned=None, spec=None):
+    """``(old_text, new_text)`` for installing ``entry`` as ``name`` in ``client``'s file at
+    ``path`` (or removing it); ``spec`` is the client's file format (its CLIENTS row: format, key path,
+    JSON dialect ...).  ``old_text`` is None for a missing file, ``new_text`` None for a file to
+    delete (Continue's block file on uninstall).  Texts carry the file's BOM, if any."""
+    if spec is None:
+        raise MergeError("%s is configured with a command or a dialog, not a file" % client)
+    if owned is None:
+        owned = default_owned(client)
+    text, bom = read_config(path)
+    old_text = None if text is None else ("\ufeff" + text if bom else text)
+    base = text or ""
+    fmt = spec["format"]
+    if fmt == "json":
+        dialect = spec["dialect"]
+        key_path = spec["path"]
+        if client in ("opencode", "mimocode") and opencode_v2_layout(base, dialect, client):
+            key_path = ["mcp", "servers"]                    # OpenCode V2: mcp.servers.NAME, no "enabled"
+            if entry is not None:
+                entry = dict((k, v) for k, v in entry.items() if k != "enabled")
+        if uninstall:
+            new = json_remove_member(base, key_path, name, dialect, client, spec.get("prune", False))
+            if spec.get("inputs"):
+                ids = [i["id"] for i in (inputs or [])] or None
+                new = _remove_vscode_inputs(new, dialect, client, ids)
+        else:
+            new = json_set_member(base, key_path, name, entry, dialect, client, owned=owned)
+            if spec.get("inputs"):
+                for item in (inputs or []):
+                    new = json_upsert_item(new, ["inputs"], ("id", item["id"]), item, dialect, client)
+                value, _ = json_load(new, dialect, client)
+                keep = set(i["id"] for i in (inputs or []))
+                stale = [i.get("id") for i in (value.get("inputs") or []) if isinstance(i, dict)
+                         and isinstance(i.get("id"), str) and i["id"].startswith(name + "-")
+                         and i["id"] not in keep] if isinstance(value.get("inputs"), list) else []
+                if stale:
+                    new = json_remove_items(new, ["inputs"], "id", stale, dialect, client)
+    elif fmt == "toml":
+        new = toml_edit_table(base, spec["path"], name, entry, uninstall, owned=owned)
+    elif fmt == "yaml":
+        new = yaml_edit_mapping_entry(base, spec["key"], name, entry, uninstall, owned=owned)
+    elif fmt == "yaml-seq":
+        new = yaml_edit_sequence_item(base, spec["key"], "name", name, entry, uninstall)
+    elif fmt == "yaml-file":
+        if uninstall:
+            return old_text, None
+        nl = _newline_of(base) if base else "\n"
+        new = continue_block_text(entry, nl)
+    else:                                                             # pragma: no cover
+        raise MergeError("unknown format %r" % fmt)
+    if text is None and uninstall:
+        return None, None
+    if text is None and not new.strip():
+        return None, None
+    return old_text, ("\ufeff" + new if bom else new)
+
+
+def opencode_v2_layout(text, dialect="jsonc", client="opencode"):
+    """Whether an opencode.json(c) already uses the V2 layout (``mcp.servers.NAME``)."""
+    if not text.strip():
+        return False
+    value, _ = json_load(text, dialect, client)
+    mcp = value.get("mcp") if isinstance(value, dict) else None
+    servers = mcp.get("servers") if isinstance(mcp, dict) else None
+    return isinstance(servers, dict) and all(isinstance(v, dict) for v in servers.values()) and \
+        not any(k in servers for k in ("type", "command"))
+
+
+def _remove_vscode_inputs(text, dialect, client, ids):
+    """Remove the ``inputs`` this module added: ids ``websearch-ring-...`` (or exactly ``ids``)."""
+    value, _ = json_load(text, dialect, client)
+    if not isinstance(value, dict) or not isinstance(value.get("inputs"), list):
+        return text
+    ours = [i.get("id") for i in value["inputs"] if isinstance(i, dict) and isinstance(i.get("id"), str)
+            and (i["id"] in ids if ids else i["id"].startswith(SERVER_NAME + "-"))]
+    if not ours:
+        return text
+    return json_remove_items(text, ["inputs"], "id", ours, dialect, client)
+
+
+def unified_diff(path, old_text, new_text):
+    """The --dry-run output."""
+    old = [] if old_text is None else old_text.splitlines(True)
+    new = [] if new_text is None else new_text.splitlines(True)
+    return "".join(_difflib.unified_diff(old, new, fromfile=path if old_text is not None else "/dev/null",
+                                        tofile=path if new_text is not None else "/dev/null"))
+
+
+def write_config(path, old_text, new_text, backup=True, private=False):
+    """Write ``new_text`` to ``path`` (delete it when None): the previous bytes go to
+    ``path + BACKUP_SUFFIX`` first, the new file replaces the old atomically (temporary file in the
+    same directory + os.replace) and keeps its mode; a symlink is followed, not replaced.  Refuses
+    when the file changed since ``old_text`` was read.  Returns the backup path or None."""
+    target = os.path.realpath(path)
+    current, bom = read_config(target)
+    if current is not None:
+        current = ("\ufeff" + current) if bom else current
+    if current != old_text:
+        raise MergeError("%s changed while it was being edited; run the command again" % path)
+    if new_text == old_text:
+        return None
+    backup_path = None
+    if old_text is not None and backup:
+        backup_path = target + BACKUP_SUFFIX
+        _shutil.copy2(target, backup_path)
+    if new_text is None:
+        os.remove(target)
+        return backup_path
+    directory = os.path.dirname(target) or "."
+    if not os.path.isdir(directory):
+        os.makedirs(directory, 0o700 if private else 0o777)
+    if old_text is not None:
+        mode = os.stat(target).st_mode & 0o7777
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = (0o600 if private else 0o666) & ~umask
+    fd, tmp = _tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(target) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(new_text.encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    return backup_path
+
+
+# ---------------------------------------------------------------------------
+# §28 Command line
 # ---------------------------------------------------------------------------
 
 # The one command that is not a tool's: its client argument and options are the parser's own.
 _CONFIG_COMMAND = Command("config", "[CLIENT]", "a ready-to-paste snippet for an MCP client (without CLIENT: the "
                                                 "clients and where each snippet goes)")
+_INSTALL_COMMAND = Command("install", "CLIENT", "add the server to a client's own configuration file, or print "
+                                               "the command or steps for a client set up that way")
+_UNINSTALL_COMMAND = Command("uninstall", "CLIENT", "take the server out of that file again")
 # The commands, as the usage text and each command's --help describe them.
-_COMMANDS = tuple(tool.command for tool in TOOLS if tool.command) + (_CONFIG_COMMAND,)
+_COMMANDS = tuple(tool.command for tool in TOOLS if tool.command) + (_CONFIG_COMMAND, _INSTALL_COMMAND,
+                                                                      _UNINSTALL_COMMAND)
 
 USAGE = """usage: python websearch_ring.py [COMMAND ...] [--json]
 
 With no command it serves MCP (JSON-RPC 2.0, one message per line) on
 stdin/stdout for a client such as Claude Code, Codex, Cursor, VS Code,
-Windsurf, Gemini CLI or Zed; `config CLIENT` prints what to paste.
+Windsurf, Gemini CLI or Zed; `install CLIENT` adds it to the client's
+file (`config CLIENT` prints what to paste instead).
 
 commands (COMMAND --help for each one's options):
 %s
@@ -12655,8 +14837,8 @@ def _cli_parser():
     for command in _COMMANDS:
         p = sub.add_parser(command.name, prog="python websearch_ring.py " + command.name,
                            description=command.summary, help=command.summary)
-        if command is _CONFIG_COMMAND:
-            _config_arguments(p)
+        if command.name in _OWN_ARGUMENTS:
+            _OWN_ARGUMENTS[command.name](p)
             continue
         p.add_argument("--json", action="store_true", help="print the structured result instead of the text")
         if command.positional:
@@ -12665,6 +14847,23 @@ def _cli_parser():
             action = p.add_argument(*flags, **settings)
             words.setdefault(action.dest, max(flags, key=len))
     return parser, words
+
+
+def _install_arguments(p, uninstall=False):
+    p.add_argument("client", help="one of: " + ", ".join(CLIENTS))
+    p.add_argument("--dry-run", action="store_true", help="print the change as a diff and write nothing")
+    p.add_argument("--path", metavar="FILE", help="edit this file instead of the client's usual one "
+                                                  "(a project file such as .vscode/mcp.json)")
+    if uninstall:
+        return
+    p.add_argument("--with-keys", action="store_true",
+                   help="write the keys set in the environment as plain values (the file is then created 0600); "
+                        "by default they go in as the client's own references or prompts")
+    p.add_argument("--module", action="store_true",
+                   help="run as python -m websearch_ring with PYTHONPATH (reuses cached bytecode)")
+    p.add_argument("--scope", choices=("local", "user", "project"),
+                   help="claude-code: local (this project, you; the default), user (every project) or project "
+                        "(the shared .mcp.json)")
 
 
 def _config_arguments(p):
@@ -12738,8 +14937,10 @@ def _command_named(name):
 
 def _command_options(command):
     """The option strings ``command`` accepts."""
-    if command is _CONFIG_COMMAND:
-        return ["--module", "--scope", "--help", "-h"]
+    if command.name in _OWN_ARGUMENTS:
+        parser = _argparse.ArgumentParser(add_help=False)
+        _OWN_ARGUMENTS[command.name](parser)
+        return [flag for action in parser._actions for flag in action.option_strings] + ["--help", "-h"]
     return [flag for flags, _ in command.options for flag in flags] + ["--json", "--help", "-h"]
 
 
@@ -12783,6 +14984,9 @@ def run_cli(argv, env):
     command = _command_named(opts.command)
     if extra:
         return _cli_unknown_words(command, extra)
+    if opts.command in ("install", "uninstall"):
+        return cli_install(opts.client, env, opts.command == "uninstall", opts.dry_run, opts.path,
+                           getattr(opts, "with_keys", False), getattr(opts, "module", False), getattr(opts, "scope", None))
     config = Config.from_env(env)
     if opts.command == "config":
         return cli_config(opts.client, env, opts.module, opts.scope)
@@ -12942,45 +15146,75 @@ def _home_file(path, windows=None):
     return (path, path, windows or "%USERPROFILE%\\" + path[2:].replace("/", "\\"))
 
 
-# The MCP clients `config` writes for: name -> (snippet style, where it goes on Linux, macOS and Windows,
-# what to do when that file already holds other servers or settings).
+# The MCP clients `config` and `install` know, one row each: the snippet style `config` prints, where it
+# goes on Linux, macOS and Windows, what to do when that file already holds other servers or settings;
+# for `install`, the file's format (None: the client is set up by a command or a dialog, whose steps are
+# printed) and how the file names an environment variable without holding its value (None: no syntax;
+# Codex and Goose forward variables by name, VS Code asks through inputs).
+ClientRow = collections.namedtuple("ClientRow", "style where merge file secret", defaults=(None, None))
+
+
+def _json_file(key, dialect="json", **more):
+    return dict({"format": "json", "path": [key], "dialect": dialect}, **more)
+
+
 CLIENTS = {
-    "claude-code": ("claude", ("a terminal",) * 3,
-                    "claude merges it into its own settings: --scope local (this project, you; the default), "
-                    "user (every project) or project (.mcp.json, to commit)"),
-    "claude-desktop": ("mcpServers", ("~/.config/Claude/claude_desktop_config.json",
-                                      "~/Library/Application Support/Claude/claude_desktop_config.json",
-                                      "%APPDATA%\\Claude\\claude_desktop_config.json"),
-                       "add the entry inside mcpServers (Settings > Developer > Edit Config), then restart Claude"),
-    "codex": ("codex", _home_file("~/.codex/config.toml"), "append it: TOML tables merge"),
-    "cursor": ("mcpServers", _home_file("~/.cursor/mcp.json"),
-               "add the entry inside mcpServers (or use .cursor/mcp.json in a project)"),
-    "vscode": ("vscode", (".vscode/mcp.json in the workspace",) * 3,
-               "add the entry inside servers and each input to inputs (or use the user mcp.json: "
-               "MCP: Open User Configuration); VS Code asks for the keys once and keeps them"),
-    "cherry-studio": ("cherry", ("Settings > MCP Servers > Add > Import from JSON",) * 3, "paste it there"),
-    "opencode": ("opencode", _home_file("~/.config/opencode/opencode.json"),
-                 "add the entry inside mcp (or use opencode.json in a project)"),
-    "mimocode": ("opencode", ("its opencode.json (opencode's format)",) * 3, "add the entry inside mcp"),
-    "hermes": ("hermes", _home_file("~/.hermes/config.yaml"), "add the entry under mcp_servers"),
-    "windsurf": ("mcpServers", _home_file("~/.codeium/windsurf/mcp_config.json"),
-                 "add the entry inside mcpServers, then Refresh in the MCP panel"),
-    "gemini-cli": ("mcpServers", _home_file("~/.gemini/settings.json"),
-                   "add the entry inside mcpServers (or use .gemini/settings.json in a project)"),
-    "zed": ("zed", ("~/.config/zed/settings.json", "~/.config/zed/settings.json", "%APPDATA%\\Zed\\settings.json"),
-            "add the entry inside context_servers (or use .zed/settings.json in a project)"),
-    "cline": ("mcpServers", tuple(p % ("saoudrizwan.claude-dev", "cline_mcp_settings.json") for p in _CODE_STORAGE),
-              "add the entry inside mcpServers (Cline: MCP Servers > Configure)"),
-    "roo-code": ("mcpServers", tuple(p % ("rooveterinaryinc.roo-cline", "mcp_settings.json") for p in _CODE_STORAGE),
-                 "add the entry inside mcpServers (or use .roo/mcp.json in a project)"),
-    "lm-studio": ("mcpServers", _home_file("~/.lmstudio/mcp.json"),
-                  "add the entry inside mcpServers (Program tab > Install > Edit mcp.json)"),
-    "continue": ("continue", (".continue/mcpServers/websearch-ring.yaml in the workspace",) * 3,
-                 "a file of its own: nothing to merge"),
-    "jetbrains": ("mcpServers", ("Settings > Tools > AI Assistant > Model Context Protocol (MCP) > Add > As JSON",)
-                  * 3, "paste it there"),
-    "goose": ("goose", _home_file("~/.config/goose/config.yaml", "%APPDATA%\\Block\\goose\\config\\config.yaml"),
-              "add the entry under extensions (or run goose configure)"),
+    "claude-code": ClientRow("claude", ("a terminal",) * 3,
+                             "claude merges it into its own settings: --scope local (this project, you; the "
+                             "default), user (every project) or project (.mcp.json, to commit)"),
+    "claude-desktop": ClientRow("mcpServers", ("~/.config/Claude/claude_desktop_config.json",
+                                               "~/Library/Application Support/Claude/claude_desktop_config.json",
+                                               "%APPDATA%\\Claude\\claude_desktop_config.json"),
+                                "add the entry inside mcpServers (Settings > Developer > Edit Config), then "
+                                "restart Claude", _json_file("mcpServers")),
+    "codex": ClientRow("codex", _home_file("~/.codex/config.toml"), "append it: TOML tables merge",
+                       {"format": "toml", "path": ["mcp_servers"]}),
+    "cursor": ClientRow("mcpServers", _home_file("~/.cursor/mcp.json"),
+                        "add the entry inside mcpServers (or use .cursor/mcp.json in a project)",
+                        _json_file("mcpServers"), "${env:%s}"),
+    "vscode": ClientRow("vscode", ("~/.config/Code/User/mcp.json", "~/Library/Application Support/Code/User/mcp.json",
+                                   "%APPDATA%\\Code\\User\\mcp.json"),
+                        "add the entry inside servers and each input to inputs (or use .vscode/mcp.json in a "
+                        "workspace); VS Code asks for the keys once and keeps them",
+                        _json_file("servers", "jsonc", inputs=True)),
+    "cherry-studio": ClientRow("cherry", ("Settings > MCP Servers > Add > Import from JSON",) * 3, "paste it there"),
+    "opencode": ClientRow("opencode", _home_file("~/.config/opencode/opencode.json"),
+                          "add the entry inside mcp (or use opencode.json in a project)",
+                          _json_file("mcp", "jsonc", prune=True), "{env:%s}"),
+    "mimocode": ClientRow("opencode", _home_file("~/.config/mimocode/mimocode.json"),
+                          "add the entry inside mcp (opencode's format)", _json_file("mcp", "jsonc", prune=True),
+                          "{env:%s}"),
+    "hermes": ClientRow("hermes", ("~/.hermes/config.yaml", "~/.hermes/config.yaml",
+                                   "%LOCALAPPDATA%\\hermes\\config.yaml"),
+                        "add the entry under mcp_servers ($HERMES_HOME moves the file)",
+                        {"format": "yaml", "key": "mcp_servers"}, "${%s}"),
+    "windsurf": ClientRow("mcpServers", _home_file("~/.codeium/windsurf/mcp_config.json"),
+                          "add the entry inside mcpServers, then Refresh in the MCP panel",
+                          _json_file("mcpServers"), "${env:%s}"),
+    "gemini-cli": ClientRow("mcpServers", _home_file("~/.gemini/settings.json"),
+                            "add the entry inside mcpServers (or use .gemini/settings.json in a project)",
+                            _json_file("mcpServers", "json-comments", prune=True), "${%s}"),
+    "zed": ClientRow("zed", ("~/.config/zed/settings.json", "~/.config/zed/settings.json",
+                             "%APPDATA%\\Zed\\settings.json"),
+                     "add the entry inside context_servers (or use .zed/settings.json in a project)",
+                     _json_file("context_servers", "jsonc", prune=True)),
+    "cline": ClientRow("mcpServers", tuple(p % ("saoudrizwan.claude-dev", "cline_mcp_settings.json")
+                                           for p in _CODE_STORAGE),
+                       "add the entry inside mcpServers (Cline: MCP Servers > Configure)",
+                       _json_file("mcpServers"), "${env:%s}"),
+    "roo-code": ClientRow("mcpServers", tuple(p % ("rooveterinaryinc.roo-cline", "mcp_settings.json")
+                                              for p in _CODE_STORAGE),
+                          "add the entry inside mcpServers (or use .roo/mcp.json in a project)",
+                          _json_file("mcpServers"), "${env:%s}"),
+    "lm-studio": ClientRow("mcpServers", _home_file("~/.lmstudio/mcp.json"),
+                           "add the entry inside mcpServers (Program tab > Install > Edit mcp.json)",
+                           _json_file("mcpServers")),
+    "continue": ClientRow("continue", (".continue/mcpServers/websearch-ring.yaml in the workspace",) * 3,
+                          "a file of its own: nothing to merge", {"format": "yaml-file"}, "${{ secrets.%s }}"),
+    "jetbrains": ClientRow("mcpServers", ("Settings > Tools > AI Assistant > Model Context Protocol (MCP) > Add > "
+                                          "As JSON",) * 3, "paste it there"),
+    "goose": ClientRow("goose", _home_file("~/.config/goose/config.yaml", "%APPDATA%\\Block\\goose\\config\\config.yaml"),
+                       "add the entry under extensions (or run goose configure)", {"format": "yaml", "key": "extensions"}),
 }
 
 
@@ -12995,21 +15229,105 @@ def _yaml_map(items, indent):
     return ["%s%s: %s" % (" " * indent, key, _quoted(value)) for key, value in items.items()]
 
 
+# The commands that are not a tool's, by name: how each adds its own arguments to its parser.
+_OWN_ARGUMENTS = {"config": _config_arguments, "install": _install_arguments,
+                  "uninstall": lambda p: _install_arguments(p, uninstall=True)}
+
+
+def _known_client(client):
+    """``client`` in lower case when CLIENTS has it; else None, the closest name told on stderr."""
+    name = client.lower()
+    if name in CLIENTS:
+        return name
+    guess = closest(name, list(CLIENTS))
+    _emit("unknown client %r%s; choose one of: %s" % (client, "; did you mean %r?" % guess if guess else "",
+                                                      ", ".join(CLIENTS)), sys.stderr)
+    return None
+
+
+def _install_variables(launch, env):
+    """``(plain, secrets)``: the variables set in ``env`` that the entry carries as values, and the names
+    it must carry as references (every key, and a URL whose password or query ``config`` would mask)."""
+    plain, secrets = {}, list(launch.secrets)
+    for name, value in launch.variables.items():
+        if name in secrets:
+            continue
+        if name != "PYTHONPATH" and env.get(name) != value:
+            secrets.append(name)
+        else:
+            plain[name] = value
+    return plain, secrets
+
+
+def cli_install(client, env, uninstall=False, dry_run=False, path=None, with_keys=False, module=False,
+                scope=None):
+    """``install``/``uninstall CLIENT``: merge the server's entry into the client's own file (or take it
+    out), keeping everything else; a backup beside the file, an atomic write, ``--dry-run`` the diff.
+    For a client set up by a command or a dialog, print the command or the steps. The exit status."""
+    name = _known_client(client)
+    if name is None:
+        return 2
+    row, launch = CLIENTS[name], _Launch(env, module, scope)
+    plain, secrets = _install_variables(launch, env)
+    if row.file is None:
+        for line in command_instructions(name, launch.exe, launch.args, secrets, scope or "local", uninstall,
+                                         quote=_shell_quote):
+            _emit(line)
+        return 0
+    entry, extras = client_entry(name, launch.exe, launch.args, plain, secrets, with_keys,
+                                 {n: env[n] for n in secrets if n in env}, syntax=row.secret)
+    target = path or pick_path(name, config_paths(name, env=env))
+    owned = default_owned(name, [n for var in VARIABLES for n in (var.name,) + var.aliases] + ["PYTHONPATH"])
+    try:
+        old, new = plan_install(name, target, None if uninstall else entry, uninstall, inputs=extras.get("inputs"),
+                                owned=owned, spec=row.file)
+        if dry_run or old == new:
+            _emit(unified_diff(target, old, new) if old != new else "%s: nothing to change" % target)
+            return 0
+        backup = write_config(target, old, new, private=with_keys and bool(secrets))
+    except (MergeError, OSError) as exc:
+        _emit("%s: %s; nothing was written" % (target, exc), sys.stderr)
+        return 1
+    _emit("%s %s %s%s" % (SERVER_NAME, "removed from" if uninstall else "written to", target,
+                          " (the previous file: %s)" % backup if backup else ""))
+    for line in ([] if uninstall else _install_notes(name, row, secrets, with_keys)):
+        _emit(line)
+    return 0
+
+
+def _install_notes(client, row, secrets, with_keys):
+    """What the user still has to do after an install: restart, and how the keys reach the server."""
+    notes = ["Restart %s (or reload its MCP servers) to start it." % client]
+    if not secrets or with_keys:
+        return notes
+    names = ", ".join(secrets)
+    if client == "vscode":
+        notes.append("VS Code asks for %s once and keeps it in its secret storage." % names)
+    elif client in ("codex", "goose"):
+        notes.append("%s passes %s on from the environment it starts in." % (client, names))
+    elif row.secret is None:
+        notes.append("%s has no way to name an environment variable in its file: %s stays out of it, so the "
+                     "server runs keyless there unless the client passes its environment on (or install "
+                     "again with --with-keys, which writes the values in plain text)." % (client, names))
+    else:
+        notes.append("The file names %s as %s; set it where %s reads it (its environment%s)." % (
+            names, row.secret % secrets[0], client, ", or ~/.continue/.env" if client == "continue" else
+            ", or ~/.hermes/.env" if client == "hermes" else ""))
+    return notes
+
+
 def cli_config(client, env, module=False, scope=None):
     """Print a configuration snippet for ``client`` on stdout and where it goes on stderr (or, without
     a client, the clients and where each snippet goes); secrets the user has set become placeholders."""
     if client is None:
         _emit("python websearch_ring.py config CLIENT prints the snippet; where it goes (Linux; macOS; Windows):")
-        for name, (_, where, _) in CLIENTS.items():
+        for name, (_, where, _, _, _) in CLIENTS.items():
             _emit("  %-15s %s" % (name, "; ".join(dict.fromkeys(where))))
         return 0
-    client = client.lower()
-    if client not in CLIENTS:
-        guess = closest(client, list(CLIENTS))
-        _emit("unknown client %r%s; choose one of: %s" % (client, "; did you mean %r?" % guess if guess else "",
-                                                          ", ".join(CLIENTS)), sys.stderr)
+    client = _known_client(client)
+    if client is None:
         return 2
-    style, where, merge = CLIENTS[client]
+    style, where, merge = CLIENTS[client][:3]
     if module and style == "goose":
         _emit("goose does not pass PYTHONPATH to a server: printing the script form", sys.stderr)
         module = False
