@@ -10838,6 +10838,57 @@ def test_install_prints_the_command_or_steps_for_clients_without_a_file(ring, in
     assert not any(install_home.iterdir())
 
 
+@pytest.mark.parametrize("editor, text", [
+    ("toml", 'mcp_servers.websearch-ring.command = "x"\n'),                        # a dotted key
+    ("toml", '[mcp_servers]\nwebsearch-ring = { command = "x" }\n'),              # an inline table
+    ("toml", '[[mcp_servers.websearch-ring]]\ncommand = "x"\n'),                  # an array of tables
+    ("toml", 'a = "unterminated\n'),
+    ("yaml", "mcp_servers: &shared\n  other:\n    command: x\n"),              # an anchor at the key
+    ("yaml", "mcp_servers: {other: {command: x}}\n"),                            # flow style
+    ("yaml", "mcp_servers:\n\tother: x\n"),                                     # a tab
+    ("json", '{"mcpServers": {"websearch-ring": {}, "websearch-ring": {}}}'),    # a duplicate key
+    ("json", '{"mcpServers": [1, 2]}'),                                          # not an object
+])
+def test_install_editors_refuse_what_they_cannot_edit_safely(ring, editor, text):
+    entry = {"command": "python3", "args": ["websearch_ring.py"]}
+    with pytest.raises(ring.MergeError):
+        if editor == "toml":
+            ring.toml_edit_table(text, ["mcp_servers"], "websearch-ring", entry)
+        elif editor == "yaml":
+            ring.yaml_edit_mapping_entry(text, "mcp_servers", "websearch-ring", entry)
+        else:
+            ring.json_set_member(text, ["mcpServers"], "websearch-ring", entry, "json", "cursor")
+
+
+def test_install_keeps_crlf_bom_and_a_missing_final_newline(ring, tmp_path):
+    spec = ring.CLIENTS["cursor"].file
+    path = str(tmp_path / "mcp.json")
+    original = '\ufeff{\r\n  "mcpServers": {\r\n    "other": {"command": "x"}\r\n  }\r\n}'
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        handle.write(original)
+    entry = {"command": "python3", "args": ["w.py"]}
+    old, new = ring.plan_install("cursor", path, entry, spec=spec)
+    assert old == original and new.startswith("\ufeff{\r\n") and "\n" not in new.replace("\r\n", "")
+    assert not new.endswith("\n") and json.loads(new[1:])["mcpServers"]["websearch-ring"] == entry
+    ring.write_config(path, old, new)
+    old2, back = ring.plan_install("cursor", path, None, uninstall=True, spec=spec)
+    assert json.loads(back[1:]) == {"mcpServers": {"other": {"command": "x"}}} and back.startswith("\ufeff")
+    # A reader that changed the file meanwhile: nothing written over it.
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("{}")
+    with pytest.raises(ring.MergeError):
+        ring.write_config(path, old2, back)
+
+
+def test_install_into_continue_global_config_is_a_list_item(ring):
+    text = "name: Local\nmcpServers:\n  - name: other\n    command: other-mcp\n"
+    entry = {"name": "websearch-ring", "type": "stdio", "command": "python3", "args": ["w.py"]}
+    new = ring.yaml_edit_sequence_item(text, "mcpServers", "name", "websearch-ring", entry)
+    assert new.startswith(text) and "  - name: \"websearch-ring\"\n" in new
+    assert ring.yaml_edit_sequence_item(new, "mcpServers", "name", "websearch-ring", entry) == new
+    assert ring.yaml_edit_sequence_item(new, "mcpServers", "name", "websearch-ring", None, uninstall=True) == text
+
+
 def test_cli_install_is_a_command_with_did_you_mean(tmp_path):
     env = {"HOME": str(tmp_path), "USERPROFILE": str(tmp_path), "APPDATA": str(tmp_path)}
     run = run_cli("install", "cursr", env=env)

@@ -12679,15 +12679,8 @@ def _merge_entry(old, new, owned=None):
     owned = owned or {}
     out = _copy.deepcopy(old)
     for key, spec in owned.items():
-        if key in new or key not in out:
-            continue
-        if spec is True:
-            del out[key]
-        elif isinstance(out[key], dict):
-            for sub in spec:
-                out[key].pop(sub, None)
-            if not out[key]:
-                del out[key]
+        if key not in new and key in out:
+            _drop_owned(out, key, spec)
     for key, value in new.items():
         if key in KEEP_ON_UPDATE and key in out:
             continue
@@ -12700,6 +12693,17 @@ def _merge_entry(old, new, owned=None):
         else:
             out[key] = _copy.deepcopy(value)
     return out
+
+
+def _drop_owned(out, key, spec):
+    """Drop ``out[key]`` (``spec`` True) or its owned sub-keys ``spec`` (the key too when left empty)."""
+    if spec is True:
+        del out[key]
+    elif isinstance(out[key], dict):
+        for sub in spec:
+            out[key].pop(sub, None)
+        if not out[key]:
+            del out[key]
 
 
 def _place(text, what):
@@ -13309,88 +13313,103 @@ def _toml_lines(text):
     """Classify each physical line: 'blank', 'comment', 'header' (key, array), 'key' (dotted key of
     a key/value line) or 'cont' (inside a multi-line string or array/inline table)."""
     lines, pos, n = [], 0, len(text)
-    in_ml = None                       # '"""' or "'''" while inside a multi-line string
-    depth = 0                          # open [ and { of a value
-    while pos < n or (pos == n and not lines and n == 0):
-        if pos >= n:
-            break
+    state = [None, 0]                  # '"""' or "'''" while inside a multi-line string; open [ and { of a value
+    while pos < n:
         end = _after_eol(text, pos)
         raw = text[pos:end].rstrip("\r\n")
-        stripped = raw.strip()
-        if in_ml or depth:
-            kind, key, array = "cont", None, False
-            scan_from = 0
-        elif not stripped:
-            kind, key, array, scan_from = "blank", None, False, len(raw)
-        elif stripped.startswith("#"):
-            kind, key, array, scan_from = "comment", None, False, len(raw)
-        elif stripped.startswith("["):
-            i = raw.index("[")
-            array = raw.startswith("[[", i)
-            try:
-                key, j = _toml_key(raw, i + (2 if array else 1))
-            except (MergeError, ValueError) as exc:
-                raise MergeError("cannot read the table header at %s: %s" % (_place(text, pos), exc))
-            close = "]]" if array else "]"
-            if not raw.startswith(close, j):
-                raise MergeError("cannot read the table header at %s" % _place(text, pos))
-            rest = raw[j + len(close):].strip()
-            if rest and not rest.startswith("#"):
-                raise MergeError("unexpected text after the table header at %s" % _place(text, pos))
-            kind, scan_from = "header", len(raw)
+        if state[0] or state[1]:
+            kind, key, array, scan_from = "cont", None, False, 0
         else:
-            try:
-                key, j = _toml_key(raw, 0)
-            except (MergeError, ValueError) as exc:
-                raise MergeError("cannot read the key at %s: %s" % (_place(text, pos), exc))
-            if not raw.startswith("=", j):
-                raise MergeError("expected '=' after the key at %s" % _place(text, pos))
-            kind, array, scan_from = "key", False, j + 1
-        i = scan_from
-        while i < len(raw):                                        # update the multi-line state
-            if in_ml:
-                if in_ml == '"""' and raw[i] == "\\":
-                    i += 2
-                    continue
-                if raw.startswith(in_ml, i):
-                    j = i + 3
-                    while j < len(raw) and raw[j] == in_ml[0] and j - i < 5:
-                        j += 1                                     # """" : a quote, then the close
-                    i, in_ml = j, None
-                    continue
-                i += 1
-                continue
-            c = raw[i]
-            if c == "#":
-                break
-            if raw.startswith('"""', i) or raw.startswith("'''", i):
-                in_ml = raw[i:i + 3]
-                i += 3
-            elif c == '"':
-                j = i + 1
-                while j < len(raw) and raw[j] != '"':
-                    j += 2 if raw[j] == "\\" else 1
-                if j >= len(raw):
-                    raise MergeError("unterminated string at %s" % _place(text, pos))
-                i = j + 1
-            elif c == "'":
-                j = raw.find("'", i + 1)
-                if j < 0:
-                    raise MergeError("unterminated string at %s" % _place(text, pos))
-                i = j + 1
-            else:
-                if c in "[{":
-                    depth += 1
-                elif c in "]}":
-                    depth -= 1
-                    if depth < 0:
-                        raise MergeError("unbalanced brackets at %s" % _place(text, pos))
-                i += 1
+            kind, key, array, scan_from = _toml_line_kind(text, pos, raw)
+        _toml_scan_value(text, pos, raw, scan_from, state)
         lines.append(_TLine(pos, end, kind, key, array))
         pos = end
-    if in_ml or depth:
+    if state[0] or state[1]:
         raise MergeError("the file ends inside a multi-line value")
     return lines
+
+
+def _toml_line_kind(text, pos, raw):
+    """``(kind, key, array, scan_from)`` of a line that starts outside any value."""
+    stripped = raw.strip()
+    if not stripped:
+        return "blank", None, False, len(raw)
+    if stripped.startswith("#"):
+        return "comment", None, False, len(raw)
+    if stripped.startswith("["):
+        i = raw.index("[")
+        array = raw.startswith("[[", i)
+        try:
+            key, j = _toml_key(raw, i + (2 if array else 1))
+        except (MergeError, ValueError) as exc:
+            raise MergeError("cannot read the table header at %s: %s" % (_place(text, pos), exc))
+        close = "]]" if array else "]"
+        if not raw.startswith(close, j):
+            raise MergeError("cannot read the table header at %s" % _place(text, pos))
+        rest = raw[j + len(close):].strip()
+        if rest and not rest.startswith("#"):
+            raise MergeError("unexpected text after the table header at %s" % _place(text, pos))
+        return "header", key, array, len(raw)
+    try:
+        key, j = _toml_key(raw, 0)
+    except (MergeError, ValueError) as exc:
+        raise MergeError("cannot read the key at %s: %s" % (_place(text, pos), exc))
+    if not raw.startswith("=", j):
+        raise MergeError("expected '=' after the key at %s" % _place(text, pos))
+    return "key", key, False, j + 1
+
+
+def _toml_scan_value(text, pos, raw, i, state):
+    """Follow a line's value from ``i``: ``state`` (the open multi-line string, the bracket depth) is
+    updated for the next line."""
+    while i < len(raw):
+        if state[0]:
+            i = _toml_in_multiline(raw, i, state)
+            continue
+        c = raw[i]
+        if c == "#":
+            break
+        if raw.startswith('"""', i) or raw.startswith("'''", i):
+            state[0] = raw[i:i + 3]
+            i += 3
+        elif c in "\"'":
+            i = _toml_string_end(text, pos, raw, i)
+        else:
+            if c in "[{":
+                state[1] += 1
+            elif c in "]}":
+                state[1] -= 1
+                if state[1] < 0:
+                    raise MergeError("unbalanced brackets at %s" % _place(text, pos))
+            i += 1
+
+
+def _toml_in_multiline(raw, i, state):
+    """The next position to read inside a multi-line string (``state[0]`` cleared at its close)."""
+    if state[0] == '"""' and raw[i] == "\\":
+        return i + 2
+    if raw.startswith(state[0], i):
+        j = i + 3
+        while j < len(raw) and raw[j] == state[0][0] and j - i < 5:
+            j += 1                                     # """" : a quote, then the close
+        state[0] = None
+        return j
+    return i + 1
+
+
+def _toml_string_end(text, pos, raw, i):
+    """The position after the one-line string starting at ``i``."""
+    if raw[i] == "'":
+        j = raw.find("'", i + 1)
+        if j < 0:
+            raise MergeError("unterminated string at %s" % _place(text, pos))
+        return j + 1
+    j = i + 1
+    while j < len(raw) and raw[j] != '"':
+        j += 2 if raw[j] == "\\" else 1
+    if j >= len(raw):
+        raise MergeError("unterminated string at %s" % _place(text, pos))
+    return j + 1
 
 
 def _toml_sections(lines):
@@ -13450,15 +13469,9 @@ def _toml_table_text(text, lines, first, end, table_path, values, nl, drop=()):
     included; ``first`` None for a new table) with the keys of ``values`` replaced or appended and
     every other line kept.  Dict values are not written here (they become sub-tables) unless given
     as ``("__inline__", dict)`` (an existing ``env = { .. }`` stays an inline table)."""
-    def render(key, v):
-        if isinstance(v, tuple) and v and v[0] == "__inline__":
-            v = v[1]
-        return "%s = %s%s" % (_toml_keytext(key), _toml_value(v), nl)
-
     scalars = [(k, v) for k, v in values.items() if not isinstance(v, dict)]
-    tables = set(k for k, v in values.items() if isinstance(v, dict))
     if first is None:
-        return _toml_header(table_path) + nl + "".join(render(k, v) for k, v in scalars)
+        return _toml_header(table_path) + nl + "".join(_toml_key_line(k, v, nl) for k, v in scalars)
     out = [text[lines[first].start:lines[first].end]]
     if not out[0].endswith("\n"):
         out[0] += nl
@@ -13472,28 +13485,39 @@ def _toml_table_text(text, lines, first, end, table_path, values, nl, drop=()):
             j += 1
         chunk = text[line.start:lines[j - 1].end]
         i = j
-        if line.kind != "key":
+        kept = _toml_line_kept(line, table_path, values, drop, done)
+        if kept is True:
             out.append(chunk if chunk.endswith("\n") else chunk + nl)
-            continue
-        key = line.key
-        if key[0] in tables:
-            if len(key) == 1:
-                continue                                         # ``env = {..}`` -> written as a sub-table
-            raise MergeError("%s.%s is set with dotted keys; edit it by hand" % (".".join(table_path), ".".join(key)))
-        if key[0] in values:
-            if len(key) > 1:
-                raise MergeError("%s.%s is set with dotted keys; edit it by hand" % (".".join(table_path), ".".join(key)))
-            if key[0] not in done:
-                out.append(render(key[0], values[key[0]]))
-                done.add(key[0])
-            continue
-        if key[0] in drop:
-            continue                                             # a key this installer wrote before
-        out.append(chunk if chunk.endswith("\n") else chunk + nl)
-    for k, v in scalars:
-        if k not in done:
-            out.append(render(k, v))
+        elif kept is not None:
+            out.append(_toml_key_line(kept, values[kept], nl))
+    out += [_toml_key_line(k, v, nl) for k, v in scalars if k not in done]
     return "".join(out)
+
+
+def _toml_key_line(key, v, nl):
+    if isinstance(v, tuple) and v and v[0] == "__inline__":
+        v = v[1]
+    return "%s = %s%s" % (_toml_keytext(key), _toml_value(v), nl)
+
+
+def _toml_line_kept(line, table_path, values, drop, done):
+    """What becomes of an existing line of the table: True kept, None dropped, or the key of
+    ``values`` written in its place (the first time; ``done`` records it)."""
+    if line.kind != "key":
+        return True
+    key = line.key
+    tables = set(k for k, v in values.items() if isinstance(v, dict))
+    if key[0] in tables and len(key) == 1:
+        return None                                          # ``env = {..}`` -> written as a sub-table
+    if key[0] in values:
+        if len(key) > 1:
+            raise MergeError("%s.%s is set with dotted keys; edit it by hand" % (".".join(table_path), ".".join(key)))
+        if key[0] in done:
+            return None
+        done.add(key[0])
+        return key[0]
+    return None if key[0] in drop else True                  # drop: a key this installer wrote before
+
 
 
 def toml_edit_table(text, path, name, value=None, uninstall=False, merge=True, owned=None):
@@ -13503,58 +13527,12 @@ def toml_edit_table(text, path, name, value=None, uninstall=False, merge=True, o
     (see _merge_entry)."""
     nl = _newline_of(text)
     base = tuple(path) + (name,)
-    old = None
-    if _toml_reader() is not None and text.strip():
-        try:
-            old = _toml_reader().loads(text)
-        except _toml_reader().TOMLDecodeError as exc:
-            raise MergeError("not valid TOML: %s" % exc)
+    old = _toml_checked(text)
     lines = _toml_lines(text)
     sections = _toml_sections(lines)
-    ours = []
-    for head, first, end in sections:
-        key = () if head is None else lines[head].key
-        if key[:len(base)] == base and head is not None:
-            if lines[head].array:
-                raise MergeError("[[%s]] is an array of tables; edit it by hand" % ".".join(key))
-            ours.append((head, first, end))
-            continue
-        if base[:len(key)] != key:
-            continue
-        for i in range(first if head is None else first + 1, end):  # a key line reaching into ours?
-            line = lines[i]
-            if line.kind != "key":
-                continue
-            full = key + line.key
-            m = min(len(full), len(base))
-            if full[:m] == base[:m]:
-                raise MergeError("%s is set with a dotted key or an inline table (line %d); edit it by hand"
-                                 % (".".join(full), text.count("\n", 0, line.start) + 1))
+    ours = _toml_our_sections(text, lines, sections, base)
     if uninstall:
-        if not ours:
-            return text
-        spans = []
-        for head, first, end in ours:
-            stop = _toml_last_content(lines, first, end)
-            start = head
-            if start > 0 and lines[start - 1].kind == "blank":
-                start -= 1                                       # the blank line install put before
-            elif start == 0:
-                while stop < len(lines) and lines[stop].kind == "blank":
-                    stop += 1                                    # at the top: no blank line left first
-            spans.append((lines[start].start, lines[stop - 1].end))
-        new_text = text
-        for s, e in sorted(spans, reverse=True):
-            new_text = new_text[:s] + new_text[e:]
-        if text and not text.endswith("\n") and new_text.endswith("\n"):
-            new_text = new_text[:-2] if new_text.endswith("\r\n") else new_text[:-1]   # no final newline
-        expected = None
-        if old is not None:
-            expected = _copy.deepcopy(old)
-            parent = _get_path(expected, path)
-            parent.pop(name, None)
-        _toml_verify(new_text, base, expected, path)
-        return new_text
+        return _toml_remove(text, lines, ours, old, path, name) if ours else text
     if not isinstance(value, dict):
         raise MergeError("the entry must be a table")
     owned = owned or {}
@@ -13572,81 +13550,12 @@ def toml_edit_table(text, path, name, value=None, uninstall=False, merge=True, o
     by_path = {}
     for head, first, end in ours:
         by_path.setdefault(lines[head].key, (head, first, end))
-    own_table = by_path.get(base)
-    values = _copy.deepcopy(value)
-    inline = set()                       # dict values the existing table writes inline (env = {..})
-    if own_table is not None:
-        for i in range(own_table[0] + 1, _toml_last_content(lines, own_table[1], own_table[2])):
-            line = lines[i]
-            if line.kind == "key" and len(line.key) == 1 and base + line.key not in by_path and \
-                    (isinstance(values.get(line.key[0]), dict) or
-                     (line.key[0] not in values and isinstance(owned.get(line.key[0]), set))):
-                inline.add(line.key[0])
-                if current is not None and isinstance(target.get(line.key[0]), dict):
-                    values[line.key[0]] = target[line.key[0]]         # merged with the user's extras
-                elif current is not None and line.key[0] not in values:
-                    continue                                          # all of it was ours: dropped below
-                elif line.key[0] not in values:
-                    inline.discard(line.key[0])                       # no tomllib: keep it as it is
-    drop = set(k for k in owned if k not in values and (owned[k] is True or k in inline))
-    table_values = dict((k, ("__inline__", v) if k in inline else v) for k, v in values.items())
-    blocks = [_toml_table_text(text, lines, own_table[0] if own_table else None, own_table[2] if own_table else None,
-                               base, table_values, nl, drop)]
-    for key, sub in values.items():
-        if isinstance(sub, dict) and key not in inline:
-            existing = by_path.get(base + (key,))
-            stale = set(owned.get(key) or ()) - set(sub) if isinstance(owned.get(key), set) else ()
-            blocks.append(_toml_table_text(text, lines, existing[0] if existing else None,
-                                           existing[2] if existing else None, base + (key,), sub, nl, stale))
-    written = set([base] + [base + (k,) for k, v in values.items() if isinstance(v, dict) and k not in inline])
-    for head, first, end in ours:                                # other sub-tables of ours
-        key = lines[head].key
-        if key in written:
-            continue
-        spec = owned.get(key[len(base)]) if len(key) == len(base) + 1 else None
-        if spec is True:
-            continue
-        if isinstance(spec, set):
-            kept = _toml_table_text(text, lines, head, end, key, {}, nl, spec)
-            if len([ln for ln in kept.splitlines() if ln.strip() and not ln.strip().startswith("#")]) > 1:
-                blocks.append(kept)
-            continue
-        stop = _toml_last_content(lines, first, end)
-        chunk = text[lines[head].start:lines[stop - 1].end]
-        blocks.append(chunk if chunk.endswith("\n") else chunk + nl)
-    block = nl.join(blocks)
+    values, inline = _toml_inline_keys(lines, by_path, base, value, owned, current, target)
+    block = nl.join(_toml_blocks(text, lines, ours, by_path, base, values, inline, owned, nl))
     if ours:
-        spans = []
-        for n, (head, first, end) in enumerate(ours):
-            stop = _toml_last_content(lines, first, end)
-            start = head
-            if n and start > 0 and lines[start - 1].kind == "blank":
-                start -= 1
-            spans.append((lines[start].start, lines[stop - 1].end))
-        new_text = text
-        for s, e in sorted(spans[1:], reverse=True):
-            new_text = new_text[:s] + new_text[e:]
-        s, e = spans[0]
-        if e == len(text) and not text.endswith("\n"):
-            block = block[:-len(nl)]                                 # the file has no final newline
-        new_text = new_text[:s] + block + new_text[e:]
+        new_text = _toml_replace_ours(text, lines, ours, block, nl)
     else:
-        anchor = None
-        for head, first, end in sections:
-            if head is not None and lines[head].key[:len(path)] == tuple(path):
-                anchor = (head, first, end)
-        if anchor is not None:
-            at = lines[_toml_last_content(lines, anchor[1], anchor[2]) - 1].end
-            if text[:at].endswith("\n"):
-                new_text = text[:at] + nl + block + text[at:]
-            else:                                                    # the end of a file without final newline
-                new_text = text[:at] + nl + nl + block[:-len(nl)] + text[at:]
-        elif not text.strip():
-            new_text = block
-        elif text.endswith("\n"):
-            new_text = text + nl + block
-        else:                                                        # no final newline: keep it that way
-            new_text = text + nl + nl + block[:-len(nl)]
+        new_text = _toml_add_table(text, lines, sections, path, block, nl)
     if new_text == text:
         return text
     expected = None
@@ -13658,6 +13567,165 @@ def toml_edit_table(text, path, name, value=None, uninstall=False, merge=True, o
         node[name] = target
     _toml_verify(new_text, base, expected, path)
     return new_text
+
+
+def _toml_checked(text):
+    """The document ``text`` holds, read by tomllib (None without tomllib or text); MergeError when invalid."""
+    reader = _toml_reader()
+    if reader is None or not text.strip():
+        return None
+    try:
+        return reader.loads(text)
+    except reader.TOMLDecodeError as exc:
+        raise MergeError("not valid TOML: %s" % exc)
+
+
+def _toml_our_sections(text, lines, sections, base):
+    """The sections ``(head, first, end)`` of the table ``base`` and its sub-tables; MergeError when an
+    array of tables, a dotted key or an inline table defines it instead (those are edited by hand)."""
+    ours = []
+    for head, first, end in sections:
+        key = () if head is None else lines[head].key
+        if key[:len(base)] == base and head is not None:
+            if lines[head].array:
+                raise MergeError("[[%s]] is an array of tables; edit it by hand" % ".".join(key))
+            ours.append((head, first, end))
+        elif base[:len(key)] == key:
+            _toml_refuse_reaching_keys(text, lines, key, first if head is None else first + 1, end, base)
+    return ours
+
+
+def _toml_refuse_reaching_keys(text, lines, key, first, end, base):
+    """MergeError when a key line of the table ``key`` (lines first..end) reaches into ``base``."""
+    for i in range(first, end):
+        line = lines[i]
+        if line.kind != "key":
+            continue
+        full = key + line.key
+        m = min(len(full), len(base))
+        if full[:m] == base[:m]:
+            raise MergeError("%s is set with a dotted key or an inline table (line %d); edit it by hand"
+                             % (".".join(full), text.count("\n", 0, line.start) + 1))
+
+
+def _toml_remove(text, lines, ours, old, path, name):
+    """``text`` without the sections ``ours`` (uninstall), checked."""
+    spans = []
+    for head, first, end in ours:
+        stop = _toml_last_content(lines, first, end)
+        start = head
+        if start > 0 and lines[start - 1].kind == "blank":
+            start -= 1                                       # the blank line install put before
+        elif start == 0:
+            while stop < len(lines) and lines[stop].kind == "blank":
+                stop += 1                                    # at the top: no blank line left first
+        spans.append((lines[start].start, lines[stop - 1].end))
+    new_text = text
+    for s, e in sorted(spans, reverse=True):
+        new_text = new_text[:s] + new_text[e:]
+    if text and not text.endswith("\n") and new_text.endswith("\n"):
+        new_text = new_text[:-2] if new_text.endswith("\r\n") else new_text[:-1]   # no final newline
+    expected = None
+    if old is not None:
+        expected = _copy.deepcopy(old)
+        _get_path(expected, path).pop(name, None)
+    _toml_verify(new_text, tuple(path) + (name,), expected, path)
+    return new_text
+
+
+def _toml_inline_keys(lines, by_path, base, value, owned, current, target):
+    """``(values, inline)``: what to write, and the dict values the existing table writes inline
+    (``env = {..}``), kept inline."""
+    own_table = by_path.get(base)
+    values = _copy.deepcopy(value)
+    inline = set()
+    if own_table is None:
+        return values, inline
+    for i in range(own_table[0] + 1, _toml_last_content(lines, own_table[1], own_table[2])):
+        line = lines[i]
+        if line.kind != "key" or len(line.key) != 1 or base + line.key in by_path:
+            continue
+        k = line.key[0]
+        if not (isinstance(values.get(k), dict) or (k not in values and isinstance(owned.get(k), set))):
+            continue
+        inline.add(k)
+        if current is not None and isinstance(target.get(k), dict):
+            values[k] = target[k]                                  # merged with the user's extras
+        elif current is None and k not in values:
+            inline.discard(k)                                      # no tomllib: keep it as it is
+    return values, inline
+
+
+def _toml_blocks(text, lines, ours, by_path, base, values, inline, owned, nl):
+    """The text blocks of the table: its own, each dict value's sub-table, then the other sub-tables
+    of ours that stay (keys the installer did not write)."""
+    own_table = by_path.get(base)
+    drop = set(k for k in owned if k not in values and (owned[k] is True or k in inline))
+    table_values = dict((k, ("__inline__", v) if k in inline else v) for k, v in values.items())
+    blocks = [_toml_table_text(text, lines, own_table[0] if own_table else None, own_table[2] if own_table else None,
+                               base, table_values, nl, drop)]
+    for key, sub in values.items():
+        if isinstance(sub, dict) and key not in inline:
+            existing = by_path.get(base + (key,))
+            stale = set(owned.get(key) or ()) - set(sub) if isinstance(owned.get(key), set) else ()
+            blocks.append(_toml_table_text(text, lines, existing[0] if existing else None,
+                                           existing[2] if existing else None, base + (key,), sub, nl, stale))
+    written = set([base] + [base + (k,) for k, v in values.items() if isinstance(v, dict) and k not in inline])
+    for head, first, end in ours:
+        key = lines[head].key
+        if key not in written:
+            blocks += _toml_kept_block(text, lines, head, first, end, key, owned, base, nl)
+    return blocks
+
+
+def _toml_kept_block(text, lines, head, first, end, key, owned, base, nl):
+    """``[block]`` for a sub-table of ours that the new entry does not write, or ``[]`` when it goes."""
+    spec = owned.get(key[len(base)]) if len(key) == len(base) + 1 else None
+    if spec is True:
+        return []
+    if isinstance(spec, set):
+        kept = _toml_table_text(text, lines, head, end, key, {}, nl, spec)
+        keys = [ln for ln in kept.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+        return [kept] if len(keys) > 1 else []
+    stop = _toml_last_content(lines, first, end)
+    chunk = text[lines[head].start:lines[stop - 1].end]
+    return [chunk if chunk.endswith("\n") else chunk + nl]
+
+
+def _toml_replace_ours(text, lines, ours, block, nl):
+    """``text`` with ``block`` where the first of our sections was, the others removed."""
+    spans = []
+    for n, (head, first, end) in enumerate(ours):
+        stop = _toml_last_content(lines, first, end)
+        start = head
+        if n and start > 0 and lines[start - 1].kind == "blank":
+            start -= 1
+        spans.append((lines[start].start, lines[stop - 1].end))
+    new_text = text
+    for s, e in sorted(spans[1:], reverse=True):
+        new_text = new_text[:s] + new_text[e:]
+    s, e = spans[0]
+    if e == len(text) and not text.endswith("\n"):
+        block = block[:-len(nl)]                                 # the file has no final newline
+    return new_text[:s] + block + new_text[e:]
+
+
+def _toml_add_table(text, lines, sections, path, block, nl):
+    """``text`` with ``block`` added after the last table under ``path`` (else at the end)."""
+    anchor = None
+    for head, first, end in sections:
+        if head is not None and lines[head].key[:len(path)] == tuple(path):
+            anchor = (head, first, end)
+    if anchor is not None:
+        at = lines[_toml_last_content(lines, anchor[1], anchor[2]) - 1].end
+        if text[:at].endswith("\n"):
+            return text[:at] + nl + block + text[at:]
+        return text[:at] + nl + nl + block[:-len(nl)] + text[at:]   # the end of a file without final newline
+    if not text.strip():
+        return block
+    if text.endswith("\n"):
+        return text + nl + block
+    return text + nl + nl + block[:-len(nl)]                        # no final newline: keep it that way
 
 
 def _toml_current_keys(text, lines, ours, base):
@@ -13826,52 +13894,48 @@ def _yaml_lines(text):
         raw = text[pos:end].rstrip("\r\n")
         content = raw.lstrip(" ")
         indent = len(raw) - len(content)
-        if block_col is not None:
-            if not raw.strip() or indent > block_col:
-                lines.append(_YLine(pos, end, indent, "cont"))
-                pos = end
-                continue
-            block_col = None
-        if quote or depth:
+        if block_col is not None and (not raw.strip() or indent > block_col):
+            lines.append(_YLine(pos, end, indent, "cont"))
+        elif quote or depth:
             lines.append(_YLine(pos, end, indent, "cont"))
             quote, depth = _yaml_scan_flow(raw, quote, depth)
-            pos = end
-            continue
-        if raw.strip() and "\t" in raw[:len(raw) - len(raw.lstrip(" \t"))]:
-            raise MergeError("tab characters in the indentation (%s); YAML does not allow them here"
-                             % _place(text, pos))
-        if not content.strip():
-            lines.append(_YLine(pos, end, indent, "blank"))
-        elif content.startswith("#"):
-            lines.append(_YLine(pos, end, indent, "comment"))
-        elif indent == 0 and (content.rstrip() in ("---", "...") or content.startswith("--- ")):
-            lines.append(_YLine(pos, end, indent, "doc"))
-        elif indent == 0 and content.startswith("%"):
-            lines.append(_YLine(pos, end, indent, "directive"))
         else:
-            col, body, kind = indent, content, "key"
-            if content == "-" or content.startswith("- "):
-                kind = "seq"
-                body = content
-                while body == "-" or body.startswith("- "):          # "- - x": nested sequences
-                    body = body[1:].lstrip(" ")
-                col = indent + (len(content) - len(body))
-            split = _yaml_split_key(body) if body else None
-            if split is None:
-                key, value = None, body
-                if kind == "key":
-                    kind = "other"
-            else:
-                key, value = split
-            line = _YLine(pos, end, indent, kind, key, value, col)
+            block_col = None
+            if raw.strip() and "\t" in raw[:len(raw) - len(raw.lstrip(" \t"))]:
+                raise MergeError("tab characters in the indentation (%s); YAML does not allow them here"
+                                 % _place(text, pos))
+            line = _yaml_line(pos, end, indent, content)
             lines.append(line)
-            bare = _strip_comment(value or "")
-            if _BLOCK_SCALAR.match(bare):
-                block_col = col if key is not None else indent
-            else:
-                quote, depth = _yaml_scan_flow(bare, None, 0)
+            if line.kind in ("key", "seq", "other"):
+                bare = _strip_comment(line.value or "")
+                if _BLOCK_SCALAR.match(bare):
+                    block_col = line.col if line.key is not None else indent
+                else:
+                    quote, depth = _yaml_scan_flow(bare, None, 0)
         pos = end
     return lines
+
+
+def _yaml_line(pos, end, indent, content):
+    """The _YLine of a line outside any block scalar or multi-line value."""
+    if not content.strip():
+        return _YLine(pos, end, indent, "blank")
+    if content.startswith("#"):
+        return _YLine(pos, end, indent, "comment")
+    if indent == 0 and (content.rstrip() in ("---", "...") or content.startswith("--- ")):
+        return _YLine(pos, end, indent, "doc")
+    if indent == 0 and content.startswith("%"):
+        return _YLine(pos, end, indent, "directive")
+    col, body, kind = indent, content, "key"
+    if content == "-" or content.startswith("- "):
+        kind = "seq"
+        while body == "-" or body.startswith("- "):          # "- - x": nested sequences
+            body = body[1:].lstrip(" ")
+        col = indent + (len(content) - len(body))
+    split = _yaml_split_key(body) if body else None
+    if split is None:
+        return _YLine(pos, end, indent, "other" if kind == "key" else kind, None, body, col)
+    return _YLine(pos, end, indent, kind, split[0], split[1], col)
 
 
 def _yaml_scan_flow(s, quote, depth):
@@ -14010,44 +14074,47 @@ def _yaml_merge_block(text, lines, first, end, indent, unit, value, nl, owned=No
         if not chunk.endswith("\n"):
             chunk += nl
         if key not in value:
-            spec = owned.get(key)
-            inner = [m for m in range(k + 1, stop) if lines[m].kind == "key"]
-            if spec is True:
-                out.append(gap)                                  # written by this installer before
-            elif isinstance(spec, set) and inner and not _strip_comment(lines[k].value or ""):
-                head = text[lines[k].start:lines[k].end]
-                body = _yaml_merge_block(text, lines, k + 1, stop, lines[inner[0]].indent, unit, {}, nl,
-                                         dict((s, True) for s in spec))
-                if any(ln.strip() and not ln.strip().startswith("#") for ln in body.splitlines()):
-                    out.append((head if head.endswith("\n") else head + nl) + body)
-                out.append(gap)
-            else:
-                out.append(chunk)
-                out.append(gap)
-            continue
-        if key in done:
-            out.append(gap)
-            continue                                             # a duplicate key: dropped
-        done.add(key)
-        if key in KEEP_ON_UPDATE:
+            out.append(_yaml_unwritten_key(text, lines, k, stop, unit, nl, owned.get(key), chunk))
+        elif key in done:
+            pass                                                 # a duplicate key: dropped
+        elif key in KEEP_ON_UPDATE:
+            done.add(key)
             out.append(chunk)
-            out.append(gap)
-            continue
-        new = value[key]
-        inner = [m for m in range(k + 1, stop) if lines[m].kind == "key"]
-        if isinstance(new, dict) and new and not _strip_comment(lines[k].value or "") and inner:
-            head = text[lines[k].start:lines[k].end]
-            out.append(head if head.endswith("\n") else head + nl)
-            spec = owned.get(key)
-            out.append(_yaml_merge_block(text, lines, k + 1, stop, lines[inner[0]].indent, unit, new, nl,
-                                         dict((s, True) for s in spec) if isinstance(spec, set) else None))
         else:
-            out.append(_yaml_item(key, new, " " * indent, unit, nl))
+            done.add(key)
+            out.append(_yaml_written_key(text, lines, k, stop, indent, unit, nl, key, value[key], owned.get(key)))
         out.append(gap)
     missing = "".join(_yaml_item(k, v, " " * indent, unit, nl) for k, v in value.items() if k not in done)
     if missing:                  # after the last item, before the comments/blank lines that follow it
         out.insert(len(out) - 1, missing)
     return "".join(out)
+
+
+def _yaml_unwritten_key(text, lines, k, stop, unit, nl, spec, chunk):
+    """An existing key (lines k..stop) the new entry does not set: gone when this installer wrote it
+    (``spec`` True), its owned inner keys gone (``spec`` a set), else kept as ``chunk``."""
+    inner = [m for m in range(k + 1, stop) if lines[m].kind == "key"]
+    if spec is True:
+        return ""
+    if not (isinstance(spec, set) and inner and not _strip_comment(lines[k].value or "")):
+        return chunk
+    head = text[lines[k].start:lines[k].end]
+    body = _yaml_merge_block(text, lines, k + 1, stop, lines[inner[0]].indent, unit, {}, nl,
+                             dict((s, True) for s in spec))
+    if any(ln.strip() and not ln.strip().startswith("#") for ln in body.splitlines()):
+        return (head if head.endswith("\n") else head + nl) + body
+    return ""
+
+
+def _yaml_written_key(text, lines, k, stop, indent, unit, nl, key, new, spec):
+    """An existing key (lines k..stop) set again to ``new``: a mapping merges one level, else rewritten."""
+    inner = [m for m in range(k + 1, stop) if lines[m].kind == "key"]
+    if not (isinstance(new, dict) and new and not _strip_comment(lines[k].value or "") and inner):
+        return _yaml_item(key, new, " " * indent, unit, nl)
+    head = text[lines[k].start:lines[k].end]
+    return (head if head.endswith("\n") else head + nl) + _yaml_merge_block(
+        text, lines, k + 1, stop, lines[inner[0]].indent, unit, new, nl,
+        dict((s, True) for s in spec) if isinstance(spec, set) else None)
 
 
 def yaml_edit_mapping_entry(text, top_key, name, value=None, uninstall=False, merge=True, owned=None):
@@ -14067,9 +14134,45 @@ def yaml_edit_mapping_entry(text, top_key, name, value=None, uninstall=False, me
         _yaml_verify_entry(new_text, top_key, name, value, False)
         return new_text
     head = keys[top_key][0]
-    k = lines.index(head)
+    first, last, child, items, bare = _yaml_mapping_items(text, lines, head, top_key, unit)
+    hits = [it for it in items if it[0] == name]
+    if len(hits) > 1:
+        raise MergeError("%s.%s appears %d times; remove the duplicates first" % (top_key, name, len(hits)))
+    if hits:
+        _yaml_anchor_guard(text, lines, hits[0][1], hits[0][2], "%s.%s" % (top_key, name))
+    if uninstall:
+        if not hits:
+            return text
+        new_text = _yaml_drop_entry(text, lines, head, first, last, hits[0], len(items))
+        _yaml_verify_entry(new_text, top_key, name, None, True)
+        return new_text
+    if hits:
+        new_text = _yaml_replace_entry(text, lines, hits[0], name, value, child, unit, nl, merge, owned)
+        if new_text == text:
+            return text
+    elif items:
+        at = lines[items[-1][2] - 1].end
+        piece = _yaml_item(name, value, " " * child, unit, nl)
+        if not text[:at].endswith("\n"):
+            piece = nl + piece[:-len(nl)]                            # no final newline: keep it that way
+        new_text = text[:at] + piece + text[at:]
+    elif bare:                                                    # key: {} / null / ~  ->  a block
+        colon = head.start + _colon_offset(text[head.start:head.end])
+        new_text = text[:colon] + nl + _yaml_item(name, value, unit, unit, nl) + text[_after_eol(text, head.start):]
+    else:
+        at = head.end
+        new_text = text[:at] + ("" if text[:at].endswith("\n") else nl) + \
+            _yaml_item(name, value, unit, unit, nl) + text[at:]
+    _yaml_verify_entry(new_text, top_key, name, value, False)
+    return new_text
+
+
+def _yaml_mapping_items(text, lines, head, top_key, unit):
+    """``(first, last, child, items, bare)`` of the mapping under ``top_key``: its lines, the indent of
+    its entries, the entries ``(name, start, end)`` and the value on the key's own line; MergeError
+    for what is not a block mapping of entries."""
     _yaml_refuse_value(text, head, top_key)
-    first, last = _yaml_section(lines, k)
+    first, last = _yaml_section(lines, lines.index(head))
     content = [ln for ln in lines[first:last] if ln.kind in ("key", "seq", "other")]
     bare = _strip_comment(head.value or "")
     if content and bare:
@@ -14086,53 +14189,36 @@ def yaml_edit_mapping_entry(text, top_key, name, value=None, uninstall=False, me
     items = _yaml_items(lines, first, last, child) if content else []
     if any(it[0] == "<<" for it in items):
         raise MergeError("%s uses a merge key (<<); edit it by hand" % top_key)
-    hits = [it for it in items if it[0] == name]
-    if len(hits) > 1:
-        raise MergeError("%s.%s appears %d times; remove the duplicates first" % (top_key, name, len(hits)))
-    if uninstall:
-        if not hits:
-            return text
-        _, s, e = hits[0]
-        _yaml_anchor_guard(text, lines, s, e, "%s.%s" % (top_key, name))
-        others = [m for m in range(first, last) if not (s <= m < e) and lines[m].kind != "blank"]
-        start = head.start if len(items) == 1 and not others else lines[s].start   # left empty: drop the key
-        stop = lines[e - 1].end
-        if stop == len(text) and not text.endswith("\n") and start > 0:
-            start -= 2 if text[start - 2:start] == "\r\n" else 1       # no final newline: keep it that way
-        new_text = text[:start] + text[stop:]
-        _yaml_verify_entry(new_text, top_key, name, None, True)
-        return new_text
-    if hits:
-        _, s, e = hits[0]
-        _yaml_anchor_guard(text, lines, s, e, "%s.%s" % (top_key, name))
-        inner = [m for m in range(s + 1, e) if lines[m].kind == "key"]
-        if merge and not _strip_comment(lines[s].value or "") and inner:
-            head_text = text[lines[s].start:lines[s].end]
-            rendered = (head_text if head_text.endswith("\n") else head_text + nl) + \
-                _yaml_merge_block(text, lines, s + 1, e, lines[inner[0]].indent, unit, value, nl, owned)
-        else:
-            rendered = _yaml_item(name, value, " " * child, unit, nl)
-        old_chunk = text[lines[s].start:lines[e - 1].end]
-        if not old_chunk.endswith("\n") and rendered.endswith(nl):
-            rendered = rendered[:-len(nl)]                        # the file had no final newline
-        if rendered == old_chunk:
-            return text
-        new_text = text[:lines[s].start] + rendered + text[lines[e - 1].end:]
-    elif items:
-        at = lines[items[-1][2] - 1].end
-        piece = _yaml_item(name, value, " " * child, unit, nl)
-        if not text[:at].endswith("\n"):
-            piece = nl + piece[:-len(nl)]                            # no final newline: keep it that way
-        new_text = text[:at] + piece + text[at:]
-    elif bare:                                                    # key: {} / null / ~  ->  a block
-        colon = head.start + _colon_offset(text[head.start:head.end])
-        new_text = text[:colon] + nl + _yaml_item(name, value, unit, unit, nl) + text[_after_eol(text, head.start):]
+    return first, last, child, items, bare
+
+
+def _yaml_drop_entry(text, lines, head, first, last, hit, count):
+    """``text`` without the entry ``hit``; without the top key too when it was its only entry."""
+    _, s, e = hit
+    others = [m for m in range(first, last) if not (s <= m < e) and lines[m].kind != "blank"]
+    start = head.start if count == 1 and not others else lines[s].start   # left empty: drop the key
+    stop = lines[e - 1].end
+    if stop == len(text) and not text.endswith("\n") and start > 0:
+        start -= 2 if text[start - 2:start] == "\r\n" else 1       # no final newline: keep it that way
+    return text[:start] + text[stop:]
+
+
+def _yaml_replace_entry(text, lines, hit, name, value, child, unit, nl, merge, owned):
+    """``text`` with the entry ``hit`` rewritten from ``value`` (merged with the keys we do not own)."""
+    _, s, e = hit
+    inner = [m for m in range(s + 1, e) if lines[m].kind == "key"]
+    if merge and not _strip_comment(lines[s].value or "") and inner:
+        head_text = text[lines[s].start:lines[s].end]
+        rendered = (head_text if head_text.endswith("\n") else head_text + nl) + \
+            _yaml_merge_block(text, lines, s + 1, e, lines[inner[0]].indent, unit, value, nl, owned)
     else:
-        at = head.end
-        new_text = text[:at] + ("" if text[:at].endswith("\n") else nl) + \
-            _yaml_item(name, value, unit, unit, nl) + text[at:]
-    _yaml_verify_entry(new_text, top_key, name, value, False)
-    return new_text
+        rendered = _yaml_item(name, value, " " * child, unit, nl)
+    old_chunk = text[lines[s].start:lines[e - 1].end]
+    if not old_chunk.endswith("\n") and rendered.endswith(nl):
+        rendered = rendered[:-len(nl)]                        # the file had no final newline
+    if rendered == old_chunk:
+        return text
+    return text[:lines[s].start] + rendered + text[lines[e - 1].end:]
 
 
 def _colon_offset(line):
@@ -14151,41 +14237,76 @@ def yaml_edit_sequence_item(text, top_key, match_key, match_value, value=None, u
     lines = _yaml_lines(text)
     keys = _yaml_check_document(text, lines)
     unit = _yaml_unit(lines)
-
-    def render(indent):
-        out = []
-        for n, (k, v) in enumerate(value.items()):
-            piece = _yaml_item(k, v, " " * (indent + 2), unit, nl)
-            out.append(" " * indent + "- " + piece[indent + 2:] if n == 0 else piece)
-        return "".join(out)
-
     if top_key not in keys:
         if uninstall:
             return text
-        block = "%s:%s%s" % (_yaml_keytext(top_key), nl, render(len(unit)))
-        new_text = block if not text.strip() else text + ("" if text.endswith("\n") else nl) + block
-        return new_text
+        block = "%s:%s%s" % (_yaml_keytext(top_key), nl, _yaml_seq_item(value, len(unit), unit, nl))
+        return block if not text.strip() else text + ("" if text.endswith("\n") else nl) + block
     head = keys[top_key][0]
-    k = lines.index(head)
-    bare = _strip_comment(head.value or "")
-    if bare[:1] in ("&", "*", "!") or (bare[:1] in ("[", "{") and bare not in ("[]", "{}")):
-        raise MergeError("%s is written in flow style or uses an anchor/alias/tag; edit it by hand" % top_key)
-    first, last = _yaml_section(lines, k)
+    bare = _yaml_block_head(head, top_key)
+    first, last = _yaml_section(lines, lines.index(head))
     seqs = [m for m in range(first, last) if lines[m].kind == "seq"]
     if not seqs:
         if any(lines[m].kind == "key" for m in range(first, last)):
             raise MergeError("%s is a mapping here, not a list; edit it by hand" % top_key)
+        return text if uninstall else _yaml_first_item(text, head, bare, _yaml_seq_item(value, len(unit), unit, nl),
+                                                        nl)
+    seq_indent = lines[seqs[0]].indent
+    items = _yaml_seq_items(lines, seqs, seq_indent, last, match_key)
+    hits = [it for it in items if it[0] == match_value]
+    if len(hits) > 1:
+        raise MergeError("%s has %d items named %r; remove the duplicates first" % (top_key, len(hits), match_value))
+    if not hits:
         if uninstall:
             return text
-        rendered = render(len(unit))
-        if bare:
-            colon = head.start + _colon_offset(text[head.start:head.end])
-            new_text = text[:colon] + nl + rendered + text[_after_eol(text, head.start):]
-        else:
-            at = head.end
-            new_text = text[:at] + ("" if text[:at].endswith("\n") else nl) + rendered + text[at:]
-        return new_text
-    seq_indent = lines[seqs[0]].indent
+        at = lines[items[-1][2] - 1].end
+        return text[:at] + ("" if text[:at].endswith("\n") else nl) + _yaml_seq_item(value, seq_indent, unit, nl) + \
+            text[at:]
+    _, s, e = hits[0]
+    _yaml_anchor_guard(text, lines, s, e, "%s item %r" % (top_key, match_value))
+    if uninstall:
+        return text[:(head.start if len(items) == 1 and not bare else lines[s].start)] + text[lines[e - 1].end:]
+    return _yaml_replace_item(text, lines, s, e, _yaml_seq_item(value, seq_indent, unit, nl), nl)
+
+
+def _yaml_replace_item(text, lines, s, e, rendered, nl):
+    """``text`` with the sequence item of lines s..e replaced by ``rendered``."""
+    old_chunk = text[lines[s].start:lines[e - 1].end]
+    if not old_chunk.endswith("\n") and lines[e - 1].end == len(text):
+        rendered = rendered[:-len(nl)]
+    if rendered == old_chunk:
+        return text
+    return text[:lines[s].start] + rendered + text[lines[e - 1].end:]
+
+
+def _yaml_block_head(head, top_key):
+    """What follows ``top_key:`` on its line (``[]`` at most); MergeError for flow style or an anchor."""
+    bare = _strip_comment(head.value or "")
+    if bare[:1] in ("&", "*", "!") or (bare[:1] in ("[", "{") and bare not in ("[]", "{}")):
+        raise MergeError("%s is written in flow style or uses an anchor/alias/tag; edit it by hand" % top_key)
+    return bare
+
+
+def _yaml_seq_item(value, indent, unit, nl):
+    """The mapping ``value`` as a ``- key: ...`` item of a block sequence at ``indent``."""
+    out = []
+    for n, (k, v) in enumerate(value.items()):
+        piece = _yaml_item(k, v, " " * (indent + 2), unit, nl)
+        out.append(" " * indent + "- " + piece[indent + 2:] if n == 0 else piece)
+    return "".join(out)
+
+
+def _yaml_first_item(text, head, bare, rendered, nl):
+    """``text`` with the first item under ``head`` (a key with no item yet, perhaps ``key: []``)."""
+    if bare:
+        colon = head.start + _colon_offset(text[head.start:head.end])
+        return text[:colon] + nl + rendered + text[_after_eol(text, head.start):]
+    at = head.end
+    return text[:at] + ("" if text[:at].endswith("\n") else nl) + rendered + text[at:]
+
+
+def _yaml_seq_items(lines, seqs, seq_indent, last, match_key):
+    """The items ``(value of match_key or None, start, end)`` of a block sequence."""
     starts = [m for m in seqs if lines[m].indent == seq_indent]
     items = []
     for n, s in enumerate(starts):
@@ -14195,48 +14316,30 @@ def yaml_edit_sequence_item(text, top_key, match_key, match_value, value=None, u
             ln = lines[m]
             if ln.kind == "cont" or (ln.kind != "blank" and ln.indent > seq_indent):
                 e = m + 1
-        found = None
-        if lines[s].key == match_key:
-            found = _strip_comment(lines[s].value or "")
-        else:
-            for m in range(s + 1, e):
-                if lines[m].kind == "key" and lines[m].key == match_key and lines[m].indent == lines[s].col:
-                    found = _strip_comment(lines[m].value or "")
-        if found is not None and found[:1] in "\"'":
-            try:
-                found = json.loads(found) if found[0] == '"' else found[1:-1].replace("''", "'")
-            except ValueError:
-                pass
-        items.append((found, s, e))
-    hits = [it for it in items if it[0] == match_value]
-    if len(hits) > 1:
-        raise MergeError("%s has %d items named %r; remove the duplicates first" % (top_key, len(hits), match_value))
-    if uninstall:
-        if not hits:
-            return text
-        _, s, e = hits[0]
-        _yaml_anchor_guard(text, lines, s, e, "%s item %r" % (top_key, match_value))
-        if len(items) == 1 and not bare:
-            return text[:head.start] + text[lines[e - 1].end:]
-        return text[:lines[s].start] + text[lines[e - 1].end:]
-    rendered = render(seq_indent)
-    if hits:
-        _, s, e = hits[0]
-        _yaml_anchor_guard(text, lines, s, e, "%s item %r" % (top_key, match_value))
-        old_chunk = text[lines[s].start:lines[e - 1].end]
-        if not old_chunk.endswith("\n") and lines[e - 1].end == len(text):
-            rendered = rendered[:-len(nl)]
-        if rendered == old_chunk:
-            return text
-        return text[:lines[s].start] + rendered + text[lines[e - 1].end:]
-    _, s, e = items[-1]
-    at = lines[e - 1].end
-    return text[:at] + ("" if text[:at].endswith("\n") else nl) + rendered + text[at:]
+        items.append((_yaml_item_match(lines, s, e, match_key), s, e))
+    return items
+
+
+def _yaml_item_match(lines, s, e, match_key):
+    """The value of ``match_key`` in the sequence item of lines s..e (quotes read), or None."""
+    found = None
+    if lines[s].key == match_key:
+        found = _strip_comment(lines[s].value or "")
+    else:
+        for m in range(s + 1, e):
+            if lines[m].kind == "key" and lines[m].key == match_key and lines[m].indent == lines[s].col:
+                found = _strip_comment(lines[m].value or "")
+    if found is not None and found[:1] in "\"'":
+        try:
+            found = json.loads(found) if found[0] == '"' else found[1:-1].replace("''", "'")
+        except ValueError:
+            pass
+    return found
 
 
 def _yaml_verify_entry(text, top_key, name, value, removed):
     """Re-scan the edited text: the entry is (or is not) there and reads back as ``value`` for the
-    keys this module writes (a subset reader; the rest of the file is untouched by construction)."""
+    keys the installer writes (a subset reader; the rest of the file is untouched by construction)."""
     lines = _yaml_lines(text)
     keys = _yaml_check_document(text, lines)
     if top_key not in keys:
@@ -14285,7 +14388,7 @@ _MISSING = object()
 
 
 def yaml_mini_load(text, lenient=False):
-    """A reader for the YAML subset this module writes (and common hand-written configs): block
+    """A reader for the YAML subset the installer writes (and common hand-written configs): block
     mappings and sequences, flow lists/maps of scalars, plain/single/double-quoted scalars, comments.
     Values it cannot read raise ValueError, or with ``lenient`` become the raw text."""
     rows = []
@@ -14295,114 +14398,136 @@ def yaml_mini_load(text, lenient=False):
             continue
         content = raw.lstrip(" ")
         rows.append((len(raw) - len(content), content))
-    pos = [0]
+    if not rows:
+        return None
+    reader = _MiniYaml(rows, lenient)
+    value = reader.block(rows[0][0])
+    if reader.pos != len(rows):
+        raise ValueError("unexpected indentation at %r" % (rows[reader.pos][1],))
+    return value
 
-    def scalar(s):
+
+_YAML_NULLS = ("", "~", "null", "Null", "NULL")
+_YAML_BOOLS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
+_YAML_INT = LazyPattern(r"[-+]?[0-9]+\Z")
+_YAML_FLOAT = LazyPattern(r"[-+]?([0-9]*\.[0-9]+|[0-9]+\.[0-9]*)([eE][-+]?[0-9]+)?\Z")
+
+
+class _MiniYaml:
+    """yaml_mini_load's reader: ``rows`` ``(indent, content)`` of the significant lines, read from ``pos``."""
+
+    def __init__(self, rows, lenient):
+        self.rows, self.lenient, self.pos = rows, lenient, 0
+
+    def scalar(self, s):
         s = _strip_comment(s)
-        if s == "" or s in ("~", "null", "Null", "NULL"):
+        if s in _YAML_NULLS:
             return None
         if s.startswith('"'):
             return json.loads(s)
         if s.startswith("'"):
             return s[1:-1].replace("''", "'")
         if s.startswith("[") or s.startswith("{"):
-            return flow(s)
-        if s in ("true", "True", "TRUE"):
-            return True
-        if s in ("false", "False", "FALSE"):
-            return False
-        if re.match(r"[-+]?[0-9]+\Z", s):
+            return self.flow(s)
+        if s in _YAML_BOOLS:
+            return _YAML_BOOLS[s]
+        if _YAML_INT.match(s):
             return int(s)
-        if re.match(r"[-+]?([0-9]*\.[0-9]+|[0-9]+\.[0-9]*)([eE][-+]?[0-9]+)?\Z", s):
+        if _YAML_FLOAT.match(s):
             return float(s)
-        if s[:1] in "&*!|>" and not lenient:
+        if s[:1] in "&*!|>" and not self.lenient:
             raise ValueError("unsupported YAML: %r" % s)
         return s
 
-    def flow(s):
-        items, depth, cur, quote = [], 0, "", None
-        body = s[1:-1]
-        for c in body:
-            if quote:
-                cur += c
-                if c == quote:
-                    quote = None
-                continue
-            if c in "\"'":
-                quote = c
-            elif c in "[{":
-                depth += 1
-            elif c in "]}":
-                depth -= 1
-            elif c == "," and depth == 0:
-                items.append(cur)
-                cur = ""
-                continue
-            cur += c
-        if cur.strip():
-            items.append(cur)
+    def flow(self, s):
+        items = _flow_items(s[1:-1])
         if s.startswith("["):
-            return [scalar(i.strip()) for i in items]
+            return [self.scalar(i.strip()) for i in items]
         out = {}
         for i in items:
             split = _yaml_split_key(i.strip())
             if split is None:
                 raise ValueError("bad flow mapping")
-            out[split[0]] = scalar(split[1].strip())
+            out[split[0]] = self.scalar(split[1].strip())
         return out
 
-    def block(indent):
-        if pos[0] >= len(rows):
+    def _item_here(self, ind):
+        rows = self.rows
+        return self.pos < len(rows) and rows[self.pos][0] == ind and (
+            rows[self.pos][1].startswith("- ") or rows[self.pos][1] == "-")
+
+    def block(self, indent):
+        if self.pos >= len(self.rows):
             return None
-        ind, content = rows[pos[0]]
-        if content.startswith("- ") or content == "-":
-            out = []
-            while pos[0] < len(rows) and rows[pos[0]][0] == ind and (rows[pos[0]][1].startswith("- ") or rows[pos[0]][1] == "-"):
-                body = rows[pos[0]][1][1:].lstrip(" ")
-                col = ind + len(rows[pos[0]][1]) - len(body)
-                if not body:
-                    pos[0] += 1
-                    out.append(block(ind + 1))
-                elif _yaml_split_key(body) is not None:
-                    rows[pos[0]] = (col, body)
-                    out.append(mapping(col))
-                else:
-                    pos[0] += 1
-                    out.append(scalar(body))
-            return out
-        return mapping(ind)
-
-    def mapping(ind):
-        out = {}
-        while pos[0] < len(rows) and rows[pos[0]][0] == ind:
-            split = _yaml_split_key(rows[pos[0]][1])
-            if split is None:
-                raise ValueError("not a mapping line: %r" % rows[pos[0]][1])
-            key, rest = split
-            pos[0] += 1
-            bare = _strip_comment(rest)
-            if bare:
-                if _BLOCK_SCALAR.match(bare):
-                    if not lenient:
-                        raise ValueError("block scalars are not supported")
-                    while pos[0] < len(rows) and rows[pos[0]][0] > ind:
-                        pos[0] += 1
-                    out[key] = bare
-                else:
-                    out[key] = scalar(bare)
-            elif pos[0] < len(rows) and (rows[pos[0]][0] > ind or
-                                         (rows[pos[0]][0] == ind and rows[pos[0]][1].startswith("- "))):
-                out[key] = block(rows[pos[0]][0])
+        ind, content = self.rows[self.pos]
+        if not (content.startswith("- ") or content == "-"):
+            return self.mapping(ind)
+        out = []
+        while self._item_here(ind):
+            body = self.rows[self.pos][1][1:].lstrip(" ")
+            col = ind + len(self.rows[self.pos][1]) - len(body)
+            if not body:
+                self.pos += 1
+                out.append(self.block(ind + 1))
+            elif _yaml_split_key(body) is not None:
+                self.rows[self.pos] = (col, body)
+                out.append(self.mapping(col))
             else:
-                out[key] = None
+                self.pos += 1
+                out.append(self.scalar(body))
         return out
 
-    if not rows:
+    def mapping(self, ind):
+        out, rows = {}, self.rows
+        while self.pos < len(rows) and rows[self.pos][0] == ind:
+            split = _yaml_split_key(rows[self.pos][1])
+            if split is None:
+                raise ValueError("not a mapping line: %r" % rows[self.pos][1])
+            key, rest = split
+            self.pos += 1
+            out[key] = self.value(ind, _strip_comment(rest))
+        return out
+
+    def value(self, ind, bare):
+        """The value of a key at ``ind`` whose line holds ``bare`` after the colon."""
+        rows = self.rows
+        if bare and _BLOCK_SCALAR.match(bare):
+            if not self.lenient:
+                raise ValueError("block scalars are not supported")
+            while self.pos < len(rows) and rows[self.pos][0] > ind:
+                self.pos += 1
+            return bare
+        if bare:
+            return self.scalar(bare)
+        if self.pos < len(rows) and (rows[self.pos][0] > ind or
+                                     (rows[self.pos][0] == ind and rows[self.pos][1].startswith("- "))):
+            return self.block(rows[self.pos][0])
         return None
-    value = block(rows[0][0])
-    if pos[0] != len(rows):
-        raise ValueError("unexpected indentation at %r" % (rows[pos[0]][1],))
-    return value
+
+
+def _flow_items(body):
+    """The top-level comma-separated items of a flow collection's inside (quotes and nesting kept)."""
+    items, depth, cur, quote = [], 0, "", None
+    for c in body:
+        if quote:
+            cur += c
+            if c == quote:
+                quote = None
+            continue
+        if c in "\"'":
+            quote = c
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+            continue
+        cur += c
+    if cur.strip():
+        items.append(cur)
+    return items
 
 
 # ---------------------------------------------------------------------------
@@ -14413,76 +14538,69 @@ def yaml_mini_load(text, lenient=False):
 # careful write: a backup beside the file, a temporary file renamed over it, refused if the file changed.
 # What differs per client is in its CLIENTS row (§28); what the shape of an entry needs is here.
 
+class _Places:
+    """The folders client files live in on one platform: the home, %APPDATA%, $XDG_CONFIG_HOME, VS Code's
+    user folder, and the working folder (for the per-workspace files)."""
+
+    def __init__(self, platform, env, home, cwd):
+        self.win, self.mac = platform.startswith("win"), platform == "darwin"
+        self.env, self.home, self.cwd = env, home, cwd
+        self.appdata = env.get("APPDATA") or os.path.join(home, "AppData", "Roaming")
+        self.xdg = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+        # On macOS Zed and Goose use ~/.config too, not Application Support.
+        self.config = self.appdata if self.win else self.xdg if not self.mac else os.path.join(home, ".config")
+
+    def app(self, *parts):
+        """A file under the platform's application folder: %APPDATA%, ~/Library/Application Support, $XDG."""
+        if self.win:
+            return os.path.join(self.appdata, *parts)
+        if self.mac:
+            return os.path.join(self.home, "Library", "Application Support", *parts)
+        return os.path.join(self.xdg, *parts)
+
+    def hermes(self):
+        if self.env.get("HERMES_HOME"):
+            return [os.path.join(self.env["HERMES_HOME"], "config.yaml")]
+        own = [os.path.join(self.home, ".hermes", "config.yaml")]
+        local = self.env.get("LOCALAPPDATA") or os.path.join(self.home, "AppData", "Local")
+        return [os.path.join(local, "hermes", "config.yaml")] + own if self.win else own
+
+
+_J = os.path.join
+# Each file client's candidate files (see config_paths), from the folders of _Places.
+_CLIENT_PLACES = {
+    "claude-desktop": lambda p: [p.app("Claude", "claude_desktop_config.json")],
+    "claude-code": lambda p: [_J(p.cwd, ".mcp.json")],
+    "codex": lambda p: [_J(p.env.get("CODEX_HOME") or _J(p.home, ".codex"), "config.toml")],
+    "cursor": lambda p: [_J(p.home, ".cursor", "mcp.json")],
+    "vscode": lambda p: [p.app("Code", "User", "mcp.json")],
+    "opencode": lambda p: [_J(p.xdg, "opencode", n) for n in ("opencode.jsonc", "opencode.json", "config.json")],
+    "mimocode": lambda p: [_J(p.xdg, "mimocode", n) for n in ("mimocode.jsonc", "mimocode.json")],
+    "hermes": lambda p: p.hermes(),
+    "windsurf": lambda p: [_J(p.home, ".codeium", "windsurf", "mcp_config.json")],
+    "gemini-cli": lambda p: [_J(p.home, ".gemini", "settings.json")],
+    "zed": lambda p: [_J(p.config, "Zed" if p.win else "zed", "settings.json")],
+    "cline": lambda p: [p.app("Code", "User", "globalStorage", "saoudrizwan.claude-dev", "settings",
+                              "cline_mcp_settings.json")],
+    "roo-code": lambda p: [p.app("Code", "User", "globalStorage", "rooveterinaryinc.roo-cline", "settings",
+                                 "mcp_settings.json")],
+    "lm-studio": lambda p: [_J(p.home, ".lmstudio", "mcp.json")],
+    "goose": lambda p: [_J(p.config, "Block", "goose", "config", "config.yaml") if p.win else
+                        _J(p.config, "goose", "config.yaml")],
+    "continue": lambda p: [_J(p.cwd, ".continue", "mcpServers", SERVER_NAME + ".yaml")],
+    "continue-config": lambda p: [_J(p.home, ".continue", "config.yaml")],
+}
+
+
 def config_paths(client, platform=None, env=None, home=None, cwd=None):
     """Candidate user-level files for ``client`` on ``platform`` ('linux', 'darwin', 'win32'), most
     specific first; the first that exists should be edited, else the first is created.  Project
     files (VS Code .vscode/mcp.json, Cursor .cursor/mcp.json, ...) are the caller's choice."""
-    platform = platform or sys.platform
+    places = _CLIENT_PLACES.get(client)
+    if places is None:
+        raise ValueError("no configuration file for %r" % client)
     env = os.environ if env is None else env
-    home = home or os.path.expanduser("~")
-    win = platform.startswith("win")
-    mac = platform == "darwin"
-    appdata = env.get("APPDATA") or os.path.join(home, "AppData", "Roaming")
-    xdg = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
-    join = os.path.join
-
-    def code_user(product="Code"):
-        if win:
-            return join(appdata, product, "User")
-        if mac:
-            return join(home, "Library", "Application Support", product, "User")
-        return join(xdg, product, "User")
-
-    if client == "claude-desktop":
-        if win:
-            return [join(appdata, "Claude", "claude_desktop_config.json")]
-        if mac:
-            return [join(home, "Library", "Application Support", "Claude", "claude_desktop_config.json")]
-        return [join(xdg, "Claude", "claude_desktop_config.json")]
-    if client == "claude-code":
-        return [join(cwd or os.getcwd(), ".mcp.json")]
-    if client == "codex":
-        return [join(env.get("CODEX_HOME") or join(home, ".codex"), "config.toml")]
-    if client == "cursor":
-        return [join(home, ".cursor", "mcp.json")]
-    if client == "vscode":
-        return [join(code_user(), "mcp.json")]
-    if client == "opencode":
-        base = join(xdg, "opencode")
-        return [join(base, "opencode.jsonc"), join(base, "opencode.json"), join(base, "config.json")]
-    if client == "mimocode":
-        base = join(xdg, "mimocode")
-        return [join(base, "mimocode.jsonc"), join(base, "mimocode.json")]
-    if client == "hermes":
-        if env.get("HERMES_HOME"):
-            return [join(env["HERMES_HOME"], "config.yaml")]
-        if win:
-            local = env.get("LOCALAPPDATA") or join(home, "AppData", "Local")
-            return [join(local, "hermes", "config.yaml"), join(home, ".hermes", "config.yaml")]
-        return [join(home, ".hermes", "config.yaml")]
-    if client == "windsurf":
-        return [join(home, ".codeium", "windsurf", "mcp_config.json")]
-    if client == "gemini-cli":
-        return [join(home, ".gemini", "settings.json")]
-    if client == "zed":
-        if win:
-            return [join(appdata, "Zed", "settings.json")]
-        return [join(xdg if not mac else join(home, ".config"), "zed", "settings.json")]
-    if client == "cline":
-        return [join(code_user(), "globalStorage", "saoudrizwan.claude-dev", "settings", "cline_mcp_settings.json")]
-    if client == "roo-code":
-        return [join(code_user(), "globalStorage", "rooveterinaryinc.roo-cline", "settings", "mcp_settings.json")]
-    if client == "lm-studio":
-        return [join(home, ".lmstudio", "mcp.json")]
-    if client == "goose":
-        if win:
-            return [join(appdata, "Block", "goose", "config", "config.yaml")]
-        return [join(xdg if not mac else join(home, ".config"), "goose", "config.yaml")]
-    if client == "continue":
-        return [join(cwd or os.getcwd(), ".continue", "mcpServers", SERVER_NAME + ".yaml")]
-    if client == "continue-config":
-        return [join(home, ".continue", "config.yaml")]
-    raise ValueError("no configuration file for %r" % client)
+    return places(_Places(platform or sys.platform, env, home or os.path.expanduser("~"), cwd or os.getcwd()))
 
 
 # Where a missing file is created when there are several candidates (opencode: opencode.json).
@@ -14538,63 +14656,55 @@ def client_entry(client, command, args, plain_env=None, secret_names=(), with_ke
     the client's own references (``with_keys``: the values from ``secret_values``, in plain text),
     and extras (VS Code: the ``inputs`` to add).  Clients that pass their environment on and have no
     reference syntax get no secret at all: export it before starting the client."""
-    plain_env = dict(plain_env or {})
-    env, extras = dict(plain_env), {}
+    env, extras = dict(plain_env or {}), {}
     secret_names = list(secret_names)
     forwarded = []                                     # Codex env_vars, Goose env_keys
     for name in secret_names:
         if with_keys:
             env[name] = (secret_values or {})[name]
-        elif client == "codex":
+        elif client in ("codex", "goose"):
             forwarded.append(name)
-        elif client == "goose":
-            forwarded.append(name)
-        else:
-            ref = secret_reference(client, name, syntax)
-            if ref is not None:
-                env[name] = ref
+        elif secret_reference(client, name, syntax) is not None:
+            env[name] = secret_reference(client, name, syntax)
     if client == "vscode" and not with_keys and secret_names:
         extras["inputs"] = vscode_inputs(secret_names)
-    args = list(args)
-    if client == "codex":
-        entry = {"command": command, "args": args, "tool_timeout_sec": timeout}
-        if forwarded:
-            entry["env_vars"] = forwarded
-        if env:
-            entry["env"] = env
-        return entry, extras
-    if client in ("opencode", "mimocode"):
-        entry = {"type": "local", "command": [command] + args, "enabled": True}
-        if env:
-            entry["environment"] = env
-        return entry, extras
-    if client == "goose":
-        entry = {"name": SERVER_NAME, "type": "stdio", "enabled": True, "cmd": command, "args": args,
-                 "timeout": timeout}
-        if env:
-            entry["envs"] = env
-        if forwarded:
-            entry["env_keys"] = forwarded
-        return entry, extras
-    if client in ("continue", "continue-config"):
-        entry = {"name": SERVER_NAME, "type": "stdio", "command": command, "args": args}
-        if env:
-            entry["env"] = env
-        return entry, extras
-    if client == "zed":
-        entry = {"source": "custom", "command": command, "args": args, "env": env}
-        return entry, extras
-    entry = {"command": command, "args": args}
-    if client in ("vscode", "cherry-studio", "claude-code"):
-        entry = {"type": "stdio", "command": command, "args": args}
-    if env:
-        entry["env"] = env
-    return entry, extras
+    shape = _ENTRY_SHAPES.get(client, _plain_entry)
+    return shape(client, command, list(args), env, forwarded, timeout), extras
+
+
+def _with(entry, **optional):
+    """``entry`` with each optional value that is not empty."""
+    entry.update((k, v) for k, v in optional.items() if v)
+    return entry
+
+
+def _plain_entry(client, command, args, env, forwarded, timeout):
+    """The common ``{command, args, env}`` shape; VS Code, Cherry Studio and Claude Code name the transport."""
+    entry = {"type": "stdio"} if client in ("vscode", "cherry-studio", "claude-code") else {}
+    return _with(dict(entry, command=command, args=args), env=env)
+
+
+# An entry in each client's own shape (the others take _plain_entry's).
+_ENTRY_SHAPES = {
+    "codex": lambda client, command, args, env, forwarded, timeout: _with(
+        {"command": command, "args": args, "tool_timeout_sec": timeout}, env_vars=forwarded, env=env),
+    "opencode": lambda client, command, args, env, forwarded, timeout: _with(
+        {"type": "local", "command": [command] + args, "enabled": True}, environment=env),
+    "goose": lambda client, command, args, env, forwarded, timeout: _with(
+        {"name": SERVER_NAME, "type": "stdio", "enabled": True, "cmd": command, "args": args, "timeout": timeout},
+        envs=env, env_keys=forwarded),
+    "continue": lambda client, command, args, env, forwarded, timeout: _with(
+        {"name": SERVER_NAME, "type": "stdio", "command": command, "args": args}, env=env),
+    "zed": lambda client, command, args, env, forwarded, timeout: {
+        "source": "custom", "command": command, "args": args, "env": env},
+}
+_ENTRY_SHAPES["mimocode"] = _ENTRY_SHAPES["opencode"]
+_ENTRY_SHAPES["continue-config"] = _ENTRY_SHAPES["continue"]
 
 
 def command_instructions(client, command, args, secret_names=(), scope="user", uninstall=False,
                          quote=None):
-    """Lines to print for the clients configured by a command or a dialog (``COMMAND_CLIENTS``).
+    """Lines to print for the clients configured by a command or a dialog (CLIENTS rows without a file).
     ``quote`` quotes a word for the user's shell (default: shlex.quote)."""
     if quote is None:
         quote = _shlex.quote
@@ -14671,47 +14781,50 @@ def plan_install(client, path, entry, uninstall=False, name=SERVER_NAME, inputs=
     base = text or ""
     fmt = spec["format"]
     if fmt == "json":
-        dialect = spec["dialect"]
-        key_path = spec["path"]
-        if client in ("opencode", "mimocode") and opencode_v2_layout(base, dialect, client):
-            key_path = ["mcp", "servers"]                    # OpenCode V2: mcp.servers.NAME, no "enabled"
-            if entry is not None:
-                entry = dict((k, v) for k, v in entry.items() if k != "enabled")
-        if uninstall:
-            new = json_remove_member(base, key_path, name, dialect, client, spec.get("prune", False))
-            if spec.get("inputs"):
-                ids = [i["id"] for i in (inputs or [])] or None
-                new = _remove_vscode_inputs(new, dialect, client, ids)
-        else:
-            new = json_set_member(base, key_path, name, entry, dialect, client, owned=owned)
-            if spec.get("inputs"):
-                for item in (inputs or []):
-                    new = json_upsert_item(new, ["inputs"], ("id", item["id"]), item, dialect, client)
-                value, _ = json_load(new, dialect, client)
-                keep = set(i["id"] for i in (inputs or []))
-                stale = [i.get("id") for i in (value.get("inputs") or []) if isinstance(i, dict)
-                         and isinstance(i.get("id"), str) and i["id"].startswith(name + "-")
-                         and i["id"] not in keep] if isinstance(value.get("inputs"), list) else []
-                if stale:
-                    new = json_remove_items(new, ["inputs"], "id", stale, dialect, client)
+        new = _plan_json(client, spec, base, entry, uninstall, name, inputs, owned)
     elif fmt == "toml":
         new = toml_edit_table(base, spec["path"], name, entry, uninstall, owned=owned)
     elif fmt == "yaml":
         new = yaml_edit_mapping_entry(base, spec["key"], name, entry, uninstall, owned=owned)
     elif fmt == "yaml-seq":
         new = yaml_edit_sequence_item(base, spec["key"], "name", name, entry, uninstall)
-    elif fmt == "yaml-file":
-        if uninstall:
-            return old_text, None
-        nl = _newline_of(base) if base else "\n"
-        new = continue_block_text(entry, nl)
-    else:                                                             # pragma: no cover
-        raise MergeError("unknown format %r" % fmt)
-    if text is None and uninstall:
-        return None, None
-    if text is None and not new.strip():
+    elif uninstall:                                                   # yaml-file: Continue's block file
+        return old_text, None
+    else:
+        new = continue_block_text(entry, _newline_of(base) if base else "\n")
+    if text is None and (uninstall or not new.strip()):
         return None, None
     return old_text, ("\ufeff" + new if bom else new)
+
+
+def _plan_json(client, spec, base, entry, uninstall, name, inputs, owned):
+    """The JSON file ``base`` with the entry set (or removed), VS Code's inputs with it."""
+    dialect, key_path = spec["dialect"], spec["path"]
+    if client in ("opencode", "mimocode") and opencode_v2_layout(base, dialect, client):
+        key_path = ["mcp", "servers"]                    # OpenCode V2: mcp.servers.NAME, no "enabled"
+        if entry is not None:
+            entry = dict((k, v) for k, v in entry.items() if k != "enabled")
+    if uninstall:
+        new = json_remove_member(base, key_path, name, dialect, client, spec.get("prune", False))
+        if spec.get("inputs"):
+            new = _remove_vscode_inputs(new, dialect, client, [i["id"] for i in (inputs or [])] or None)
+        return new
+    new = json_set_member(base, key_path, name, entry, dialect, client, owned=owned)
+    if spec.get("inputs"):
+        new = _upsert_vscode_inputs(new, dialect, client, name, inputs or [])
+    return new
+
+
+def _upsert_vscode_inputs(text, dialect, client, name, inputs):
+    """``text`` with VS Code's ``inputs`` for our keys, and without ours that are no longer asked for."""
+    for item in inputs:
+        text = json_upsert_item(text, ["inputs"], ("id", item["id"]), item, dialect, client)
+    value, _ = json_load(text, dialect, client)
+    keep = set(i["id"] for i in inputs)
+    listed = value.get("inputs") if isinstance(value.get("inputs"), list) else []
+    stale = [i.get("id") for i in listed if isinstance(i, dict) and isinstance(i.get("id"), str)
+             and i["id"].startswith(name + "-") and i["id"] not in keep]
+    return json_remove_items(text, ["inputs"], "id", stale, dialect, client) if stale else text
 
 
 def opencode_v2_layout(text, dialect="jsonc", client="opencode"):
@@ -14726,7 +14839,7 @@ def opencode_v2_layout(text, dialect="jsonc", client="opencode"):
 
 
 def _remove_vscode_inputs(text, dialect, client, ids):
-    """Remove the ``inputs`` this module added: ids ``websearch-ring-...`` (or exactly ``ids``)."""
+    """Remove the ``inputs`` the installer added: ids ``websearch-ring-...`` (or exactly ``ids``)."""
     value, _ = json_load(text, dialect, client)
     if not isinstance(value, dict) or not isinstance(value.get("inputs"), list):
         return text
@@ -14993,7 +15106,12 @@ def run_cli(argv, env):
     server = _cli_server(config)
     if opts.command == "check":
         return cli_check(server, opts.json)
-    tool, args = _CLI_TOOLS[opts.command], _cli_arguments(opts)
+    return _cli_tool(server, command, opts, words)
+
+
+def _cli_tool(server, command, opts, words):
+    """A command that calls a tool: its result printed, the exit status returned."""
+    tool, args = _CLI_TOOLS[command.name], _cli_arguments(opts)
     say = cli_words(dict(words, **{command.positional[0]: command.argument}))
     helps = dict([(command.positional[0], command.positional[1].get("help"))] + [
         (settings.get("dest") or flags[-1].lstrip("-").replace("-", "_"), settings.get("help"))
