@@ -10827,14 +10827,17 @@ def test_install_with_keys_writes_the_values_into_a_private_new_file(ring, insta
 
 
 def test_install_prints_the_command_or_steps_for_clients_without_a_file(ring, install_home, capsys):
-    assert ring.cli_install("claude-code", {"TAVILY_API_KEY": INSTALL_KEY}, scope="user") == 0
+    env = {"TAVILY_API_KEY": INSTALL_KEY, "WEBSEARCH_VENDORS": "exa"}
+    assert ring.cli_install("claude-code", env, scope="user") == 0
     out = capsys.readouterr().out
-    assert out.startswith("claude mcp add --scope user websearch-ring -- ") and INSTALL_KEY not in out
+    assert out.startswith("claude mcp add --scope user -e WEBSEARCH_VENDORS=exa websearch-ring -- ") and \
+        INSTALL_KEY not in out
     assert ring.cli_install("claude-code", {}, uninstall=True) == 0
     assert capsys.readouterr().out.startswith("claude mcp remove --scope local websearch-ring")
     for client in ("cherry-studio", "jetbrains"):
-        assert ring.cli_install(client, {}) == 0
-        assert '"websearch-ring"' in capsys.readouterr().out
+        assert ring.cli_install(client, {"WEBSEARCH_VENDORS": "exa", "TAVILY_API_KEY": INSTALL_KEY}) == 0
+        out = capsys.readouterr().out
+        assert '"websearch-ring"' in out and '"WEBSEARCH_VENDORS": "exa"' in out and INSTALL_KEY not in out
     assert not any(install_home.iterdir())
 
 

@@ -14703,16 +14703,19 @@ _ENTRY_SHAPES["continue-config"] = _ENTRY_SHAPES["continue"]
 
 
 def command_instructions(client, command, args, secret_names=(), scope="user", uninstall=False,
-                         quote=None):
-    """Lines to print for the clients configured by a command or a dialog (CLIENTS rows without a file).
-    ``quote`` quotes a word for the user's shell (default: shlex.quote)."""
+                         quote=None, plain_env=None):
+    """Lines to print for the clients configured by a command or a dialog (CLIENTS rows without a file),
+    with the variables of ``plain_env`` as values.  ``quote`` quotes a word for the user's shell
+    (default: shlex.quote)."""
     if quote is None:
         quote = _shlex.quote
     argv = [command] + list(args)
+    plain_env = plain_env or {}
     if client == "claude-code":
         if uninstall:
             return ["claude mcp remove --scope %s %s" % (scope, SERVER_NAME)]
-        line = "claude mcp add --scope %s %s -- %s" % (scope, SERVER_NAME, " ".join(quote(a) for a in argv))
+        line = "claude mcp add --scope %s%s %s -- %s" % (scope, "".join(
+            " -e " + quote("%s=%s" % item) for item in plain_env.items()), SERVER_NAME, " ".join(quote(a) for a in argv))
         out = [line]
         if secret_names:
             out.append("# Claude Code passes its environment on: export %s in the shell that starts claude"
@@ -14720,7 +14723,7 @@ def command_instructions(client, command, args, secret_names=(), scope="user", u
             if scope == "project":
                 out.append("# (.mcp.json may also say -e NAME='${NAME:-}' to name them: expanded at start-up)")
         return out
-    entry = {"type": "stdio", "command": command, "args": list(args)}
+    entry = _with({"type": "stdio", "command": command, "args": list(args)}, env=plain_env)
     snippet = json.dumps({"mcpServers": {SERVER_NAME: entry}}, indent=2, ensure_ascii=False)
     if client == "cherry-studio":
         if uninstall:
@@ -15389,7 +15392,7 @@ def cli_install(client, env, uninstall=False, dry_run=False, path=None, with_key
     plain, secrets = _install_variables(launch, env)
     if row.file is None:
         for line in command_instructions(name, launch.exe, launch.args, secrets, scope or "local", uninstall,
-                                         quote=_shell_quote):
+                                         quote=_shell_quote, plain_env=plain):
             _emit(line)
         return 0
     entry, extras = client_entry(name, launch.exe, launch.args, plain, secrets, with_keys,
