@@ -1497,7 +1497,7 @@ class OfflineChecks:
             ("non-JSON line -> -32700", self.check_parse_error),
             ("cancelled call gets no response", self.check_cancellation),
             ("cancelled call not cached", self.check_cancel_not_cached),
-            ("EOF cancels the call in flight, exit 0 at once", self.check_eof),
+            ("EOF: a call still running after the 2 s grace is cancelled, exit 0", self.check_eof),
             ("stdout purity", self.check_stdout_purity),
         ]
 
@@ -1637,7 +1637,7 @@ class OfflineChecks:
                "upstream hits %d -> %d, expected one new request" % (before, self.fake.visits_for(query)))
 
     def check_eof(self):
-        """stdin EOF means the client has gone: the call in flight is cancelled and the process exits 0 at once."""
+        """stdin EOF: a call in flight gets a 2 s grace; one still running then is cancelled and the process exits 0."""
         query = "smoke eof"
         self.fake.latency_s = 5.0
         try:
@@ -1650,7 +1650,7 @@ class OfflineChecks:
             self.fake.latency_s = 0.0
         expect(code is not None, "server still running 10 s after stdin EOF")
         expect(code == 0, "exit code %s after EOF, expected 0" % code)
-        expect(took < 2.5, "exit took %.1f s after EOF with a 5 s upstream call in flight" % took)
+        expect(took < 3.5, "exit took %.1f s after EOF with a 5 s upstream call in flight" % took)
         expect(self.client.wait(rpc_id, 0.2) is None, "the cancelled call was answered after EOF")
 
     def check_stdout_purity(self):
@@ -2424,8 +2424,10 @@ class Bench:
                             raise CheckError("exit status %r after %s" % (code, way))
                     finally:
                         client.close()
+                # stdin EOF first gives the call its 2 s grace to finish and be answered; SIGTERM does not.
+                limit = 3.0 if way == "stdin EOF" else 1.0
                 self.row("%s to exit, a %.0f s web_answer streaming" % (way, SLOW_ANSWER_S),
-                         "%.1f ms" % (_median(seconds) * 1000), "< 1 s", _verdict(_median(seconds) < 1.0))
+                         "%.1f ms" % (_median(seconds) * 1000), "< %.0f s" % limit, _verdict(_median(seconds) < limit))
         finally:
             folder.remove()
             chat.close()

@@ -41,7 +41,8 @@ Contents (grep -n '^# §'), in two parts:
  §16 Key pool, circuit breaker and engine health  §17 Cache and coalescing  §18 Vendors
  §19 Fetch providers and the site mapper  §20 Site crawler  §21 Ring
  §22 Tool schemas and argument checking  §23 Search and page tools  §24 Answer and configuration tools
- §25 Planning tools  §26 JSON-RPC server  §27 Streamable HTTP  §28 Command line
+ §25 Planning tools  §26 JSON-RPC server  §27 Streamable HTTP  §28 Client files: JSON
+ §29 Client files: TOML  §30 Client files: YAML  §31 Installing into a client  §32 Command line
 """
 
 __version__ = "0.1.0"
@@ -108,6 +109,9 @@ SESSION_MAX, SESSION_TTL_S = 256, 3600.0
 CACHE_SWEEP_S = 60.0
 SHUTDOWN_GRACE_S = 0.5    # after stdin EOF or SIGTERM, calls get this long to unwind before the exit
 WORKER_IDLE_S = 30.0      # a worker thread with no call for this long ends
+# After stdin EOF, calls in flight first get this long to finish and be answered: a client that pipes
+# its requests and closes stdin (`printf ... | server`) still reads the answers. SIGTERM skips it.
+EOF_GRACE_S = 2.0
 
 # The keyless four close every default ring; keyed vendors and SearXNG go first when configured.
 RING_VENDORS = ("exa", "tavily", "bing", "duckduckgo")
@@ -300,6 +304,7 @@ class LazyModule:
 _argparse = LazyModule("argparse")
 _base64 = LazyModule("base64")
 _calendar = LazyModule("calendar")
+_copy = LazyModule("copy")
 _difflib = LazyModule("difflib")
 _email_utils = LazyModule("email.utils")
 _hashlib = LazyModule("hashlib")
@@ -314,6 +319,7 @@ _socket = LazyModule("socket")
 _ssl = LazyModule("ssl")
 _struct = LazyModule("struct")
 _tempfile = LazyModule("tempfile")
+_shutil = LazyModule("shutil")
 _traceback = LazyModule("traceback")
 _unicodedata = LazyModule("unicodedata")
 _urllib_parse = LazyModule("urllib.parse")
@@ -7285,14 +7291,16 @@ class Problem:
 
 
 # Values people paste instead of a key: what config and the README print, and the usual stand-ins.
-_PLACEHOLDER_KEY = LazyPattern(r"(x{3,}|\*{3,}|(your|insert|enter|paste|put)[\W_].*|change[\W_]?me|replace[\W_]?me"
+# A vendor's key prefix may come first: tvly-xxxx, tvly-YOUR_KEY, sk-your-key.
+_PLACEHOLDER_KEY = LazyPattern(r"((tvly|sk|xai|exa|jina|bsa)[-_](dev[-_])?)?"
+                               r"(x{3,}|\*{3,}|(your|insert|enter|paste|put)[\W_].*|change[\W_]?me|replace[\W_]?me"
                                r"|placeholder|none|null|todo|tbd|undefined|(api[\W_]?)?key|secret|token)$", re.I)
 
 
 def key_problem(raw):
     """Why the value of a key variable is not a key, or None.
 
-    >>> key_problem("<your TAVILY_API_KEY>"), key_problem("tvly-..."), key_problem("YOUR_API_KEY")
+    >>> key_problem("<your TAVILY_API_KEY>"), key_problem("tvly-..."), key_problem("tvly-YOUR_KEY")
     ('it is a placeholder, not a key', 'it is a placeholder, not a key', 'it is a placeholder, not a key')
     >>> key_problem('"tvly-dev-abc123"'), key_problem("tvly-dev-abc123 "), key_problem("tvly-dev-abc123")
     ('it is in quotes', 'it has spaces or a line break around it', None)
@@ -7307,6 +7315,28 @@ def key_problem(raw):
                 _PLACEHOLDER_KEY.match(part):
             return "it is a placeholder, not a key"
     return None
+
+
+# A variable with one of these prefixes that is not in VARIABLES is most likely a misspelt one.
+OWN_PREFIXES = ("WEBSEARCH_", "GROK_", "TAVILY_", "EXA_", "BRAVE_", "SERPER_", "YEP_", "SEARXNG_", "JINA_", "BING_",
+                "DUCKDUCKGO_")
+_SECRET_NAME = LazyPattern(r"KEY|TOKEN|SECRET|PASS", re.I)
+
+
+def unknown_variables(env):
+    """A Problem for each variable of ``env`` with one of OWN_PREFIXES that this server does not read,
+    naming the closest variable it does read (a typo would otherwise change nothing without a word)."""
+    known = sorted({n for var in VARIABLES for n in (var.name,) + var.aliases if n.upper().startswith(OWN_PREFIXES)})
+    problems = []
+    for name in sorted(env):
+        if name in known or not name.upper().startswith(OWN_PREFIXES):
+            continue
+        guess = closest(name, known)
+        shown = "<hidden>" if _SECRET_NAME.search(name) or "@" in str(env[name]) else str(env[name])[:100]
+        problems.append(Problem(name, shown, "a variable listed by --help-env", "%s is not a variable of %s "
+                                "and is ignored; %s" % (name, SERVER_NAME, "did you mean %s?" % guess if guess else
+                                                        "python3 websearch_ring.py --help-env lists them")))
+    return problems
 
 
 def _parse_value(var, raw):
@@ -7349,6 +7379,8 @@ def _invalid_value(var, used, raw, exc):
         mask_url_credentials(raw.strip()) if var.kind in ("url", "proxy") else raw)
     if var.kind == "proxy":   # going direct instead would bypass the proxy the user asked for
         fallback = "requests that would use it fail instead of going direct"
+    elif var.field in ("tavily_api_key", "tavily_api_keys"):
+        fallback = "the key is not used: without another key Tavily runs keyless, in its keyless place in the ring"
     elif var.secret:
         fallback = "the key is not used"
     else:
@@ -7433,6 +7465,7 @@ class Config:
                 if var.kind == "proxy":
                     broken[var.field] = "%s=%r is invalid (%s)" % (used, problems[-1].value, exc)
         _complete_values(values, problems, sources, env)
+        problems.extend(unknown_variables(env))
         values["broken_proxies"] = broken
         return cls(values, problems, sources)
 
@@ -12737,31 +12770,22 @@ class Ring:
 # §22 Tool schemas and argument checking
 # ---------------------------------------------------------------------------
 
-_STATUS_PROPS = {
-    "status": {"type": "string", "enum": ["success", "partial_success", "error"],
-               "description": "Outcome of the call."},
-    "partial": {"type": "boolean", "description": "True when status is partial_success."},
-    "error": {"type": ["string", "null"], "description": "Short error code, null on success."},
-    "error_detail": {"type": ["object", "null"],
-                     "description": "code, message, service, retryable, http_status, upstream_code, diagnostics."},
-    "config_problems": {"type": "array", "items": {"type": "object"},
-                        "description": "Invalid environment variables (each fell back to its default)."},
-}
+# Output schemas are lean: they name the fields a caller reads, each with one type, and leave out the
+# fields that may be null (error, error_detail, session_id ...): an undeclared field may hold anything,
+# while a nullable type array costs bytes in every tools/list and warns in strict validators. status is
+# success, partial_success or error (the text's first line says which): a string, in a few bytes.
+_STATUS_PROPS = {"status": {"type": "string"}, "partial": {"type": "boolean"}}
 
-_ATTEMPT_SCHEMA = {"type": "object", "properties": {
-    "vendor": {"type": "string"}, "outcome": {"type": "string"}, "code": {"type": ["string", "null"]},
-    "http_status": {"type": ["integer", "null"]}, "elapsed_ms": {"type": "number"},
-    "message": {"type": ["string", "null"]}}}
 
-# Every field is optional: select may leave any of them out.
-_RESULT_SCHEMA = {"type": "object", "properties": {
-    "rank": {"type": "integer"}, "title": {"type": "string"}, "url": {"type": "string"},
-    "snippet": {"type": "string"}, "published": {"type": ["string", "null"]},
-    "score": {"type": ["number", "null"]}, "vendors": {"type": "array", "items": {"type": "string"}},
-    "language": {"type": ["string", "null"]}, "content": {"type": ["string", "null"]},
-    "metadata": {"type": "object", "description": "With include_content: what the page states about itself "
-                                                  "(title, byline, published, site_name, language; each only "
-                                                  "when the page has it)."}}}
+def output_schema(**properties):
+    """A tool's output schema: status and partial, then ``properties`` (each of a single type)."""
+    return {"type": "object", "properties": dict(_STATUS_PROPS, **properties), "required": ["status", "partial"]}
+
+
+_ARRAY = {"type": "array"}
+_OBJECT = {"type": "object"}
+_STRING = {"type": "string"}
+_INTEGER = {"type": "integer"}
 
 # The result fields select can name, in the order results carry them; description is the typed search
 # contract's name for snippet. Omitted, select is the fields web_search has always returned.
@@ -12773,111 +12797,57 @@ _FIELD_ALIASES = {"description": "snippet"}
 _FIELD_PARTS = {"content": ("content", "content_status", "next_start_index")}
 
 _DOMAIN_LIST = {"type": "array", "maxItems": MAX_DOMAINS, "uniqueItems": True,
-                "items": {"type": "string", "minLength": 1, "format": "hostname",
-                          "description": "A bare domain such as example.com."}}
+                "items": {"type": "string", "minLength": 1, "format": "hostname"}}
 
+# Descriptions say what an argument is for in a few words; the limits and choices are the schema's own.
+# The defaults are _SEARCH_DEFAULTS (the environment may change some): listing them here cost bytes in
+# every tools/list for what a model can leave out anyway.
 WEB_SEARCH_INPUT = {
     "type": "object",
     "properties": {
-        "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
-                  "description": "What to search for: a precise query, 1 to 1000 characters."},
-        "numResults": {"type": "integer", "default": DEFAULT_RESULTS,
-                       "description": "How many results to return: 1-20, default 8 (other values are clamped)."},
-        "limit": {"type": "integer", "description": "Another name for numResults."},
+        "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS, "description": "Search query."},
+        "numResults": {"type": "integer", "description": "1-20, clamped."},
         "select": {"type": "array", "minItems": 1, "maxItems": 20,
                    "items": {"type": "string", "enum": list(RESULT_FIELDS[:3]) + ["snippet", "description"]
                              + list(RESULT_FIELDS[4:])},
-                   "description": "Result fields to return, e.g. [\"url\", \"title\"] (description = snippet; "
-                                  "language when the engine reports it; content, and metadata (the page's own "
-                                  "title, byline, published, site_name, language), with include_content). "
-                                  "Default: all but language."},
+                   "description": "Fields to return."},
         "lang": {"type": "string", "pattern": "^[A-Za-z]{2}([-_][A-Za-z0-9]{1,8}){0,3}$",
-                 "description": "Language of the results: an ISO 639-1 code or a BCP 47 tag, e.g. en, de, ja, "
-                                "pt-BR (the engines take its language part)."},
-        "time_range": {"type": "string", "enum": list(TIME_RANGES),
-                       "description": "Only results published within the last day, week, month or year."},
-        "include_domains": dict(_DOMAIN_LIST, description="Only results from these domains (and their subdomains)."),
-        "exclude_domains": dict(_DOMAIN_LIST, description="No results from these domains (or their subdomains)."),
-        "max_results_per_domain": {"type": "integer", "minimum": 1, "maximum": 10,
-                                   "description": "At most this many results from one site (1-10)."},
-        "country": {"type": "string", "pattern": "^[A-Za-z]{2}$",
-                    "description": "Results for this country: ISO 3166-1 alpha-2, e.g. US, DE, JP."},
-        "safesearch": {"type": "string", "enum": ["off", "moderate", "strict"],
-                       "description": "Adult-content filtering where the engine has it."},
-        "topic": {"type": "string", "enum": ["general", "news"], "default": "general",
-                  "description": "news: news articles only (engines without a news search are skipped)."},
-        "start_date": {"type": "string", "format": "date",
-                       "description": "Only results published on or after this day (YYYY-MM-DD)."},
-        "end_date": {"type": "string", "format": "date",
-                     "description": "Only results published on or before this day (YYYY-MM-DD)."},
-        "page": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": 1,
-                 "description": "Further results: page 2 to %d (engines that cannot page are skipped)." % MAX_PAGE},
-        "vendor": {"type": "string", "enum": list(KNOWN_VENDORS),
-                   "description": "Ask only this engine instead of the ring (it must be configured)."},
-        "include_content": {"type": "integer", "minimum": 0, "maximum": MAX_INCLUDE_CONTENT, "default": 0,
-                            "description": "Also read the pages of the top N results (0-%d) and return the start "
-                                           "of each as content; web_fetch continues from next_start_index."
-                                           % MAX_INCLUDE_CONTENT},
+                 "description": "e.g. en, pt-BR."},
+        "time_range": {"type": "string", "enum": list(TIME_RANGES), "description": "Recent only."},
+        "include_domains": dict(_DOMAIN_LIST, description="Only these sites."),
+        "exclude_domains": dict(_DOMAIN_LIST, description="Not these sites."),
+        "max_results_per_domain": {"type": "integer", "minimum": 1, "maximum": 10, "description": "Cap per site."},
+        "country": {"type": "string", "pattern": "^[A-Za-z]{2}$", "description": "e.g. US, DE."},
+        "safesearch": {"type": "string", "enum": ["off", "moderate", "strict"], "description": "Adult filter."},
+        "topic": {"type": "string", "enum": ["general", "news"], "description": "news: news only."},
+        "start_date": {"type": "string", "format": "date", "description": "From this day."},
+        "end_date": {"type": "string", "format": "date", "description": "To this day."},
+        "page": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "description": "Results page."},
+        "vendor": {"type": "string", "enum": list(KNOWN_VENDORS), "description": "Only this engine."},
+        "include_content": {"type": "integer", "minimum": 0, "maximum": MAX_INCLUDE_CONTENT,
+                            "description": "Read the top N pages too."},
         "content_chars": {"type": "integer", "minimum": 100, "maximum": MAX_CONTENT_CHARS,
-                          "default": DEFAULT_CONTENT_CHARS,
-                          "description": "With include_content: characters of each page (default %d)."
-                                         % DEFAULT_CONTENT_CHARS},
-        "mode": {"type": "string", "enum": ["failover", "fanout"], "default": "failover",
-                 "description": "failover: engines in turn until one answers (fast, cheap). fanout: every "
-                                "healthy engine at once, rankings fused (broader, slower, costs more)."},
+                          "description": "Chars per page read."},
+        "mode": {"type": "string", "enum": ["failover", "fanout"], "description": "fanout: all at once."},
     },
     "required": ["query"],
     "additionalProperties": False,
 }
 
-WEB_SEARCH_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "request_id": {"type": "string", "description": "Identifier of this call, for logs."},
-        "duration_ms": {"type": "number", "description": "Wall time of the call."},
-        "session_id": {"type": ["string", "null"], "description": "Pass to get_sources to see these sources again."},
-        "query": {"type": "string", "description": "The query as searched (whitespace collapsed)."},
-        "vendor": {"type": ["string", "null"], "description": "The engine that served the results."},
-        "vendors": {"type": "array", "items": {"type": "string"}, "description": "Every engine that contributed."},
-        "cached": {"type": "boolean", "description": "Served from the cache."},
-        "coalesced": {"type": "boolean", "description": "Shared with an identical concurrent call."},
-        "results": {"type": "array", "items": _RESULT_SCHEMA, "description": "Ranked results."},
-        "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA,
-                     "description": "Every vendor tried, in order, with its outcome."},
-        "mode": {"type": "string", "description": "failover or fanout."},
-        "filters_applied": {"type": "object",
-                            "description": "Per filter: native, post_filter, or why it could not be honoured."},
-        "health": {"type": "object", "description": "Per vendor: state (healthy, cooldown, half_open), "
-                                                    "cooldown_remaining_s, reason."},
-        "duplicates_removed": {"type": "integer", "description": "Fan-out: results merged by normalized URL."},
-        "truncated": {"type": "boolean", "description": "The text block was cut at WEBSEARCH_MAX_CHARS."},
-        "adjustments": {"type": "array", "items": {"type": "object"},
-                        "description": "Arguments the server changed (e.g. numResults clamped)."},
-        "select": {"type": "array", "items": {"type": "string"}, "description": "The result fields returned."},
-        "validation": {"type": "object", "description": "On invalid arguments: issues[] with path, code, suggestion."},
-    }),
-    "required": ["status", "partial", "error"],
-}
+WEB_SEARCH_OUTPUT = output_schema(
+    results={"type": "array", "items": {"type": "object", "properties": {
+        "rank": _INTEGER, "title": _STRING, "url": _STRING, "snippet": _STRING}}},
+    vendors={"type": "array", "items": _STRING}, attempts=_ARRAY)
 
 GET_SOURCES_INPUT = {
     "type": "object",
     "properties": {"session_id": {"type": "string", "minLength": 1,
-                                  "description": "The session_id of an earlier web_search or web_answer result."}},
+                                  "description": "From an earlier web_search or web_answer."}},
     "required": ["session_id"],
     "additionalProperties": False,
 }
 
-GET_SOURCES_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "session_id": {"type": "string"},
-        "tool": {"type": "string", "description": "The tool that produced the sources."},
-        "query": {"type": "string"},
-        "sources": {"type": "array", "items": {"type": "object"}},
-        "sources_count": {"type": "integer"},
-    }),
-    "required": ["status", "partial", "error"],
-}
+GET_SOURCES_OUTPUT = output_schema(sources={"type": "array", "items": _OBJECT})
 
 
 def issue(path, code, message, suggestion):
@@ -13065,8 +13035,10 @@ def _check_array(path, value, spec, issues, adjustments):
 def _about(spec):
     """The suggestion for a value that does not fit ``spec``: what the argument wants."""
     kind = VALUE_KINDS.get(spec.get("type"))
-    return "pass %s: %s" % (kind.words if kind is not None and kind.fits is not None else "a value",
-                            spec.get("description") or "see the tool's input schema")
+    about = spec.get("description") or (VALUE_KINDS[spec["format"]].words + (
+        " such as example.com" if spec["format"] == "hostname" else "") if "format" in spec else
+        "see the tool's input schema")
+    return "pass %s: %s" % (kind.words if kind is not None and kind.fits is not None else "a value", about)
 
 
 def _label(path):
@@ -13085,10 +13057,11 @@ def validate_search_args(args, config=None):
     """
     if isinstance(args.get("query"), str):          # the engines get the query with its whitespace collapsed
         args = dict(args, query=collapse_ws(args["query"]))
-    values, issues, adjustments = check_args(WEB_SEARCH_INPUT, args, defaults=_search_defaults(config),
-                                             clamp={"numResults": (MIN_RESULTS, MAX_RESULTS),
-                                                    "limit": (MIN_RESULTS, MAX_RESULTS)})
-    _merge_limit(args, values, adjustments)
+    values, issues, adjustments = check_args(WEB_SEARCH_INPUT, {k: v for k, v in args.items() if k != "limit"},
+                                             defaults=_search_defaults(config),
+                                             clamp={"numResults": (MIN_RESULTS, MAX_RESULTS)})
+    if "limit" in args:
+        _merge_limit(args, values, issues, adjustments)
     _normalize_select(args, values, issues, adjustments)
     if "numResults" in args and args["numResults"] is None:
         adjustments.append({"path": "/numResults", "received": None, "used": values["numResults"],
@@ -13104,16 +13077,30 @@ def validate_search_args(args, config=None):
     return values, issues, adjustments
 
 
+_SEARCH_DEFAULTS = {"numResults": DEFAULT_RESULTS, "topic": "general", "page": 1, "include_content": 0,
+                    "content_chars": DEFAULT_CONTENT_CHARS, "mode": "failover"}
+
+
 def _search_defaults(config):
-    """The defaults the environment sets for web_search arguments."""
+    """The defaults of web_search arguments, with those the environment sets."""
     if config is None:
-        return {}
-    return {"numResults": config.default_results, "lang": config.default_lang or None,
-            "country": config.default_country or None, "safesearch": config.default_safesearch or None}
+        return dict(_SEARCH_DEFAULTS)
+    return dict(_SEARCH_DEFAULTS, numResults=config.default_results, lang=config.default_lang or None,
+                country=config.default_country or None, safesearch=config.default_safesearch or None)
 
 
-def _merge_limit(args, values, adjustments):
+# limit: another name for numResults that some clients send. It is read, and checked by its own schema,
+# but not listed: one name is all a model needs, and every listed byte is paid for in every context.
+_LIMIT_INPUT = {"type": "object", "properties": {"limit": {"type": "integer", "description": "Same as numResults."}}}
+
+
+def _merge_limit(args, values, issues, adjustments):
     """limit is another name for numResults: numResults wins when both are given."""
+    limit, found, changed = check_args(_LIMIT_INPUT, {"limit": args["limit"]},
+                                       clamp={"limit": (MIN_RESULTS, MAX_RESULTS)})
+    issues.extend(found)
+    adjustments.extend(changed)
+    values.update(limit)
     if "limit" in values:
         if args.get("numResults") is None:
             values["numResults"] = values["limit"]
@@ -13246,94 +13233,39 @@ def validation_result(tool, issues, extra=None):
 WEB_FETCH_INPUT = {
     "type": "object",
     "properties": {
-        "url": {"type": "string", "minLength": 1, "format": "uri",
-                "description": "Absolute http:// or https:// URL of the page."},
+        "url": {"type": "string", "minLength": 1, "format": "uri", "description": "http(s) URL of the page."},
         "urls": {"type": "array", "items": {"type": "string", "minLength": 1, "format": "uri"}, "minItems": 1,
-                 "maxItems": MAX_FETCH_URLS,
-                 "description": "Instead of url: up to %d pages fetched at once, each with its own result "
-                                "(start_index and max_length apply to each)." % MAX_FETCH_URLS},
+                 "maxItems": MAX_FETCH_URLS, "description": "Instead of url: several pages at once."},
         "start_index": {"type": "integer", "minimum": 0, "default": 0,
-                        "description": "Character offset to start from: pass next_start_index of the previous "
-                                       "page to continue a long document."},
+                        "description": "Continue from next_start_index."},
         "max_length": {"type": "integer", "minimum": 1, "maximum": MAX_FETCH_LENGTH, "default": DEFAULT_FETCH_LENGTH,
-                       "description": "Most characters to return in this page (default 20000)."},
+                       "description": "Characters per piece."},
         "format": {"type": "string", "enum": ["markdown", "text", "html"], "default": "markdown",
-                   "description": "markdown (default), plain text, or the page's raw HTML."},
+                   "description": "Output form."},
     },
     "additionalProperties": False,
 }
 
-WEB_FETCH_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
-        "url": {"type": "string", "description": "The URL asked for."},
-        "final_url": {"type": ["string", "null"], "description": "Where redirects ended."},
-        "title": {"type": ["string", "null"]},
-        "byline": {"type": "string", "description": "The author(s) the page names; absent when it names none."},
-        "published": {"type": "string", "description": "When the page says it was published (ISO 8601); "
-                                                       "absent when it does not say."},
-        "site_name": {"type": "string", "description": "The site's name as the page states it."},
-        "language": {"type": "string", "description": "The page's language tag (<html lang>), e.g. en, de-CH."},
-        "content": {"type": "string", "description": "This page of the document."},
-        "start_index": {"type": "integer"},
-        "total_length": {"type": "integer", "description": "Characters in the whole document."},
-        "next_start_index": {"type": ["integer", "null"], "description": "Pass as start_index for the next page; "
-                                                                          "null at the end."},
-        "format": {"type": "string"}, "provider": {"type": ["string", "null"]},
-        "fallback": {"type": ["string", "null"],
-                     "description": "Why a later provider (jina) served the page instead of direct."},
-        "content_type": {"type": ["string", "null"]},
-        "cached": {"type": "boolean", "description": "Served from the extracted-document cache."},
-        "coalesced": {"type": "boolean"},
-        "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
-        "results": {"type": "array", "items": {"type": "object"},
-                    "description": "With urls: one result per URL, in order, each shaped like a single fetch."},
-        "succeeded": {"type": "integer"}, "failed": {"type": "integer"},
-        "validation": {"type": "object"},
-    }),
-    "required": ["status", "partial", "error"],
-}
+WEB_FETCH_OUTPUT = output_schema(content=_STRING, total_length=_INTEGER, results={"type": "array", "items": _OBJECT})
 
 WEB_MAP_INPUT = {
     "type": "object",
     "properties": {
-        "url": {"type": "string", "minLength": 1, "format": "uri",
-                "description": "Absolute http:// or https:// URL of the site (or a section)."},
-        "max_depth": {"type": "integer", "minimum": 1, "maximum": 5, "default": 1,
-                      "description": "How many links deep to crawl from the URL (1-5)."},
+        "url": {"type": "string", "minLength": 1, "format": "uri", "description": "http(s) URL of the site."},
+        "max_depth": {"type": "integer", "minimum": 1, "maximum": 5, "default": 1, "description": "Links deep."},
         "max_breadth": {"type": "integer", "minimum": 1, "maximum": 500, "default": 20,
-                        "description": "Most links followed from one page (1-500)."},
+                        "description": "Links followed per page."},
         "limit": {"type": "integer", "minimum": 1, "maximum": MAX_MAP_LIMIT, "default": 50,
-                  "description": "Most URLs returned (1-%d)." % MAX_MAP_LIMIT},
+                  "description": "Most URLs returned."},
         "instructions": {"type": "string", "maxLength": 400,
-                         "description": "Natural-language focus such as 'only API reference pages' "
-                                        "(used by the Tavily provider; the built-in mapper ignores it)."},
-        "timeout": {"type": "number", "minimum": 5, "maximum": 150, "default": 60,
-                    "description": "Seconds the whole map may take (5-150)."},
+                         "description": "Focus, e.g. 'only API reference pages'."},
+        "timeout": {"type": "number", "minimum": 5, "maximum": 150, "default": 60, "description": "Seconds in all."},
     },
     "required": ["url"],
     "additionalProperties": False,
 }
 
-WEB_MAP_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
-        "base_url": {"type": "string"},
-        "results": {"type": "array", "items": {"type": "string"}, "description": "The site's URLs."},
-        "provider": {"type": ["string", "null"]},
-        "ignored_results": {"type": "array", "items": {"type": "object"},
-                            "description": "Items the provider returned that are not usable URLs, with why."},
-        "lastmod": {"type": "object", "additionalProperties": {"type": "string"},
-                    "description": "Last modification of listed URLs, as their sitemap or feed gives it."},
-        "stats": {"type": "object", "description": "robots.txt verdict, sitemaps read, pages crawled, where the "
-                                                   "start URL landed, what was skipped and why."},
-        "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
-        "validation": {"type": "object"},
-    }),
-    "required": ["status", "partial", "error"],
-}
+WEB_MAP_OUTPUT = output_schema(results={"type": "array", "items": _STRING})
 
 _PATH_GLOBS = {"type": "array", "maxItems": 20, "items": {"type": "string", "maxLength": 200}}
 
@@ -13341,7 +13273,7 @@ WEB_CRAWL_INPUT = {
     "type": "object",
     "properties": {
         "url": {"type": "string", "minLength": 1, "format": "uri",
-                "description": "Start page; the crawl keeps to its site."},
+                "description": "Start page of the site."},
         "max_pages": {"type": "integer", "minimum": 1, "maximum": CRAWL_MAX_PAGES, "default": CRAWL_DEFAULT_PAGES,
                       "description": "Most pages read."},
         "max_depth": {"type": "integer", "minimum": 0, "maximum": CRAWL_MAX_DEPTH, "default": CRAWL_DEFAULT_DEPTH,
@@ -13361,23 +13293,7 @@ WEB_CRAWL_INPUT = {
     "additionalProperties": False,
 }
 
-WEB_CRAWL_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
-        "crawl_id": {"type": ["string", "null"], "description": "Pass as session_id to get_sources for the pages."},
-        "base_url": {"type": "string"}, "query": {"type": ["string", "null"]}, "format": {"type": "string"},
-        "pages": {"type": "array", "items": {"type": "object"},
-                  "description": "url, final_url, title, depth, score, content, total_length, next_start_index."},
-        "left": {"type": "array", "items": {"type": "string"}, "description": "URLs found but not read."},
-        "not_pages": {"type": "array", "items": {"type": "object"}, "description": "URLs listed, not read."},
-        "failed": {"type": "array", "items": {"type": "object"}, "description": "Pages that could not be read."},
-        "stats": {"type": "object", "description": "robots.txt, Crawl-delay, why it stopped, what was skipped."},
-        "provider": {"type": ["string", "null"]}, "attempts": {"type": "array", "items": _ATTEMPT_SCHEMA},
-        "validation": {"type": "object"},
-    }),
-    "required": ["status", "partial", "error"],
-}
+WEB_CRAWL_OUTPUT = output_schema(crawl_id=_STRING, pages={"type": "array", "items": _OBJECT})
 
 WEB_ANSWER_INPUT = {
     "type": "object",
@@ -13396,22 +13312,7 @@ WEB_ANSWER_INPUT = {
     "additionalProperties": False,
 }
 
-WEB_ANSWER_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "request_id": {"type": "string"}, "duration_ms": {"type": "number"},
-        "session_id": {"type": ["string", "null"], "description": "Pass to get_sources for the full source list."},
-        "content": {"type": "string", "description": "The researched answer (Markdown, with citations)."},
-        "model": {"type": ["string", "null"]}, "protocol": {"type": ["string", "null"]},
-        "sources_count": {"type": "integer"},
-        "sources": {"type": "array", "items": {"type": "object"}},
-        "coalesced": {"type": "boolean", "description": "Shared with an identical concurrent question."},
-        "diagnostics": {"type": "object", "description": "termination, attempts, elapsed, budget, queue wait."},
-        "grok_error": {"type": ["object", "null"], "description": "Why the answer failed, when it did."},
-        "validation": {"type": "object"},
-    }),
-    "required": ["status", "partial", "error"],
-}
+WEB_ANSWER_OUTPUT = output_schema(content=_STRING, sources={"type": "array", "items": _OBJECT})
 
 SWITCH_MODEL_INPUT = {
     "type": "object",
@@ -13421,38 +13322,24 @@ SWITCH_MODEL_INPUT = {
     "additionalProperties": False,
 }
 
-SWITCH_MODEL_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "previous_model": {"type": ["string", "null"]}, "current_model": {"type": "string"},
-        "config_file": {"type": "string"}, "persisted": {"type": "boolean"}, "validation": {"type": "object"}}),
-    "required": ["status", "partial", "error"],
-}
+SWITCH_MODEL_OUTPUT = output_schema(current_model=_STRING, persisted={"type": "boolean"})
 
 GET_CONFIG_INFO_INPUT = {"type": "object", "properties": {}, "additionalProperties": False}
 
-GET_CONFIG_INFO_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "version": {"type": "string"},
-        "configuration": {"type": "object", "description": "Every variable, secrets as fingerprints."},
-        "problems": {"type": "array", "items": {"type": "object"}},
-        "answer": {"type": "object", "description": "Model (and where it came from), protocol, endpoint."},
-        "vendors": {"type": "array", "items": {"type": "object"}},
-        "keys": {"type": "object", "description": "Tavily key pool: masked keys, states, breaker."},
-        "connection_test": {"type": "object", "description": "GET /models on the answer endpoint."},
-        "tools": {"type": "array", "items": {"type": "string"}, "description": "The tools listed."},
-        "unlisted_tools": {"type": "array", "items": {"type": "object"},
-                           "description": "Core tools not listed, each with how to enable it."},
-    }),
-    "required": ["status", "partial", "error"],
-}
+GET_CONFIG_INFO_OUTPUT = output_schema(problems=_ARRAY, vendors=_ARRAY, tools=_ARRAY)
+
 
 def tool_entry(name, title, description, input_schema, output_schema, *, read_only=True, idempotent=True,
                open_world=True, many_pages=False):
-    """One tools/list entry with honest annotations (``manyPagesHint``: one call reads many pages)."""
-    annotations = {"title": title, "readOnlyHint": read_only, "destructiveHint": False,
-                   "idempotentHint": idempotent, "openWorldHint": open_world}
+    """One tools/list entry with honest annotations (``manyPagesHint``: one call reads many pages).
+    destructiveHint and idempotentHint mean something only when readOnlyHint is false (the MCP
+    schema says so), so a read-only tool leaves them out, and openWorldHint is listed only when false
+    (its default is true): every listed byte costs the model context."""
+    annotations = {"title": title, "readOnlyHint": read_only}
+    if not open_world:                      # true is the default
+        annotations["openWorldHint"] = False
+    if not read_only:
+        annotations.update(destructiveHint=False, idempotentHint=idempotent)
     if many_pages:
         annotations["manyPagesHint"] = True
     return {"name": name, "title": title, "description": description, "inputSchema": input_schema,
@@ -13500,13 +13387,15 @@ _SEARCH_COMMAND = Command(
     "search", "QUERY", "ranked results from the ring of search engines",
     ("query", {"nargs": "+", "help": "what to search for (quotes are optional)"}), (
         _option("-n", "--num", type=int, dest="numResults", metavar="N", help="how many results, 1-20 (default 8)"),
-        _option("--vendor", help="ask only this engine"),
+        _option("--vendor", help="ask only this engine: " + ", ".join(KNOWN_VENDORS)),
         _option("--mode", choices=("failover", "fanout"), help="failover (default) or fanout (every engine)"),
         _option("--lang", help="language of the results, e.g. en, de, pt-BR"),
         _option("--country", help="country of the results, e.g. US, DE"),
-        _option("--safesearch", choices=("off", "moderate", "strict")),
-        _option("--topic", choices=("general", "news")),
-        _option("--time-range", dest="time_range", choices=tuple(TIME_RANGES)),
+        _option("--safesearch", choices=("off", "moderate", "strict"),
+               help="adult-content filter where the engine has one: off, moderate or strict"),
+        _option("--topic", choices=("general", "news"), help="general (default) or news: news articles only"),
+        _option("--time-range", dest="time_range", choices=tuple(TIME_RANGES),
+               help="only results published within the last day, week, month or year"),
         _option("--from", dest="start_date", metavar="YYYY-MM-DD", help="published on or after this day"),
         _option("--to", dest="end_date", metavar="YYYY-MM-DD", help="published on or before this day"),
         _option("--include", action="append", dest="include_domains", metavar="DOMAIN",
@@ -13514,8 +13403,8 @@ _SEARCH_COMMAND = Command(
         _option("--exclude", action="append", dest="exclude_domains", metavar="DOMAIN",
                help="no results from these domains: repeat it, or separate them with commas"),
         _option("--per-domain", type=int, dest="max_results_per_domain", metavar="N",
-               help="at most N results per site"),
-        _option("--page", type=int, help="further results: page 2 to %d" % MAX_PAGE),
+               help="at most N results per site (1-10)"),
+        _option("--page", type=int, metavar="N", help="further results: page 2 to %d" % MAX_PAGE),
         _option("--content", type=int, dest="include_content", metavar="N",
                help="also read the top N pages (0-%d)" % MAX_INCLUDE_CONTENT)))
 
@@ -13532,16 +13421,18 @@ _FETCH_COMMAND = Command(
     ("url", {"help": "an http:// or https:// URL"}), (
         _option("--start", type=int, dest="start_index", metavar="N", help="character to start from (default 0)"),
         _option("--max", type=int, dest="max_length", metavar="N",
-               help="characters to show (default %d)" % DEFAULT_FETCH_LENGTH),
-        _option("--format", choices=("markdown", "text", "html"))))
+               help="characters to show, 1-%d (default %d)" % (MAX_FETCH_LENGTH, DEFAULT_FETCH_LENGTH)),
+        _option("--format", choices=("markdown", "text", "html"),
+               help="markdown (default), text (plain), or html (the page's raw HTML)")))
 
 _MAP_COMMAND = Command(
     "map", "URL", "the URLs of a site",
     ("url", {"help": "an http:// or https:// URL"}), (
         _option("--depth", type=int, dest="max_depth", metavar="N", help="links deep, 1-5 (default 1)"),
-        _option("--breadth", type=int, dest="max_breadth", metavar="N", help="links followed per page (default 20)"),
-        _option("--limit", type=int, metavar="N", help="most URLs returned (default 50)"),
-        _option("--timeout", type=float, metavar="S", help="seconds in all (default 60)"),
+        _option("--breadth", type=int, dest="max_breadth", metavar="N",
+               help="links followed per page, 1-500 (default 20)"),
+        _option("--limit", type=int, metavar="N", help="most URLs returned, 1-%d (default 50)" % MAX_MAP_LIMIT),
+        _option("--timeout", type=float, metavar="S", help="seconds in all, 5-150 (default 60)"),
         _option("--instructions", help="focus for the Tavily mapper")))
 
 _CRAWL_COMMAND = Command(
@@ -13561,53 +13452,38 @@ _CHECK_COMMAND = Command("check", "", "configuration problems, then one timed pr
 
 TOOLS = (
     Tool("web_search", "Web search (failover ring)",
-         ("Search the web and get ranked results (title, URL, snippet, date when known). "
-          "Engines are tried in turn until one answers (keyed engines first, then exa, tavily, bing, "
-          "duckduckgo), so a dead or rate-limited engine does not fail the search; the result names the "
-          "engine that served it and every failed attempt. Filters (lang, time_range, include_domains, "
-          "exclude_domains, max_results_per_domain) survive failover. mode=fanout asks every healthy "
-          "engine at once and fuses the rankings. Use it first for any question that needs current or "
-          "external information; identical searches are cached for a while."),
+         ("Search the web: ranked results (title, URL, snippet, date when known) and a session_id. Use it "
+          "first for anything that needs current or outside information, then web_fetch a result to read it."),
          WEB_SEARCH_INPUT, WEB_SEARCH_OUTPUT, "search_tools.web_search", inline="try", command=_SEARCH_COMMAND),
     Tool("web_answer", "Researched answer with citations",
-         ("Ask an LLM with live web search (xAI Grok or any OpenAI-compatible model) to research a question "
-          "and answer it with cited sources. Use it for questions that need synthesis across several sources; "
-          "use web_search for plain lookups. Slower (seconds to minutes; progress is reported). platform "
-          "focuses the search (GitHub, Reddit, X ...); extra_sources first runs web_search and gives the "
-          "results to the model as evidence. The source list stays available through get_sources."),
+         ("Research a question with a web-searching LLM and get an answer with cited sources. Use it when the "
+          "question needs synthesis across several sources (it takes seconds to minutes); use web_search for "
+          "plain lookups."),
          WEB_ANSWER_INPUT, WEB_ANSWER_OUTPUT, "answer_tools.web_answer", idempotent=False,
          command=_ANSWER_COMMAND),
     Tool("get_sources", "Sources of an earlier call",
-         ("Return the full source list (titles and URLs) of an earlier web_search or web_answer call, by "
-          "the session_id that call returned. Sessions are kept for one hour (256 at most)."),
+         ("Every source (title, URL) of an earlier web_search or web_answer, by its session_id. Use it when you "
+          "need more sources than the call showed. Kept for an hour."),
          GET_SOURCES_INPUT, GET_SOURCES_OUTPUT, "search_tools.get_sources", open_world=False, inline="always"),
     Tool("web_fetch", "Fetch a page as Markdown",
-         ("Fetch one web page (http/https) and return its main content as clean Markdown (or plain text or "
-          "raw HTML), paged: long documents come in pieces of max_length characters; call again with "
-          "start_index = next_start_index for the next piece (served from cache, no refetch). Use it after "
-          "web_search to read a result in full; pass urls (up to %d) instead of url to read several pages in "
-          "one call. Uses Tavily Extract when a key is set, else a built-in extractor that refuses private "
-          "network addresses." % MAX_FETCH_URLS),
+         ("Read a web page (or up to %d with urls) as Markdown, plain text or HTML. Use it to read a search "
+          "result in full. A long page comes in pieces: call again with start_index = next_start_index."
+          % MAX_FETCH_URLS),
          WEB_FETCH_INPUT, WEB_FETCH_OUTPUT, "page_tools.web_fetch", inline="try", command=_FETCH_COMMAND),
     Tool("web_map", "Map a site's URLs",
-         ("List the URLs of a website (its sitemap and a same-origin crawl honouring robots.txt, or Tavily "
-          "Map with a key), to find the right page to fetch. Use it when you know the site but not the page."),
+         ("List the URLs of a website. Use it when you know the site but not the page, then web_fetch the page."),
          WEB_MAP_INPUT, WEB_MAP_OUTPUT, "page_tools.web_map", command=_MAP_COMMAND),
     Tool("web_crawl", "Crawl a site (reads many pages)",
-         ("Read many pages of one site in one call, as Markdown: its sitemaps, then links, breadth first "
-          "(query reads the most relevant first), honouring robots.txt and Crawl-delay. Each page is cut to "
-          "max_chars_per_page; web_fetch of a crawled URL reads the rest from the cache, and get_sources with "
-          "the crawl_id lists the pages again. Use it for documentation, changelogs or a small site instead of "
-          "web_fetch page by page."),
+         ("Read many pages of one site in one call, as Markdown. Use it for documentation, changelogs or a "
+          "small site instead of web_fetch page by page."),
          WEB_CRAWL_INPUT, WEB_CRAWL_OUTPUT, "page_tools.web_crawl", command=_CRAWL_COMMAND, many_pages=True),
     Tool("get_config_info", "Configuration and health",
-         ("Show the server's configuration (keys masked), every configuration problem, each search vendor's "
-          "health and cooldown, the Tavily key pool, and a connection test of the answer endpoint (its model "
-          "catalogue). Use it when searches or answers fail, to see why."),
+         ("Configuration problems, search engine health and key status. Use it when searches or answers fail, "
+          "to see why."),
          GET_CONFIG_INFO_INPUT, GET_CONFIG_INFO_OUTPUT, "answer_tools.get_config_info", command=_CHECK_COMMAND),
     Tool("switch_model", "Switch the answer model",
-         ("Set the model web_answer uses from now on and save it in the config file. Use it when the user asks "
-          "for another model or the current one is unavailable (get_config_info shows the catalogue)."),
+         ("Change the model web_answer uses from now on (saved). Use it when the user asks for another model "
+          "or the current one is unavailable."),
          SWITCH_MODEL_INPUT, SWITCH_MODEL_OUTPUT, "answer_tools.switch_model", read_only=False, open_world=False),
 )
 
@@ -13684,22 +13560,7 @@ PLAN_INPUTS = {
     }, ["session_id", "parallel_groups"]),
 }
 
-PLAN_OUTPUT = {
-    "type": "object",
-    "properties": dict(_STATUS_PROPS, **{
-        "session_id": {"type": "string"},
-        "phase": {"type": "string", "description": "The phase this call recorded."},
-        "complexity_level": {"type": ["integer", "null"]},
-        "completed_phases": {"type": "array", "items": {"type": "string"}},
-        "phases_remaining": {"type": "array", "items": {"type": "string"},
-                             "description": "Phases still required by the complexity level, in order."},
-        "plan_complete": {"type": "boolean"},
-        "executable_plan": {"type": ["object", "null"], "description": "The finished plan, once complete."},
-        "revisions": {"type": "integer", "description": "Answers replaced so far."},
-        "validation": {"type": "object"},
-    }),
-    "required": ["status", "partial", "error"],
-}
+PLAN_OUTPUT = output_schema(session_id=_STRING, phases_remaining=_ARRAY, plan_complete={"type": "boolean"})
 
 _PLAN_DESCRIPTIONS = {
     "intent": "Start a search plan (step 1 of up to 6): state the real question, its type and how fresh the "
@@ -13740,10 +13601,12 @@ def tools_reference_markdown():
         entry, schema = tool.listing, tool.listing["inputSchema"]
         required = set(schema.get("required") or ())
         out += ["### `%s`%s" % (tool.name, "" if tool.name in CORE_TOOLS else " (with WEBSEARCH_TOOLS=plan)"),
-                "", entry["description"], ""]
+                "", entry["description"], "", "Its tools/list entry: %d bytes." % len(json_line(entry)[:-1]), ""]
+        defaults = _SEARCH_DEFAULTS if tool.name == "web_search" else {}
         if schema["properties"]:
             out += ["| argument | type | meaning |", "|---|---|---|"]
-            out += [_argument_row(name, spec, name in required) for name, spec in schema["properties"].items()]
+            out += [_argument_row(name, dict({"default": defaults[name]} if name in defaults else {}, **spec),
+                                  name in required) for name, spec in schema["properties"].items()]
         else:
             out.append("No arguments.")
         out.append("")
@@ -13755,6 +13618,17 @@ def _argument_row(name, spec, required):
     kind = spec.get("type", "object")
     if "enum" in spec:
         kind += ": " + " / ".join("`%s`" % v for v in spec["enum"])
+    if "minimum" in spec or "maximum" in spec:
+        kind += " %s-%s" % (spec.get("minimum", ""), spec.get("maximum", ""))
+    if "format" in spec or "pattern" in spec:
+        kind += " (%s)" % spec.get("format", "pattern `%s`" % spec.get("pattern"))
+    items = spec.get("items") or {}
+    if "maxItems" in spec:
+        kind += " of at most %d" % spec["maxItems"]
+    if "enum" in items or "format" in items:
+        kind += ": " + (" / ".join("`%s`" % v for v in items["enum"]) if "enum" in items else items["format"])
+    if "maxLength" in spec:
+        kind += " of at most %d characters" % spec["maxLength"]
     if "default" in spec:
         kind += ", default `%s`" % json.dumps(spec["default"])
     if required:
@@ -13788,8 +13662,8 @@ def render_search_text(s, max_chars, say=mcp_words):
 
 def _search_failure_lines(s):
     """A failed search: why, then each attempt."""
-    lines = ["Search failed for %s: %s" % (json.dumps(s.get("query", ""), ensure_ascii=False),
-                                           s["error_detail"]["message"])]
+    lines = ["%s for %s: %s" % ("No results" if s["error"] == "no_results" else "Search failed",
+                                json.dumps(s.get("query", ""), ensure_ascii=False), s["error_detail"]["message"])]
     for a in s.get("attempts") or []:
         lines.append("- %s: %s%s%s" % (a["vendor"], a["outcome"],
                                         " (HTTP %s)" % a["http_status"] if a.get("http_status") else "",
@@ -13853,6 +13727,18 @@ def _content_lines(r, say):
         lines += ["   | " + line for line in r["content"].split("\n")]
     return lines
 
+
+
+def _nothing_found(attempts):
+    """Why a search that no engine failed found nothing (every engine asked answered, without results, or
+    with none inside the filters), or None when an engine failed: that is an outage, not an empty answer."""
+    asked = [a for a in attempts if a["outcome"] not in ("skipped", "skipped_cooldown")]
+    if not asked or any(a["outcome"] != "no_results" for a in asked):
+        return None
+    filtered = [a for a in asked if a.get("code") == "filtered_out"]
+    if filtered:
+        return "no result matched the filters (%s)" % "; ".join("%s: %s" % (a["vendor"], a["message"]) for a in filtered)
+    return "no engine found anything for this query (%s)" % ", ".join(a["vendor"] for a in asked)
 
 class SearchTools:
     """The web_search and get_sources tools over one ring, cache, coalescer and session store."""
@@ -13978,14 +13864,16 @@ class SearchTools:
             message = "%s is in cooldown: %s" % (vendor, skipped[0]["message"])
         elif skipped and len(skipped) == len(attempts):
             code, message = "all_vendors_in_cooldown", "every vendor is in cooldown; retry later"
+        elif _nothing_found(attempts):
+            code, message = "no_results", _nothing_found(attempts)
         else:
             code = "all_vendors_failed"
             message = "every vendor failed (%s)" % ", ".join("%s: %s" % (a["vendor"], a["outcome"]) for a in attempts)
             if attempts and all(a["outcome"] in ("network_error", "skipped_cooldown") for a in attempts):
                 message = "no engine reachable: check the network or the proxy variables (WEBSEARCH_PROXY, " \
                           "HTTPS_PROXY, NO_PROXY); " + message
-        retryable = any(a.get("retryable", a["outcome"] in ("timeout", "skipped_cooldown", "bad_response"))
-                        for a in attempts)
+        retryable = code != "no_results" and any(
+            a.get("retryable", a["outcome"] in ("timeout", "skipped_cooldown", "bad_response")) for a in attempts)
         wait = [a.get("cooldown_remaining_s") or a.get("retry_after_s") for a in attempts]
         wait = [w for w in wait if w]
         return status_fields("error", code, error_detail(
@@ -15329,35 +15217,43 @@ class Server:
 
     # -- input ----------------------------------------------------------------
 
-    def serve(self):
+    def serve(self, eof_grace_s=EOF_GRACE_S):
         """Read stdin until EOF or :class:`Stop`, then cancel what is in flight; returns 0.
 
-        The end of stdin means the client has gone and nobody will read an
-        answer, so calls still running are cancelled rather than finished.
+        At the end of stdin, calls in flight get ``eof_grace_s`` to finish and
+        be answered (a client may pipe its requests and close stdin at once,
+        still reading stdout); what is still running then is cancelled.  A
+        :class:`Stop` (SIGTERM), also during that grace, cancels at once.
         """
         for problem in self.config.problems:
             self.log.warning("configuration: %s", problem.message)
         reason = "the client closed stdin"
         try:
-            while True:
-                try:
-                    line = self._stdin.readline(MAX_LINE_BYTES + 1)
-                except (OSError, ValueError):
-                    break
-                if not line:
-                    break
-                if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-                    self._discard_rest_of_line()
-                    self.send(rpc_error(None, INVALID_REQUEST, "message longer than %d bytes" % MAX_LINE_BYTES))
-                    continue
-                try:
-                    self.handle_line(line)
-                except Exception as exc:   # nothing escapes the stdin loop
-                    self.log.unexpected("internal error handling a message", exc)
+            self._read_stdin()
+            if not self.drain(eof_grace_s):
+                self.log.info("%s: calls still running after %.1f s", reason, eof_grace_s)
         except Stop as stop:
             reason = stop.reason
         self.shutdown(reason)
         return 0
+
+    def _read_stdin(self):
+        """Answer stdin lines until its end (or a read error)."""
+        while True:
+            try:
+                line = self._stdin.readline(MAX_LINE_BYTES + 1)
+            except (OSError, ValueError):
+                return
+            if not line:
+                return
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                self._discard_rest_of_line()
+                self.send(rpc_error(None, INVALID_REQUEST, "message longer than %d bytes" % MAX_LINE_BYTES))
+                continue
+            try:
+                self.handle_line(line)
+            except Exception as exc:   # nothing escapes the stdin loop
+                self.log.unexpected("internal error handling a message", exc)
 
     def _discard_rest_of_line(self):
         while True:
@@ -15693,7 +15589,9 @@ class Server:
         if args is None:
             args = {}
         if not isinstance(name, str) or name not in self.handlers:
-            hint = " (listed when GROK_API_KEY is set)" if hidden_for_want_of_key(name, self.config) else ""
+            guess = closest(name, list(self.handlers)) if isinstance(name, str) and len(name) <= 100 else None
+            hint = " (listed when GROK_API_KEY is set)" if hidden_for_want_of_key(name, self.config) else \
+                "; did you mean %s?" % guess if guess else ""
             raise RpcError(INVALID_PARAMS, "Unknown tool: %s%s" % (name, hint), {"available": list(self.handlers)})
         if not isinstance(args, dict):
             raise RpcError(INVALID_PARAMS, "tools/call arguments must be an object, got %s" % _json_type(args))
@@ -16459,21 +16357,2315 @@ def serve_http(server, address):
     return status
 
 
+# §28 Client files: JSON
 # ---------------------------------------------------------------------------
-# §28 Command line
+
+# `install` merges the server's entry into an MCP client's own configuration file and `uninstall` takes it
+# out again. These editors change only the entry's span and keep every other byte (comments, order,
+# indentation, line endings); each edit is read back and compared before anything is written, and what
+# they cannot edit safely is refused with a MergeError naming why.
+
+KEEP_ON_UPDATE = ("enabled", "disabled")   # the user's on/off switch: written on install, kept after
+BACKUP_SUFFIX = ".websearch-ring.bak"   # beside the file; the pre-edit bytes of the last change
+
+
+class MergeError(ValueError):
+    """A configuration file the installer refuses to edit (or an edit it could not verify)."""
+
+
+def _newline_of(text):
+    """The file's line ending: CRLF when the first line break is CRLF, else LF."""
+    i = text.find("\n")
+    return "\r\n" if i > 0 and text[i - 1] == "\r" else "\n"
+
+
+def _line_start(text, pos):
+    return text.rfind("\n", 0, pos) + 1
+
+
+def _eol(text, pos):
+    """Index where the line holding ``pos`` ends (its CR or LF; ``len(text)`` on the last line)."""
+    j = text.find("\n", pos)
+    if j < 0:
+        return len(text)
+    return j - 1 if j > 0 and text[j - 1] == "\r" and j - 1 >= pos else j
+
+
+def _after_eol(text, pos):
+    """Index just after the line break of the line holding ``pos`` (``len(text)`` on the last line)."""
+    j = text.find("\n", pos)
+    return len(text) if j < 0 else j + 1
+
+
+def _indent_at(text, pos):
+    start = _line_start(text, pos)
+    m = re.match(r"[ \t]*", text[start:pos])
+    return m.group() if m else ""
+
+
+def _starts_line(text, pos):
+    return text[_line_start(text, pos):pos].strip(" \t") == ""
+
+
+def _merge_entry(old, new, owned=None):
+    """The entry to write over an existing one: keys of ``new`` win; a key of ``owned`` (a dict:
+    key -> True, or key -> set of sub-keys) that ``new`` no longer has is dropped (a stale key this
+    installer wrote before); every other key stays (client-added fields such as Cline's
+    ``autoApprove``, Zed's ``enabled``, a hand-added ``timeout``).  Dicts on both sides merge one
+    level down, dropping the owned sub-keys ``new`` no longer has."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return _copy.deepcopy(new)
+    owned = owned or {}
+    out = _copy.deepcopy(old)
+    for key, spec in owned.items():
+        if key not in new and key in out:
+            _drop_owned(out, key, spec)
+    for key, value in new.items():
+        if key in KEEP_ON_UPDATE and key in out:
+            continue
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and owned.get(key) is not True:
+            merged = out[key]
+            for sub in (owned.get(key) or ()):
+                if sub not in value:
+                    merged.pop(sub, None)
+            merged.update(_copy.deepcopy(value))
+        else:
+            out[key] = _copy.deepcopy(value)
+    return out
+
+
+def _drop_owned(out, key, spec):
+    """Drop ``out[key]`` (``spec`` True) or its owned sub-keys ``spec`` (the key too when left empty)."""
+    if spec is True:
+        del out[key]
+    elif isinstance(out[key], dict):
+        for sub in spec:
+            out[key].pop(sub, None)
+        if not out[key]:
+            del out[key]
+
+
+def _place(text, what):
+    """'line N' of a position, for messages."""
+    return "line %d" % (text.count("\n", 0, what) + 1)
+
+
+# Dialects: "json" (strict: no comments, no trailing commas: Claude Desktop, Cursor, Cline, ...),
+# "json-comments" (comments but no trailing commas: Gemini CLI's strip-json-comments + JSON.parse),
+# "jsonc" (comments and trailing commas: VS Code, Zed, opencode).
+
+JSON_DIALECTS = ("json", "json-comments", "jsonc")
+_JSON_LITERAL = LazyPattern(r'[^\s{}\[\]:,"/]+')
+
+
+class _JNode(object):
+    """A value: kind is 'object', 'array' or 'scalar'; [start, end) its span; entries its members
+    (objects: key set) or items (arrays: key None)."""
+    __slots__ = ("kind", "start", "end", "entries")
+
+    def __init__(self, kind, start, end=None):
+        self.kind, self.start, self.end, self.entries = kind, start, end, []
+
+
+class _JEntry(object):
+    """A member (key, key_start) or array item (key None, key_start = value start), its value node
+    and the position of the comma after it (None when there is none)."""
+    __slots__ = ("key", "key_start", "value", "comma")
+
+    def __init__(self, key, key_start, value):
+        self.key, self.key_start, self.value, self.comma = key, key_start, value, None
+
+
+def _json_tokens(text):
+    """(kind, start, end) tokens: 'str', 'lit', 'comment' and the punctuation characters."""
+    tokens, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in " \t\r\n":
+            i += 1
+        elif c == '"':
+            j = i + 1
+            while True:
+                if j >= n or text[j] in "\r\n":
+                    raise MergeError("unterminated string at %s" % _place(text, i))
+                if text[j] == "\\":
+                    j += 2
+                    continue
+                j += 1
+                if text[j - 1] == '"':
+                    break
+            tokens.append(("str", i, j))
+            i = j
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            tokens.append(("comment", i, j))
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            if j < 0:
+                raise MergeError("unterminated /* comment at %s" % _place(text, i))
+            tokens.append(("comment", i, j + 2))
+            i = j + 2
+        elif c in "{}[]:,":
+            tokens.append((c, i, i + 1))
+            i += 1
+        else:
+            m = _JSON_LITERAL.match(text, i)
+            if not m:
+                raise MergeError("unexpected character %r at %s" % (c, _place(text, i)))
+            tokens.append(("lit", i, m.end()))
+            i = m.end()
+    return tokens
+
+
+def _json_tree(text):
+    """Parse the structure: returns (root node or None, comment spans, trailing comma positions)."""
+    all_tokens = _json_tokens(text)
+    comments = [(s, e) for k, s, e in all_tokens if k == "comment"]
+    toks = [t for t in all_tokens if t[0] != "comment"]
+    trailing = []
+    state = {"i": 0}
+
+    def peek():
+        return toks[state["i"]] if state["i"] < len(toks) else (None, len(text), len(text))
+
+    def take(expected=None):
+        tok = peek()
+        if tok[0] is None:
+            raise MergeError("unexpected end of file")
+        if expected is not None and tok[0] not in expected:
+            raise MergeError("expected %s at %s" % (" or ".join(repr(e) for e in expected), _place(text, tok[1])))
+        state["i"] += 1
+        return tok
+
+    def value(depth):
+        if depth > 200:
+            raise MergeError("nesting too deep")
+        kind, start, end = take(("{", "[", "str", "lit"))
+        if kind in ("str", "lit"):
+            return _JNode("scalar", start, end)
+        node = _JNode("object" if kind == "{" else "array", start)
+        close = "}" if kind == "{" else "]"
+        if peek()[0] == close:
+            node.end = take()[2]
+            return node
+        while True:
+            if kind == "{":
+                _, ks, ke = take(("str",))
+                key = json.loads(text[ks:ke])
+                take((":",))
+                entry = _JEntry(key, ks, value(depth + 1))
+            else:
+                item = value(depth + 1)
+                entry = _JEntry(None, item.start, item)
+            node.entries.append(entry)
+            sep = take((",", close))
+            if sep[0] == close:
+                node.end = sep[2]
+                return node
+            entry.comma = sep[1]
+            if peek()[0] == close:
+                trailing.append(sep[1])
+                node.end = take()[2]
+                return node
+
+    if not toks:
+        return None, comments, trailing
+    root = value(0)
+    if state["i"] != len(toks):
+        raise MergeError("unexpected text after the document at %s" % _place(text, toks[state["i"]][1]))
+    return root, comments, trailing
+
+
+def _reject_constant(name):
+    raise MergeError("%s is not valid JSON" % name)
+
+
+def json_load(text, dialect="jsonc", client=None):
+    """``(value, tree)`` of a JSON(C) document (``(None, None)`` when it holds no value), or
+    MergeError.  The tree's positions are positions in ``text``."""
+    if dialect not in JSON_DIALECTS:
+        raise ValueError("unknown JSON dialect %r" % dialect)
+    try:
+        root, comments, trailing = _json_tree(text)
+    except MergeError as exc:
+        raise MergeError("not valid JSON: %s" % exc)
+    who = client or "this client"
+    if comments and dialect == "json":
+        raise MergeError("the file has comments (%s), which %s does not accept; remove them first"
+                         % (_place(text, comments[0][0]), who))
+    if trailing and dialect != "jsonc":
+        raise MergeError("the file has a trailing comma (%s), which %s does not accept; remove it first"
+                         % (_place(text, trailing[0]), who))
+    if root is None:
+        if comments and dialect != "jsonc" and dialect != "json-comments":
+            raise MergeError("the file holds no JSON value")
+        return None, None
+    chars = list(text)
+    for start, end in comments:
+        for k in range(start, end):
+            if chars[k] not in "\r\n":
+                chars[k] = " "
+    for k in trailing:
+        chars[k] = " "
+    try:
+        value = json.loads("".join(chars), parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise MergeError("not valid JSON: %s" % exc)
+    return value, root
+
+
+def _json_unit(text, root):
+    """The indentation step the file uses (default two spaces)."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.kind == "scalar" or not node.entries:
+            continue
+        first = node.entries[0].key_start
+        if _starts_line(text, first) and _eol(text, node.start) < first:
+            outer, inner = _indent_at(text, node.start), _indent_at(text, first)
+            if inner.startswith(outer) and len(inner) > len(outer):
+                return inner[len(outer):]
+        stack.extend(e.value for e in node.entries)
+    return "  "
+
+
+def _json_seps(text, node):
+    """(item separator, key separator) seen in ``node`` (for single-line containers)."""
+    item, colon = ", ", ": "
+    for entry in node.entries:
+        if entry.comma is not None:
+            item = "," + (" " if text[entry.comma + 1:entry.comma + 2] == " " else "")
+            break
+    for entry in node.entries:
+        if entry.key is not None:
+            between = text[entry.key_start:entry.value.start]
+            colon = ":" + (" " if between.endswith(" ") else "")
+            break
+    return item, colon
+
+
+def _json_render(value, unit, base, nl, compact=None):
+    if compact is not None:
+        return json.dumps(value, ensure_ascii=False, separators=compact)
+    return (nl + base).join(json.dumps(value, ensure_ascii=False, indent=unit).split("\n"))
+
+
+def _only_trivia(text, start, end, comments):
+    """Whether text[start:end] holds only whitespace and comments."""
+    pos = start
+    for cs, ce in comments:
+        if ce <= pos or cs >= end:
+            continue
+        if text[pos:cs].strip():
+            return False
+        pos = max(pos, ce)
+    return not text[pos:end].strip()
+
+
+def _multiline(text, node):
+    return "\n" in text[node.start:node.end]
+
+
+def _json_insert(text, tree_comments, node, key, value, unit, nl):
+    """Text with a new member (``key`` not None) or item appended to container ``node``."""
+    item_sep, colon = _json_seps(text, node)
+    prefix = "" if key is None else json.dumps(key, ensure_ascii=False) + colon
+    close = node.end - 1
+    if node.entries and not _multiline(text, node):                       # {"a": 1} stays on one line
+        last = node.entries[-1]
+        piece = prefix + _json_render(value, unit, "", nl, (item_sep, colon))
+        if last.comma is not None:                                        # trailing-comma style
+            at = last.comma + 1
+            return text[:at] + item_sep[1:] + piece + "," + text[at:]
+        return text[:last.value.end] + item_sep + piece + text[last.value.end:]
+    if node.entries:
+        last = node.entries[-1]
+        if _starts_line(text, last.key_start):
+            indent = _indent_at(text, last.key_start)
+        else:
+            indent = _indent_at(text, node.start) + unit
+        piece = prefix + _json_render(value, unit, indent, nl)
+        if last.comma is not None:                                        # trailing-comma style
+            at = last.comma + 1
+            if _only_trivia(text, at, _eol(text, at), tree_comments) and _eol(text, at) < close:
+                at = _eol(text, at)
+            return text[:at] + nl + indent + piece + "," + text[at:]
+        end = last.value.end
+        line_end = _eol(text, end)
+        if line_end < close and _only_trivia(text, end, line_end, tree_comments):
+            return text[:end] + "," + text[end:line_end] + nl + indent + piece + text[line_end:]
+        return text[:end] + "," + nl + indent + piece + text[end:]
+    outer = _indent_at(text, node.start)
+    indent = outer + unit
+    piece = prefix + _json_render(value, unit, indent, nl)
+    inner = text[node.start + 1:close]
+    if "\n" in inner and _starts_line(text, close):
+        at = _line_start(text, close)
+        return text[:at] + indent + piece + nl + text[at:]
+    if not inner.strip():
+        return text[:node.start + 1] + nl + indent + piece + nl + outer + text[close:]
+    return text[:close] + nl + indent + piece + nl + outer + text[close:]
+
+
+def _json_delete(text, tree_comments, node, index):
+    """Text without entry ``index`` of container ``node`` (commas kept right)."""
+    entries = node.entries
+    entry = entries[index]
+    start = entry.key_start
+    end = entry.comma + 1 if entry.comma is not None else entry.value.end
+    line_mode = (_starts_line(text, start) and _only_trivia(text, end, _eol(text, end), tree_comments)
+                 and _eol(text, end) < node.end - 1)
+    edits = []                                                            # (start, end) to delete
+    last = index == len(entries) - 1
+    if line_mode:
+        edits.append((_line_start(text, start), _after_eol(text, end)))
+        if last and index > 0 and entry.comma is None:
+            edits.append((entries[index - 1].comma, entries[index - 1].comma + 1))
+    elif not last:
+        edits.append((start, entries[index + 1].key_start))
+    elif index > 0 and entry.comma is None:
+        edits.append((entries[index - 1].comma, entry.value.end))
+    elif index > 0 and not text[entries[index - 1].comma + 1:start].strip():
+        edits.append((entries[index - 1].comma + 1, end))    # trailing-comma style: keep "x,}"
+    else:
+        edits.append((start, end))
+    for s, e in sorted(edits, reverse=True):
+        text = text[:s] + text[e:]
+    return text
+
+
+def _collapse_if_empty(text, comments, node):
+    """``{ }`` / ``{\\n}`` left by a removal becomes ``{}`` (``[]``)."""
+    if node.entries:
+        return text
+    inner = text[node.start + 1:node.end - 1]
+    if inner and not inner.strip():
+        return text[:node.start + 1] + text[node.end - 1:]
+    return text
+
+
+def _json_find(text, root, path, client):
+    """Walk ``path`` from root: (nodes along the path, depth reached).  Refuses duplicate keys and
+    non-object values on the path."""
+    nodes = [root]
+    for depth, key in enumerate(path):
+        node = nodes[-1]
+        hits = [e for e in node.entries if e.key == key]
+        if len(hits) > 1:
+            raise MergeError("the key %r appears %d times in the same object; remove the duplicates first"
+                             % (key, len(hits)))
+        if not hits:
+            return nodes, depth
+        child = hits[0].value
+        if child.kind != "object":
+            raise MergeError("%r is not an object in this file (%s); edit it by hand"
+                             % (".".join(path[:depth + 1]), _place(text, child.start)))
+        nodes.append(child)
+    return nodes, len(path)
+
+
+def _get_path(value, path):
+    for key in path:
+        value = value[key]
+    return value
+
+
+def _fresh_json(path, name, value, nl, unit="  "):
+    doc = {name: value} if name is not None else value
+    for key in reversed(path):
+        doc = {key: doc}
+    return json.dumps(doc, ensure_ascii=False, indent=unit).replace("\n", nl) + nl
+
+
+def json_set_member(text, path, name, value, dialect="jsonc", client=None, merge=True, owned=None):
+    """``text`` with ``path...name`` set to ``value`` (missing parent objects created, an existing
+    value merged with ``_merge_entry`` unless ``merge`` is False); unchanged text when the parsed
+    value is already what it would be."""
+    old, root = json_load(text, dialect, client)
+    nl = _newline_of(text)
+    if root is None:
+        body = _fresh_json(path, name, value, nl)
+        return (text.rstrip() + nl + body) if text.strip() else body
+    if root.kind != "object":
+        raise MergeError("the top level of the file is not a JSON object")
+    _, comments, _ = _json_tree(text)
+    unit = _json_unit(text, root)
+    nodes, depth = _json_find(text, root, path, client)
+    expected = _copy.deepcopy(old)
+    container = _get_path(expected, path[:depth])
+    if depth < len(path):
+        tail = {name: value}
+        for key in reversed(path[depth + 1:]):
+            tail = {key: tail}
+        new_text = _json_insert(text, comments, nodes[-1], path[depth], tail, unit, nl)
+        container[path[depth]] = tail
+    else:
+        node = nodes[-1]
+        hits = [e for e in node.entries if e.key == name]
+        if len(hits) > 1:
+            raise MergeError("%r appears %d times; remove the duplicates first" % (name, len(hits)))
+        if hits:
+            current = container[name]
+            target = _merge_entry(current, value, owned) if merge else _copy.deepcopy(value)
+            if target == current:
+                return text
+            member = hits[0]
+            if _multiline(text, node) or not node.entries:
+                rendered = _json_render(target, unit, _indent_at(text, member.key_start), nl)
+            else:
+                item_sep, colon = _json_seps(text, node)
+                rendered = _json_render(target, unit, "", nl, (item_sep, colon))
+            new_text = text[:member.value.start] + rendered + text[member.value.end:]
+            container[name] = target
+        else:
+            new_text = _json_insert(text, comments, node, name, value, unit, nl)
+            container[name] = _copy.deepcopy(value)
+    _json_verify(new_text, dialect, client, expected)
+    return new_text
+
+
+def json_remove_member(text, path, name, dialect="jsonc", client=None, prune_empty=False):
+    """``text`` without ``path...name``; with ``prune_empty``, parent objects on ``path`` that are
+    left empty (and hold no comment) are removed too.  Unchanged text when there is nothing to do."""
+    old, root = json_load(text, dialect, client)
+    if root is None:
+        return text
+    if root.kind != "object":
+        raise MergeError("the top level of the file is not a JSON object")
+    nodes, depth = _json_find(text, root, path, client)
+    if depth < len(path):
+        return text
+    node = nodes[-1]
+    index = [i for i, e in enumerate(node.entries) if e.key == name]
+    if not index:
+        return text
+    if len(index) > 1:
+        raise MergeError("%r appears %d times; remove the duplicates first" % (name, len(index)))
+    expected = _copy.deepcopy(old)
+    del _get_path(expected, path)[name]
+    _, comments, _ = _json_tree(text)
+    text = _json_delete(text, comments, node, index[0])
+    for level in range(len(path), 0, -1):                    # collapse, then maybe prune, upwards
+        _, root = json_load(text, dialect, client)
+        _, comments, _ = _json_tree(text)
+        nodes, _ = _json_find(text, root, path[:level], client)
+        node = nodes[-1]
+        text = _collapse_if_empty(text, comments, node)
+        if not prune_empty:
+            break
+        _, root = json_load(text, dialect, client)
+        _, comments, _ = _json_tree(text)
+        nodes, _ = _json_find(text, root, path[:level], client)
+        node = nodes[-1]
+        if node.entries or not _only_trivia(text, node.start + 1, node.end - 1, []) or \
+                any(node.start < s < node.end for s, _ in comments):
+            break
+        parent = nodes[-2]
+        i = [k for k, e in enumerate(parent.entries) if e.key == path[level - 1]][0]
+        text = _json_delete(text, comments, parent, i)
+        del _get_path(expected, path[:level - 1])[path[level - 1]]
+    _, root = json_load(text, dialect, client)
+    _, comments, _ = _json_tree(text)
+    text = _collapse_if_empty(text, comments, root)
+    _json_verify(text, dialect, client, expected)
+    return text
+
+
+def json_upsert_item(text, path, match, item, dialect="jsonc", client=None):
+    """``text`` with ``item`` in the array at ``path`` (created if missing): it replaces the element
+    whose ``match[0]`` field equals ``match[1]``, or is appended."""
+    old, root = json_load(text, dialect, client)
+    nl = _newline_of(text)
+    if root is None:
+        return json_set_member(text, path[:-1], path[-1], [item], dialect, client)
+    nodes, depth = _json_find(text, root, path[:-1], client)
+    if depth < len(path) - 1:
+        return json_set_member(text, path[:-1], path[-1], [item], dialect, client)
+    parent = nodes[-1]
+    hits = [e for e in parent.entries if e.key == path[-1]]
+    if not hits:
+        return json_set_member(text, path[:-1], path[-1], [item], dialect, client)
+    array = hits[0].value
+    if array.kind != "array":
+        raise MergeError("%r is not an array in this file; edit it by hand" % ".".join(path))
+    current = _get_path(old, path)
+    expected = _copy.deepcopy(old)
+    found = [i for i, v in enumerate(current) if isinstance(v, dict) and v.get(match[0]) == match[1]]
+    _, comments, _ = _json_tree(text)
+    unit = _json_unit(text, root)
+    if found:
+        if current[found[0]] == item:
+            return text
+        element = array.entries[found[0]].value
+        if _multiline(text, array):
+            rendered = _json_render(item, unit, _indent_at(text, element.start), nl)
+        else:
+            rendered = _json_render(item, unit, "", nl, (",", ": "))
+        text = text[:element.start] + rendered + text[element.end:]
+        _get_path(expected, path)[found[0]] = _copy.deepcopy(item)
+    else:
+        text = _json_insert(text, comments, array, None, item, unit, nl)
+        _get_path(expected, path).append(_copy.deepcopy(item))
+    _json_verify(text, dialect, client, expected)
+    return text
+
+
+def json_remove_items(text, path, match_field, values, dialect="jsonc", client=None, prune_empty=False):
+    """``text`` without the elements of the array at ``path`` whose ``match_field`` is in ``values``."""
+    old, root = json_load(text, dialect, client)
+    if root is None:
+        return text
+    nodes, depth = _json_find(text, root, path[:-1], client)
+    if depth < len(path) - 1:
+        return text
+    hits = [e for e in nodes[-1].entries if e.key == path[-1]]
+    if not hits or hits[0].value.kind != "array":
+        return text
+    current = _get_path(old, path)
+    doomed = [i for i, v in enumerate(current) if isinstance(v, dict) and v.get(match_field) in values]
+    if not doomed:
+        return text
+    expected = _copy.deepcopy(old)
+    kept = [v for i, v in enumerate(current) if i not in doomed]
+    _get_path(expected, path[:-1])[path[-1]] = kept
+    for i in reversed(doomed):
+        _, root = json_load(text, dialect, client)
+        _, comments, _ = _json_tree(text)
+        nodes, _ = _json_find(text, root, path[:-1], client)
+        array = [e for e in nodes[-1].entries if e.key == path[-1]][0].value
+        text = _json_delete(text, comments, array, i)
+    _, root = json_load(text, dialect, client)
+    _, comments, _ = _json_tree(text)
+    nodes, _ = _json_find(text, root, path[:-1], client)
+    array = [e for e in nodes[-1].entries if e.key == path[-1]][0].value
+    text = _collapse_if_empty(text, comments, array)
+    if prune_empty and not kept and not any(array.start < s < array.end for s, _ in comments):
+        _, root = json_load(text, dialect, client)
+        _, comments, _ = _json_tree(text)
+        nodes, _ = _json_find(text, root, path[:-1], client)
+        parent = nodes[-1]
+        i = [k for k, e in enumerate(parent.entries) if e.key == path[-1]][0]
+        text = _json_delete(text, comments, parent, i)
+        _, root = json_load(text, dialect, client)
+        _, comments, _ = _json_tree(text)
+        text = _collapse_if_empty(text, comments, root)
+        del _get_path(expected, path[:-1])[path[-1]]
+    _json_verify(text, dialect, client, expected)
+    return text
+
+
+def _json_verify(text, dialect, client, expected):
+    try:
+        value, _ = json_load(text, dialect, client)
+    except MergeError as exc:                                   # pragma: no cover - editor bug
+        raise MergeError("internal error: the edited file would not parse (%s); nothing written" % exc)
+    if value != expected:                                       # pragma: no cover - editor bug
+        raise MergeError("internal error: the edited file does not read back as intended; nothing written")
+
+
+# ---------------------------------------------------------------------------
+# §29 Client files: TOML
+# ---------------------------------------------------------------------------
+
+
+def _toml_reader():
+    """tomllib (Python 3.11+) to check an edit, or None (3.9 and 3.10 re-scan the text instead)."""
+    try:
+        return importlib.import_module("tomllib")
+    except ImportError:
+        return None
+
+
+_TOML_BARE = LazyPattern(r"[A-Za-z0-9_-]+")
+_TOML_ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\", "e": "\x1b"}
+
+
+def _toml_basic_unescape(body):
+    out, i = [], 0
+    while i < len(body):
+        c = body[i]
+        if c != "\\":
+            out.append(c)
+            i += 1
+            continue
+        nxt = body[i + 1:i + 2]
+        if nxt in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[nxt])
+            i += 2
+        elif nxt in ("u", "U"):
+            width = 4 if nxt == "u" else 8
+            out.append(chr(int(body[i + 2:i + 2 + width], 16)))
+            i += 2 + width
+        elif nxt == "x":
+            out.append(chr(int(body[i + 2:i + 4], 16)))
+            i += 4
+        else:
+            raise MergeError("bad escape in a TOML key")
+    return "".join(out)
+
+
+def _toml_key(line, i):
+    """Parse a dotted key at ``line[i:]``: (tuple of parts, end index)."""
+    parts = []
+    while True:
+        while i < len(line) and line[i] in " \t":
+            i += 1
+        if i < len(line) and line[i] == '"':
+            j = i + 1
+            while j < len(line) and line[j] != '"':
+                j += 2 if line[j] == "\\" else 1
+            if j >= len(line):
+                raise MergeError("unterminated quoted key")
+            parts.append(_toml_basic_unescape(line[i + 1:j]))
+            i = j + 1
+        elif i < len(line) and line[i] == "'":
+            j = line.find("'", i + 1)
+            if j < 0:
+                raise MergeError("unterminated quoted key")
+            parts.append(line[i + 1:j])
+            i = j + 1
+        else:
+            m = _TOML_BARE.match(line, i)
+            if not m:
+                raise MergeError("bad key")
+            parts.append(m.group())
+            i = m.end()
+        while i < len(line) and line[i] in " \t":
+            i += 1
+        if i < len(line) and line[i] == ".":
+            i += 1
+            continue
+        return tuple(parts), i
+
+
+class _TLine(object):
+    __slots__ = ("start", "end", "kind", "key", "array")
+
+    def __init__(self, start, end, kind, key=None, array=False):
+        self.start, self.end, self.kind, self.key, self.array = start, end, kind, key, array
+
+
+def _toml_lines(text):
+    """Classify each physical line: 'blank', 'comment', 'header' (key, array), 'key' (dotted key of
+    a key/value line) or 'cont' (inside a multi-line string or array/inline table)."""
+    lines, pos, n = [], 0, len(text)
+    state = [None, 0]                  # '"""' or "'''" while inside a multi-line string; open [ and { of a value
+    while pos < n:
+        end = _after_eol(text, pos)
+        raw = text[pos:end].rstrip("\r\n")
+        if state[0] or state[1]:
+            kind, key, array, scan_from = "cont", None, False, 0
+        else:
+            kind, key, array, scan_from = _toml_line_kind(text, pos, raw)
+        _toml_scan_value(text, pos, raw, scan_from, state)
+        lines.append(_TLine(pos, end, kind, key, array))
+        pos = end
+    if state[0] or state[1]:
+        raise MergeError("the file ends inside a multi-line value")
+    return lines
+
+
+def _toml_line_kind(text, pos, raw):
+    """``(kind, key, array, scan_from)`` of a line that starts outside any value."""
+    stripped = raw.strip()
+    if not stripped:
+        return "blank", None, False, len(raw)
+    if stripped.startswith("#"):
+        return "comment", None, False, len(raw)
+    if stripped.startswith("["):
+        i = raw.index("[")
+        array = raw.startswith("[[", i)
+        try:
+            key, j = _toml_key(raw, i + (2 if array else 1))
+        except (MergeError, ValueError) as exc:
+            raise MergeError("cannot read the table header at %s: %s" % (_place(text, pos), exc))
+        close = "]]" if array else "]"
+        if not raw.startswith(close, j):
+            raise MergeError("cannot read the table header at %s" % _place(text, pos))
+        rest = raw[j + len(close):].strip()
+        if rest and not rest.startswith("#"):
+            raise MergeError("unexpected text after the table header at %s" % _place(text, pos))
+        return "header", key, array, len(raw)
+    try:
+        key, j = _toml_key(raw, 0)
+    except (MergeError, ValueError) as exc:
+        raise MergeError("cannot read the key at %s: %s" % (_place(text, pos), exc))
+    if not raw.startswith("=", j):
+        raise MergeError("expected '=' after the key at %s" % _place(text, pos))
+    return "key", key, False, j + 1
+
+
+def _toml_scan_value(text, pos, raw, i, state):
+    """Follow a line's value from ``i``: ``state`` (the open multi-line string, the bracket depth) is
+    updated for the next line."""
+    while i < len(raw):
+        if state[0]:
+            i = _toml_in_multiline(raw, i, state)
+            continue
+        c = raw[i]
+        if c == "#":
+            break
+        if raw.startswith('"""', i) or raw.startswith("'''", i):
+            state[0] = raw[i:i + 3]
+            i += 3
+        elif c in "\"'":
+            i = _toml_string_end(text, pos, raw, i)
+        else:
+            if c in "[{":
+                state[1] += 1
+            elif c in "]}":
+                state[1] -= 1
+                if state[1] < 0:
+                    raise MergeError("unbalanced brackets at %s" % _place(text, pos))
+            i += 1
+
+
+def _toml_in_multiline(raw, i, state):
+    """The next position to read inside a multi-line string (``state[0]`` cleared at its close)."""
+    if state[0] == '"""' and raw[i] == "\\":
+        return i + 2
+    if raw.startswith(state[0], i):
+        j = i + 3
+        while j < len(raw) and raw[j] == state[0][0] and j - i < 5:
+            j += 1                                     # """" : a quote, then the close
+        state[0] = None
+        return j
+    return i + 1
+
+
+def _toml_string_end(text, pos, raw, i):
+    """The position after the one-line string starting at ``i``."""
+    if raw[i] == "'":
+        j = raw.find("'", i + 1)
+        if j < 0:
+            raise MergeError("unterminated string at %s" % _place(text, pos))
+        return j + 1
+    j = i + 1
+    while j < len(raw) and raw[j] != '"':
+        j += 2 if raw[j] == "\\" else 1
+    if j >= len(raw):
+        raise MergeError("unterminated string at %s" % _place(text, pos))
+    return j + 1
+
+
+def _toml_sections(lines):
+    """[(header line index or None for the root, first line, end line (exclusive))]."""
+    sections, start, head = [], 0, None
+    for i, line in enumerate(lines):
+        if line.kind == "header":
+            sections.append((head, start, i))
+            head, start = i, i
+    sections.append((head, start, len(lines)))
+    return sections
+
+
+def _toml_last_content(lines, first, end):
+    """Index after the last line of a section that is not blank and not a comment."""
+    last = first
+    for i in range(first, end):
+        if lines[i].kind not in ("blank", "comment"):
+            last = i + 1
+    return last
+
+
+def _toml_quote(text):
+    s = json.dumps(text, ensure_ascii=False)
+    return re.sub("[\x7f\u2028\u2029]", lambda m: "\\u%04x" % ord(m.group()), s)
+
+
+def _toml_keytext(key):
+    return key if _TOML_BARE.fullmatch(key) else _toml_quote(key)
+
+
+def _toml_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise MergeError("cannot write a non-finite number")
+        return repr(value)
+    if isinstance(value, str):
+        return _toml_quote(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join("%s = %s" % (_toml_keytext(k), _toml_value(v)) for k, v in value.items()) + " }" \
+            if value else "{}"
+    raise MergeError("cannot write %r in TOML" % (value,))
+
+
+def _toml_header(path):
+    return "[" + ".".join(_toml_keytext(k) for k in path) + "]"
+
+
+def _toml_table_text(text, lines, first, end, table_path, values, nl, drop=()):
+    """One table's text: the existing lines of ``[table_path]`` (``first``..``end``, header
+    included; ``first`` None for a new table) with the keys of ``values`` replaced or appended and
+    every other line kept.  Dict values are not written here (they become sub-tables) unless given
+    as ``("__inline__", dict)`` (an existing ``env = { .. }`` stays an inline table)."""
+    scalars = [(k, v) for k, v in values.items() if not isinstance(v, dict)]
+    if first is None:
+        return _toml_header(table_path) + nl + "".join(_toml_key_line(k, v, nl) for k, v in scalars)
+    out = [text[lines[first].start:lines[first].end]]
+    if not out[0].endswith("\n"):
+        out[0] += nl
+    done = set()
+    last = _toml_last_content(lines, first + 1, end)
+    i = first + 1
+    while i < last:
+        line = lines[i]
+        j = i + 1
+        while j < last and lines[j].kind == "cont":
+            j += 1
+        chunk = text[line.start:lines[j - 1].end]
+        i = j
+        kept = _toml_line_kept(line, table_path, values, drop, done)
+        if kept is True:
+            out.append(chunk if chunk.endswith("\n") else chunk + nl)
+        elif kept is not None:
+            out.append(_toml_key_line(kept, values[kept], nl))
+    out += [_toml_key_line(k, v, nl) for k, v in scalars if k not in done]
+    return "".join(out)
+
+
+def _toml_key_line(key, v, nl):
+    if isinstance(v, tuple) and v and v[0] == "__inline__":
+        v = v[1]
+    return "%s = %s%s" % (_toml_keytext(key), _toml_value(v), nl)
+
+
+def _toml_line_kept(line, table_path, values, drop, done):
+    """What becomes of an existing line of the table: True kept, None dropped, or the key of
+    ``values`` written in its place (the first time; ``done`` records it)."""
+    if line.kind != "key":
+        return True
+    key = line.key
+    tables = set(k for k, v in values.items() if isinstance(v, dict))
+    if key[0] in tables and len(key) == 1:
+        return None                                          # ``env = {..}`` -> written as a sub-table
+    if key[0] in values:
+        if len(key) > 1:
+            raise MergeError("%s.%s is set with dotted keys; edit it by hand" % (".".join(table_path), ".".join(key)))
+        if key[0] in done:
+            return None
+        done.add(key[0])
+        return key[0]
+    return None if key[0] in drop else True                  # drop: a key this installer wrote before
+
+
+
+def toml_edit_table(text, path, name, value=None, uninstall=False, merge=True, owned=None):
+    """``text`` with the table ``[path.name]`` (and its sub-tables) written from ``value`` (a dict;
+    dict values become sub-tables) or removed.  Every other byte is kept.  Keys the table already
+    has are kept unless ``value`` sets them or ``owned`` marks them as written by this installer
+    (see _merge_entry)."""
+    nl = _newline_of(text)
+    base = tuple(path) + (name,)
+    old = _toml_checked(text)
+    lines = _toml_lines(text)
+    sections = _toml_sections(lines)
+    ours = _toml_our_sections(text, lines, sections, base)
+    if uninstall:
+        return _toml_remove(text, lines, ours, old, path, name) if ours else text
+    if not isinstance(value, dict):
+        raise MergeError("the entry must be a table")
+    owned = owned or {}
+    if not merge:
+        owned = dict((k, True) for k in set(owned) | set(_toml_current_keys(text, lines, ours, base)))
+    current = None
+    if old is not None:
+        try:
+            current = _get_path(old, base)
+        except (KeyError, TypeError):
+            current = None
+    target = _merge_entry(current, value, owned) if current is not None else _copy.deepcopy(value)
+    if current is not None and current == target:
+        return text
+    by_path = {}
+    for head, first, end in ours:
+        by_path.setdefault(lines[head].key, (head, first, end))
+    values, inline = _toml_inline_keys(lines, by_path, base, value, owned, current, target)
+    block = nl.join(_toml_blocks(text, lines, ours, by_path, base, values, inline, owned, nl))
+    if ours:
+        new_text = _toml_replace_ours(text, lines, ours, block, nl)
+    else:
+        new_text = _toml_add_table(text, lines, sections, path, block, nl)
+    if new_text == text:
+        return text
+    expected = None
+    if _toml_reader() is not None:
+        expected = _copy.deepcopy(old) if old is not None else {}
+        node = expected
+        for key in path:
+            node = node.setdefault(key, {})
+        node[name] = target
+    _toml_verify(new_text, base, expected, path)
+    return new_text
+
+
+def _toml_checked(text):
+    """The document ``text`` holds, read by tomllib (None without tomllib or text); MergeError when invalid."""
+    reader = _toml_reader()
+    if reader is None or not text.strip():
+        return None
+    try:
+        return reader.loads(text)
+    except reader.TOMLDecodeError as exc:
+        raise MergeError("not valid TOML: %s" % exc)
+
+
+def _toml_our_sections(text, lines, sections, base):
+    """The sections ``(head, first, end)`` of the table ``base`` and its sub-tables; MergeError when an
+    array of tables, a dotted key or an inline table defines it instead (those are edited by hand)."""
+    ours = []
+    for head, first, end in sections:
+        key = () if head is None else lines[head].key
+        if key[:len(base)] == base and head is not None:
+            if lines[head].array:
+                raise MergeError("[[%s]] is an array of tables; edit it by hand" % ".".join(key))
+            ours.append((head, first, end))
+        elif base[:len(key)] == key:
+            _toml_refuse_reaching_keys(text, lines, key, first if head is None else first + 1, end, base)
+    return ours
+
+
+def _toml_refuse_reaching_keys(text, lines, key, first, end, base):
+    """MergeError when a key line of the table ``key`` (lines first..end) reaches into ``base``."""
+    for i in range(first, end):
+        line = lines[i]
+        if line.kind != "key":
+            continue
+        full = key + line.key
+        m = min(len(full), len(base))
+        if full[:m] == base[:m]:
+            raise MergeError("%s is set with a dotted key or an inline table (line %d); edit it by hand"
+                             % (".".join(full), text.count("\n", 0, line.start) + 1))
+
+
+def _toml_remove(text, lines, ours, old, path, name):
+    """``text`` without the sections ``ours`` (uninstall), checked."""
+    spans = []
+    for head, first, end in ours:
+        stop = _toml_last_content(lines, first, end)
+        start = head
+        if start > 0 and lines[start - 1].kind == "blank":
+            start -= 1                                       # the blank line install put before
+        elif start == 0:
+            while stop < len(lines) and lines[stop].kind == "blank":
+                stop += 1                                    # at the top: no blank line left first
+        spans.append((lines[start].start, lines[stop - 1].end))
+    new_text = text
+    for s, e in sorted(spans, reverse=True):
+        new_text = new_text[:s] + new_text[e:]
+    if text and not text.endswith("\n") and new_text.endswith("\n"):
+        new_text = new_text[:-2] if new_text.endswith("\r\n") else new_text[:-1]   # no final newline
+    expected = None
+    if old is not None:
+        expected = _copy.deepcopy(old)
+        _get_path(expected, path).pop(name, None)
+    _toml_verify(new_text, tuple(path) + (name,), expected, path)
+    return new_text
+
+
+def _toml_inline_keys(lines, by_path, base, value, owned, current, target):
+    """``(values, inline)``: what to write, and the dict values the existing table writes inline
+    (``env = {..}``), kept inline."""
+    own_table = by_path.get(base)
+    values = _copy.deepcopy(value)
+    inline = set()
+    if own_table is None:
+        return values, inline
+    for i in range(own_table[0] + 1, _toml_last_content(lines, own_table[1], own_table[2])):
+        line = lines[i]
+        if line.kind != "key" or len(line.key) != 1 or base + line.key in by_path:
+            continue
+        k = line.key[0]
+        if not (isinstance(values.get(k), dict) or (k not in values and isinstance(owned.get(k), set))):
+            continue
+        inline.add(k)
+        if current is not None and isinstance(target.get(k), dict):
+            values[k] = target[k]                                  # merged with the user's extras
+        elif current is None and k not in values:
+            inline.discard(k)                                      # no tomllib: keep it as it is
+    return values, inline
+
+
+def _toml_blocks(text, lines, ours, by_path, base, values, inline, owned, nl):
+    """The text blocks of the table: its own, each dict value's sub-table, then the other sub-tables
+    of ours that stay (keys the installer did not write)."""
+    own_table = by_path.get(base)
+    drop = set(k for k in owned if k not in values and (owned[k] is True or k in inline))
+    table_values = dict((k, ("__inline__", v) if k in inline else v) for k, v in values.items())
+    blocks = [_toml_table_text(text, lines, own_table[0] if own_table else None, own_table[2] if own_table else None,
+                               base, table_values, nl, drop)]
+    for key, sub in values.items():
+        if isinstance(sub, dict) and key not in inline:
+            existing = by_path.get(base + (key,))
+            stale = set(owned.get(key) or ()) - set(sub) if isinstance(owned.get(key), set) else ()
+            blocks.append(_toml_table_text(text, lines, existing[0] if existing else None,
+                                           existing[2] if existing else None, base + (key,), sub, nl, stale))
+    written = set([base] + [base + (k,) for k, v in values.items() if isinstance(v, dict) and k not in inline])
+    for head, first, end in ours:
+        key = lines[head].key
+        if key not in written:
+            blocks += _toml_kept_block(text, lines, head, first, end, key, owned, base, nl)
+    return blocks
+
+
+def _toml_kept_block(text, lines, head, first, end, key, owned, base, nl):
+    """``[block]`` for a sub-table of ours that the new entry does not write, or ``[]`` when it goes."""
+    spec = owned.get(key[len(base)]) if len(key) == len(base) + 1 else None
+    if spec is True:
+        return []
+    if isinstance(spec, set):
+        kept = _toml_table_text(text, lines, head, end, key, {}, nl, spec)
+        keys = [ln for ln in kept.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+        return [kept] if len(keys) > 1 else []
+    stop = _toml_last_content(lines, first, end)
+    chunk = text[lines[head].start:lines[stop - 1].end]
+    return [chunk if chunk.endswith("\n") else chunk + nl]
+
+
+def _toml_replace_ours(text, lines, ours, block, nl):
+    """``text`` with ``block`` where the first of our sections was, the others removed."""
+    spans = []
+    for n, (head, first, end) in enumerate(ours):
+        stop = _toml_last_content(lines, first, end)
+        start = head
+        if n and start > 0 and lines[start - 1].kind == "blank":
+            start -= 1
+        spans.append((lines[start].start, lines[stop - 1].end))
+    new_text = text
+    for s, e in sorted(spans[1:], reverse=True):
+        new_text = new_text[:s] + new_text[e:]
+    s, e = spans[0]
+    if e == len(text) and not text.endswith("\n"):
+        block = block[:-len(nl)]                                 # the file has no final newline
+    return new_text[:s] + block + new_text[e:]
+
+
+def _toml_add_table(text, lines, sections, path, block, nl):
+    """``text`` with ``block`` added after the last table under ``path`` (else at the end)."""
+    anchor = None
+    for head, first, end in sections:
+        if head is not None and lines[head].key[:len(path)] == tuple(path):
+            anchor = (head, first, end)
+    if anchor is not None:
+        at = lines[_toml_last_content(lines, anchor[1], anchor[2]) - 1].end
+        if text[:at].endswith("\n"):
+            return text[:at] + nl + block + text[at:]
+        return text[:at] + nl + nl + block[:-len(nl)] + text[at:]   # the end of a file without final newline
+    if not text.strip():
+        return block
+    if text.endswith("\n"):
+        return text + nl + block
+    return text + nl + nl + block[:-len(nl)]                        # no final newline: keep it that way
+
+
+def _toml_current_keys(text, lines, ours, base):
+    """Top-level keys of the existing ``[base]`` table and its direct sub-tables."""
+    keys = set()
+    for head, first, end in ours:
+        key = lines[head].key
+        if key == base:
+            keys.update(lines[i].key[0] for i in range(first + 1, end) if lines[i].kind == "key")
+        elif len(key) > len(base):
+            keys.add(key[len(base)])
+    return keys
+
+
+def _toml_verify(text, base, expected, path=()):
+    _toml_lines(text)                                            # our own structural check
+    if _toml_reader() is None or expected is None:
+        return
+    try:
+        value = _toml_reader().loads(text)
+    except _toml_reader().TOMLDecodeError as exc:                      # pragma: no cover - editor bug
+        raise MergeError("internal error: the edited file would not be valid TOML (%s); nothing written" % exc)
+    if _toml_prune(value, path) != _toml_prune(expected, path):  # pragma: no cover - editor bug
+        raise MergeError("internal error: the edited file does not read back as intended; nothing written")
+
+
+def _toml_prune(doc, path):
+    """``doc`` without the empty tables along ``path`` (a table a removed header implied)."""
+    doc = _copy.deepcopy(doc)
+    for depth in range(len(path), 0, -1):
+        try:
+            parent = _get_path(doc, path[:depth - 1])
+        except (KeyError, TypeError):
+            continue
+        if parent.get(path[depth - 1]) == {}:
+            del parent[path[depth - 1]]
+    return doc
+
+
+# ---------------------------------------------------------------------------
+# §30 Client files: YAML
+# ---------------------------------------------------------------------------
+
+_YAML_SPECIAL = set(["", "~", "null", "true", "false", "yes", "no", "on", "off", "y", "n"])
+_YAML_PLAIN_KEY = LazyPattern(r"[A-Za-z_][A-Za-z0-9_.\-/]*\Z")
+_BLOCK_SCALAR = LazyPattern(r"[|>][0-9+\-]*\Z")
+
+
+def _yaml_quote(text):
+    """Double-quoted YAML scalar (JSON escapes; C1 controls and U+2028/9 as \\u escapes)."""
+    return re.sub("[\x7f-\x9f\u2028\u2029\ufeff]", lambda m: "\\u%04x" % ord(m.group()),
+                  json.dumps(text, ensure_ascii=False))
+
+
+def _yaml_keytext(key):
+    if _YAML_PLAIN_KEY.match(key) and key.lower() not in _YAML_SPECIAL:
+        return key
+    return _yaml_quote(key)
+
+
+def _yaml_scalar(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise MergeError("cannot write a non-finite number")
+        return repr(value)
+    if isinstance(value, str):
+        return _yaml_quote(value)
+    if isinstance(value, (list, tuple)) and all(not isinstance(v, (list, tuple, dict)) for v in value):
+        return "[" + ", ".join(_yaml_scalar(v) for v in value) + "]"
+    if isinstance(value, dict) and not value:
+        return "{}"
+    raise MergeError("cannot write %r as a YAML scalar" % (value,))
+
+
+def _yaml_item(key, value, indent, unit, nl):
+    """``key: value`` lines at ``indent`` (nested dicts as block mappings)."""
+    if isinstance(value, dict) and value:
+        head = "%s%s:%s" % (indent, _yaml_keytext(key), nl)
+        return head + "".join(_yaml_item(k, v, indent + unit, unit, nl) for k, v in value.items())
+    return "%s%s: %s%s" % (indent, _yaml_keytext(key), _yaml_scalar(value), nl)
+
+
+class _YLine(object):
+    __slots__ = ("start", "end", "indent", "kind", "key", "value", "col")
+
+    def __init__(self, start, end, indent, kind, key=None, value=None, col=0):
+        self.start, self.end, self.indent, self.kind = start, end, indent, kind
+        self.key, self.value, self.col = key, value, col
+
+
+def _yaml_split_key(s):
+    """``key: rest`` -> (key, rest) for a mapping line (plain or quoted key), else None."""
+    if s.startswith('"'):
+        j = 1
+        while j < len(s) and s[j] != '"':
+            j += 2 if s[j] == "\\" else 1
+        if j >= len(s):
+            return None
+        try:
+            key = json.loads(s[:j + 1])
+        except ValueError:
+            return None
+        rest = s[j + 1:].lstrip(" ")
+        if not rest.startswith(":"):
+            return None
+        return key, rest[1:]
+    if s.startswith("'"):
+        j = 1
+        while True:
+            j = s.find("'", j)
+            if j < 0:
+                return None
+            if s.startswith("''", j):
+                j += 2
+                continue
+            break
+        key = s[1:j].replace("''", "'")
+        rest = s[j + 1:].lstrip(" ")
+        if not rest.startswith(":"):
+            return None
+        return key, rest[1:]
+    m = re.match(r"([^#\s'\"\[\]{},&*!|>%@`][^#]*?)[ \t]*:(?:[ \t]|$)", s)
+    if m is None:
+        return None
+    return m.group(1), s[m.end():]
+
+
+def _strip_comment(value):
+    """A line's value without a trailing ``# comment`` (quotes respected)."""
+    out, quote, i = [], None, 0
+    while i < len(value):
+        c = value[i]
+        if quote:
+            if c == "\\" and quote == '"':
+                out.append(value[i:i + 2])
+                i += 2
+                continue
+            if c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c == "#" and (i == 0 or value[i - 1] in " \t"):
+            break
+        out.append(c)
+        i += 1
+    return "".join(out).strip()
+
+
+def _yaml_lines(text):
+    """Classify physical lines: 'blank', 'comment', 'doc' (--- / ...), 'directive', 'key' (key,
+    value after the colon), 'seq' (a ``- `` item: key/value of its first mapping key when it has
+    one), 'other' (scalar or flow content) and 'cont' (inside a block scalar, a multi-line quoted
+    scalar or a multi-line flow collection)."""
+    lines, pos, n = [], 0, len(text)
+    block_col = None                   # a block scalar's owner column while inside it
+    quote = None                       # an open multi-line quoted scalar
+    depth = 0                          # open flow collections
+    while pos < n:
+        end = _after_eol(text, pos)
+        raw = text[pos:end].rstrip("\r\n")
+        content = raw.lstrip(" ")
+        indent = len(raw) - len(content)
+        if block_col is not None and (not raw.strip() or indent > block_col):
+            lines.append(_YLine(pos, end, indent, "cont"))
+        elif quote or depth:
+            lines.append(_YLine(pos, end, indent, "cont"))
+            quote, depth = _yaml_scan_flow(raw, quote, depth)
+        else:
+            block_col = None
+            if raw.strip() and "\t" in raw[:len(raw) - len(raw.lstrip(" \t"))]:
+                raise MergeError("tab characters in the indentation (%s); YAML does not allow them here"
+                                 % _place(text, pos))
+            line = _yaml_line(pos, end, indent, content)
+            lines.append(line)
+            if line.kind in ("key", "seq", "other"):
+                bare = _strip_comment(line.value or "")
+                if _BLOCK_SCALAR.match(bare):
+                    block_col = line.col if line.key is not None else indent
+                else:
+                    quote, depth = _yaml_scan_flow(bare, None, 0)
+        pos = end
+    return lines
+
+
+def _yaml_line(pos, end, indent, content):
+    """The _YLine of a line outside any block scalar or multi-line value."""
+    if not content.strip():
+        return _YLine(pos, end, indent, "blank")
+    if content.startswith("#"):
+        return _YLine(pos, end, indent, "comment")
+    if indent == 0 and (content.rstrip() in ("---", "...") or content.startswith("--- ")):
+        return _YLine(pos, end, indent, "doc")
+    if indent == 0 and content.startswith("%"):
+        return _YLine(pos, end, indent, "directive")
+    col, body, kind = indent, content, "key"
+    if content == "-" or content.startswith("- "):
+        kind = "seq"
+        while body == "-" or body.startswith("- "):          # "- - x": nested sequences
+            body = body[1:].lstrip(" ")
+        col = indent + (len(content) - len(body))
+    split = _yaml_split_key(body) if body else None
+    if split is None:
+        return _YLine(pos, end, indent, "other" if kind == "key" else kind, None, body, col)
+    return _YLine(pos, end, indent, kind, split[0], split[1], col)
+
+
+def _yaml_scan_flow(s, quote, depth):
+    """Track an open quoted scalar / flow collection across lines."""
+    i = 0
+    if quote is None and depth == 0:
+        t = s.strip()
+        if not t or t[0] not in "\"'[{":
+            return None, 0
+    while i < len(s):
+        c = s[i]
+        if quote == '"':
+            if c == "\\":
+                i += 2
+                continue
+            if c == '"':
+                quote = None
+        elif quote == "'":
+            if c == "'":
+                if s.startswith("''", i):
+                    i += 2
+                    continue
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        elif c == "#" and (i == 0 or s[i - 1] in " \t"):
+            break
+        i += 1
+    return quote, depth
+
+
+def _yaml_check_document(text, lines):
+    seen_content = False
+    for line in lines:
+        if line.kind == "doc":
+            if seen_content:
+                raise MergeError("the file holds several YAML documents; edit it by hand")
+        elif line.kind not in ("blank", "comment", "directive"):
+            seen_content = True
+    tops = [ln for ln in lines if ln.kind not in ("blank", "comment", "doc", "directive", "cont") and ln.indent == 0]
+    keys, open_key = {}, False
+    for line in tops:
+        if line.kind == "seq" and open_key:
+            continue                                             # an indentless sequence under a key
+        if line.kind != "key":
+            raise MergeError("the top level of the file is not a block mapping (%s); edit it by hand"
+                             % _place(text, line.start))
+        open_key = not _strip_comment(line.value or "")
+        keys.setdefault(line.key, []).append(line)
+    for key, hits in keys.items():
+        if len(hits) > 1:
+            raise MergeError("the top-level key %r appears %d times; remove the duplicates first" % (key, len(hits)))
+    return keys
+
+
+def _yaml_section(lines, key_index):
+    """Line range [key_index + 1, last) of a top-level key's block: indented lines, ``- `` items at
+    column 0 (an indentless sequence) and continuation lines; blank lines and column-0 comments after
+    the last of them are left to what follows."""
+    i = last = key_index + 1
+    while i < len(lines):
+        line = lines[i]
+        if line.kind == "cont" or (line.kind != "blank" and line.indent > 0) or \
+                (line.kind == "seq" and line.indent == 0):
+            i += 1
+            last = i
+        elif line.kind == "blank" or (line.kind == "comment" and line.indent == 0):
+            i += 1
+        else:
+            break
+    return key_index + 1, last
+
+
+def _yaml_refuse_value(text, line, what):
+    value = _strip_comment(line.value or "")
+    if value[:1] in ("&", "*", "!"):
+        raise MergeError("%s uses an anchor, alias or tag (%s); edit it by hand" % (what, _place(text, line.start)))
+    if value[:1] in ("{", "[") and value not in ("{}", "[]"):
+        raise MergeError("%s is written in flow style (%s); edit it by hand" % (what, _place(text, line.start)))
+    if value and value not in ("{}", "[]", "~", "null", "Null", "NULL"):
+        raise MergeError("%s is not a mapping (%s); edit it by hand" % (what, _place(text, line.start)))
+
+
+def _yaml_unit(lines):
+    indents = sorted(set(ln.indent for ln in lines if ln.kind in ("key", "seq") and ln.indent > 0))
+    return " " * indents[0] if indents else "  "
+
+
+def _yaml_items(lines, first, last, indent):
+    """(key, first line, end line) items of a block mapping whose keys sit at ``indent``: each item
+    runs to the line before the next key at that indent; trailing blank lines and comments that are
+    not indented deeper than the keys stay outside."""
+    items = []
+    starts = [k for k in range(first, last) if lines[k].kind == "key" and lines[k].indent == indent]
+    for n, k in enumerate(starts):
+        stop = starts[n + 1] if n + 1 < len(starts) else last
+        end = k + 1
+        indentless = not _strip_comment(lines[k].value or "")    # "key:" then "- item" at the same indent
+        for m in range(k + 1, stop):
+            ln = lines[m]
+            if ln.kind == "cont" or (ln.kind != "blank" and ln.indent > indent) or \
+                    (indentless and ln.kind == "seq" and ln.indent == indent):
+                end = m + 1
+        items.append((lines[k].key, k, end))
+    return items
+
+
+def _yaml_anchor_guard(text, lines, first, end, what):
+    chunk = text[lines[first].start:lines[end - 1].end]
+    if re.search(r"(^|[\s\[{,:-])[&*][^\s\[\]{},]+", _strip_yaml_strings(chunk)) or \
+            re.search(r"(^|\s)<<\s*:", chunk):
+        raise MergeError("%s uses anchors, aliases or merge keys; edit it by hand" % what)
+
+
+def _strip_yaml_strings(chunk):
+    return re.sub(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\n]|\'\')*\'|#[^\n]*', '""', chunk)
+
+
+def _yaml_merge_block(text, lines, first, end, indent, unit, value, nl, owned=None):
+    """The text of a block mapping (lines ``first``..``end``, keys at ``indent``) with the keys of
+    ``value`` replaced/appended, the ``owned`` keys it lacks dropped (see _merge_entry) and every
+    other line kept verbatim; dict values merge one level."""
+    owned = owned or {}
+    items = _yaml_items(lines, first, end, indent)
+    if not items:
+        return "".join(_yaml_item(k, v, " " * indent, unit, nl) for k, v in value.items())
+    out, done = [text[lines[first].start:lines[items[0][1]].start]], set()
+    for n, (key, k, stop) in enumerate(items):
+        nxt = items[n + 1][1] if n + 1 < len(items) else end
+        gap = text[lines[stop - 1].end:lines[nxt - 1].end] if nxt > stop else ""   # lines between items
+        chunk = text[lines[k].start:lines[stop - 1].end]
+        if not chunk.endswith("\n"):
+            chunk += nl
+        if key not in value:
+            out.append(_yaml_unwritten_key(text, lines, k, stop, unit, nl, owned.get(key), chunk))
+        elif key in done:
+            pass                                                 # a duplicate key: dropped
+        elif key in KEEP_ON_UPDATE:
+            done.add(key)
+            out.append(chunk)
+        else:
+            done.add(key)
+            out.append(_yaml_written_key(text, lines, k, stop, indent, unit, nl, key, value[key], owned.get(key)))
+        out.append(gap)
+    missing = "".join(_yaml_item(k, v, " " * indent, unit, nl) for k, v in value.items() if k not in done)
+    if missing:                  # after the last item, before the comments/blank lines that follow it
+        out.insert(len(out) - 1, missing)
+    return "".join(out)
+
+
+def _yaml_unwritten_key(text, lines, k, stop, unit, nl, spec, chunk):
+    """An existing key (lines k..stop) the new entry does not set: gone when this installer wrote it
+    (``spec`` True), its owned inner keys gone (``spec`` a set), else kept as ``chunk``."""
+    inner = [m for m in range(k + 1, stop) if lines[m].kind == "key"]
+    if spec is True:
+        return ""
+    if not (isinstance(spec, set) and inner and not _strip_comment(lines[k].value or "")):
+        return chunk
+    head = text[lines[k].start:lines[k].end]
+    body = _yaml_merge_block(text, lines, k + 1, stop, lines[inner[0]].indent, unit, {}, nl,
+                             dict((s, True) for s in spec))
+    if any(ln.strip() and not ln.strip().startswith("#") for ln in body.splitlines()):
+        return (head if head.endswith("\n") else head + nl) + body
+    return ""
+
+
+def _yaml_written_key(text, lines, k, stop, indent, unit, nl, key, new, spec):
+    """An existing key (lines k..stop) set again to ``new``: a mapping merges one level, else rewritten."""
+    inner = [m for m in range(k + 1, stop) if lines[m].kind == "key"]
+    if not (isinstance(new, dict) and new and not _strip_comment(lines[k].value or "") and inner):
+        return _yaml_item(key, new, " " * indent, unit, nl)
+    head = text[lines[k].start:lines[k].end]
+    return (head if head.endswith("\n") else head + nl) + _yaml_merge_block(
+        text, lines, k + 1, stop, lines[inner[0]].indent, unit, new, nl,
+        dict((s, True) for s in spec) if isinstance(spec, set) else None)
+
+
+def yaml_edit_mapping_entry(text, top_key, name, value=None, uninstall=False, merge=True, owned=None):
+    """``text`` with ``top_key: {name: value}`` written (``value`` a dict; keys we do not write
+    are kept when ``merge``) or ``name`` removed (``top_key`` too when left empty)."""
+    nl = _newline_of(text)
+    lines = _yaml_lines(text)
+    keys = _yaml_check_document(text, lines)
+    unit = _yaml_unit(lines)
+    if top_key not in keys:
+        if uninstall:
+            return text
+        block = "%s:%s" % (_yaml_keytext(top_key), nl) + _yaml_item(name, value, unit, unit, nl)
+        if text and not text.endswith("\n"):
+            block = nl + block[:-len(nl)]                           # no final newline: keep it that way
+        new_text = text + block
+        _yaml_verify_entry(new_text, top_key, name, value, False)
+        return new_text
+    head = keys[top_key][0]
+    first, last, child, items, bare = _yaml_mapping_items(text, lines, head, top_key, unit)
+    hits = [it for it in items if it[0] == name]
+    if len(hits) > 1:
+        raise MergeError("%s.%s appears %d times; remove the duplicates first" % (top_key, name, len(hits)))
+    if hits:
+        _yaml_anchor_guard(text, lines, hits[0][1], hits[0][2], "%s.%s" % (top_key, name))
+    if uninstall:
+        if not hits:
+            return text
+        new_text = _yaml_drop_entry(text, lines, head, first, last, hits[0], len(items))
+        _yaml_verify_entry(new_text, top_key, name, None, True)
+        return new_text
+    if hits:
+        new_text = _yaml_replace_entry(text, lines, hits[0], name, value, child, unit, nl, merge, owned)
+        if new_text == text:
+            return text
+    elif items:
+        at = lines[items[-1][2] - 1].end
+        piece = _yaml_item(name, value, " " * child, unit, nl)
+        if not text[:at].endswith("\n"):
+            piece = nl + piece[:-len(nl)]                            # no final newline: keep it that way
+        new_text = text[:at] + piece + text[at:]
+    elif bare:                                                    # key: {} / null / ~  ->  a block
+        colon = head.start + _colon_offset(text[head.start:head.end])
+        new_text = text[:colon] + nl + _yaml_item(name, value, unit, unit, nl) + text[_after_eol(text, head.start):]
+    else:
+        at = head.end
+        new_text = text[:at] + ("" if text[:at].endswith("\n") else nl) + \
+            _yaml_item(name, value, unit, unit, nl) + text[at:]
+    _yaml_verify_entry(new_text, top_key, name, value, False)
+    return new_text
+
+
+def _yaml_mapping_items(text, lines, head, top_key, unit):
+    """``(first, last, child, items, bare)`` of the mapping under ``top_key``: its lines, the indent of
+    its entries, the entries ``(name, start, end)`` and the value on the key's own line; MergeError
+    for what is not a block mapping of entries."""
+    _yaml_refuse_value(text, head, top_key)
+    first, last = _yaml_section(lines, lines.index(head))
+    content = [ln for ln in lines[first:last] if ln.kind in ("key", "seq", "other")]
+    bare = _strip_comment(head.value or "")
+    if content and bare:
+        raise MergeError("%s has both a value and indented lines; edit it by hand" % top_key)
+    child = min(ln.indent for ln in content) if content else len(unit)
+    open_key = False
+    for ln in content:
+        if ln.indent != child:
+            continue
+        if ln.kind == "key":
+            open_key = not _strip_comment(ln.value or "")
+        elif not (ln.kind == "seq" and open_key):                # an indentless list under a key is fine
+            raise MergeError("%s is not a mapping of entries here; edit it by hand" % top_key)
+    items = _yaml_items(lines, first, last, child) if content else []
+    if any(it[0] == "<<" for it in items):
+        raise MergeError("%s uses a merge key (<<); edit it by hand" % top_key)
+    return first, last, child, items, bare
+
+
+def _yaml_drop_entry(text, lines, head, first, last, hit, count):
+    """``text`` without the entry ``hit``; without the top key too when it was its only entry."""
+    _, s, e = hit
+    others = [m for m in range(first, last) if not (s <= m < e) and lines[m].kind != "blank"]
+    start = head.start if count == 1 and not others else lines[s].start   # left empty: drop the key
+    stop = lines[e - 1].end
+    if stop == len(text) and not text.endswith("\n") and start > 0:
+        start -= 2 if text[start - 2:start] == "\r\n" else 1       # no final newline: keep it that way
+    return text[:start] + text[stop:]
+
+
+def _yaml_replace_entry(text, lines, hit, name, value, child, unit, nl, merge, owned):
+    """``text`` with the entry ``hit`` rewritten from ``value`` (merged with the keys we do not own)."""
+    _, s, e = hit
+    inner = [m for m in range(s + 1, e) if lines[m].kind == "key"]
+    if merge and not _strip_comment(lines[s].value or "") and inner:
+        head_text = text[lines[s].start:lines[s].end]
+        rendered = (head_text if head_text.endswith("\n") else head_text + nl) + \
+            _yaml_merge_block(text, lines, s + 1, e, lines[inner[0]].indent, unit, value, nl, owned)
+    else:
+        rendered = _yaml_item(name, value, " " * child, unit, nl)
+    old_chunk = text[lines[s].start:lines[e - 1].end]
+    if not old_chunk.endswith("\n") and rendered.endswith(nl):
+        rendered = rendered[:-len(nl)]                        # the file had no final newline
+    if rendered == old_chunk:
+        return text
+    return text[:lines[s].start] + rendered + text[lines[e - 1].end:]
+
+
+def _colon_offset(line):
+    """Offset just after the mapping colon of a top-level ``key: value`` line."""
+    split = _yaml_split_key(line.rstrip("\r\n"))
+    rest = split[1] if split else ""
+    stripped = line.rstrip("\r\n")
+    return len(stripped) - len(rest)
+
+
+def yaml_edit_sequence_item(text, top_key, match_key, match_value, value=None, uninstall=False):
+    """``text`` with the item of the ``top_key:`` block sequence whose ``match_key`` is
+    ``match_value`` replaced by ``value`` (a dict), appended, or removed (``top_key`` too when left
+    empty).  Continue's ``mcpServers:`` list in ``config.yaml``."""
+    nl = _newline_of(text)
+    lines = _yaml_lines(text)
+    keys = _yaml_check_document(text, lines)
+    unit = _yaml_unit(lines)
+    if top_key not in keys:
+        if uninstall:
+            return text
+        block = "%s:%s%s" % (_yaml_keytext(top_key), nl, _yaml_seq_item(value, len(unit), unit, nl))
+        return block if not text.strip() else text + ("" if text.endswith("\n") else nl) + block
+    head = keys[top_key][0]
+    bare = _yaml_block_head(head, top_key)
+    first, last = _yaml_section(lines, lines.index(head))
+    seqs = [m for m in range(first, last) if lines[m].kind == "seq"]
+    if not seqs:
+        if any(lines[m].kind == "key" for m in range(first, last)):
+            raise MergeError("%s is a mapping here, not a list; edit it by hand" % top_key)
+        return text if uninstall else _yaml_first_item(text, head, bare, _yaml_seq_item(value, len(unit), unit, nl),
+                                                        nl)
+    seq_indent = lines[seqs[0]].indent
+    items = _yaml_seq_items(lines, seqs, seq_indent, last, match_key)
+    hits = [it for it in items if it[0] == match_value]
+    if len(hits) > 1:
+        raise MergeError("%s has %d items named %r; remove the duplicates first" % (top_key, len(hits), match_value))
+    if not hits:
+        if uninstall:
+            return text
+        at = lines[items[-1][2] - 1].end
+        return text[:at] + ("" if text[:at].endswith("\n") else nl) + _yaml_seq_item(value, seq_indent, unit, nl) + \
+            text[at:]
+    _, s, e = hits[0]
+    _yaml_anchor_guard(text, lines, s, e, "%s item %r" % (top_key, match_value))
+    if uninstall:
+        return text[:(head.start if len(items) == 1 and not bare else lines[s].start)] + text[lines[e - 1].end:]
+    return _yaml_replace_item(text, lines, s, e, _yaml_seq_item(value, seq_indent, unit, nl), nl)
+
+
+def _yaml_replace_item(text, lines, s, e, rendered, nl):
+    """``text`` with the sequence item of lines s..e replaced by ``rendered``."""
+    old_chunk = text[lines[s].start:lines[e - 1].end]
+    if not old_chunk.endswith("\n") and lines[e - 1].end == len(text):
+        rendered = rendered[:-len(nl)]
+    if rendered == old_chunk:
+        return text
+    return text[:lines[s].start] + rendered + text[lines[e - 1].end:]
+
+
+def _yaml_block_head(head, top_key):
+    """What follows ``top_key:`` on its line (``[]`` at most); MergeError for flow style or an anchor."""
+    bare = _strip_comment(head.value or "")
+    if bare[:1] in ("&", "*", "!") or (bare[:1] in ("[", "{") and bare not in ("[]", "{}")):
+        raise MergeError("%s is written in flow style or uses an anchor/alias/tag; edit it by hand" % top_key)
+    return bare
+
+
+def _yaml_seq_item(value, indent, unit, nl):
+    """The mapping ``value`` as a ``- key: ...`` item of a block sequence at ``indent``."""
+    out = []
+    for n, (k, v) in enumerate(value.items()):
+        piece = _yaml_item(k, v, " " * (indent + 2), unit, nl)
+        out.append(" " * indent + "- " + piece[indent + 2:] if n == 0 else piece)
+    return "".join(out)
+
+
+def _yaml_first_item(text, head, bare, rendered, nl):
+    """``text`` with the first item under ``head`` (a key with no item yet, perhaps ``key: []``)."""
+    if bare:
+        colon = head.start + _colon_offset(text[head.start:head.end])
+        return text[:colon] + nl + rendered + text[_after_eol(text, head.start):]
+    at = head.end
+    return text[:at] + ("" if text[:at].endswith("\n") else nl) + rendered + text[at:]
+
+
+def _yaml_seq_items(lines, seqs, seq_indent, last, match_key):
+    """The items ``(value of match_key or None, start, end)`` of a block sequence."""
+    starts = [m for m in seqs if lines[m].indent == seq_indent]
+    items = []
+    for n, s in enumerate(starts):
+        stop = starts[n + 1] if n + 1 < len(starts) else last
+        e = s + 1
+        for m in range(s + 1, stop):
+            ln = lines[m]
+            if ln.kind == "cont" or (ln.kind != "blank" and ln.indent > seq_indent):
+                e = m + 1
+        items.append((_yaml_item_match(lines, s, e, match_key), s, e))
+    return items
+
+
+def _yaml_item_match(lines, s, e, match_key):
+    """The value of ``match_key`` in the sequence item of lines s..e (quotes read), or None."""
+    found = None
+    if lines[s].key == match_key:
+        found = _strip_comment(lines[s].value or "")
+    else:
+        for m in range(s + 1, e):
+            if lines[m].kind == "key" and lines[m].key == match_key and lines[m].indent == lines[s].col:
+                found = _strip_comment(lines[m].value or "")
+    if found is not None and found[:1] in "\"'":
+        try:
+            found = json.loads(found) if found[0] == '"' else found[1:-1].replace("''", "'")
+        except ValueError:
+            pass
+    return found
+
+
+def _yaml_verify_entry(text, top_key, name, value, removed):
+    """Re-scan the edited text: the entry is (or is not) there and reads back as ``value`` for the
+    keys the installer writes (a subset reader; the rest of the file is untouched by construction)."""
+    lines = _yaml_lines(text)
+    keys = _yaml_check_document(text, lines)
+    if top_key not in keys:
+        if removed:
+            return
+        raise MergeError("internal error: %s missing after the edit; nothing written" % top_key)
+    k = lines.index(keys[top_key][0])
+    first, last = _yaml_section(lines, k)
+    entries = [ln for ln in lines[first:last] if ln.kind == "key"]
+    child = min(e.indent for e in entries) if entries else 0
+    items = [it for it in _yaml_items(lines, first, last, child) if it[0] == name] if entries else []
+    if removed:
+        if items:
+            raise MergeError("internal error: %s.%s still present; nothing written" % (top_key, name))
+        return
+    if len(items) != 1:
+        raise MergeError("internal error: %s.%s not found after the edit; nothing written" % (top_key, name))
+    _, s, e = items[0]
+    _yaml_verify_items(text, lines, s + 1, e, value, "%s.%s" % (top_key, name))
+
+
+def _yaml_verify_items(text, lines, first, end, value, where):
+    """The keys of ``value`` read back from the block mapping in lines ``first``..``end`` (each
+    item is read on its own, so whatever else the block holds does not matter)."""
+    keys = [m for m in range(first, end) if lines[m].kind == "key"]
+    indent = min(lines[m].indent for m in keys) if keys else 0
+    found = dict((key, (k, stop)) for key, k, stop in _yaml_items(lines, first, end, indent)) if keys else {}
+    for key, want in value.items():
+        if key in KEEP_ON_UPDATE:
+            continue
+        if key not in found:
+            raise MergeError("internal error: %s.%s missing after the edit; nothing written" % (where, key))
+        k, stop = found[key]
+        if isinstance(want, dict) and want and not _strip_comment(lines[k].value or ""):
+            _yaml_verify_items(text, lines, k + 1, stop, want, "%s.%s" % (where, key))
+            continue
+        try:
+            got = yaml_mini_load(text[lines[k].start:lines[stop - 1].end])
+        except ValueError:
+            got = None
+        if not isinstance(got, dict) or got.get(key, _MISSING) != want:
+            raise MergeError("internal error: %s.%s does not read back; nothing written" % (where, key))
+
+
+_MISSING = object()
+
+
+def yaml_mini_load(text, lenient=False):
+    """A reader for the YAML subset the installer writes (and common hand-written configs): block
+    mappings and sequences, flow lists/maps of scalars, plain/single/double-quoted scalars, comments.
+    Values it cannot read raise ValueError, or with ``lenient`` become the raw text."""
+    rows = []
+    for raw in text.splitlines():
+        if not raw.strip() or raw.lstrip().startswith("#") or raw.strip() in ("---", "...") or \
+                raw.startswith("%"):
+            continue
+        content = raw.lstrip(" ")
+        rows.append((len(raw) - len(content), content))
+    if not rows:
+        return None
+    reader = _MiniYaml(rows, lenient)
+    value = reader.block(rows[0][0])
+    if reader.pos != len(rows):
+        raise ValueError("unexpected indentation at %r" % (rows[reader.pos][1],))
+    return value
+
+
+_YAML_NULLS = ("", "~", "null", "Null", "NULL")
+_YAML_BOOLS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
+_YAML_INT = LazyPattern(r"[-+]?[0-9]+\Z")
+_YAML_FLOAT = LazyPattern(r"[-+]?([0-9]*\.[0-9]+|[0-9]+\.[0-9]*)([eE][-+]?[0-9]+)?\Z")
+
+
+class _MiniYaml:
+    """yaml_mini_load's reader: ``rows`` ``(indent, content)`` of the significant lines, read from ``pos``."""
+
+    def __init__(self, rows, lenient):
+        self.rows, self.lenient, self.pos = rows, lenient, 0
+
+    def scalar(self, s):
+        s = _strip_comment(s)
+        if s in _YAML_NULLS:
+            return None
+        if s.startswith('"'):
+            return json.loads(s)
+        if s.startswith("'"):
+            return s[1:-1].replace("''", "'")
+        if s.startswith("[") or s.startswith("{"):
+            return self.flow(s)
+        if s in _YAML_BOOLS:
+            return _YAML_BOOLS[s]
+        if _YAML_INT.match(s):
+            return int(s)
+        if _YAML_FLOAT.match(s):
+            return float(s)
+        if s[:1] in "&*!|>" and not self.lenient:
+            raise ValueError("unsupported YAML: %r" % s)
+        return s
+
+    def flow(self, s):
+        items = _flow_items(s[1:-1])
+        if s.startswith("["):
+            return [self.scalar(i.strip()) for i in items]
+        out = {}
+        for i in items:
+            split = _yaml_split_key(i.strip())
+            if split is None:
+                raise ValueError("bad flow mapping")
+            out[split[0]] = self.scalar(split[1].strip())
+        return out
+
+    def _item_here(self, ind):
+        rows = self.rows
+        return self.pos < len(rows) and rows[self.pos][0] == ind and (
+            rows[self.pos][1].startswith("- ") or rows[self.pos][1] == "-")
+
+    def block(self, indent):
+        if self.pos >= len(self.rows):
+            return None
+        ind, content = self.rows[self.pos]
+        if not (content.startswith("- ") or content == "-"):
+            return self.mapping(ind)
+        out = []
+        while self._item_here(ind):
+            body = self.rows[self.pos][1][1:].lstrip(" ")
+            col = ind + len(self.rows[self.pos][1]) - len(body)
+            if not body:
+                self.pos += 1
+                out.append(self.block(ind + 1))
+            elif _yaml_split_key(body) is not None:
+                self.rows[self.pos] = (col, body)
+                out.append(self.mapping(col))
+            else:
+                self.pos += 1
+                out.append(self.scalar(body))
+        return out
+
+    def mapping(self, ind):
+        out, rows = {}, self.rows
+        while self.pos < len(rows) and rows[self.pos][0] == ind:
+            split = _yaml_split_key(rows[self.pos][1])
+            if split is None:
+                raise ValueError("not a mapping line: %r" % rows[self.pos][1])
+            key, rest = split
+            self.pos += 1
+            out[key] = self.value(ind, _strip_comment(rest))
+        return out
+
+    def value(self, ind, bare):
+        """The value of a key at ``ind`` whose line holds ``bare`` after the colon."""
+        rows = self.rows
+        if bare and _BLOCK_SCALAR.match(bare):
+            if not self.lenient:
+                raise ValueError("block scalars are not supported")
+            while self.pos < len(rows) and rows[self.pos][0] > ind:
+                self.pos += 1
+            return bare
+        if bare:
+            return self.scalar(bare)
+        if self.pos < len(rows) and (rows[self.pos][0] > ind or
+                                     (rows[self.pos][0] == ind and rows[self.pos][1].startswith("- "))):
+            return self.block(rows[self.pos][0])
+        return None
+
+
+def _flow_items(body):
+    """The top-level comma-separated items of a flow collection's inside (quotes and nesting kept)."""
+    items, depth, cur, quote = [], 0, "", None
+    for c in body:
+        if quote:
+            cur += c
+            if c == quote:
+                quote = None
+            continue
+        if c in "\"'":
+            quote = c
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+            continue
+        cur += c
+    if cur.strip():
+        items.append(cur)
+    return items
+
+
+# ---------------------------------------------------------------------------
+# §31 Installing into a client
+# ---------------------------------------------------------------------------
+
+# Where each client keeps its file, the entry in the client's own shape (keys as its references), and the
+# careful write: a backup beside the file, a temporary file renamed over it, refused if the file changed.
+# What differs per client is in its CLIENTS row (§28); what the shape of an entry needs is here.
+
+class _Places:
+    """The folders client files live in on one platform: the home, %APPDATA%, $XDG_CONFIG_HOME, VS Code's
+    user folder, and the working folder (for the per-workspace files)."""
+
+    def __init__(self, platform, env, home, cwd):
+        self.win, self.mac = platform.startswith("win"), platform == "darwin"
+        self.env, self.home, self.cwd = env, home, cwd
+        self.appdata = env.get("APPDATA") or os.path.join(home, "AppData", "Roaming")
+        self.xdg = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+        # On macOS Zed and Goose use ~/.config too, not Application Support.
+        self.config = self.appdata if self.win else self.xdg if not self.mac else os.path.join(home, ".config")
+
+    def app(self, *parts):
+        """A file under the platform's application folder: %APPDATA%, ~/Library/Application Support, $XDG."""
+        if self.win:
+            return os.path.join(self.appdata, *parts)
+        if self.mac:
+            return os.path.join(self.home, "Library", "Application Support", *parts)
+        return os.path.join(self.xdg, *parts)
+
+    def hermes(self):
+        if self.env.get("HERMES_HOME"):
+            return [os.path.join(self.env["HERMES_HOME"], "config.yaml")]
+        own = [os.path.join(self.home, ".hermes", "config.yaml")]
+        local = self.env.get("LOCALAPPDATA") or os.path.join(self.home, "AppData", "Local")
+        return [os.path.join(local, "hermes", "config.yaml")] + own if self.win else own
+
+
+_J = os.path.join
+# Each file client's candidate files (see config_paths), from the folders of _Places.
+_CLIENT_PLACES = {
+    "claude-desktop": lambda p: [p.app("Claude", "claude_desktop_config.json")],
+    "claude-code": lambda p: [_J(p.cwd, ".mcp.json")],
+    "codex": lambda p: [_J(p.env.get("CODEX_HOME") or _J(p.home, ".codex"), "config.toml")],
+    "cursor": lambda p: [_J(p.home, ".cursor", "mcp.json")],
+    "vscode": lambda p: [p.app("Code", "User", "mcp.json")],
+    "opencode": lambda p: [_J(p.xdg, "opencode", n) for n in ("opencode.jsonc", "opencode.json", "config.json")],
+    "mimocode": lambda p: [_J(p.xdg, "mimocode", n) for n in ("mimocode.jsonc", "mimocode.json")],
+    "hermes": lambda p: p.hermes(),
+    "windsurf": lambda p: [_J(p.home, ".codeium", "windsurf", "mcp_config.json")],
+    "gemini-cli": lambda p: [_J(p.home, ".gemini", "settings.json")],
+    "zed": lambda p: [_J(p.config, "Zed" if p.win else "zed", "settings.json")],
+    "cline": lambda p: [p.app("Code", "User", "globalStorage", "saoudrizwan.claude-dev", "settings",
+                              "cline_mcp_settings.json")],
+    "roo-code": lambda p: [p.app("Code", "User", "globalStorage", "rooveterinaryinc.roo-cline", "settings",
+                                 "mcp_settings.json")],
+    "lm-studio": lambda p: [_J(p.home, ".lmstudio", "mcp.json")],
+    "goose": lambda p: [_J(p.config, "Block", "goose", "config", "config.yaml") if p.win else
+                        _J(p.config, "goose", "config.yaml")],
+    "continue": lambda p: [_J(p.cwd, ".continue", "mcpServers", SERVER_NAME + ".yaml")],
+    "continue-config": lambda p: [_J(p.home, ".continue", "config.yaml")],
+}
+
+
+def config_paths(client, platform=None, env=None, home=None, cwd=None):
+    """Candidate user-level files for ``client`` on ``platform`` ('linux', 'darwin', 'win32'), most
+    specific first; the first that exists should be edited, else the first is created.  Project
+    files (VS Code .vscode/mcp.json, Cursor .cursor/mcp.json, ...) are the caller's choice."""
+    places = _CLIENT_PLACES.get(client)
+    if places is None:
+        raise ValueError("no configuration file for %r" % client)
+    env = os.environ if env is None else env
+    return places(_Places(platform or sys.platform, env, home or os.path.expanduser("~"), cwd or os.getcwd()))
+
+
+# Where a missing file is created when there are several candidates (opencode: opencode.json).
+CREATE_INDEX = {"opencode": 1, "mimocode": 1}
+
+
+def pick_path(client, candidates):
+    """The first candidate that exists, else the one to create."""
+    for path in candidates:
+        if os.path.exists(path):
+            return path
+    return candidates[CREATE_INDEX.get(client, 0)]
+
+
+def secret_reference(client, name, syntax=None):
+    """How ``client``'s configuration refers to the environment variable ``name`` without storing
+    its value (``syntax``, the client's form such as ``${env:%s}``), or None when it has no such syntax
+    (rely on inheritance, or --with-keys).  Codex (``env_vars``) and Goose (``env_keys``) forward by
+    name instead: see client_entry."""
+    if client == "vscode":
+        return "${input:%s-%s}" % (SERVER_NAME, name.lower().replace("_", "-"))
+    return syntax % name if syntax else None
+
+
+def vscode_inputs(secret_names):
+    """VS Code ``inputs`` entries (VS Code asks once and keeps the value in its secret storage)."""
+    return [{"type": "promptString", "id": "%s-%s" % (SERVER_NAME, n.lower().replace("_", "-")),
+             "description": "%s for %s" % (n, SERVER_NAME), "password": True} for n in secret_names]
+
+
+def default_owned(client, env_names=()):
+    """The keys of ``client``'s entry this installer writes (see _merge_entry): its own top-level
+    keys, and in the env mapping the names in ``env_names`` (pass every websearch-ring variable and
+    alias, so that a variable unset since the last install, or a key written with --with-keys,
+    is removed on the next install)."""
+    top = {
+        "codex": ("command", "args", "tool_timeout_sec", "env_vars"),
+        "opencode": ("type", "command"), "mimocode": ("type", "command"),
+        "goose": ("name", "type", "cmd", "args", "timeout", "env_keys"),
+        "continue": ("name", "type", "command", "args"), "continue-config": ("name", "type", "command", "args"),
+        "zed": ("source", "command", "args"),
+        "vscode": ("type", "command", "args"), "claude-code": ("type", "command", "args"),
+    }.get(client, ("command", "args"))
+    owned = dict((k, True) for k in top)
+    env_key = {"opencode": "environment", "mimocode": "environment", "goose": "envs"}.get(client, "env")
+    owned[env_key] = set(env_names)
+    return owned
+
+
+def client_entry(client, command, args, plain_env=None, secret_names=(), with_keys=False, secret_values=None,
+                 timeout=300, syntax=None):
+    """``(entry, extras)`` for ``client``: the server entry as the client wants it, with secrets as
+    the client's own references (``with_keys``: the values from ``secret_values``, in plain text),
+    and extras (VS Code: the ``inputs`` to add).  Clients that pass their environment on and have no
+    reference syntax get no secret at all: export it before starting the client."""
+    env, extras = dict(plain_env or {}), {}
+    secret_names = list(secret_names)
+    forwarded = []                                     # Codex env_vars, Goose env_keys
+    for name in secret_names:
+        if with_keys:
+            env[name] = (secret_values or {})[name]
+        elif client in ("codex", "goose"):
+            forwarded.append(name)
+        elif secret_reference(client, name, syntax) is not None:
+            env[name] = secret_reference(client, name, syntax)
+    if client == "vscode" and not with_keys and secret_names:
+        extras["inputs"] = vscode_inputs(secret_names)
+    shape = _ENTRY_SHAPES.get(client, _plain_entry)
+    return shape(client, command, list(args), env, forwarded, timeout), extras
+
+
+def _with(entry, **optional):
+    """``entry`` with each optional value that is not empty."""
+    entry.update((k, v) for k, v in optional.items() if v)
+    return entry
+
+
+def _plain_entry(client, command, args, env, forwarded, timeout):
+    """The common ``{command, args, env}`` shape; VS Code, Cherry Studio and Claude Code name the transport."""
+    entry = {"type": "stdio"} if client in ("vscode", "cherry-studio", "claude-code") else {}
+    return _with(dict(entry, command=command, args=args), env=env)
+
+
+# An entry in each client's own shape (the others take _plain_entry's).
+_ENTRY_SHAPES = {
+    "codex": lambda client, command, args, env, forwarded, timeout: _with(
+        {"command": command, "args": args, "tool_timeout_sec": timeout}, env_vars=forwarded, env=env),
+    "opencode": lambda client, command, args, env, forwarded, timeout: _with(
+        {"type": "local", "command": [command] + args, "enabled": True}, environment=env),
+    "goose": lambda client, command, args, env, forwarded, timeout: _with(
+        {"name": SERVER_NAME, "type": "stdio", "enabled": True, "cmd": command, "args": args, "timeout": timeout},
+        envs=env, env_keys=forwarded),
+    "continue": lambda client, command, args, env, forwarded, timeout: _with(
+        {"name": SERVER_NAME, "type": "stdio", "command": command, "args": args}, env=env),
+    "zed": lambda client, command, args, env, forwarded, timeout: {
+        "source": "custom", "command": command, "args": args, "env": env},
+}
+_ENTRY_SHAPES["mimocode"] = _ENTRY_SHAPES["opencode"]
+_ENTRY_SHAPES["continue-config"] = _ENTRY_SHAPES["continue"]
+
+
+def command_instructions(client, command, args, secret_names=(), scope="user", uninstall=False,
+                         quote=None, plain_env=None):
+    """Lines to print for the clients configured by a command or a dialog (CLIENTS rows without a file),
+    with the variables of ``plain_env`` as values.  ``quote`` quotes a word for the user's shell
+    (default: shlex.quote)."""
+    if quote is None:
+        quote = _shlex.quote
+    argv = [command] + list(args)
+    plain_env = plain_env or {}
+    if client == "claude-code":
+        if uninstall:
+            return ["claude mcp remove --scope %s %s" % (scope, SERVER_NAME)]
+        line = "claude mcp add --scope %s%s %s -- %s" % (scope, "".join(
+            " -e " + quote("%s=%s" % item) for item in plain_env.items()), SERVER_NAME, " ".join(quote(a) for a in argv))
+        out = [line]
+        if secret_names:
+            out.append("# Claude Code passes its environment on: export %s in the shell that starts claude"
+                       % ", ".join(secret_names))
+            if scope == "project":
+                out.append("# (.mcp.json may also say -e NAME='${NAME:-}' to name them: expanded at start-up)")
+        return out
+    entry = _with({"type": "stdio", "command": command, "args": list(args)}, env=plain_env)
+    snippet = json.dumps({"mcpServers": {SERVER_NAME: entry}}, indent=2, ensure_ascii=False)
+    if client == "cherry-studio":
+        if uninstall:
+            return ["Cherry Studio: Settings > MCP Servers > %s > Delete" % SERVER_NAME]
+        out = ["Cherry Studio: Settings > MCP Servers > Add > Import from JSON, paste:", snippet]
+    elif client == "jetbrains":
+        if uninstall:
+            return ["JetBrains IDE: Settings > Tools > AI Assistant > Model Context Protocol (MCP) > "
+                    "select %s > Remove" % SERVER_NAME]
+        out = ["JetBrains IDE: Settings > Tools > AI Assistant > Model Context Protocol (MCP) > Add > As JSON "
+               "(level: Global), paste:", snippet]
+    else:
+        raise ValueError("%s is configured through a file: use plan_install" % client)
+    if secret_names:
+        out.append("Keys: add %s under Environment Variables in that dialog (stored in plain text), or export "
+                   "them where the app is started (it passes its environment on)." % ", ".join(secret_names))
+    return out
+
+
+def continue_block_text(entry, nl="\n"):
+    """The whole ``.continue/mcpServers/websearch-ring.yaml`` (a block file of its own)."""
+    head = "name: %s%sversion: 0.0.1%sschema: v1%s" % (SERVER_NAME, nl, nl, nl)
+    return head + yaml_edit_sequence_item("", "mcpServers", "name", SERVER_NAME, entry).replace("\n", nl)
+
+
+# ============================================================================================
+# Driver and writer
+# ============================================================================================
+
+def read_config(path):
+    """(text without BOM or None when missing, had_bom).  Refuses files that are not UTF-8."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return None, False
+    bom = data.startswith(b"\xef\xbb\xbf")
+    try:
+        text = data[3:].decode("utf-8") if bom else data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise MergeError("%s is not UTF-8 text; edit it by hand" % path)
+    if "\x00" in text:
+        raise MergeError("%s looks binary; edit it by hand" % path)
+    return text, bom
+
+
+def plan_install(client, path, entry, uninstall=False, name=SERVER_NAME, inputs=None, owned=None, spec=None):
+    """``(old_text, new_text)`` for installing ``entry`` as ``name`` in ``client``'s file at
+    ``path`` (or removing it); ``spec`` is the client's file format (its CLIENTS row: format, key path,
+    JSON dialect ...).  ``old_text`` is None for a missing file, ``new_text`` None for a file to
+    delete (Continue's block file on uninstall).  Texts carry the file's BOM, if any."""
+    if spec is None:
+        raise MergeError("%s is configured with a command or a dialog, not a file" % client)
+    if owned is None:
+        owned = default_owned(client)
+    text, bom = read_config(path)
+    old_text = None if text is None else ("\ufeff" + text if bom else text)
+    base = text or ""
+    fmt = spec["format"]
+    if fmt == "json":
+        new = _plan_json(client, spec, base, entry, uninstall, name, inputs, owned)
+    elif fmt == "toml":
+        new = toml_edit_table(base, spec["path"], name, entry, uninstall, owned=owned)
+    elif fmt == "yaml":
+        new = yaml_edit_mapping_entry(base, spec["key"], name, entry, uninstall, owned=owned)
+    elif fmt == "yaml-seq":
+        new = yaml_edit_sequence_item(base, spec["key"], "name", name, entry, uninstall)
+    elif uninstall:                                                   # yaml-file: Continue's block file
+        return old_text, None
+    else:
+        new = continue_block_text(entry, _newline_of(base) if base else "\n")
+    if text is None and (uninstall or not new.strip()):
+        return None, None
+    return old_text, ("\ufeff" + new if bom else new)
+
+
+def _plan_json(client, spec, base, entry, uninstall, name, inputs, owned):
+    """The JSON file ``base`` with the entry set (or removed), VS Code's inputs with it."""
+    dialect, key_path = spec["dialect"], spec["path"]
+    if client in ("opencode", "mimocode") and opencode_v2_layout(base, dialect, client):
+        key_path = ["mcp", "servers"]                    # OpenCode V2: mcp.servers.NAME, no "enabled"
+        if entry is not None:
+            entry = dict((k, v) for k, v in entry.items() if k != "enabled")
+    if uninstall:
+        new = json_remove_member(base, key_path, name, dialect, client, spec.get("prune", False))
+        if spec.get("inputs"):
+            new = _remove_vscode_inputs(new, dialect, client, [i["id"] for i in (inputs or [])] or None)
+        return new
+    new = json_set_member(base, key_path, name, entry, dialect, client, owned=owned)
+    if spec.get("inputs"):
+        new = _upsert_vscode_inputs(new, dialect, client, name, inputs or [])
+    return new
+
+
+def _upsert_vscode_inputs(text, dialect, client, name, inputs):
+    """``text`` with VS Code's ``inputs`` for our keys, and without ours that are no longer asked for."""
+    for item in inputs:
+        text = json_upsert_item(text, ["inputs"], ("id", item["id"]), item, dialect, client)
+    value, _ = json_load(text, dialect, client)
+    keep = set(i["id"] for i in inputs)
+    listed = value.get("inputs") if isinstance(value.get("inputs"), list) else []
+    stale = [i.get("id") for i in listed if isinstance(i, dict) and isinstance(i.get("id"), str)
+             and i["id"].startswith(name + "-") and i["id"] not in keep]
+    return json_remove_items(text, ["inputs"], "id", stale, dialect, client) if stale else text
+
+
+def opencode_v2_layout(text, dialect="jsonc", client="opencode"):
+    """Whether an opencode.json(c) already uses the V2 layout (``mcp.servers.NAME``)."""
+    if not text.strip():
+        return False
+    value, _ = json_load(text, dialect, client)
+    mcp = value.get("mcp") if isinstance(value, dict) else None
+    servers = mcp.get("servers") if isinstance(mcp, dict) else None
+    return isinstance(servers, dict) and all(isinstance(v, dict) for v in servers.values()) and \
+        not any(k in servers for k in ("type", "command"))
+
+
+def _remove_vscode_inputs(text, dialect, client, ids):
+    """Remove the ``inputs`` the installer added: ids ``websearch-ring-...`` (or exactly ``ids``)."""
+    value, _ = json_load(text, dialect, client)
+    if not isinstance(value, dict) or not isinstance(value.get("inputs"), list):
+        return text
+    ours = [i.get("id") for i in value["inputs"] if isinstance(i, dict) and isinstance(i.get("id"), str)
+            and (i["id"] in ids if ids else i["id"].startswith(SERVER_NAME + "-"))]
+    if not ours:
+        return text
+    return json_remove_items(text, ["inputs"], "id", ours, dialect, client)
+
+
+def unified_diff(path, old_text, new_text):
+    """The --dry-run output."""
+    old = [] if old_text is None else old_text.splitlines(True)
+    new = [] if new_text is None else new_text.splitlines(True)
+    return "".join(_difflib.unified_diff(old, new, fromfile=path if old_text is not None else "/dev/null",
+                                        tofile=path if new_text is not None else "/dev/null"))
+
+
+def write_config(path, old_text, new_text, backup=True, private=False):
+    """Write ``new_text`` to ``path`` (delete it when None): the previous bytes go to
+    ``path + BACKUP_SUFFIX`` first, the new file replaces the old atomically (temporary file in the
+    same directory + os.replace) and keeps its mode; a symlink is followed, not replaced.  Refuses
+    when the file changed since ``old_text`` was read.  Returns the backup path or None."""
+    target = os.path.realpath(path)
+    current, bom = read_config(target)
+    if current is not None:
+        current = ("\ufeff" + current) if bom else current
+    if current != old_text:
+        raise MergeError("%s changed while it was being edited; run the command again" % path)
+    if new_text == old_text:
+        return None
+    backup_path = None
+    if old_text is not None and backup:
+        backup_path = target + BACKUP_SUFFIX
+        _shutil.copy2(target, backup_path)
+    if new_text is None:
+        os.remove(target)
+        return backup_path
+    directory = os.path.dirname(target) or "."
+    if not os.path.isdir(directory):
+        os.makedirs(directory, 0o700 if private else 0o777)
+    if old_text is not None:
+        mode = os.stat(target).st_mode & 0o7777
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = (0o600 if private else 0o666) & ~umask
+    fd, tmp = _tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(target) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(new_text.encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    return backup_path
+
+
+# ---------------------------------------------------------------------------
+# §32 Command line
 # ---------------------------------------------------------------------------
 
 # The one command that is not a tool's: its client argument and options are the parser's own.
 _CONFIG_COMMAND = Command("config", "[CLIENT]", "a ready-to-paste snippet for an MCP client (without CLIENT: the "
                                                 "clients and where each snippet goes)")
+_INSTALL_COMMAND = Command("install", "CLIENT", "add the server to a client's own configuration file, or print "
+                                               "the command or steps for a client set up that way")
+_UNINSTALL_COMMAND = Command("uninstall", "CLIENT", "take the server out of that file again")
 # The commands, as the usage text and each command's --help describe them.
-_COMMANDS = tuple(tool.command for tool in TOOLS if tool.command) + (_CONFIG_COMMAND,)
+_COMMANDS = tuple(tool.command for tool in TOOLS if tool.command) + (_CONFIG_COMMAND, _INSTALL_COMMAND,
+                                                                      _UNINSTALL_COMMAND)
 
 USAGE = """usage: python websearch_ring.py [COMMAND ...] [--json]
 
 With no command it serves MCP (JSON-RPC 2.0, one message per line) on
 stdin/stdout for a client such as Claude Code, Codex, Cursor, VS Code,
-Windsurf, Gemini CLI or Zed; `config CLIENT` prints what to paste.
+Windsurf, Gemini CLI or Zed; `install CLIENT` adds it to the client's
+file (`config CLIENT` prints what to paste instead).
 
 commands (COMMAND --help for each one's options):
 %s
@@ -16486,7 +18678,8 @@ options:
   --help          this text;  --help-env: every environment variable;  --version
 
 Results go to stdout; errors, progress and configuration problems to stderr.
-exit status: 0 success, 1 tool error, 2 bad usage or configuration.
+exit status: 0 done (configuration problems are warnings), 1 tool error,
+2 bad usage, 3 no result (the engines answered; nothing matched).
 """ % "\n".join("  %-18s%s" % (("%s %s" % (c.name, c.argument)).strip(), c.summary) for c in _COMMANDS)
 
 # The tool each command calls (check is get_config_info's, though it runs a check of its own).
@@ -16505,8 +18698,8 @@ def _cli_parser():
     for command in _COMMANDS:
         p = sub.add_parser(command.name, prog="python websearch_ring.py " + command.name,
                            description=command.summary, help=command.summary)
-        if command is _CONFIG_COMMAND:
-            _config_arguments(p)
+        if command.name in _OWN_ARGUMENTS:
+            _OWN_ARGUMENTS[command.name](p)
             continue
         p.add_argument("--json", action="store_true", help="print the structured result instead of the text")
         if command.positional:
@@ -16516,6 +18709,23 @@ def _cli_parser():
             if action.dest not in positional:
                 words.setdefault(action.dest, max(flags, key=len))
     return parser, words
+
+
+def _install_arguments(p, uninstall=False):
+    p.add_argument("client", help="one of: " + ", ".join(CLIENTS))
+    p.add_argument("--dry-run", action="store_true", help="print the change as a diff and write nothing")
+    p.add_argument("--path", metavar="FILE", help="edit this file instead of the client's usual one "
+                                                  "(a project file such as .vscode/mcp.json)")
+    if uninstall:
+        return
+    p.add_argument("--with-keys", action="store_true",
+                   help="write the keys set in the environment as plain values (the file is then created 0600); "
+                        "by default they go in as the client's own references or prompts")
+    p.add_argument("--module", action="store_true",
+                   help="run as python -m websearch_ring with PYTHONPATH (reuses cached bytecode)")
+    p.add_argument("--scope", choices=("local", "user", "project"),
+                   help="claude-code: local (this project, you; the default), user (every project) or project "
+                        "(the shared .mcp.json)")
 
 
 def _config_arguments(p):
@@ -16538,15 +18748,78 @@ def cli_words(words):
     return say
 
 
-def cli_validation_text(tool, issues, say):
-    """Invalid arguments, told with the command line's options."""
+def cli_validation_text(tool, issues, say, helps=None):
+    """Invalid arguments, told in the command line's own words: its options (``--to``, not ``end_date``)
+    and their help texts (not the schema's descriptions), each choice listed once."""
+    props = next(t for t in TOOLS if t.name == tool).listing["inputSchema"]["properties"]
     lines = ["Invalid arguments for %s:" % say(tool)]
     for item in issues:
         name = item["path"][1:].split("/")[0]
         message = say(name) + item["message"][len(name):] if item["message"].startswith(name) else \
             "%s: %s" % (say(name), item["message"])
-        lines.append("- %s (%s)" % (message, item["suggestion"]))
+        hint = item["suggestion"]
+        about = (props.get(name) or {}).get("description")
+        if about and hint.endswith(": " + about):      # _about's "pass a string: <schema prose>": the option's help
+            hint = helps[name] if helps and helps.get(name) else hint[:-len(about) - 2]
+        message, hint = _cli_names(message, props, say), _cli_names(hint, props, say)
+        listed = hint.split(": ", 1)[-1]
+        lines.append("- %s" % message if hint.startswith("one of") and listed in message else
+                     "- %s (%s)" % (message, hint))
     return "\n".join(lines)
+
+
+def _cli_names(text, props, say):
+    """``text`` with the tool's argument names in it as the command line calls them (start_date is
+    --from), outside quoted values and option names; a plain word (mode, limit) only where it is not
+    an English noun ("the limit is 400")."""
+    def word(match):
+        name = match.group(1)
+        if name not in props or say(name) == name or (match.group(0).startswith("the ") and name.islower()
+                                                     and "_" not in name):
+            return match.group(0)
+        return match.group(0)[:match.start(1) - match.start(0)] + say(name)
+    parts = re.split(r"(\"[^\"]*\"|'[^']*')", text)
+    return "".join(part if i % 2 else re.sub(r"(?:\bthe )?(?<![-\w])([A-Za-z][A-Za-z_]*)\b", word, part)
+                   for i, part in enumerate(parts))
+
+
+# The one number a tool clamps rather than refuses (numResults: an agent asking for 50 gets 20). The
+# command line has one rule for every number: out of range is refused, with the range.
+_CLI_RANGES = {"numResults": (MIN_RESULTS, MAX_RESULTS)}
+
+
+def _cli_range_issues(args):
+    """Issues for the numbers of ``args`` outside the range the command line allows."""
+    schema = {"type": "object", "properties": {name: {"type": "integer", "minimum": low, "maximum": high}
+                                               for name, (low, high) in _CLI_RANGES.items()}}
+    return check_args(schema, {name: args[name] for name in _CLI_RANGES if name in args})[1]
+
+
+def _command_named(name):
+    return next(c for c in _COMMANDS if c.name == name)
+
+
+def _command_options(command):
+    """The option strings ``command`` accepts."""
+    if command.name in _OWN_ARGUMENTS:
+        parser = _argparse.ArgumentParser(add_help=False)
+        _OWN_ARGUMENTS[command.name](parser)
+        return [flag for action in parser._actions for flag in action.option_strings] + ["--help", "-h"]
+    return [flag for flags, _ in command.options for flag in flags] + ["--json", "--help", "-h"]
+
+
+def _cli_unknown_words(command, words):
+    """Words the parser did not take: an option most like a real one is named ("did you mean --num?"),
+    then where the options are listed; returns 2."""
+    word = words[0].split("=", 1)[0]
+    if word.startswith("-"):
+        guess = closest(word, _command_options(command))
+        problem = "unknown option %s%s" % (word, "; did you mean %s?" % guess if guess else "")
+    else:
+        problem = "unexpected argument %r" % word
+    _emit("python websearch_ring.py %s: %s\n(python websearch_ring.py %s --help lists its options)" % (
+        command.name, problem, command.name), sys.stderr)
+    return 2
 
 
 def _emit(text, stream=None):
@@ -16565,12 +18838,19 @@ def _emit(text, stream=None):
 
 
 def run_cli(argv, env):
-    """The person-facing commands; returns the exit status."""
+    """The person-facing commands; returns the exit status: 0 done (configuration problems are only
+    warnings on stderr), 1 a tool error, 2 bad usage, 3 no result (every engine answered, none matched)."""
     parser, words = _cli_parser()
     try:
-        opts = parser.parse_args(argv)
+        opts, extra = parser.parse_known_args(argv)
     except SystemExit as exc:
         return 2 if exc.code else 0
+    command = _command_named(opts.command)
+    if extra:
+        return _cli_unknown_words(command, extra)
+    if opts.command in ("install", "uninstall"):
+        return cli_install(opts.client, env, opts.command == "uninstall", opts.dry_run, opts.path,
+                           getattr(opts, "with_keys", False), getattr(opts, "module", False), getattr(opts, "scope", None))
     config = Config.from_env(env)
     if opts.command == "config":
         if opts.url:
@@ -16579,11 +18859,22 @@ def run_cli(argv, env):
     server = _cli_server(config)
     if opts.command == "check":
         return cli_check(server, opts.json)
-    tool, args, say = _CLI_TOOLS[opts.command], _cli_arguments(opts), cli_words(words)
+    return _cli_tool(server, command, opts, words)
+
+
+def _cli_tool(server, command, opts, words):
+    """A command that calls a tool: its result printed, the exit status returned."""
+    tool, args = _CLI_TOOLS[command.name], _cli_arguments(opts)
+    say = cli_words(dict(words, **{command.positional[0]: command.argument}))
+    helps = dict([(command.positional[0], command.positional[1].get("help"))] + [
+        (settings.get("dest") or flags[-1].lstrip("-").replace("-", "_"), settings.get("help"))
+        for flags, settings in command.options])
     token = CancelToken()
     call = CallContext(token, progress=None if opts.json or not sys.stderr.isatty() else _cli_progress(), say=say)
     try:
-        structured, text, is_error = server.tool_handlers[tool](args, call)
+        out_of_range = _cli_range_issues(args)
+        structured, text, is_error = validation_result(tool, out_of_range) if out_of_range else \
+            server.tool_handlers[tool](args, call)
     except KeyboardInterrupt:
         token.cancel("interrupted")
         return 130
@@ -16591,7 +18882,7 @@ def run_cli(argv, env):
         return 130
     invalid = structured.get("validation")
     if invalid:
-        text = cli_validation_text(tool, invalid["issues"], say)
+        text = cli_validation_text(tool, invalid["issues"], say, helps)
     shown = server.redact.outgoing({"structuredContent": structured, "content": [{"type": "text", "text": text}]})
     if opts.json:
         _emit(_json_text(shown["structuredContent"]))
@@ -16599,7 +18890,9 @@ def run_cli(argv, env):
         _emit(shown["content"][0]["text"], sys.stderr if is_error else sys.stdout)
     if invalid:
         return 2
-    return 1 if is_error else (2 if config.problems else 0)
+    if structured.get("error") == "no_results":
+        return 3
+    return 1 if is_error else 0
 
 
 def _cli_server(config):
@@ -16749,45 +19042,75 @@ def _home_file(path, windows=None):
     return (path, path, windows or "%USERPROFILE%\\" + path[2:].replace("/", "\\"))
 
 
-# The MCP clients `config` writes for: name -> (snippet style, where it goes on Linux, macOS and Windows,
-# what to do when that file already holds other servers or settings).
+# The MCP clients `config` and `install` know, one row each: the snippet style `config` prints, where it
+# goes on Linux, macOS and Windows, what to do when that file already holds other servers or settings;
+# for `install`, the file's format (None: the client is set up by a command or a dialog, whose steps are
+# printed) and how the file names an environment variable without holding its value (None: no syntax;
+# Codex and Goose forward variables by name, VS Code asks through inputs).
+ClientRow = collections.namedtuple("ClientRow", "style where merge file secret", defaults=(None, None))
+
+
+def _json_file(key, dialect="json", **more):
+    return dict({"format": "json", "path": [key], "dialect": dialect}, **more)
+
+
 CLIENTS = {
-    "claude-code": ("claude", ("a terminal",) * 3,
-                    "claude merges it into its own settings: --scope local (this project, you; the default), "
-                    "user (every project) or project (.mcp.json, to commit)"),
-    "claude-desktop": ("mcpServers", ("~/.config/Claude/claude_desktop_config.json",
-                                      "~/Library/Application Support/Claude/claude_desktop_config.json",
-                                      "%APPDATA%\\Claude\\claude_desktop_config.json"),
-                       "add the entry inside mcpServers (Settings > Developer > Edit Config), then restart Claude"),
-    "codex": ("codex", _home_file("~/.codex/config.toml"), "append it: TOML tables merge"),
-    "cursor": ("mcpServers", _home_file("~/.cursor/mcp.json"),
-               "add the entry inside mcpServers (or use .cursor/mcp.json in a project)"),
-    "vscode": ("vscode", (".vscode/mcp.json in the workspace",) * 3,
-               "add the entry inside servers and each input to inputs (or use the user mcp.json: "
-               "MCP: Open User Configuration); VS Code asks for the keys once and keeps them"),
-    "cherry-studio": ("cherry", ("Settings > MCP Servers > Add > Import from JSON",) * 3, "paste it there"),
-    "opencode": ("opencode", _home_file("~/.config/opencode/opencode.json"),
-                 "add the entry inside mcp (or use opencode.json in a project)"),
-    "mimocode": ("opencode", ("its opencode.json (opencode's format)",) * 3, "add the entry inside mcp"),
-    "hermes": ("hermes", _home_file("~/.hermes/config.yaml"), "add the entry under mcp_servers"),
-    "windsurf": ("mcpServers", _home_file("~/.codeium/windsurf/mcp_config.json"),
-                 "add the entry inside mcpServers, then Refresh in the MCP panel"),
-    "gemini-cli": ("mcpServers", _home_file("~/.gemini/settings.json"),
-                   "add the entry inside mcpServers (or use .gemini/settings.json in a project)"),
-    "zed": ("zed", ("~/.config/zed/settings.json", "~/.config/zed/settings.json", "%APPDATA%\\Zed\\settings.json"),
-            "add the entry inside context_servers (or use .zed/settings.json in a project)"),
-    "cline": ("mcpServers", tuple(p % ("saoudrizwan.claude-dev", "cline_mcp_settings.json") for p in _CODE_STORAGE),
-              "add the entry inside mcpServers (Cline: MCP Servers > Configure)"),
-    "roo-code": ("mcpServers", tuple(p % ("rooveterinaryinc.roo-cline", "mcp_settings.json") for p in _CODE_STORAGE),
-                 "add the entry inside mcpServers (or use .roo/mcp.json in a project)"),
-    "lm-studio": ("mcpServers", _home_file("~/.lmstudio/mcp.json"),
-                  "add the entry inside mcpServers (Program tab > Install > Edit mcp.json)"),
-    "continue": ("continue", (".continue/mcpServers/websearch-ring.yaml in the workspace",) * 3,
-                 "a file of its own: nothing to merge"),
-    "jetbrains": ("mcpServers", ("Settings > Tools > AI Assistant > Model Context Protocol (MCP) > Add > As JSON",)
-                  * 3, "paste it there"),
-    "goose": ("goose", _home_file("~/.config/goose/config.yaml", "%APPDATA%\\Block\\goose\\config\\config.yaml"),
-              "add the entry under extensions (or run goose configure)"),
+    "claude-code": ClientRow("claude", ("a terminal",) * 3,
+                             "claude merges it into its own settings: --scope local (this project, you; the "
+                             "default), user (every project) or project (.mcp.json, to commit)"),
+    "claude-desktop": ClientRow("mcpServers", ("~/.config/Claude/claude_desktop_config.json",
+                                               "~/Library/Application Support/Claude/claude_desktop_config.json",
+                                               "%APPDATA%\\Claude\\claude_desktop_config.json"),
+                                "add the entry inside mcpServers (Settings > Developer > Edit Config), then "
+                                "restart Claude", _json_file("mcpServers")),
+    "codex": ClientRow("codex", _home_file("~/.codex/config.toml"), "append it: TOML tables merge",
+                       {"format": "toml", "path": ["mcp_servers"]}),
+    "cursor": ClientRow("mcpServers", _home_file("~/.cursor/mcp.json"),
+                        "add the entry inside mcpServers (or use .cursor/mcp.json in a project)",
+                        _json_file("mcpServers"), "${env:%s}"),
+    "vscode": ClientRow("vscode", ("~/.config/Code/User/mcp.json", "~/Library/Application Support/Code/User/mcp.json",
+                                   "%APPDATA%\\Code\\User\\mcp.json"),
+                        "add the entry inside servers and each input to inputs (or use .vscode/mcp.json in a "
+                        "workspace); VS Code asks for the keys once and keeps them",
+                        _json_file("servers", "jsonc", inputs=True)),
+    "cherry-studio": ClientRow("cherry", ("Settings > MCP Servers > Add > Import from JSON",) * 3, "paste it there"),
+    "opencode": ClientRow("opencode", _home_file("~/.config/opencode/opencode.json"),
+                          "add the entry inside mcp (or use opencode.json in a project)",
+                          _json_file("mcp", "jsonc", prune=True), "{env:%s}"),
+    "mimocode": ClientRow("opencode", _home_file("~/.config/mimocode/mimocode.json"),
+                          "add the entry inside mcp (opencode's format)", _json_file("mcp", "jsonc", prune=True),
+                          "{env:%s}"),
+    "hermes": ClientRow("hermes", ("~/.hermes/config.yaml", "~/.hermes/config.yaml",
+                                   "%LOCALAPPDATA%\\hermes\\config.yaml"),
+                        "add the entry under mcp_servers ($HERMES_HOME moves the file)",
+                        {"format": "yaml", "key": "mcp_servers"}, "${%s}"),
+    "windsurf": ClientRow("mcpServers", _home_file("~/.codeium/windsurf/mcp_config.json"),
+                          "add the entry inside mcpServers, then Refresh in the MCP panel",
+                          _json_file("mcpServers"), "${env:%s}"),
+    "gemini-cli": ClientRow("mcpServers", _home_file("~/.gemini/settings.json"),
+                            "add the entry inside mcpServers (or use .gemini/settings.json in a project)",
+                            _json_file("mcpServers", "json-comments", prune=True), "${%s}"),
+    "zed": ClientRow("zed", ("~/.config/zed/settings.json", "~/.config/zed/settings.json",
+                             "%APPDATA%\\Zed\\settings.json"),
+                     "add the entry inside context_servers (or use .zed/settings.json in a project)",
+                     _json_file("context_servers", "jsonc", prune=True)),
+    "cline": ClientRow("mcpServers", tuple(p % ("saoudrizwan.claude-dev", "cline_mcp_settings.json")
+                                           for p in _CODE_STORAGE),
+                       "add the entry inside mcpServers (Cline: MCP Servers > Configure)",
+                       _json_file("mcpServers"), "${env:%s}"),
+    "roo-code": ClientRow("mcpServers", tuple(p % ("rooveterinaryinc.roo-cline", "mcp_settings.json")
+                                              for p in _CODE_STORAGE),
+                          "add the entry inside mcpServers (or use .roo/mcp.json in a project)",
+                          _json_file("mcpServers"), "${env:%s}"),
+    "lm-studio": ClientRow("mcpServers", _home_file("~/.lmstudio/mcp.json"),
+                           "add the entry inside mcpServers (Program tab > Install > Edit mcp.json)",
+                           _json_file("mcpServers")),
+    "continue": ClientRow("continue", (".continue/mcpServers/websearch-ring.yaml in the workspace",) * 3,
+                          "a file of its own: nothing to merge", {"format": "yaml-file"}, "${{ secrets.%s }}"),
+    "jetbrains": ClientRow("mcpServers", ("Settings > Tools > AI Assistant > Model Context Protocol (MCP) > Add > "
+                                          "As JSON",) * 3, "paste it there"),
+    "goose": ClientRow("goose", _home_file("~/.config/goose/config.yaml", "%APPDATA%\\Block\\goose\\config\\config.yaml"),
+                       "add the entry under extensions (or run goose configure)", {"format": "yaml", "key": "extensions"}),
 }
 
 
@@ -16802,21 +19125,105 @@ def _yaml_map(items, indent):
     return ["%s%s: %s" % (" " * indent, key, _quoted(value)) for key, value in items.items()]
 
 
+# The commands that are not a tool's, by name: how each adds its own arguments to its parser.
+_OWN_ARGUMENTS = {"config": _config_arguments, "install": _install_arguments,
+                  "uninstall": lambda p: _install_arguments(p, uninstall=True)}
+
+
+def _known_client(client):
+    """``client`` in lower case when CLIENTS has it; else None, the closest name told on stderr."""
+    name = client.lower()
+    if name in CLIENTS:
+        return name
+    guess = closest(name, list(CLIENTS))
+    _emit("unknown client %r%s; choose one of: %s" % (client, "; did you mean %r?" % guess if guess else "",
+                                                      ", ".join(CLIENTS)), sys.stderr)
+    return None
+
+
+def _install_variables(launch, env):
+    """``(plain, secrets)``: the variables set in ``env`` that the entry carries as values, and the names
+    it must carry as references (every key, and a URL whose password or query ``config`` would mask)."""
+    plain, secrets = {}, list(launch.secrets)
+    for name, value in launch.variables.items():
+        if name in secrets:
+            continue
+        if name != "PYTHONPATH" and env.get(name) != value:
+            secrets.append(name)
+        else:
+            plain[name] = value
+    return plain, secrets
+
+
+def cli_install(client, env, uninstall=False, dry_run=False, path=None, with_keys=False, module=False,
+                scope=None):
+    """``install``/``uninstall CLIENT``: merge the server's entry into the client's own file (or take it
+    out), keeping everything else; a backup beside the file, an atomic write, ``--dry-run`` the diff.
+    For a client set up by a command or a dialog, print the command or the steps. The exit status."""
+    name = _known_client(client)
+    if name is None:
+        return 2
+    row, launch = CLIENTS[name], _Launch(env, module, scope)
+    plain, secrets = _install_variables(launch, env)
+    if row.file is None:
+        for line in command_instructions(name, launch.exe, launch.args, secrets, scope or "local", uninstall,
+                                         quote=_shell_quote, plain_env=plain):
+            _emit(line)
+        return 0
+    entry, extras = client_entry(name, launch.exe, launch.args, plain, secrets, with_keys,
+                                 {n: env[n] for n in secrets if n in env}, syntax=row.secret)
+    target = path or pick_path(name, config_paths(name, env=env))
+    owned = default_owned(name, [n for var in VARIABLES for n in (var.name,) + var.aliases] + ["PYTHONPATH"])
+    try:
+        old, new = plan_install(name, target, None if uninstall else entry, uninstall, inputs=extras.get("inputs"),
+                                owned=owned, spec=row.file)
+        if dry_run or old == new:
+            _emit(unified_diff(target, old, new) if old != new else "%s: nothing to change" % target)
+            return 0
+        backup = write_config(target, old, new, private=with_keys and bool(secrets))
+    except (MergeError, OSError) as exc:
+        _emit("%s: %s; nothing was written" % (target, exc), sys.stderr)
+        return 1
+    _emit("%s %s %s%s" % (SERVER_NAME, "removed from" if uninstall else "written to", target,
+                          " (the previous file: %s)" % backup if backup else ""))
+    for line in ([] if uninstall else _install_notes(name, row, secrets, with_keys)):
+        _emit(line)
+    return 0
+
+
+def _install_notes(client, row, secrets, with_keys):
+    """What the user still has to do after an install: restart, and how the keys reach the server."""
+    notes = ["Restart %s (or reload its MCP servers) to start it." % client]
+    if not secrets or with_keys:
+        return notes
+    names = ", ".join(secrets)
+    if client == "vscode":
+        notes.append("VS Code asks for %s once and keeps it in its secret storage." % names)
+    elif client in ("codex", "goose"):
+        notes.append("%s passes %s on from the environment it starts in." % (client, names))
+    elif row.secret is None:
+        notes.append("%s has no way to name an environment variable in its file: %s stays out of it, so the "
+                     "server runs keyless there unless the client passes its environment on (or install "
+                     "again with --with-keys, which writes the values in plain text)." % (client, names))
+    else:
+        notes.append("The file names %s as %s; set it where %s reads it (its environment%s)." % (
+            names, row.secret % secrets[0], client, ", or ~/.continue/.env" if client == "continue" else
+            ", or ~/.hermes/.env" if client == "hermes" else ""))
+    return notes
+
+
 def cli_config(client, env, module=False, scope=None):
     """Print a configuration snippet for ``client`` on stdout and where it goes on stderr (or, without
     a client, the clients and where each snippet goes); secrets the user has set become placeholders."""
     if client is None:
         _emit("python websearch_ring.py config CLIENT prints the snippet; where it goes (Linux; macOS; Windows):")
-        for name, (_, where, _) in CLIENTS.items():
+        for name, (_, where, _, _, _) in CLIENTS.items():
             _emit("  %-15s %s" % (name, "; ".join(dict.fromkeys(where))))
         return 0
-    client = client.lower()
-    if client not in CLIENTS:
-        guess = closest(client, list(CLIENTS))
-        _emit("unknown client %r%s; choose one of: %s" % (client, "; did you mean %r?" % guess if guess else "",
-                                                          ", ".join(CLIENTS)), sys.stderr)
+    client = _known_client(client)
+    if client is None:
         return 2
-    style, where, merge = CLIENTS[client]
+    style, where, merge = CLIENTS[client][:3]
     if module and style == "goose":
         _emit("goose does not pass PYTHONPATH to a server: printing the script form", sys.stderr)
         module = False
