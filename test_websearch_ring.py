@@ -9771,7 +9771,7 @@ def test_the_lean_web_search_schema_keeps_every_choice_and_limit(ring):
         "content_chars": {"type": "integer", "minimum": 100, "maximum": 20000},
         "mode": {"type": "string", "enum": ["failover", "fanout"]}}
     assert props["select"]["items"]["enum"] == ["rank", "title", "url", "snippet", "description", "published",
-                                                "score", "vendors", "language", "content"]
+                                                "score", "vendors", "language", "content", "metadata"]
     assert props["include_domains"]["items"] == {"type": "string", "minLength": 1, "format": "hostname"}
     values, issues, _ = ring.validate_search_args({"query": "q"})
     assert issues == [] and {k: values[k] for k in ("numResults", "topic", "page", "include_content",

@@ -13444,8 +13444,8 @@ _CRAWL_COMMAND = Command(
         _option("--query", help="read the pages most relevant to this first"),
         _option("--include", action="append", dest="include_paths", metavar="GLOB", help="only these paths"),
         _option("--exclude", action="append", dest="exclude_paths", metavar="GLOB", help="not these paths"),
-        _option("--format", choices=("markdown", "text")),
-        _option("--chars", type=int, dest="max_chars_per_page", metavar="N", help="characters of each page"),
+        _option("--format", choices=("markdown", "text"), help="markdown (default) or text (plain)"),
+        _option("--chars", type=int, dest="max_chars_per_page", metavar="N", help="characters of each page, 100-20000 (default 3000)"),
         _option("--timeout", type=float, metavar="S", help="seconds in all (default 60)")))
 
 _CHECK_COMMAND = Command("check", "", "configuration problems, then one timed probe of every configured backend")
