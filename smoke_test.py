@@ -2645,7 +2645,7 @@ def _pdf_bench_document(ring, pages, key=None):
 
 
 def _pdf_nested_forms(levels=20, fanout=10):
-    """The hostile case of issue 23: a page drawing form XObjects that each draw the next ten times."""
+    """A hostile document: a page drawing form XObjects that each draw the next ten times."""
     objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
                b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 4 0 R >> "
                b"/XObject << /X 6 0 R >> >> /Contents 5 0 R >>",
@@ -2659,7 +2659,7 @@ def _pdf_nested_forms(levels=20, fanout=10):
 
 
 def _pdf_number_runs(count):
-    """Issue 23's memory case: a page whose two content streams hold ``count`` numbers and no operator."""
+    """A hostile document for memory: a page whose two content streams hold ``count`` numbers and no operator."""
     body = zlib.compress(b"1 " * count, 9)
     return _pdf_bytes([b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
                        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents [4 0 R 5 0 R] >>",
@@ -2695,7 +2695,7 @@ def _stopped_after(ring, data, stop_at_s, cancel):
 
 def bench_pdf(bench):
     """AES throughput, the cost of an encrypted document against the same one in the clear, and
-    the hostile documents of issue 23 (time to stop at a deadline or a cancel, memory)."""
+    hostile documents (time to stop at a deadline or a cancel, memory)."""
     import tracemalloc
     ring = _load_module(bench.server_path)
     for size in (16, 32):
@@ -2972,7 +2972,7 @@ def run_bench(server_path):
         ("web_answer", "web_answer over a streaming chat endpoint (~%.0f ms per normal answer)"
          % (ANSWER_STREAM_S * 1000), bench.answer),
         ("shutdown", "the client going away while a %.0f s web_answer streams" % SLOW_ANSWER_S, bench.shutdown),
-        ("pdf", "PDF reader in process: AES, and the hostile documents of issue 23", lambda: bench_pdf(bench)),
+        ("pdf", "PDF reader in process: AES, and hostile documents", lambda: bench_pdf(bench)),
 
 
         ("serve --http", "serve --http: MCP Streamable HTTP, one server for many clients",

@@ -4542,7 +4542,7 @@ def test_pdf_user_password_needed_is_reported(ring):
     assert "password" in info.value.message
 
 
-# ---- AES (issue 21): FIPS-197 and SP 800-38A known answers, qpdf's files, generated files --------
+# ---- AES: FIPS-197 and SP 800-38A known answers, qpdf's files, generated files --------
 
 # FIPS-197 Appendix C (C.1 AES-128, C.2 AES-192, C.3 AES-256): key 00 01 02 ..., this plaintext.
 FIPS197_PLAIN = bytes.fromhex("00112233445566778899aabbccddeeff")
@@ -4884,7 +4884,7 @@ def test_pdf_check_is_called_and_its_exception_propagates():
         pdf_text_of(data, check=stop)
 
 
-# ---- Marked content: /ActualText (issue 21) ---------------------------------------------------
+# ---- Marked content: /ActualText ---------------------------------------------------
 
 def test_pdf_actual_text_replaces_the_glyphs_it_spans():
     content = (b"BT /F1 12 Tf 72 700 Td (The ) Tj /Span << /Lang (en) /ActualText <FEFF0066006C> >> BDC "
@@ -4901,7 +4901,7 @@ def test_pdf_actual_text_in_nested_and_unbalanced_marked_content():
     assert pdf_text_of(pdf_file(pdf_one_page(content))) == "outerafter"
 
 
-# ---- Hostile documents: work, memory, deadline (issue 23) -------------------------------------
+# ---- Hostile documents: work, memory, deadline -------------------------------------
 
 def pdf_nested_forms(levels, fanout=10):
     """A page drawing form 6, each form drawing the next ``fanout`` times: fanout ** levels drawings."""
@@ -5003,7 +5003,7 @@ def test_pdf_huge_integers_and_array_cmap_caps_are_per_document(ring, monkeypatc
     assert len(widths) == 3000 and doc.entries == 0
 
 
-# ---- Fuzz: generated hostile documents (issue 23) ---------------------------------------------
+# ---- Fuzz: generated hostile documents ---------------------------------------------
 
 def pdf_hostile_documents(scale):
     """Hostile PDFs (name, bytes) whose cost should grow with ``scale`` at most linearly."""
@@ -6118,7 +6118,7 @@ def test_robots_star_bomb_is_matched_in_linear_time(ring):
     started = time.perf_counter()
     assert rules.allowed("/" + "a" * 10000 + "c") and not rules.allowed("/" + "a" * 10000 + "b")
     assert not rules.allowed("/" + "a" * 20000)
-    assert time.perf_counter() - started < 0.2
+    assert time.perf_counter() - started < 2.0    # milliseconds when linear; a backtracking matcher takes minutes
 
 
 def test_robots_8000_rules_against_8000_paths_stay_fast(ring):
@@ -6201,7 +6201,7 @@ def test_sitemap_reader_grows_linearly_on_hostile_documents(ring):
     assert_linear(run, 10000, "sitemaps")
     started = time.perf_counter()
     assert list(ring.iter_sitemap("<urlset>" + "<loc>" * 20000)) == []      # 100 KB
-    assert time.perf_counter() - started < 0.2
+    assert time.perf_counter() - started < 2.0    # milliseconds when linear, whatever the machine's load
 
 
 def test_crawl_pacer_caps_crawl_delay_and_keeps_within_the_deadline(ring):
@@ -9232,7 +9232,7 @@ def test_web_map_direct_takes_limit_urls_from_a_100000_url_sitemap(start_server,
     assert is_error is False
     assert elapsed < 6.0, "took %.1f s" % elapsed
     # The sitemap fills the limit before the crawl, so the start page is not listed; it was asked
-    # once, before the sitemaps, only to learn where it lands (issue 21).
+    # once, before the sitemaps, only to learn where it lands.
     assert content["results"] == urls[:5000]
     assert fake_upstream.hits("GET", "/") == 1
 
@@ -9318,7 +9318,7 @@ def test_web_map_direct_honours_crawl_delay_and_reports_it(start_server, fake_up
     assert 0.0 < stats["crawl_delay_waited_s"] <= 0.06
 
 
-# -- web_map: maps that follow the site (issue 21), in-process --
+# -- web_map: maps that follow the site, in-process --
 
 def inprocess_direct_server(ring, **extra):
     """websearch_ring.Server in-process on the built-in fetch and map paths, allowed to reach 127.0.0.1."""
@@ -9414,7 +9414,7 @@ def test_web_map_stats_say_what_was_skipped_and_why(ring, fake_upstream):
     assert skipped["bad_links"]["count"] == 1
 
 
-# -- web_crawl (issue 25), in-process: a fake site on 127.0.0.1 --
+# -- web_crawl, in-process: a fake site on 127.0.0.1 --
 
 def article(title, links=(), extra_head=""):
     """An HTML article with enough text to be the main content, and links (href, text) after it."""
@@ -9746,7 +9746,7 @@ def test_the_tool_list_is_lean_with_single_typed_output_schemas(ring):
 
 
 def test_the_lean_web_search_schema_keeps_every_choice_and_limit(ring):
-    # The argument choices web_search listed before its schema was trimmed (issue 22), pinned.
+    # The argument choices web_search listed before its schema was trimmed, pinned.
     props = ring.WEB_SEARCH_INPUT["properties"]
     rules = {name: {k: v for k, v in spec.items() if k not in ("description", "items")}
              for name, spec in props.items()}
@@ -12571,7 +12571,7 @@ def test_cli_output_loses_no_character_on_a_legacy_console_encoding(tmp_path):
     assert data["results"][0]["title"] == "Café 東京 ☃"
 
 
-# --- the command line in its own words (issue 22)
+# ---- The command line in its own words ----
 
 def _cli_text(ring, args, command="search", tool="web_search"):
     """The command line's text for the invalid web_search ``args``."""
@@ -12646,7 +12646,7 @@ def test_a_filter_that_matches_nothing_is_no_results_not_an_outage_and_exits_thr
     assert run.code == 3 and run.err.startswith('No results for "%s": no result matched the filters' % CLI_QUERY), run
 
 
-# --- install and uninstall (issue 22)
+# ---- install and uninstall ----
 
 INSTALL_KEY = TAVILY_KEYS[0]
 # What each file client's entry holds for TAVILY_API_KEY: its own reference, never the value. None: the
