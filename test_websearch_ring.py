@@ -1910,6 +1910,7 @@ def test_in_thread_hands_back_the_value_or_the_error_and_wait_until_is_bounded()
 # ----------------------------------------------------------------------------------------------
 # §1 Constants
 # ----------------------------------------------------------------------------------------------
+
 # Also the file as a whole: its layout, its imports.
 
 def server_source_tree(_parsed={}):
@@ -2038,6 +2039,7 @@ def test_every_outcome_the_module_writes_is_in_the_vocabulary(ring):
 # ----------------------------------------------------------------------------------------------
 # §3 Utilities
 # ----------------------------------------------------------------------------------------------
+
 # Unit tests of the pure helpers go here (use the `ring` fixture).
 
 
@@ -2216,7 +2218,1805 @@ def test_retry_after_of_prefers_retry_after_then_the_longest_reset(ring):
 
 
 # ----------------------------------------------------------------------------------------------
-# §4 Configuration
+# §4 HTML parsing and page metadata
+# ----------------------------------------------------------------------------------------------
+
+ARTICLE_URL = "https://example.org/blog/wal-in-practice.html"
+PAGE_CHROME = ("NAVTEXT", "HEADERBRAND", "FOOTERTEXT", "COOKIETEXT", "SCRIPTTEXT", "STYLETEXT",
+               "SIDEBARTEXT", "INNERCOOKIE", "INNERSCRIPT", "HIDDENTEXT")
+
+
+# ---- Main content: whole class tokens, scores, layout tables -----------------------------------
+
+PROSE = "<p>%s</p>" % ("The council approved the budget on Tuesday, after a long debate, and the vote "
+                       "was close. " * 3)
+
+
+# ---- Page metadata: title, byline, date, site and language as fields, never body text ----------
+
+META_PAGE = (
+    '<html lang="en_GB"><head><title>Budget passes | City News</title>'
+    '<meta property="og:title" content="Budget passes | City News">'
+    '<meta property="og:site_name" content="City News"><meta name="author" content="https://city.example/ann">'
+    '<meta property="article:published_time" content="2020-01-13T08:45:00+01:00">'
+    '<script type="application/ld+json">{"@context": "https://schema.org", "@graph": [{"@type": "WebSite", '
+    '"name": "x"}, {"@type": ["NewsArticle"], "headline": "Budget passes", "datePublished": "2019-12-01", '
+    '"author": [{"@type": "Person", "name": "Ann Smith"}, {"name": "Bo Li"}], "publisher": {"name": "CN"}}]}'
+    '</script></head><body><article><h1>Budget passes</h1>%s</article></body></html>') % (PROSE * 3)
+
+
+def test_page_metadata_reads_what_the_page_states(ring):
+    meta = ring.page_metadata(ring.html_tree(META_PAGE))
+    assert meta == {"title": "Budget passes | City News", "byline": "Ann Smith, Bo Li",
+                    "published": "2020-01-13T08:45:00+01:00", "site_name": "City News", "language": "en-GB",
+                    "headline": "Budget passes | City News"}
+    bare = ring.page_metadata(ring.html_tree('<html lang="not a tag"><p>x <time datetime="2021-02-30">then'
+                                            '</time><time datetime="2021-03-04T10:00">now</time></p>'))
+    assert bare == {}             # no language tag; the first <time datetime> names a day that does not exist
+    assert ring.page_metadata(ring.html_tree('<time datetime="2021-03-04T10:00">now</time>')) == {
+        "published": "2021-03-04T10:00"}
+    assert ring.page_metadata(ring.html_tree("<p>no metadata</p>")) == {}
+
+
+@pytest.mark.parametrize("block", [
+    "{not json", "[" * 100000, "{\"@type\": \"Article\", \"author\": 5, \"headline\": [1]}",
+    "\"just a string\"", "{\"@graph\": " + "[" * 50 + "]" * 50 + "}",
+    "{\"@type\": \"Article\", \"headline\": \"%s\"}" % ("x" * 300000),
+])
+def test_page_metadata_json_ld_is_bounded_and_never_raises(ring, block):
+    page = '<title>T</title><script type="application/ld+json">%s</script><p>x</p>' % block
+    assert ring.page_metadata(ring.html_tree(page)) == {"title": "T"}
+
+
+# ---- Hostile documents: linear time, broken markup, bad links ----------------------------------
+
+def test_page_title_and_link_pattern_do_not_backtrack(ring):
+    def page_links(html):
+        return ring._page_links(html, ring.CallContext(deadline=ring.Deadline(60.0)))
+    assert ring.page_title("<html><head><TITLE data-x=1>Hello\n world</title>") == "Hello world"
+    started = time.monotonic()
+    assert ring.page_title("<title>" * 20000) == ""
+    assert not page_links("<a " * 20000)
+    assert not page_links('<a href="x' * 20000)
+    assert time.monotonic() - started < 1.0
+    hrefs = page_links("<a class=x href='/a'>A</a><A HREF=\"/b\">B</a><a href=/c>")
+    assert hrefs == ["/a", "/b", "/c"]
+
+
+def test_a_script_end_tag_without_its_bracket_ends_where_a_browser_ends_it(ring):
+    # A page whose "</script" is followed by a newline and a comment: html.parser kept the script
+    # open to the next "</script>" and the article between the two was lost.
+    html = ("<html><body><script src='/a.js'></script\n\n<!-- pixel --><article><h1>Budget passes</h1>%s"
+            "</article><script>x()</script ></body></html>") % (PROSE * 2)
+    text = article_text(ring, html)
+    assert text.startswith("Budget passes") and text.count("the vote was close") == 6
+    assert "x()" not in text and "pixel" not in text
+    assert ring.close_raw_text_ends("<style>a{}</STYLE/ x>b") == "<style>a{}</style>b"
+    assert ring.close_raw_text_ends("<script>x</script") == "<script>x</script"
+
+
+HOSTILE_UNITS = {
+    "unclosed divs, stray ends": ("<div>", "</span>"),
+    "nested links": ("<a href='/x'>x",),
+    "nested lists": ("<ul><li>x",),
+    "nested tables": ("<table><tr><td>x",),
+    "unfinished attribute": ("<a href='",),
+    "unfinished tag": ('<a b="x" ',),
+    "marked sections": ("<![<![",),
+    "titles": ("<title>",),
+    "loose script ends": ("<script>x</script ",),
+    "nested link lines": ("<p>Read:<a href='/x'>x</a>",),
+    "nested date lines": ("<div>May 5, 2020 <span>",),
+    "headings over link lists": ("<h3>Related</h3><ul><li><a href='/x'>x</a></li></ul>",),
+    "nested svgs": ("<svg>",),
+    "svgs": ("<svg><path/></svg>",),
+    "nested prose": ("<div class='x'>Words, more words, and still more words here.",
+                     "<section><p>Another branch, with text, long enough to score.</p>"),
+}
+
+
+# ---- memory budgets: the converter charges what it builds; pages share their call's budget ----
+
+_BUDGET_PAGES = {"divs": "<div>" * 40000, "paragraphs": "<p>Some words here.</p>" * 15000,
+                 "attributes": "<i a=1 b=2 c=3 d=4 e=5>" * 15000, "text": "<p>" + "word " * 80000,
+                 "lists": "<ul><li>x" * 8000, "tables": "<table><tr><td>x" * 4000}
+
+
+# ----------------------------------------------------------------------------------------------
+# §6 HTML to Markdown
+# ----------------------------------------------------------------------------------------------
+
+def long_article(sections=40):
+    """A realistic ~100 KB article page and what its Markdown must contain."""
+    want = {"headings": ["# Write-ahead logging in practice"], "lines": [], "blocks": [],
+            "fragments": [], "plain_lines": ["Write-ahead logging in practice"]}
+    parts = [
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+        "<title>Write-ahead logging in practice | Example Blog</title>",
+        "<style>body{font-family:serif} .STYLETEXT{color:red}</style>",
+        "<script>window.SCRIPTTEXT = {track: true};</script></head><body>",
+        "<header><a class=\"logo\" href=\"/\">HEADERBRAND</a><h1>HEADERBRAND blog</h1></header>",
+        "<nav><ul><li><a href=\"/\">NAVTEXT home</a></li><li><a href=\"/about\">NAVTEXT about</a>"
+        "</li></ul></nav>",
+        "<div class=\"cookie-banner\" id=\"consent\"><p>COOKIETEXT We use cookies.</p>"
+        "<button>Accept COOKIETEXT</button></div>",
+        "<aside class=\"sidebar\"><h2>SIDEBARTEXT related</h2></aside>",
+        "<main><article><h1>Write-ahead logging in practice</h1>",
+        "<div class=\"gdpr-consent\">INNERCOOKIE accept all</div>",
+        "<script>var INNERSCRIPT = 1;</script><div hidden>HIDDENTEXT</div>",
+    ]
+    filler = ("The write-ahead log appends every change to a separate file and checkpoints it back "
+              "into the database later, so readers keep a consistent snapshot while one writer "
+              "appends. ") * 9
+    for i in range(sections):
+        heading = "Section %d: checkpoints and readers" % i
+        parts += [
+            "<section id=\"s%d\"><h2>%s</h2>" % (i, heading),
+            "<p>Paragraph %d explains <em>durability</em> and <strong>atomic commit</strong> with "
+            "<code>PRAGMA journal_mode=WAL</code>; see <a href=\"/docs/wal-%d.html\">the WAL notes %d</a>."
+            "<br>Second line of paragraph %d.</p>" % (i, i, i, i),
+            "<p>%s</p>" % filler,
+            "<h3>Details %d</h3>" % i,
+            "<ul><li>Point %d-a<ul><li>Sub point %d-a-1</li><li>Sub point %d-a-2</li></ul></li>"
+            "<li>Point %d-b</li></ul>" % (i, i, i, i),
+            "<ol><li>Step %d-1</li><li>Step %d-2</li><li>Step %d-3</li></ol>" % (i, i, i),
+            "<pre><code class=\"language-python\">def checkpoint_%d(db):\n"
+            "    return db.execute(&quot;PRAGMA wal_checkpoint(%d)&quot;) | %d\n</code></pre>" % (i, i, i),
+            "<table><thead><tr><th>Setting</th><th>Value %d</th></tr></thead><tbody>"
+            "<tr><td>mode|%d</td><td>WAL</td></tr><tr><td>sync</td><td>NORMAL-%d</td></tr>"
+            "</tbody></table>" % (i, i, i),
+            "<p><img src=\"/img/diagram-%d.png\" alt=\"Diagram %d\"></p>" % (i, i),
+            "<blockquote><p>Quote %d: readers do not block writers.</p></blockquote></section>" % i,
+        ]
+        want["headings"] += ["## " + heading, "### Details %d" % i]
+        want["lines"] += [
+            "- Point %d-a" % i, "  - Sub point %d-a-1" % i, "  - Sub point %d-a-2" % i,
+            "- Point %d-b" % i, "1. Step %d-1" % i, "2. Step %d-2" % i, "3. Step %d-3" % i,
+            "| Setting | Value %d |" % i, "| mode\\|%d | WAL |" % i, "| sync | NORMAL-%d |" % i,
+            "> Quote %d: readers do not block writers." % i,
+            "Second line of paragraph %d." % i,
+            "![Diagram %d](https://example.org/img/diagram-%d.png)" % (i, i),
+        ]
+        want["blocks"].append("```python\ndef checkpoint_%d(db):\n    return db.execute(\"PRAGMA "
+                              "wal_checkpoint(%d)\") | %d\n```" % (i, i, i))
+        want["fragments"] += [
+            "[the WAL notes %d](https://example.org/docs/wal-%d.html)" % (i, i),
+            "Paragraph %d explains *durability* and **atomic commit** with "
+            "`PRAGMA journal_mode=WAL`; see" % i,
+        ]
+        want["plain_lines"] += [
+            heading, "Details %d" % i, "Point %d-a" % i, "  Sub point %d-a-1" % i,
+            "Step %d-3" % i, "Setting\tValue %d" % i, "mode|%d\tWAL" % i, "sync\tNORMAL-%d" % i,
+            "def checkpoint_%d(db):" % i, "Diagram %d" % i, "Quote %d: readers do not block writers." % i,
+        ]
+    parts += ["</article></main>",
+              "<footer><p>FOOTERTEXT \u00a9 2026</p><a href=\"/privacy\">FOOTERTEXT privacy</a></footer>",
+              "<script>SCRIPTTEXT.done()</script></body></html>"]
+    return "".join(parts), want
+
+
+def test_html_to_markdown_keeps_every_part_of_a_100_kb_article(ring):
+    html, want = long_article()
+    assert 90_000 <= len(html.encode("utf-8")) <= 160_000
+    started = time.monotonic()
+    title, markdown = ring.html_to_markdown(html, ARTICLE_URL)
+    assert time.monotonic() - started < 3.0
+    assert title == "Write-ahead logging in practice | Example Blog"
+    lines = markdown.split("\n")
+    missing = [h for h in want["headings"] if h not in lines]
+    missing += [line for line in want["lines"] if line not in lines]
+    missing += [block for block in want["blocks"] if block not in markdown]
+    missing += [frag for frag in want["fragments"] if frag not in markdown]
+    assert not missing, "missing from the Markdown: %r" % missing[:10]
+    assert lines.count("|---|---|") == 40
+    assert markdown.startswith("# Write-ahead logging in practice\n\n")
+    leaked = [word for word in PAGE_CHROME if word in markdown]
+    assert not leaked, "page chrome in the Markdown: %r" % leaked
+
+
+def test_html_to_markdown_plain_text_keeps_the_text_without_markup(ring):
+    html, want = long_article(sections=5)
+    title, text = ring.html_to_markdown(html, ARTICLE_URL, plain=True)
+    assert title == "Write-ahead logging in practice | Example Blog"
+    lines = text.split("\n")
+    missing = [line for line in want["plain_lines"] if line not in lines]
+    assert not missing, "missing from the text: %r" % missing
+    for markup in ("```", "**", "](", "|---|", "# ", "> Quote", "`PRAGMA", "- Point", "3. Step"):
+        assert markup not in text, markup     # list items are lines, nested ones indented
+    assert "Paragraph 3 explains durability and atomic commit with PRAGMA journal_mode=WAL" in text
+    assert not [word for word in PAGE_CHROME if word in text]
+
+
+def test_html_to_markdown_without_main_keeps_the_body_text(ring):
+    html = html_page("No main", "<nav>NAVTEXT</nav><div class=\"content\"><h2>Plain heading</h2>"
+                                "<p>Body text is kept.</p><ul><li>one</li><li>two</li></ul></div>"
+                                "<footer>FOOTERTEXT</footer>")
+    title, markdown = ring.html_to_markdown(html, "https://example.org/")
+    assert title == "No main"
+    assert markdown == "## Plain heading\n\nBody text is kept.\n\n- one\n- two"
+
+
+@pytest.mark.parametrize("html", [
+    "<html><head><title>Empty</title></head><body></body></html>",
+    "<html><head><title>Empty</title></head><body>  \n </body></html>",
+    "<html><head><title>Empty</title><script>x()</script></head><body><nav>menu</nav></body></html>",
+])
+def test_html_to_markdown_of_an_empty_body_is_empty(ring, html):
+    assert ring.html_to_markdown(html, "https://example.org/") == ("Empty", "")
+
+
+def test_html_to_markdown_makes_relative_links_and_images_absolute(ring):
+    html = ("<main><p><a href=\"../up.html\">up</a> <a href=\"//cdn.example.net/x\">cdn</a> "
+            "<a href=\"#frag\">anchor</a> <a href=\"javascript:void(0)\">js</a> "
+            "<img src=\"pic.png\" alt=\"a [pic]\"></p></main>")
+    _, markdown = ring.html_to_markdown(html, "https://example.org/blog/post.html")
+    assert markdown.startswith("[up](https://example.org/up.html) [cdn](https://cdn.example.net/x) "
+                               "anchor js ![")
+    links = ('<main><p><a href="/a/b?x=1#f">root</a> <a href="/a/../c">dots</a> <a href="/caf\u00e9 x">iri</a> '
+             '<a href="https://Example.org:8080/p">port</a></p></main>')
+    assert ring.html_to_markdown(links, "https://example.org/blog/post.html")[1] == (
+        "[root](https://example.org/a/b?x=1#f) [dots](https://example.org/c) "
+        "[iri](https://example.org/caf%C3%A9%20x) [port](https://Example.org:8080/p)")
+    # The image must stay one Markdown image: brackets in its alt text removed or escaped, never
+    # left unbalanced (an unbalanced "[" turns "![a [pic](src)" into text plus a link).
+    image = re.search(r"!\[((?:[^\[\]\\]|\\.)*)\]\((\S+)\)$", markdown)
+    assert image, "not a well-formed Markdown image: %r" % markdown
+    assert image.group(2) == "https://example.org/blog/pic.png"
+    assert re.sub(r"\\(.)", r"\1", image.group(1)).replace("[", "").replace("]", "") == "a pic"
+
+
+def article_text(ring, body):
+    return ring.html_to_markdown("<html><body>%s</body></html>" % body, "https://example.org/a/", plain=True)[1]
+
+
+@pytest.mark.parametrize("wrapper", [
+    '<div class="content-with-sidebar-wrp">%s</div>',
+    '<div class="l-sidebar-fixed l-article-body-segment">%s</div>',
+    '<article class="post category-news-advertising-deals">%s</article>',
+    '<div class="entry themeform share">%s</div>',
+    '<article class="article modal-enabled">%s</article>',
+    '<form id="aspnetForm" action="/page"><div>%s</div></form>',
+])
+def test_html_to_markdown_matches_chrome_classes_as_whole_tokens(ring, wrapper):
+    body = wrapper % ("<h1>Budget passes</h1>" + PROSE * 3) + (
+        '<div class="sidebar"><a href="/x">SIDEBARLINK one</a> <a href="/y">SIDEBARLINK two</a></div>')
+    text = article_text(ring, body)
+    assert text.startswith("Budget passes\n\nThe council approved the budget")
+    assert text.count("the vote was close") == 9
+    assert "SIDEBARLINK" not in text
+
+
+def test_html_to_markdown_main_mode_needs_the_bulk_of_the_text(ring):
+    # A data-role="main-nav-item" is no role="main"; a metadata-only <article> or a comment's
+    # <article> does not make the story outside them "outside main".
+    body = ('<ul><li data-role="main-nav-item"><a href="/">Home</a></li></ul>'
+            '<article itemscope itemtype="https://schema.org/NewsArticle"><meta itemprop="name" content="x">'
+            '</article><div class="story"><h1>Budget passes</h1>%s</div>'
+            '<div id="comments"><article class="comment"><p>COMMENTTEXT I disagree with all of this, '
+            'strongly, and at length.</p></article></div>') % (PROSE * 3)
+    text = article_text(ring, body)
+    assert text.count("the vote was close") == 9 and "Budget passes" in text
+    assert "COMMENTTEXT" not in text and "Home" not in text
+
+
+def test_html_to_markdown_drops_teasers_and_related_links_around_the_article(ring):
+    teasers = "".join('<article class="teaser"><h3><a href="/s/%d">TEASER headline number %d</a></h3>'
+                      '<a href="/s/%d">Read more</a></article>' % (i, i, i) for i in range(60))
+    body = ('<main><div class="river">%s</div><article class="story"><h1>Budget passes</h1>%s'
+            '<div class="related-links"><h4>RELATED</h4><ul><li><a href="/r1">RELATED one</a></li>'
+            '<li><a href="/r2">RELATED two</a></li></ul></div></article></main>') % (teasers, PROSE * 4)
+    text = article_text(ring, body)
+    assert text.count("the vote was close") == 12
+    assert "TEASER" not in text and "RELATED" not in text
+
+
+def test_html_to_markdown_renders_layout_and_nested_tables_as_blocks(ring):
+    layout = "<table><tr><td><p>Paragraph one.</p><p>Paragraph two.</p></td></tr></table>"
+    assert ring.html_to_markdown(layout)[1] == "Paragraph one.\n\nParagraph two."
+    nested = ("<table><tr><td>Outer A</td><td><table><tr><th>k</th><th>v</th></tr><tr><td>x</td><td>1</td>"
+              "</tr></table></td></tr><tr><td>Outer B</td><td>Outer C</td></tr></table>")
+    markdown = ring.html_to_markdown(nested)[1]
+    assert "| k | v |\n|---|---|\n| x | 1 |" in markdown
+    assert [w for w in ("Outer A", "Outer B", "Outer C") if w not in markdown] == []
+    data = "<table><tr><th>a</th><th>b</th></tr><tr><td>1</td><td>2</td></tr></table>"
+    assert ring.html_to_markdown(data)[1] == "| a | b |\n|---|---|\n| 1 | 2 |"
+
+
+# ---- Boilerplate by what it is: link lines, tails, credits, dates, pitches, empty headings ------
+
+def test_a_data_table_is_content_whatever_its_class_says(ring):
+    # A recipe's ingredients table had the class "table-header" ("header" after a word: chrome).
+    body = ('<article><h1>Mandarin cake</h1>%s<table class="ingredients table-header"><tr><td>250 g</td>'
+            '<td>INGREDIENT flour</td></tr><tr><td>3</td><td>INGREDIENT eggs</td></tr></table></article>') % (PROSE * 2)
+    assert article_text(ring, body).count("INGREDIENT") == 2
+
+
+def test_a_class_on_most_of_the_page_is_the_layout_not_chrome(ring):
+    # Page builders put "elementor-widget-container" (a "widget") on every block of the page.
+    block = '<div class="elementor-widget-wrap"><div class="elementor-widget-container">%s</div></div>'
+    text = article_text(ring, "<h1>Budget passes</h1>" + block % PROSE * 3 +
+                        '<div class="elementor-widget-wrap"><div class="sidebar-widget">SIDEBARTEXT</div></div>')
+    assert text.count("the vote was close") == 9 and "SIDEBARTEXT" not in text
+
+
+def test_the_content_is_not_widened_above_main_and_takes_its_article_header(ring):
+    # Once the chrome rules removed most of the page, widening ran up to the document and kept
+    # every box nobody recognised; an article's own <header> holds its headline and standfirst.
+    body = ('<div class="popup-thing"><p>MODALTEXT Sign in to read on, it takes a minute only.</p></div>'
+            '<main><article><header><h1>Budget passes</h1><p>STANDFIRST The city has a budget at last.</p>'
+            '</header><div class="body">%s</div></article></main>') % (PROSE * 3)
+    text = article_text(ring, body)
+    assert text.startswith("Budget passes\n\nSTANDFIRST") and text.count("the vote was close") == 9
+    assert "MODALTEXT" not in text
+
+
+def test_an_intro_block_before_the_body_joins_it(ring):
+    body = ('<div class="node"><div class="field field-intro"><p>INTRO The council met at last, after '
+            'weeks of talks, to settle the budget of the city.</p></div><div class="field field-body">%s</div>'
+            '</div><div class="other"><p>%s</p></div>') % (PROSE * 4, "OTHERTEXT " * 3)
+    text = article_text(ring, body)
+    assert text.startswith("INTRO") and text.count("the vote was close") == 12
+
+
+def test_read_also_lines_and_link_blocks_after_the_article_are_dropped(ring):
+    body = ('<article><h1>Budget passes</h1>%s<p><strong>Read also:</strong> <a href="/r">LINKLINE The mayor on the budget, '
+            'speaks</a></p>%s<p>&gt;&gt; <a href="/t">LINKLINE Another story</a> &lt;&lt;</p>%s'
+            '<p>Next: <a href="/a">TAIL one</a>, <a href="/b">TAIL two</a></p>'
+            '<div><a href="/c">TAIL three</a> and <a href="/d">TAIL four</a></div>'
+            '<ol><li><a href="/ref">REFERENCE kept</a></li></ol></article>') % (PROSE, PROSE, PROSE)
+    text = article_text(ring, body)
+    assert text.count("the vote was close") == 9 and "REFERENCE kept" in text
+    assert "LINKLINE" not in text and "TAIL" not in text and "Read also" not in text
+
+
+@pytest.mark.parametrize("line", [
+    "By Ann Smith - 11/18/19 11:04 PM EST",
+    "Publicado por: Ana - 3 de marzo de 2020 - Categoria: Noticias",
+    "January 13, 2020 at 08:45 AM | categories: <a href='/c'>news</a>",
+    "Foto: Agentur Meier",
+    "\u00a9 2020 Example Press",
+    "Photo by Jane Doe",
+])
+def test_byline_date_and_credit_lines_are_dropped(ring, line):
+    text = article_text(ring, "<article><h1>Budget passes</h1><div class='meta'>%s</div>%s<figure>"
+                              "<img src='/a.jpg' alt='The hall'><figcaption>%s</figcaption></figure></article>"
+                        % (line, PROSE * 3, line))
+    assert text.count("the vote was close") == 9
+    assert collapse_text(ring, line) not in text and "Budget passes" in text
+
+
+def collapse_text(ring, line):
+    return ring.collapse_ws(re.sub(r"<[^>]+>", "", line.replace("\u00a9", "\u00a9")))
+
+
+def test_a_date_inside_running_text_or_a_long_paragraph_stays(ring):
+    body = ("<article><h1>Budget passes</h1><p>On 11/18/19 the <b>11/18/19 vote</b> was held.</p>%s"
+            "</article>") % (PROSE * 3)
+    assert "On 11/18/19 the 11/18/19 vote was held." in article_text(ring, body)
+
+
+def test_a_date_line_with_empty_links_costs_linear_time(ring):
+    # Link texts are taken out of a date line one by one: an empty one made str.replace("", " ")
+    # put a space between all characters, once per empty link.
+    line = "<p>May 5, 2020 %s by <a href='/a'>Ann</a></p>" % ("<a href='/x'></a>" * 20)
+    text = article_text(ring, "<article><h1>Budget passes</h1>%s%s</article>" % (line, PROSE * 3))
+    assert "May 5, 2020" not in text and text.count("the vote was close") == 9
+
+
+def test_a_pitch_with_a_button_is_dropped_but_a_copy_link_is_not(ring):
+    body = ('<article><h1>Budget passes</h1>%s<div class="box"><p>PITCH Become a member and support us.</p>'
+            '<a class="btn btn-primary" href="/join">Join us today</a></div><div><pre>make build</pre>'
+            '<a class="copy-button" href="#">Copy link</a></div>%s</article>') % (PROSE * 2, PROSE)
+    text = article_text(ring, body)
+    assert "PITCH" not in text and "Join us" not in text and "make build" in text
+
+
+def test_a_heading_left_with_nothing_under_it_is_dropped(ring):
+    body = ('<article><h1>Budget passes</h1>%s<h3>Related posts</h3><ul class="related-posts"><li>'
+            '<a href="/a">one</a></li></ul><p><strong>More topics:</strong></p><h2>Share this</h2>'
+            '<div class="share-buttons"><a href="/s">f</a></div><p>Loading...</p></article>') % (PROSE * 3)
+    text = article_text(ring, body)
+    assert text.endswith("the vote was close.") and text.startswith("Budget passes")
+    kept = article_text(ring, '<article><h1>Budget passes</h1><h2>Part one</h2>%s<p><strong>Note:</strong></p>'
+                              '<p>Short note kept.</p></article>' % (PROSE * 3))
+    assert "Part one" in kept and "Note:" in kept
+
+
+def test_noscript_markup_never_reaches_the_text(ring):
+    body = ('<article><h1>Budget passes</h1><noscript><img height="1" width="1" src="https://px.example/t?id=1">'
+            '<p>NOSCRIPTTEXT enable JavaScript</p></noscript>%s</article>') % (PROSE * 3)
+    text = article_text(ring, body)
+    assert "<img" not in text and "px.example" not in text and "NOSCRIPTTEXT" not in text
+
+
+def test_image_alt_text_stays_in_plain_text(ring):
+    text = article_text(ring, "<article><h1>Budget passes</h1>%s<p><img src='/c.png' alt='Chart of the "
+                              "budget'></p>%s</article>" % (PROSE * 2, PROSE))
+    assert "Chart of the budget" in text
+
+
+def test_the_stated_headline_and_byline_are_metadata_not_body_text(ring):
+    title, text, meta = ring.html_page(META_PAGE, "https://city.example/a", plain=True)
+    assert text.startswith("The council approved") and text.count("the vote was close") == 9
+    assert "Ann Smith" not in text and meta["byline"] == "Ann Smith, Bo Li"
+    assert ring.html_to_markdown(META_PAGE, "https://city.example/a") == (title, ring.html_page(META_PAGE)[1])
+    # Without a stated headline the first heading stays; a different one stays too.
+    kept = META_PAGE.replace('content="Budget passes | City News"', 'content="Another title"')
+    assert ring.html_page(kept, plain=True)[1].startswith("Budget passes\n\n")
+
+
+def test_the_head_is_read_for_metadata_without_being_parsed(ring):
+    head = ('<html><head><!--[if IE]><html lang="xx" class="ie"><![endif]--><html lang="fr">'
+            '<title>L&#39;Assembl\u00e9e vote</title><meta name="author" content="\'Ann\' &amp; Bo">'
+            '<script type="application/ld+json">{"@type": "Article", "datePublished": "2015-05-04"}</script>'
+            '</head><body><article><h1>Vote</h1>%s</article></body></html>') % (PROSE * 3)
+    title, text, meta = ring.html_page(head, "https://example.org/a")
+    assert title == "L'Assembl\u00e9e vote" and text.startswith("# Vote\n\nThe council")
+    assert meta == {"title": title, "byline": "'Ann' & Bo", "published": "2015-05-04", "language": "fr"}
+    # "<body" inside a script of the head: the page is parsed whole, and read the same.
+    odd = head.replace("<title>", "<script>document.write('<body>')</script><title>")
+    assert ring.html_page(odd, "https://example.org/a") == (title, text, meta)
+
+
+def test_svg_content_never_reaches_the_text(ring):
+    body = ('<article><h1>Chart</h1><p>BEFORE the chart.</p><svg viewBox="0 0 1 1"><text>SVGTEXT</text>'
+            '<path d="M0 0"/></svg><svg><svg><text>INNER</text></svg><text>OUTER</text></svg>'
+            '<p>AFTER the chart.</p>%s</article>') % (PROSE * 3)
+    text = article_text(ring, body)
+    assert "BEFORE the chart." in text and "AFTER the chart." in text
+    assert not [word for word in ("SVGTEXT", "INNER", "OUTER") if word in text]
+
+
+def test_html_to_markdown_survives_broken_markup_and_bad_links(ring):
+    html = ("<main><p>Before <![<![ <a href='http://[::1'>bad host</a> "
+            "<img src=\"http://[x\" alt=\"bad image\"> <a href='/ok'>good</a></p><p>After.</p></main>")
+    _, markdown = ring.html_to_markdown(html, "https://example.org/")
+    assert "bad host" in markdown and "bad image" in markdown and "After." in markdown
+    assert "[good](https://example.org/ok)" in markdown and "[::1" not in markdown and "[x" not in markdown
+
+
+def test_html_to_markdown_caps_nesting_output_and_stops_when_checked(ring):
+    _, markdown = ring.html_to_markdown("<ul><li>x" * 4000)
+    assert markdown.count("x") == 4000 and len(markdown) < 100_000
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) > 3:
+            raise ring.UpstreamError("direct", "timeout", "extraction_timeout", "too slow")
+    with pytest.raises(ring.UpstreamError) as info:
+        ring.html_to_markdown("<p>x</p>" * 20000, check=check)
+    assert info.value.code == "extraction_timeout"
+
+
+def test_fetcher_stops_a_long_extraction_at_the_deadline_with_extraction_timeout(ring):
+    class PageTransport:
+        def request(self, method, url, **options):
+            return types.SimpleNamespace(status=200, url=url, body=b"<p>words here</p>" * 50000,
+                                         headers={"content-type": "text/html; charset=utf-8"})
+
+    now = [0.0]
+
+    def clock():
+        now[0] += 0.001           # every look at the clock costs a millisecond of "work"
+        return now[0]
+    fetcher = ring.Fetcher(ring.Config.from_env({}), PageTransport(), None, quiet_logger(ring))
+    with pytest.raises(ring.UpstreamError) as info:
+        fetcher._direct("https://example.org/big", "markdown", ring.CallContext(deadline=ring.Deadline(0.05, clock)))
+    assert info.value.code == "extraction_timeout" and info.value.outcome == "timeout"
+    token = ring.CancelToken()
+    token.cancel("client cancelled")
+    with pytest.raises(ring.Cancelled):
+        fetcher._direct("https://example.org/big", "markdown", ring.CallContext(token, ring.Deadline(60.0)))
+
+
+
+def test_a_long_text_tail_with_an_ampersand_is_kept(ring):
+    # html.parser holds back a final run of text with a bare "&"; that is text, not broken markup.
+    title, text = ring.html_to_markdown("<p>" + "word, " * 400 + "see AT&T", "https://example.com/", plain=True)
+    assert text.startswith("word, word") and text.endswith("see AT&T")
+
+
+def test_one_paragraph_of_links_is_capped_like_the_rest_of_the_output(ring):
+    base = "https://example.com/" + "a" * 2000
+    html = "<p>" + "<a href=x>y</a>" * 20000
+    title, markdown = ring.html_to_markdown(html, base)
+    assert len(markdown) <= max(ring._MIN_OUTPUT_CAP, 3 * len(html))
+
+
+def test_the_address_table_is_complete_for_threads_racing_to_build_it(ring):
+    results = []
+    barrier = threading.Barrier(8)
+
+    def probe():
+        barrier.wait(DEFAULT_TIMEOUT_S)
+        results.append(ring.non_public_reason("10.1.2.3"))
+    ring.non_public_reason.__defaults__[0].clear()          # a fresh process: nothing built yet
+    threads = [threading.Thread(target=probe) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEFAULT_TIMEOUT_S)
+    assert results == ["private"] * 8
+
+
+def test_a_large_page_defers_the_cyclic_collector_and_frees_its_tree_in_slices(ring):
+    # Full collections over a big element tree held the interpreter lock for 200-500 ms at a
+    # time, so ping waited; the converter defers them and frees its cyclic tree itself.
+    import gc
+    page = "<html><body><article>" + "<p>Some words, and more words.</p><div></span>" * 12000 + "</article></body></html>"
+    assert len(page) > ring._GC_DEFER_CHARS
+    seen = []
+    with ring._cyclic_gc_deferred():
+        seen.append(gc.isenabled())
+        title, text = ring.html_to_markdown(page, "https://example.com/", plain=True)
+        seen.append(gc.isenabled())       # still off: an outer conversion is running
+    assert seen == [False, False] and gc.isenabled()
+    assert text.count("Some words, and more words.") == 12000
+    gc.disable()
+    try:
+        ring.html_to_markdown(page, "https://example.com/")
+        assert not gc.isenabled()          # a collector that was off stays off
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_UNITS))
+def test_html_to_markdown_time_grows_linearly_on_hostile_documents(ring, name):
+    units = HOSTILE_UNITS[name]
+    documents = {}
+
+    def convert(n):
+        if n not in documents:
+            documents[n] = "".join(unit * n for unit in units) + "<p>end</p>"
+        ring.html_to_markdown(documents[n], "https://example.org/")
+    assert_linear(convert, max(1000, 60_000 // len("".join(units))), name)
+
+
+@pytest.mark.parametrize("name", sorted(_BUDGET_PAGES))
+def test_the_html_converter_charges_about_what_it_holds(ring, name):
+    import tracemalloc
+    page = _BUDGET_PAGES[name]
+    ring.html_to_markdown("<p>warm</p>")
+    charged = []
+    tracemalloc.start()
+    try:
+        ring.html_to_markdown(page, "https://example.org/", charge=charged.append)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert 0.6 * peak <= sum(charged) <= 2.5 * peak, (sum(charged), peak)
+    assert len(charged) > 1 or name == "text"            # as the tree grows, not once at the end
+
+
+def test_a_page_over_its_budget_stops_with_too_large_and_gives_the_budget_back(ring):
+    class PageTransport:
+        def request(self, method, url, **options):
+            return types.SimpleNamespace(status=200, url=url, body=b"<div>" * 200_000,
+                                         headers={"content-type": "text/html; charset=utf-8"})
+    fetcher = ring.Fetcher(ring.Config.from_env({"WEBSEARCH_DOCUMENT_MAX_MB": "16"}), PageTransport(), None,
+                           quiet_logger(ring))
+    call = ring.MemoryBudget(1 << 30, "this call")
+    with pytest.raises(ring.UpstreamError) as caught:
+        fetcher._direct("https://example.org/divs", "markdown", ring.CallContext(budget=call))
+    assert (caught.value.outcome, caught.value.code) == ("bad_response", "too_large")
+    assert "16777216 bytes" in caught.value.message and "WEBSEARCH_DOCUMENT_MAX_MB" in caught.value.message
+    assert call.used == 0
+    with pytest.raises(ring.UpstreamError) as caught:     # no call budget: the page's own still holds
+        fetcher._direct("https://example.org/divs", "markdown", ring.CallContext())
+    assert caught.value.code == "too_large"
+
+
+def test_the_pages_of_one_call_share_its_budget_and_the_process_total(ring, fake_upstream):
+    fake_upstream.route("GET", "/page", {"headers": {"Content-Type": "text/html"},
+                                         "body": "<p>Some words here.</p>" * 20000})
+    config = ring.Config.from_env(direct_env(WEBSEARCH_CALL_MAX_MB="32", WEBSEARCH_PROCESS_MAX_MB="64"))
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    tools = server.page_tools
+    assert server.memory.limit == 64 << 20
+    call = ring.CallContext(budget=server.memory.child(config.call_max_mb << 20, "this call"))
+    content, _, is_error = tools.web_fetch({"url": fake_upstream.url + "/page"}, call)
+    assert is_error is False and call.budget.used == 0 and server.memory.used == 0
+    call.budget.charge(20 << 20)              # other pages of this call, still being read
+    content, _, is_error = tools.web_fetch({"url": fake_upstream.url + "/page?2"}, call)
+    assert is_error is True and content["error"] == "too_large", content
+    assert "this call would hold more than" in content["error_detail"]["message"]
+    call.budget.release(20 << 20)
+    other = server.memory.child(64 << 20, "another call")
+    other.charge(50 << 20)                    # another call's pages
+    content, _, is_error = tools.web_fetch({"url": fake_upstream.url + "/page?3"},
+                                           ring.CallContext(budget=server.memory.child(32 << 20, "this call")))
+    assert is_error is True and "the process would hold more than" in content["error_detail"]["message"]
+
+
+# ----------------------------------------------------------------------------------------------
+# §7 PDF: filters and encryption
+# ----------------------------------------------------------------------------------------------
+
+PDF_HELVETICA = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>"
+
+
+# ---- Building PDFs ----------------------------------------------------------------------------
+
+def pdf_stream(body, extra=b""):
+    """A stream object's bytes: dictionary with /Length and ``extra`` entries, then the data."""
+    return b"<< /Length %d %s >>\nstream\n%s\nendstream" % (len(body), extra, body)
+
+
+def pdf_file(objects, trailer=b"", xref=True, root=1):
+    """A PDF file from ``objects`` (object bodies numbered from 1) with a classic xref table."""
+    out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
+    offsets = []
+    for num, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (num, body)
+    start = len(out)
+    if xref:
+        out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+        for off in offsets:
+            out += b"%010d 00000 n \n" % off
+    out += b"trailer\n<< /Size %d /Root %d 0 R %s >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1, root, trailer, start)
+    return bytes(out)
+
+
+def pdf_one_page(content, font=PDF_HELVETICA, resources=b"/Font << /F1 4 0 R >>", extra=()):
+    """Objects of a one-page document: catalog, pages, page, font 4, content 5, then ``extra``."""
+    return [b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << %s >> "
+            b"/Contents 5 0 R >>" % resources,
+            font,
+            pdf_stream(content)] + list(extra)
+
+
+def pdf_rc4(key, data):
+    s, j = list(range(256)), 0
+    for i in range(256):
+        j = (j + s[i] + key[i % len(key)]) & 255
+        s[i], s[j] = s[j], s[i]
+    out, i, j = bytearray(), 0, 0
+    for c in data:
+        i = (i + 1) & 255
+        j = (j + s[i]) & 255
+        s[i], s[j] = s[j], s[i]
+        out.append(c ^ s[(s[i] + s[j]) & 255])
+    return bytes(out)
+
+
+PDF_PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683E802F0CA9FE6453697A")
+
+
+def pdf_encrypted_rc4(objects, user_password=b""):
+    """A file with RC4-128 encryption (V 2, R 3) opened by ``user_password``."""
+    file_id = b"0123456789abcdef"
+    owner = hashlib.md5(b"owner").digest() * 2
+    perms = -4
+    h = hashlib.md5((user_password + PDF_PAD)[:32] + owner + (perms & 0xFFFFFFFF).to_bytes(4, "little") + file_id)
+    key = h.digest()
+    for _ in range(50):
+        key = hashlib.md5(key[:16]).digest()
+    key = key[:16]
+    check = pdf_rc4(key, hashlib.md5(PDF_PAD + file_id).digest())
+    for i in range(1, 20):
+        check = pdf_rc4(bytes(b ^ i for b in key), check)
+    user = check + b"\0" * 16
+    out = []
+    for num, body in enumerate(objects, 1):
+        if b"stream\n" in body:
+            head, rest = body.split(b"stream\n", 1)
+            data = rest[:rest.rindex(b"\nendstream")]
+            obj_key = hashlib.md5(key + num.to_bytes(3, "little") + b"\0\0").digest()
+            body = head + b"stream\n" + pdf_rc4(obj_key, data) + b"\nendstream"
+        out.append(body)
+    enc_num = len(out) + 1
+    out.append(b"<< /Filter /Standard /V 2 /R 3 /Length 128 /P %d /O <%s> /U <%s> >>" % (
+        perms, owner.hex().encode(), user.hex().encode()))
+    return pdf_file(out, b"/Encrypt %d 0 R /ID [<%s> <%s>]" % (
+        enc_num, file_id.hex().encode(), file_id.hex().encode()))
+
+
+def pdf_text_of(data, **kwargs):
+    return import_server_module().pdf_to_text(data, **kwargs)
+
+
+# ---- Filters ----------------------------------------------------------------------------------
+
+def test_pdf_filters_lzw_ascii85_hex_run_length(ring):
+    # The LZW example of the PDF specification (7.4.4.2).
+    assert ring._pdf_lzw(bytes.fromhex("800B6050220C0C8501"), 100, True) == b"\x2d\x2d\x2d\x2d\x2d\x41\x2d\x2d\x2d\x42"
+    assert ring._pdf_ascii85(b"<~87cURD]i,\"Ebo7~>") == b"Hello World"
+    assert ring._pdf_ascii85(b"z!!~>") == b"\0\0\0\0\0"
+    assert ring._pdf_ascii_hex(b"48 65 6c6C 6>") == b"Hell`"
+    assert ring._pdf_run_length(b"\x02abc\xfdz\x80", 100) == b"abczzzz"
+
+
+def test_pdf_chained_filters_on_content():
+    body = zlib.compress(b"BT /F1 12 Tf 72 700 Td (two filters) Tj ET").hex().encode() + b">"
+    objects = pdf_one_page(b"")
+    objects[4] = pdf_stream(body, b"/Filter [/ASCIIHexDecode /FlateDecode]")
+    assert pdf_text_of(pdf_file(objects)) == "two filters"
+
+
+def test_pdf_png_predictors_sub_average_paeth(ring):
+    rows = [bytes([10, 20, 30]), bytes([11, 25, 40])]
+    encoded = b"\x01" + bytes([10, 10, 10]) + b"\x04" + bytes([1, 5, 10])
+    assert ring._pdf_predict(encoded, {"Predictor": 15, "Columns": 3}) == rows[0] + rows[1]
+    assert ring._pdf_predict(b"\x03" + bytes([4, 4]), {"Predictor": 10, "Columns": 2}) == bytes([4, 6])
+
+
+def test_pdf_image_filters_are_skipped(ring):
+    assert ring._pdf_filter("DCTDecode", b"\xff\xd8", {}, 100, None) is None
+    assert ring._pdf_filter("JBIG2Decode", b"", {}, 100, None) is None
+
+
+# ---- Encryption -------------------------------------------------------------------------------
+
+def test_pdf_rc4_with_empty_user_password_is_decrypted():
+    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (secret but open) Tj ET")
+    assert pdf_text_of(pdf_encrypted_rc4(objects)) == "secret but open"
+
+
+def test_pdf_user_password_needed_is_reported(ring):
+    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (closed) Tj ET")
+    with pytest.raises(ring.PdfError) as info:
+        pdf_text_of(pdf_encrypted_rc4(objects, b"openpassword"))
+    assert info.value.code == "pdf_password_required"
+    assert "password" in info.value.message
+
+
+# ---- AES: FIPS-197 and SP 800-38A known answers, qpdf's files, generated files --------
+
+# FIPS-197 Appendix C (C.1 AES-128, C.2 AES-192, C.3 AES-256): key 00 01 02 ..., this plaintext.
+FIPS197_PLAIN = bytes.fromhex("00112233445566778899aabbccddeeff")
+FIPS197 = [(bytes(range(16)), "69c4e0d86a7b0430d8cdb78070b4c55a"),
+           (bytes(range(24)), "dda97ca4864cdfe06eaf70a0ec0d7191"),
+           (bytes(range(32)), "8ea2b7ca516745bfeafc49904b496089")]
+
+# NIST SP 800-38A F.2.1-F.2.6: CBC-AES128, -AES192, -AES256 (iv 00 01 02 ..., four blocks).
+SP800_38A_PLAIN = bytes.fromhex("6bc1bee22e409f96e93d7e117393172aae2d8a571e03ac9c9eb76fac45af8e51"
+                                "30c81c46a35ce411e5fbc1191a0a52eff69f2445df4f9b17ad2b417be66c3710")
+SP800_38A_CBC = [
+    ("2b7e151628aed2a6abf7158809cf4f3c",
+     "7649abac8119b246cee98e9b12e9197d5086cb9b507219ee95db113a917678b2"
+     "73bed6b8e3c1743b7116e69e222295163ff1caa1681fac09120eca307586e1a7"),
+    ("8e73b0f7da0e6452c810f32b809079e562f8ead2522c6b7b",
+     "4f021db243bc633d7178183a9fa071e8b4d9ada9ad7dedf4e5e738763f69145a"
+     "571b242012fb7ae07fa9baac3df102e008b0e27988598881d920a9e64f5615cd"),
+    ("603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4",
+     "f58c4c04d6e5f1ba779eabfb5f7bfbd69cfc4e967edb808d679f777bc6702c7d"
+     "39f23369a9d9bacfa530e26304231461b2eb05e2c39be9fcda6c19078c6a9d1b"),
+]
+
+
+@pytest.mark.parametrize("key, cipher", FIPS197)
+def test_aes_fips197_appendix_c(ring, key, cipher):
+    assert ring._pdf_aes_ecb_encrypt(key, FIPS197_PLAIN).hex() == cipher
+    assert ring._pdf_aes_ecb_decrypt(key, bytes.fromhex(cipher)) == FIPS197_PLAIN
+    assert ring._pdf_aes_cbc_decrypt(key, bytes(16), bytes.fromhex(cipher)) == FIPS197_PLAIN
+
+
+@pytest.mark.parametrize("key, cipher", SP800_38A_CBC)
+def test_aes_sp800_38a_cbc_on_both_paths(ring, key, cipher):
+    key, cipher = bytes.fromhex(key), bytes.fromhex(cipher)
+    iv = bytes(range(16))
+    assert ring._pdf_aes_cbc_decrypt(key, iv, cipher) == SP800_38A_PLAIN          # block by block
+    assert ring._pdf_aes_cbc_encrypt(key, iv, SP800_38A_PLAIN) == cipher
+    blocks = [cipher[i:i + 16] for i in range(0, 64, 16)] * 40                  # byte-sliced: >= 160 bytes
+    chain = [iv] + blocks[:3]
+    want = b"".join(bytes(a ^ b for a, b in zip(SP800_38A_PLAIN[i:i + 16], chain[i // 16])) for i in range(0, 64, 16))
+    assert ring._pdf_aes_ecb_decrypt(key, b"".join(blocks)) == want * 40
+
+
+# SHA-256 of the AES-CBC decryption of 69,984 bytes (i * 7 + 3 mod 256), iv 16..31, key 0..n-1,
+# computed with the cryptography package (OpenSSL) when the code was written.
+AES_LONG_DIGESTS = {16: "9c4af8212b1cec4bcce0c67e6e6eab677d6f43a93f69766a4883219208924a23",
+                    32: "e34ef96d4c891b534d381c0f1222b34003006f86243bd03b43169dadb3958a94"}
+
+
+@pytest.mark.parametrize("size", [16, 32])
+def test_aes_long_buffer_against_openssl_digest(ring, size):
+    data = bytes((i * 7 + 3) & 255 for i in range(70000 // 16 * 16))
+    plain = ring._pdf_aes_cbc_decrypt(bytes(range(size)), bytes(range(16, 32)), data)
+    assert hashlib.sha256(plain).hexdigest() == AES_LONG_DIGESTS[size]
+
+
+def test_aes_sliced_and_block_paths_agree_at_every_size(ring, monkeypatch):
+    monkeypatch.setattr(ring, "_AES_CHUNK", 1024)          # several chunks, and short last chunks
+    for size in (16, 32):
+        key, iv = hashlib.sha256(b"k%d" % size).digest()[:size], hashlib.md5(b"iv").digest()
+        for n in (16, 32, 144, 160, 176, 1008, 1024, 1040, 3072, 5000):
+            plain = (hashlib.sha512(b"%d" % n).digest() * (n // 64 + 1))[:n // 16 * 16]
+            cipher = ring._pdf_aes_cbc_encrypt(key, iv, plain)
+            assert ring._pdf_aes_cbc_decrypt(key, iv, cipher) == plain, (size, n)
+            assert ring._pdf_aes_cbc_decrypt(key, iv, cipher + b"xyz") == plain    # a partial block is dropped
+    assert ring._pdf_aes_cbc_decrypt(bytes(16), bytes(16), b"short") == b""
+
+
+# qpdf 11.3.0 (--static-id) on one small file: the encryption dictionary, the file's first ID and
+# the page's content stream (object 6) of: aes128 (--encrypt "" owner 128 --use-aes=y: V4 R4 AESV2),
+# aes256 (--encrypt "" owner 256: V5 R6 AESV3), aes256r5 (... --force-R5), aes256-user (user
+# password "user").  The real file behind the AESV2 case: encrypted-aes-128-empty-password.
+QPDF_ID = bytes.fromhex("31415926535897932384626433832795")
+QPDF_CONTENT = (b"BT /F1 12 Tf 72 700 Td (Attack at dawn, said the AES test file.) Tj "
+                b"0 -20 Td (Second line of secret text.) Tj ET")
+QPDF_VECTORS = {
+    "aes128": (
+        {"CF": {"StdCF": {"AuthEvent": "DocOpen", "CFM": "AESV2", "Length": 16}}, "Filter": "Standard",
+         "Length": 128, "P": -4, "R": 4, "V": 4, "StmF": "StdCF", "StrF": "StdCF",
+         "O": bytes.fromhex("566fa873ee33c797cd3b904fdadf814afa34df9a38f6ed41b984e2c6da2aa6f5"),
+         "U": bytes.fromhex("e21cc3d13b0faa9934db7d20f11e333e0122456a91bae5134273a6db134c87c4")},
+        "1b5c9f000ca144b46671b50bdb7988a634dad30d016bb6dabee7b3ea4edeef09738a6f3b30cf9793492198ecfa8fb283"
+        "2cf24447fea2e34fb513bf520346cfef30fe5addacad1ea23dfa2cdb61c64dd319713a23018ef413be5f3a3185f4b563"
+        "8dea74d735540159ad62320431d79a40816f9c84b291de671fc351d252ed1938600e872ec808905d4442cdbee42e12a3"),
+    "aes256": (
+        {"CF": {"StdCF": {"AuthEvent": "DocOpen", "CFM": "AESV3", "Length": 32}}, "Filter": "Standard",
+         "Length": 256, "P": -4, "R": 6, "V": 5, "StmF": "StdCF", "StrF": "StdCF",
+         "O": bytes.fromhex("139c5e4c3087eac79160ad7ef30ef511cd65d5899336382f7d639c7f5703544f"
+                            "757d02acc5c206200d3ac01b814cb6d6"),
+         "OE": bytes.fromhex("38d831e44924ceed3ef051b769bc41d29ed020ec6fdcf067fdd6f384b5398591"),
+         "Perms": bytes.fromhex("1313a3931a50ef613111753c81a3d2c3"),
+         "U": bytes.fromhex("ec5c97169ffd7a853726fe8e4e4d5190a8c9e91d16abe076be8b12bdaf6d08e7"
+                            "4b267da9755c4ce037155423d2fa2258"),
+         "UE": bytes.fromhex("cf1d817982106e472a1bc73bde90e105275a278173d568174755835611000085")},
+        "bb110f2b6d08878b080e980125ae04c7dd8a2db7165c3883b24149a1f3ba4485161a6530776a82f01df8f2f2ed67a36c"
+        "ec510836c0ecd2003960e785c9addec7cc8b1a6921f04ea6c50f63ebf29bce420c049b536c39368723659719cfe014b3"
+        "6c9c0e369df04eed4597bf214025374a4cd90c2ff84e2b2aa1a101e3a56182d66b33db0d2885ca281c13406575c1ef70"),
+    "aes256r5": (
+        {"CF": {"StdCF": {"AuthEvent": "DocOpen", "CFM": "AESV3", "Length": 32}}, "Filter": "Standard",
+         "Length": 256, "P": -4, "R": 5, "V": 5, "StmF": "StdCF", "StrF": "StdCF",
+         "O": bytes.fromhex("0621bf8baf0dd1dd8d801f6d1a416f90516ac1605e2fd0be92f34245b4919151"
+                            "f87c1f2d827ca2efdbb30329bbfa80c7"),
+         "OE": bytes.fromhex("6d61faeb219f74e48d6bef7792ac6e021ffd0c5093c3ed4a60cf5dba193f511b"),
+         "Perms": bytes.fromhex("adf6e66d4d573a5ddd97ff8ecb486af9"),
+         "U": bytes.fromhex("43f95e7d220df0ffc80f6b25e31eb33d5160eb557f17805879ad813d5f03643b"
+                            "de16abed10ed13b8cfb7e5ddcef4f772"),
+         "UE": bytes.fromhex("25fc0bb0ac5136a0cbc9ad671f73afa138359f03ea5fd45465927f2b606765bd")},
+        "ed69ff2215c21f0652d6b044e70e8c6e7766ff9822611a735b150255b42aff481a554281e91c43a70755315cd32c7c37"
+        "1de6fc9762543b8c762b7babd3b4f011ebb4c531137124d864ac3ffa1cf30adc2d16cce1cc586efa4abfbafb6a3eccaf"
+        "8a787c60b71a8f46f4b7744c5357ad9d9ec9bfd5b0e81cba1fd16d62acca3c5c2102ecebaf793ef18a71f897be1d6226"),
+    "aes256-user": (
+        {"CF": {"StdCF": {"AuthEvent": "DocOpen", "CFM": "AESV3", "Length": 32}}, "Filter": "Standard",
+         "Length": 256, "P": -4, "R": 6, "V": 5, "StmF": "StdCF", "StrF": "StdCF",
+         "O": bytes.fromhex("1e863d8e65ce73e76c710ed47968f02515a83a501c61f0e36e2085982928e69f"
+                            "eee755425958732f81bda2bba79f68d6"),
+         "OE": bytes.fromhex("699c12e239705d80c53991ccd9912e49c32cc5cba525be2527177b29fa8217e1"),
+         "Perms": bytes.fromhex("9a9e3a247472b6a34ff4da46d8e97aa5"),
+         "U": bytes.fromhex("9680e3c832fdfd3eb982ff242b6d0bf4722ee7b748f6bed9bd5b5b9bf31b4463"
+                            "33186f4485fe23b88dfcd4740770d7d5"),
+         "UE": bytes.fromhex("7dcd2ad83ea485b716b18b912cf22e8a32c5ffde3c35c5b6ef6cf2ebe5ec41d4")},
+        "f7d41e34b827d4cfa9ec885c49ee5a0877f5c106da374a3ed846470e0b969cfba69cec6abebf5025bdc83f0781828c98"
+        "7a017fba021b35f7fd260f6aa6f0f4cd2fdcaaaf18efadfe6478ebe9707e760f42eb251c85f91266f6a604508482ad37"
+        "ced8179a0f2e76f694ddae7ab1e4b8eb6865a2a3f8eb93b1f9908b48c26b2ec3cd6e79737a3549be792baa2bbf25c148"),
+}
+
+
+@pytest.mark.parametrize("name", ["aes128", "aes256", "aes256r5"])
+def test_pdf_qpdf_aes_files_open_with_the_empty_password(ring, name):
+    enc, content = QPDF_VECTORS[name]
+    handler = ring._PdfSecurity(enc, QPDF_ID)
+    assert handler.decrypt_stream(bytes.fromhex(content), 6, 0, {"Length": 1}) == QPDF_CONTENT
+    if name != "aes128":
+        assert len(handler.key) == 32 and handler.perms_ok is True
+
+
+def test_pdf_qpdf_aes256_with_a_user_password_needs_it(ring):
+    enc, _ = QPDF_VECTORS["aes256-user"]
+    with pytest.raises(ring.PdfError) as info:
+        ring._PdfSecurity(enc, QPDF_ID)
+    assert info.value.code == "pdf_password_required"
+    assert "AES" not in info.value.message and "password" in info.value.message
+
+
+def test_pdf_r6_hash_matches_qpdf(ring):
+    user = QPDF_VECTORS["aes256"][0]["U"]
+    assert ring._pdf_hash_r6(b"", user[32:40], b"") == user[:32]
+    user = QPDF_VECTORS["aes256r5"][0]["U"]
+    assert ring._pdf_hash_r5(b"", user[32:40], b"") == user[:32]
+
+
+PDF_FILE_ID = b"0123456789abcdef"
+
+
+def pdf_aes_object(ring, key, data, iv):
+    """IV + AES-CBC of ``data`` with its PKCS#5 padding, as a PDF stores a string or a stream."""
+    n = 16 - len(data) % 16
+    return iv + ring._pdf_aes_cbc_encrypt(key, iv, data + bytes([n]) * n)
+
+
+def pdf_encrypt_dict_r4(user_pw, owner_pw):
+    """(encryption dictionary, file key) of V4 R4 /AESV2 (PDF 1.7 algorithms 3, 2 and 5)."""
+    digest = hashlib.md5((owner_pw + PDF_PAD)[:32]).digest()
+    for _ in range(50):
+        digest = hashlib.md5(digest).digest()
+    owner = (user_pw + PDF_PAD)[:32]
+    for i in range(20):
+        owner = pdf_rc4(bytes(b ^ i for b in digest[:16]), owner)
+    key = hashlib.md5((user_pw + PDF_PAD)[:32] + owner + (-4 & 0xFFFFFFFF).to_bytes(4, "little")
+                      + PDF_FILE_ID).digest()
+    for _ in range(50):
+        key = hashlib.md5(key[:16]).digest()
+    key = key[:16]
+    check = pdf_rc4(key, hashlib.md5(PDF_PAD + PDF_FILE_ID).digest())
+    for i in range(1, 20):
+        check = pdf_rc4(bytes(b ^ i for b in key), check)
+    body = (b"<< /Filter /Standard /V 4 /R 4 /Length 128 /P -4 /O <%s> /U <%s> "
+            b"/CF << /StdCF << /CFM /AESV2 /AuthEvent /DocOpen /Length 16 >> >> /StmF /StdCF /StrF /StdCF >>"
+            % (owner.hex().encode(), (check + bytes(16)).hex().encode()))
+    return body, key
+
+
+def pdf_encrypt_dict_r5(ring, user_pw, owner_pw):
+    """(encryption dictionary, file key) of V5 R5 /AESV3 (SHA-256 password hashes; R6 differs
+    only by its slow hash, tested on qpdf's dictionary above)."""
+    file_key = hashlib.sha256(b"file key").digest()
+    salts = [hashlib.md5(b"salt%d" % i).digest()[:8] for i in range(4)]
+    user = hashlib.sha256(user_pw + salts[0]).digest() + salts[0] + salts[1]
+    user_e = ring._pdf_aes_cbc_encrypt(hashlib.sha256(user_pw + salts[1]).digest(), bytes(16), file_key)
+    owner = hashlib.sha256(owner_pw + salts[2] + user).digest() + salts[2] + salts[3]
+    owner_e = ring._pdf_aes_cbc_encrypt(hashlib.sha256(owner_pw + salts[3] + user).digest(), bytes(16), file_key)
+    perms = ring._pdf_aes_ecb_encrypt(file_key, (-4 & 0xFFFFFFFF).to_bytes(4, "little") + b"\xff" * 4 + b"Tadb" + bytes(4))
+    body = (b"<< /Filter /Standard /V 5 /R 5 /Length 256 /P -4 /O <%s> /U <%s> /OE <%s> /UE <%s> /Perms <%s> "
+            b"/CF << /StdCF << /CFM /AESV3 /AuthEvent /DocOpen /Length 32 >> >> /StmF /StdCF /StrF /StdCF >>"
+            % tuple(v.hex().encode() for v in (owner, user, owner_e, user_e, perms)))
+    return body, file_key
+
+
+def pdf_encrypted_aes(ring, objects, revision=4, user_password=b""):
+    """A file with AES-128 (V 4 R 4) or AES-256 (V 5 R 5) encryption opened by ``user_password``:
+    every stream and every literal string of ``objects`` is encrypted."""
+    if revision == 4:
+        enc, key = pdf_encrypt_dict_r4(user_password, b"owner")
+    else:
+        enc, key = pdf_encrypt_dict_r5(ring, user_password, b"owner")
+    out = []
+    for num, body in enumerate(objects, 1):
+        obj_key = key if revision >= 5 else hashlib.md5(key + num.to_bytes(3, "little") + b"\0\0sAlT").digest()
+        iv = hashlib.md5(b"iv%d" % num).digest()
+        if b"stream\n" in body:
+            head, rest = body.split(b"stream\n", 1)
+            data = pdf_aes_object(ring, obj_key, rest[:rest.rindex(b"\nendstream")], iv)
+            head = re.sub(rb"/Length \d+", b"/Length %d" % len(data), head)
+            body = head + b"stream\n" + data + b"\nendstream"
+        else:
+            body = re.sub(rb"\(([^()\\]*)\)",
+                          lambda m: b"<%s>" % pdf_aes_object(ring, obj_key, m.group(1), iv).hex().encode(), body)
+        out.append(body)
+    out.append(enc)
+    return pdf_file(out, b"/Encrypt %d 0 R /ID [<%s> <%s>]" % (
+        len(out), PDF_FILE_ID.hex().encode(), PDF_FILE_ID.hex().encode()))
+
+
+@pytest.mark.parametrize("revision", [4, 5])
+def test_pdf_aes_with_empty_user_password_is_decrypted(ring, revision):
+    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (secret but open) Tj ET")
+    objects[0] = b"<< /Type /Catalog /Pages 2 0 R /Lang (en) >>"        # a string, encrypted too
+    assert pdf_text_of(pdf_encrypted_aes(ring, objects, revision)) == "secret but open"
+
+
+@pytest.mark.parametrize("revision", [4, 5])
+def test_pdf_aes_user_password_needed_is_reported(ring, revision):
+    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (closed) Tj ET")
+    with pytest.raises(ring.PdfError) as info:
+        pdf_text_of(pdf_encrypted_aes(ring, objects, revision, b"openpassword"))
+    assert info.value.code == "pdf_password_required"
+
+
+def test_pdf_aes_owner_password_empty_opens_the_file(ring):
+    enc, key = pdf_encrypt_dict_r4(b"secret", b"")
+    values, _, _ = ring._pdf_parse(enc)
+    assert ring._PdfSecurity(values[0], PDF_FILE_ID).key == key
+
+
+def test_pdf_crypt_filters_identity_array_and_per_stream(ring):
+    enc, key = pdf_encrypt_dict_r4(b"", b"o")
+    enc = ring._pdf_parse(enc)[0][0]
+    assert ring._PdfSecurity(dict(enc, StmF="Identity", StrF="Identity"), PDF_FILE_ID).identity
+    handler = ring._PdfSecurity(dict(enc, StmF=["StdCF"], StrF="Identity"), PDF_FILE_ID)  # an array: its name
+    obj_key = hashlib.md5(key + (4).to_bytes(3, "little") + b"\0\0sAlT").digest()
+    data = pdf_aes_object(ring, obj_key, b"xyz", bytes(16))
+    assert handler.decrypt_stream(data, 4, 0, {}) == b"xyz"
+    assert handler.decrypt(b"plain string", 4, 0) == b"plain string"
+    parms = {"Filter": ["Crypt", "FlateDecode"], "DecodeParms": [{"Name": "Identity"}, None]}
+    assert handler.decrypt_stream(b"raw", 4, 0, parms) == b"raw"
+    assert handler.decrypt_stream(b"<x>", 4, 0, {"Type": "XRef"}) == b"<x>"
+
+
+def test_pdf_other_handlers_and_damaged_dictionaries_are_pdf_encrypted(ring):
+    for enc in ({"Filter": "Adobe.PubSec", "V": 4, "R": 4},
+                {"Filter": "Standard", "V": 4, "R": 4, "O": b"x" * 32, "U": b"y" * 32, "StmF": "StdCF",
+                 "CF": {"StdCF": {"CFM": "Rot13"}}},
+                {"Filter": "Standard", "V": 5, "R": 6, "O": b"x" * 48, "U": b"y" * 20, "UE": b"z" * 32,
+                 "StmF": "StdCF", "StrF": "StdCF", "CF": {"StdCF": {"CFM": "AESV3"}}},
+                {"Filter": "Standard", "V": 2, "R": 3, "O": 5, "U": b"y" * 32},
+                {"Filter": "Standard", "V": 2, "R": 3, "O": b"", "U": b""}):
+        with pytest.raises(ring.PdfError) as info:
+            ring._PdfSecurity(enc, PDF_FILE_ID)
+        assert info.value.code == "pdf_encrypted", enc
+
+
+def test_pdf_aes_damaged_data_never_raises(ring):
+    enc, key = pdf_encrypt_dict_r5(ring, b"", b"owner")
+    handler = ring._PdfSecurity(ring._pdf_parse(enc)[0][0], PDF_FILE_ID)
+    assert handler.key == key
+    assert handler.decrypt(b"0123456789abcdef", 1, 0) == b""                     # an IV alone
+    assert handler.decrypt(pdf_aes_object(ring, key, b"hello", bytes(16)) + b"\n", 1, 0) == b"hello"
+    for n in range(0, 200, 7):
+        handler.decrypt(hashlib.sha512(b"%d" % n).digest() * 4, n, 0)           # garbage: some bytes
+
+
+# ----------------------------------------------------------------------------------------------
+# §8 PDF: objects and cross-references
+# ----------------------------------------------------------------------------------------------
+
+# ---- File structure ---------------------------------------------------------------------------
+
+def pdf_xref_stream_file(objects, compress=True):
+    """A PDF 1.5 file whose cross-reference is a Flate stream with a PNG Up predictor."""
+    out = bytearray(b"%PDF-1.5\n")
+    offsets = []
+    for num, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (num, body)
+    xref_num = len(objects) + 1
+    offsets.append(len(out))
+    rows = [b"\x00\x00\x00\xff"] + [b"\x01" + off.to_bytes(2, "big") + b"\x00" for off in offsets]
+    raw, prev = bytearray(), bytes(4)
+    for row in rows:                     # PNG "Up" filter: each byte minus the one above
+        raw += b"\x02" + bytes((a - b) & 255 for a, b in zip(row, prev))
+        prev = row
+    body = zlib.compress(bytes(raw)) if compress else bytes(raw)
+    out += b"%d 0 obj\n%s\nendobj\n" % (xref_num, pdf_stream(
+        body, b"/Type /XRef /Size %d /W [1 2 1] /Root 1 0 R /Filter /FlateDecode "
+              b"/DecodeParms << /Predictor 12 /Columns 4 >>" % (xref_num + 1)))
+    out += b"startxref\n%d\n%%%%EOF\n" % offsets[-1]
+    return bytes(out)
+
+
+def test_pdf_flate_content_with_xref_stream_and_png_predictor():
+    content = zlib.compress(b"BT /F1 12 Tf 72 700 Td (compressed text) Tj ET")
+    objects = pdf_one_page(b"")
+    objects[4] = pdf_stream(content, b"/Filter /FlateDecode")
+    assert pdf_text_of(pdf_xref_stream_file(objects)) == "compressed text"
+
+
+def test_pdf_object_stream_holds_the_page_objects(ring):
+    members = [b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+               b"/Resources << /Font << /F1 4 0 R >> >> /Contents 5 0 R >>",
+               PDF_HELVETICA]
+    header, body = b"", b""
+    for num, member in zip((2, 3, 4), members):
+        header += b"%d %d " % (num, len(body))
+        body += member + b"\n"
+    objstm = pdf_stream(zlib.compress(header + body),
+                    b"/Type /ObjStm /N 3 /First %d /Filter /FlateDecode" % len(header))
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"null", b"null", b"null",
+               pdf_stream(b"BT /F1 12 Tf 72 700 Td (from an object stream) Tj ET"), objstm]
+    data = pdf_xref_stream_file(objects)
+    # point objects 2-4 at the object stream (type 2 entries): rebuild the xref rows
+    doc = ring._PdfDocument(data, None)
+    for i, num in enumerate((2, 3, 4)):
+        doc.xref[num] = (6, i)
+    doc.cache.clear()
+    page, resources, box = doc.pages(10)[0]
+    reader = ring._PdfTextReader(doc)
+    reader.run_page(page, resources, box)
+    assert reader.text() == "from an object stream"
+
+
+def test_pdf_object_stream_found_by_scan_when_xref_is_missing():
+    header = b"2 0 3 45 "
+    body = (b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>\n    "
+            b"<< /Type /Page /Parent 2 0 R /Resources << /Font << /F1 4 0 R >> >> /Contents 5 0 R >>")
+    objstm = pdf_stream(zlib.compress(header + body), b"/Type /ObjStm /N 2 /First %d /Filter /FlateDecode" % len(header))
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"null", b"null", PDF_HELVETICA,
+               pdf_stream(b"BT /F1 12 Tf 72 700 Td (scanned objstm) Tj ET"), objstm]
+    data = pdf_file(objects, xref=False).replace(b"2 0 obj\nnull", b"% 0 obj\nnull").replace(
+        b"3 0 obj\nnull", b"% 0 obj\nnull")
+    assert pdf_text_of(data) == "scanned objstm"
+
+
+def test_pdf_incremental_update_follows_prev():
+    base = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (old text) Tj ET"))
+    start = int(base.rsplit(b"startxref", 1)[1].split()[0])
+    update = bytearray(base)
+    offset = len(update)
+    new = pdf_stream(b"BT /F1 12 Tf 72 700 Td (new text) Tj ET")
+    update += b"5 0 obj\n%s\nendobj\n" % new
+    xref_at = len(update)
+    update += b"xref\n5 1\n%010d 00000 n \ntrailer\n<< /Size 6 /Root 1 0 R /Prev %d >>\nstartxref\n%d\n%%%%EOF\n" % (
+        offset, start, xref_at)
+    assert pdf_text_of(bytes(update)) == "new text"
+
+
+def test_pdf_prev_loop_terminates():
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (loop) Tj ET"))
+    start = int(data.rsplit(b"startxref", 1)[1].split()[0])
+    data = data.replace(b"/Size 6", b"/Size 6 /Prev %d" % start)
+    assert pdf_text_of(data) == "loop"
+
+
+def test_pdf_broken_xref_is_recovered_by_scan():
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (recovered) Tj ET"))
+    data = data.replace(b"0000000", b"0000123")           # every offset wrong
+    assert pdf_text_of(data) == "recovered"
+    no_xref = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (no xref at all) Tj ET"), xref=False)
+    no_xref = no_xref[:no_xref.index(b"trailer")]         # no trailer either
+    assert pdf_text_of(no_xref) == "no xref at all"
+
+
+def test_pdf_wrong_stream_length_is_tolerated():
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (length lies) Tj ET")).replace(b"/Length 41", b"/Length 9")
+    assert pdf_text_of(data) == "length lies"
+
+
+def test_pdf_damaged_zlib_stream_yields_what_inflates():
+    good = zlib.compress(b"BT /F1 12 Tf 72 700 Td (checksum is wrong) Tj ET")
+    bad = good[:-4] + bytes(b ^ 0xFF for b in good[-4:])  # damage the Adler-32 checksum
+    objects = pdf_one_page(b"")
+    objects[4] = pdf_stream(bad, b"/Filter /FlateDecode")
+    assert pdf_text_of(pdf_file(objects)) == "checksum is wrong"
+
+
+def test_pdf_not_a_pdf_is_damaged(ring):
+    with pytest.raises(ring.PdfError) as info:
+        pdf_text_of(b"<html>not a pdf</html>")
+    assert info.value.code == "pdf_damaged"
+    assert info.value.partial == ""
+
+
+# ----------------------------------------------------------------------------------------------
+# §9 PDF: fonts and encodings
+# ----------------------------------------------------------------------------------------------
+
+def test_pdf_differences_glyph_names_and_ligatures():
+    font = (b"<< /Type /Font /Subtype /Type1 /BaseFont /CMR10 /Encoding << /Type /Encoding "
+            b"/BaseEncoding /WinAnsiEncoding /Differences [1 /fi /eacute /uni00660066 /f_l /quoteright] >> >>")
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (\\001nd caf\\002 o\\003ice \\004ow it\\005s) Tj ET", font))
+    assert pdf_text_of(data) == "find caf\u00e9 office flow it\u2019s"
+
+
+def test_pdf_tounicode_cmap_type0_identity_h():
+    cmap = (b"/CIDInit /ProcSet findresource begin 12 dict begin begincmap\n"
+            b"1 begincodespacerange <0000> <FFFF> endcodespacerange\n"
+            b"2 beginbfchar <0001> <0048> <0002> <00690020> endbfchar\n"
+            b"2 beginbfrange <0010> <0012> <0061> <0020> <0021> [<03A9> <D835DC00>] endbfrange\n"
+            b"endcmap CMapName currentdict /CMap defineresource pop end end")
+    font = (b"<< /Type /Font /Subtype /Type0 /BaseFont /ABCDEF+Some /Encoding /Identity-H "
+            b"/DescendantFonts [6 0 R] /ToUnicode 7 0 R >>")
+    descendant = (b"<< /Type /Font /Subtype /CIDFontType2 /BaseFont /ABCDEF+Some /DW 500 "
+                  b"/CIDSystemInfo << /Registry (Adobe) /Ordering (Identity) /Supplement 0 >> "
+                  b"/W [1 [600 250] 16 18 500] >>")
+    content = b"BT /F1 12 Tf 72 700 Td <000100020010001100120020 0021> Tj ET"
+    data = pdf_file(pdf_one_page(content, font, extra=[descendant, pdf_stream(cmap)]))
+    assert pdf_text_of(data) == "Hi abc\u03a9\U0001d400"
+
+
+# ---- Marked content: /ActualText ---------------------------------------------------
+
+def test_pdf_actual_text_replaces_the_glyphs_it_spans():
+    content = (b"BT /F1 12 Tf 72 700 Td (The ) Tj /Span << /Lang (en) /ActualText <FEFF0066006C> >> BDC "
+               b"(\\002) Tj (\\003) Tj EMC (ow is ) Tj /P << /MCID 3 >> BDC (marked) Tj EMC ET "
+               b"BT /F1 12 Tf 72 680 Td /Span /P1 BDC [(xx) -20 (yy)] TJ EMC ( done) Tj ET")
+    objects = pdf_one_page(content, resources=b"/Font << /F1 4 0 R >> /Properties << /P1 6 0 R >>",
+                           extra=[b"<< /ActualText (named) >>"])
+    assert pdf_text_of(pdf_file(objects)) == "The flow is marked\nnamed done"
+
+
+def test_pdf_huge_integers_and_array_cmap_caps_are_per_document(ring, monkeypatch):
+    big = b"9" * 5000                       # int() refuses 4,300 digits on Python 3.11+
+    values, _, _ = ring._pdf_parse(b"<< /A " + big + b" /B -" + big + b" >>")
+    assert values[0]["A"] == 3.4e38 and values[0]["B"] == -3.4e38
+    content = b"BT /F1 " + big + b" Tf 72 700 Td (huge) Tj ET"
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "huge"
+    ranges = b"".join(b"<%04x> <%04x> 1\n" % (i * 1000, i * 1000 + 999) for i in range(60))
+    cmap = b"begincidrange\n" + ranges + b"endcidrange\n"
+    doc = ring._PdfDocument(pdf_file(pdf_one_page(b"")), None)
+    doc.entries = 25000
+    assert len(ring._PdfCMap(cmap, doc).cids) == 25000 and doc.entries == 0
+    assert not ring._PdfCMap(cmap, doc).cids                        # the document's allowance is spent
+    doc.entries = 3000
+    widths = ring._PdfCompositeFont._cid_widths(doc, [0, 65535, 500, 1, [1, 2, 3]])
+    assert len(widths) == 3000 and doc.entries == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# §10 PDF: text layout
+# ----------------------------------------------------------------------------------------------
+
+# ---- Text -------------------------------------------------------------------------------------
+
+def test_pdf_minimal_page_with_helvetica_tj():
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (Hello, world!) Tj ET"))
+    assert pdf_text_of(data) == "Hello, world!"
+
+
+def test_pdf_tj_kerning_small_gap_joins_large_gap_spaces():
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td [(Hel) -20 (lo) -400 (there)] TJ ET"))
+    assert pdf_text_of(data) == "Hello there"
+
+
+def test_pdf_lines_paragraphs_and_forward_jumps():
+    content = (b"BT /F1 10 Tf 14 TL 72 700 Td (First line) Tj T* (second line) Tj "
+               b"0 -40 Td (New paragraph) Tj 200 0 Td (far right) Tj ET")
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "First line\nsecond line\n\nNew paragraph far right"
+
+
+def test_pdf_quote_operators_move_to_next_line():
+    content = b"BT /F1 10 Tf 12 TL 72 700 Td (one) Tj (two) ' 1 0 (three) \" ET"
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "one\ntwo\nthree"
+
+
+def test_pdf_text_matrix_and_ctm_place_text():
+    content = (b"q 2 0 0 2 0 0 cm BT /F1 6 Tf 1 0 0 1 36 350 Tm (top) Tj ET Q "
+               b"BT /F1 12 Tf 1 0 0 1 72 680 Tm (below) Tj ET")
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "top\nbelow"
+
+
+def test_pdf_text_outside_the_page_is_left_out():
+    content = b"BT /F1 12 Tf 72 900 Td (printer mark) Tj ET BT /F1 12 Tf 72 700 Td (body) Tj ET"
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "body"
+
+
+def test_pdf_form_xobject_text_is_read():
+    form = pdf_stream(b"BT /F1 12 Tf 0 0 Td (inside the form) Tj ET",
+                  b"/Type /XObject /Subtype /Form /BBox [0 0 500 100] /Matrix [1 0 0 1 72 686] "
+                  b"/Resources << /Font << /F1 4 0 R >> >>")
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (page) Tj ET /X1 Do",
+                          resources=b"/Font << /F1 4 0 R >> /XObject << /X1 6 0 R >>", extra=[form]))
+    assert pdf_text_of(data) == "page\ninside the form"
+
+
+def test_pdf_pages_in_tree_order_separated_by_blank_line():
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>",
+               b"<< /Type /Pages /Kids [6 0 R 3 0 R] /Count 2 /MediaBox [0 0 612 792] "
+               b"/Resources << /Font << /F1 4 0 R >> >> >>",
+               b"<< /Type /Page /Parent 2 0 R /Contents 5 0 R >>",
+               PDF_HELVETICA,
+               pdf_stream(b"BT /F1 12 Tf 72 700 Td (second) Tj ET"),
+               b"<< /Type /Pages /Parent 2 0 R /Kids [7 0 R] /Count 1 >>",
+               b"<< /Type /Page /Parent 6 0 R /Contents 8 0 R >>",
+               pdf_stream(b"BT /F1 12 Tf 72 700 Td (first) Tj ET")]
+    assert pdf_text_of(pdf_file(objects)) == "first\n\nsecond"
+    assert pdf_text_of(pdf_file(objects), max_pages=1) == "first"
+
+
+def test_pdf_nested_parentheses_escapes_and_inline_image():
+    content = (b"BT /F1 12 Tf 72 700 Td (a (nested) \\(escaped\\) \\101) Tj ET "
+               b"BI /W 4 /H 1 /BPC 8 /CS /G ID \x00(BT\xff)Tj EI Q "
+               b"BT /F1 12 Tf 72 680 Td (after) Tj ET")
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "a (nested) (escaped) A\nafter"
+
+
+# ---- No text, bounds, cancellation ------------------------------------------------------------
+
+def test_pdf_image_only_page_is_no_text(ring):
+    image = pdf_stream(b"\xff\xd8\xff\xd9", b"/Type /XObject /Subtype /Image /Width 1 /Height 1 "
+                                        b"/ColorSpace /DeviceGray /BitsPerComponent 8 /Filter /DCTDecode")
+    data = pdf_file(pdf_one_page(b"q 612 0 0 792 0 0 cm /Im0 Do Q", resources=b"/XObject << /Im0 6 0 R >>",
+                          extra=[image]))
+    with pytest.raises(ring.PdfError) as info:
+        pdf_text_of(data)
+    assert info.value.code == "pdf_no_text"
+    assert "scanned image" in info.value.message
+
+
+def test_pdf_zip_bomb_stops_at_the_cap(ring, monkeypatch):
+    monkeypatch.setattr(ring, "_PDF_MAX_STREAM", 1 << 20)
+    monkeypatch.setattr(ring, "_PDF_DECODED", (64, 2 << 20, 2 << 20))
+    inflater = zlib.compressobj(9)
+    bomb = inflater.compress(b"BT /F1 12 Tf 72 700 Td (boom) Tj ET\n") + inflater.compress(b" " * (64 << 20))
+    bomb += inflater.flush()
+    objects = pdf_one_page(b"")
+    objects[4] = pdf_stream(bomb, b"/Filter /FlateDecode")
+    started = time.monotonic()
+    assert pdf_text_of(pdf_file(objects)) == "boom"
+    assert time.monotonic() - started < 2.0
+
+
+def test_pdf_deep_nesting_raises_no_recursion_error(ring):
+    deep = b"[" * 100000 + b"]" * 100000
+    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td " + deep + b" pop (survived) Tj ET",
+                          extra=[b"<< /Deep " + deep + b" >>"]))
+    assert pdf_text_of(data) == "survived"
+    values, _, _ = ring._pdf_parse(b"<< /A " + b"[" * 5000 + b"1" + b"]" * 5000 + b" >>")
+    depth, value = 0, values[0]["A"]
+    while isinstance(value, list) and value:
+        value, depth = value[0], depth + 1
+    assert depth <= ring._PDF_MAX_NESTING
+
+
+def test_pdf_reference_cycles_terminate():
+    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (cycle) Tj ET")
+    objects[1] = b"<< /Type /Pages /Kids [3 0 R 2 0 R 6 0 R] /Count 1 >>"
+    objects.append(b"7 0 R")
+    objects.append(b"6 0 R")
+    assert pdf_text_of(pdf_file(objects)) == "cycle"
+
+
+def test_pdf_check_is_called_and_its_exception_propagates():
+    content = b"BT /F1 12 Tf 72 700 Td " + b"(x) Tj " * 20000 + b"ET"
+    data = pdf_file(pdf_one_page(content))
+    calls = []
+    pdf_text_of(data, check=lambda: calls.append(1))
+    assert calls
+
+    class Stop(Exception):
+        pass
+
+    def stop():
+        raise Stop()
+    with pytest.raises(Stop):
+        pdf_text_of(data, check=stop)
+
+
+def test_pdf_actual_text_in_nested_and_unbalanced_marked_content():
+    content = (b"BT /F1 12 Tf 72 700 Td /Span << /ActualText (outer) >> BDC /X BMC "
+               b"/Span << /ActualText (inner) >> BDC (a) Tj EMC (b) Tj EMC EMC EMC EMC (after) Tj ET")
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "outerafter"
+
+
+# ---- Hostile documents: work, memory, deadline -------------------------------------
+
+def pdf_nested_forms(levels, fanout=10):
+    """A page drawing form 6, each form drawing the next ``fanout`` times: fanout ** levels drawings."""
+    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (start) Tj ET /X Do",
+                           resources=b"/Font << /F1 4 0 R >> /XObject << /X 6 0 R >>")
+    for i in range(levels):
+        inner = b"/Resources << /XObject << /X %d 0 R >> /Font << /F1 4 0 R >> >>" % (7 + i) if i < levels - 1 else b""
+        objects.append(pdf_stream(b"/X Do " * fanout + b"BT /F1 12 Tf (x) Tj ET",
+                                  b"/Type /XObject /Subtype /Form /BBox [0 0 10 10] " + inner))
+    return pdf_file(objects)
+
+
+def test_pdf_nested_forms_stop_at_the_check_and_within_the_work_allowance(ring, monkeypatch):
+    data = pdf_nested_forms(12)             # 10 ** 12 drawings if nothing stopped them
+    assert len(data) < 6000
+
+    class Stop(Exception):
+        pass
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) > 20:
+            raise Stop()
+    with pytest.raises(Stop):
+        pdf_text_of(data, check=check)
+    monkeypatch.setattr(ring, "_PDF_WORK", (1, 50000, 50000))
+    doc = ring._PdfDocument(data, None)
+    text = pdf_text_of(data)
+    assert text.startswith("start") and 10 < text.count("x") < 50000 // ring._PDF_FORM_COST
+    assert doc.work == 50000
+
+
+def test_pdf_nested_forms_end_with_extraction_timeout_or_cancelled(ring):
+    data = pdf_nested_forms(12)
+    ctx = ring.CallContext(deadline=ring.Deadline(-1.0))
+    with pytest.raises(ring.UpstreamError) as info:
+        ring._pdf_page_text("http://x/forms.pdf", data, ring._extraction_check("http://x/forms.pdf", ctx))
+    assert info.value.code == "extraction_timeout"
+    ctx = ring.CallContext()
+    ctx.token.cancel()
+    with pytest.raises(ring.Cancelled):
+        ring._pdf_page_text("http://x/forms.pdf", data, ring._extraction_check("http://x/forms.pdf", ctx))
+
+
+def test_pdf_long_number_runs_keep_a_bounded_operand_list(ring, monkeypatch):
+    monkeypatch.setattr(ring, "_PDF_MAX_OPERANDS", 1000)
+    content = b"BT /F1 12 Tf 72 700 Td " + b"1 " * 50000 + b"/N " * 5000 + b"(kept) Tj ET"
+    lists = []
+    real = ring._PdfTextReader._op_show
+
+    def spy(reader, ops):
+        lists.append(len(ops))
+        real(reader, ops)
+    monkeypatch.setitem(ring._PdfTextReader._OPERATORS, b"Tj", spy)
+    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "kept"
+    assert lists == [lists[0]] and lists[0] <= 1000
+
+
+def test_pdf_memory_is_charged_and_a_spent_budget_stops_the_read(ring):
+    body = zlib.compress(b"BT /F1 12 Tf 72 700 Td (big) Tj ET\n" + b"% padding\n" * 200000)
+    objects = pdf_one_page(b"")
+    objects[4] = pdf_stream(body, b"/Filter /FlateDecode")
+    data = pdf_file(objects)
+    charged = []
+    assert pdf_text_of(data, charge=charged.append) == "big"
+    assert sum(charged) >= 2000000 and max(charged) < 2 << 20
+    budget = ring.MemoryBudget(1 << 20, "this call")
+    with pytest.raises(ring.UpstreamError) as info:
+        ring._pdf_page_text("http://x/big.pdf", data, None, budget)
+    assert info.value.code == "too_large" and budget.used == 0
+    assert ring._pdf_page_text("http://x/big.pdf", data, None, ring.MemoryBudget(64 << 20)) == "big"
+
+
+def test_pdf_document_over_its_memory_cap_is_too_large(ring, monkeypatch):
+    monkeypatch.setattr(ring, "_PDF_MAX_HELD", 1 << 20)
+    body = zlib.compress(b"BT /F1 12 Tf 72 700 Td (big) Tj ET\n" + b"% padding\n" * 200000)
+    objects = pdf_one_page(b"")
+    objects[4] = pdf_stream(body, b"/Filter /FlateDecode")
+    with pytest.raises(ring.PdfError) as info:
+        pdf_text_of(pdf_file(objects))
+    assert info.value.code == "too_large"
+
+
+# ---- Fuzz: generated hostile documents ---------------------------------------------
+
+def pdf_hostile_documents(scale):
+    """Hostile PDFs (name, bytes) whose cost should grow with ``scale`` at most linearly."""
+    def page_with(content_ref, extra):
+        objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (p) Tj ET", extra=extra)
+        objects[2] = objects[2].replace(b"/Contents 5 0 R", b"/Contents [5 0 R %s]" % content_ref)
+        return pdf_file(objects)
+    deep = b"[" * (2000 * scale) + b"<<" * (1000 * scale)
+    yield "forms", pdf_nested_forms(6 + scale)
+    yield "numbers", page_with(b"6 0 R", [pdf_stream(zlib.compress(b"1 " * (10000 * scale)), b"/Filter /FlateDecode")])
+    yield "nesting", page_with(b"6 0 R 7 0 R", [pdf_stream(b"BT " + deep + b" (d) Tj ET"), b"<< /D " + deep + b" >>"])
+    yield "values", page_with(b"6 0 R", [b"[" + b"1.5 /N (s) " * (2000 * scale) + b"]"])
+    broken = bytearray(pdf_file(pdf_one_page(b"BT /F1 12 Tf (xref) Tj ET")))
+    broken[broken.rindex(b"startxref"):] = b"startxref\n999999999\n%%EOF\n"
+    yield "bad xref", bytes(broken) + b"9 0 obj << /Type /ObjStm >> endobj\n" * (1000 * scale)
+    yield "big stream", page_with(b"6 0 R", [pdf_stream(zlib.compress(b"q Q " * (1 << 14) * scale, 9),
+                                                        b"/Filter /FlateDecode")])
+    yield "cmap", pdf_file(pdf_one_page(b"BT /F1 12 Tf (ab) Tj ET", font=(
+        b"<< /Type /Font /Subtype /Type0 /BaseFont /X /Encoding /Identity-H /ToUnicode 6 0 R >>"), extra=[
+        pdf_stream(b"beginbfrange\n" + b"".join(b"<%04x> <%04x> <0041>\n" % (i << 8, (i << 8) + 255)
+                                                 for i in range(100 * scale)) + b"endbfrange\n")]))
+
+
+def test_pdf_fuzz_hostile_documents_grow_linearly_in_work_and_memory(ring, monkeypatch):
+    import tracemalloc
+    # small allowances, so that the caps bite in a short test: what is checked is the growth
+    monkeypatch.setattr(ring, "_PDF_WORK", (4, 30000, 1 << 26))
+    monkeypatch.setattr(ring, "_PDF_VALUES", (1, 20000, 1 << 22))
+    monkeypatch.setattr(ring, "_PDF_ENTRIES", (1, 20000, 1 << 21))
+
+    def checks(data, traced=False):
+        calls = []
+        if traced:
+            tracemalloc.start()
+        try:
+            pdf_text_of(data, check=lambda: calls.append(1))
+        except ring.PdfError:
+            pass
+        peak = tracemalloc.get_traced_memory()[1] if traced else 0
+        tracemalloc.stop()
+        return len(calls), peak
+    small = {name: (len(data), checks(data)[0]) for name, data in pdf_hostile_documents(1)}
+    for name, data in pdf_hostile_documents(4):
+        size, work = small[name]
+        calls, peak = checks(data, traced=True)
+        grown = max(4.0, len(data) / size)
+        assert calls <= 2 * grown * work + 20, (name, calls, work)      # work (checks) at most linear
+        assert peak < 24 << 20, (name, peak)                             # and memory bounded
+
+
+# ----------------------------------------------------------------------------------------------
+# §11 robots.txt and sitemaps
+# ----------------------------------------------------------------------------------------------
+
+# ---- one masking pass over every output ------------------------------------------------------
+
+PROXY_PASSWORD = "pr0xy-Pa55word-TEST"
+URL_PASSWORD = "searx-Pa55word-TEST"
+
+
+# (response spec, outcome, code, http_status, fragments of the message, extra record fields)
+EXA_REST_ERROR_CASES = [
+    pytest.param("exa/empty.json", "no_results", "empty", 200, [], {}, id="empty"),
+    pytest.param({"status": 400, "body": {"requestId": "b4d7", "error": "numResults must be at most 100",
+                                          "tag": "INVALID_REQUEST_BODY"}},
+                 "http_error", "bad_request", 400, ["numResults must be at most 100"],
+                 {"retryable": False}, id="bad-params-400"),
+    pytest.param("exa/invalid_key.json", "auth_error", "invalid_key", 401, ["Invalid API key"],
+                 {"retryable": False}, id="invalid-key-401"),
+    pytest.param("exa/no_credits.json", "quota_exhausted", "quota_exhausted", 402,
+                 ["exceeded your credits limit"], {"retryable": False}, id="no-credits-402"),
+    pytest.param({"status": 403, "body": {"error": "API key budget exceeded",
+                                          "tag": "API_KEY_BUDGET_EXCEEDED"}},
+                 "quota_exhausted", "quota_exhausted", 403, ["budget exceeded"],
+                 {"retryable": False}, id="key-budget-403"),
+    pytest.param("exa/rate_limited.json", "rate_limited", "rate_limited", 429,
+                 ["exceeded your Exa rate limit"], {"retryable": True, "retry_after_s": 1.0},
+                 id="rate-limited-429"),
+    pytest.param("exa/server_error.json", "http_error", "server_error", 500, ["Internal server error"],
+                 {"retryable": True}, id="server-error-500"),
+    pytest.param("exa/gateway_html_502.html", "http_error", "server_error", 502, ["502: Bad gateway"],
+                 {"retryable": True}, id="gateway-page-502"),
+    pytest.param({"status": 200, "headers": {"Content-Type": "text/html"},
+                  "body": "<html>maintenance</html>"},
+                 "bad_response", "invalid_json", 200, ["not JSON"], {}, id="html-200"),
+]
+
+
+# -- robots.txt --
+
+def _robots(ring, text, agent=None):
+    """RobotsRules for ``text``, as `agent` (a product token) when given."""
+    cls = ring.RobotsRules if agent is None else type("Rules", (ring.RobotsRules,), {"AGENT": agent})
+    return cls(text)
+
+
+def test_robots_merges_every_group_naming_the_agent(ring):
+    text = ("User-agent: websearch-ring\nDisallow: /a\n\nUser-agent: other\nDisallow: /\n\n"
+            "User-agent: WebSearch-Ring\nDisallow: /b\n")
+    rules = ring.RobotsRules(text)
+    assert not rules.allowed("/a/1") and not rules.allowed("/b/1") and rules.allowed("/c")
+    assert rules.group == "websearch-ring"
+
+
+def test_robots_merges_every_star_group_and_uses_them_only_when_no_group_names_the_agent(ring):
+    stars = "User-agent: *\nDisallow: /a\n\nUser-agent: googlebot\nDisallow: /\n\nUser-agent: *\nDisallow: /b\n"
+    rules = ring.RobotsRules(stars)
+    assert not rules.allowed("/a") and not rules.allowed("/b") and rules.allowed("/c") and rules.group == "*"
+    named = ring.RobotsRules(stars + "\nUser-agent: websearch-ring\nAllow: /\n")
+    assert named.allowed("/a") and named.allowed("/b")
+    # A group naming the agent with no rule at all still replaces the "*" groups.
+    empty = ring.RobotsRules("User-agent: websearch-ring\nDisallow:\n\nUser-agent: *\nDisallow: /\n")
+    assert empty.allowed("/x")
+
+
+def test_robots_crawl_delay_sitemap_unknown_keys_comments_and_blank_lines_never_split_a_group(ring):
+    text = ("User-agent: other\n# a comment\n\nCrawl-delay: 3\nSitemap: https://a.example/s.xml\n"
+            "Host: a.example\nUser-agent: websearch-ring\nDisallow: /private\n")
+    rules = ring.RobotsRules(text)
+    assert not rules.allowed("/private/x")
+    assert rules.crawl_delay_s == 3.0 and rules.sitemaps == ["https://a.example/s.xml"]
+    assert ring.RobotsRules("User-agent: *\nDisallow: /x\n").crawl_delay_s is None
+
+
+def test_robots_ignores_rules_before_any_user_agent_line(ring):
+    rules = ring.RobotsRules("Disallow: /\nUser-agent: *\nDisallow: /b\n")
+    assert rules.allowed("/a") and not rules.allowed("/b")
+
+
+def test_robots_rules_match_the_path_and_query(ring):
+    rules = ring.RobotsRules("User-agent: *\nDisallow: /*?*ajax\nDisallow: /search?\nAllow: /p?id=1$\n"
+                             "Disallow: /p\n")
+    assert not rules.allowed("/list?x=1&mode=ajax") and rules.allowed("/list?x=1")
+    assert not rules.allowed("/search?q=x") and rules.allowed("/search")
+    assert rules.allowed("/p?id=1") and not rules.allowed("/p?id=12")
+    assert ring.robots_path("https://a.example/list?mode=ajax#top") == "/list?mode=ajax"
+    assert ring.robots_path("https://a.example") == "/"
+
+
+def test_robots_percent_encoding_is_normalised_on_both_sides(ring):
+    rules = ring.RobotsRules("User-agent: *\nDisallow: /\nAllow: /caf\u00e9/\nAllow: /a%3cb\nAllow: /x%2Fy\n")
+    assert rules.allowed("/caf%C3%A9/menu") and rules.allowed("/caf%c3%a9/menu")
+    assert rules.allowed(ring.robots_path("https://a.example/caf\u00e9/menu"))
+    assert rules.allowed("/a%3Cb") and rules.allowed("/a%3cb")
+    assert rules.allowed("/x%2fy") and not rules.allowed("/x/y")      # %2F is not "/"
+
+
+def test_robots_longest_match_wins_and_allow_wins_a_tie_with_wildcards(ring):
+    rules = ring.RobotsRules("User-agent: *\nDisallow: /*.php\nAllow: /pub*.php\nDisallow: /pub/x*\n"
+                             "Allow: /same\nDisallow: /same\nDisallow: /end$\n")
+    assert not rules.allowed("/a/b.php") and rules.allowed("/pub/b.php") and not rules.allowed("/pub/xy")
+    assert rules.allowed("/same/1") and not rules.allowed("/end") and rules.allowed("/end/more")
+    assert ring.RobotsRules("User-agent: *\nDisallow: /\n").allowed("/robots.txt")   # RFC 9309 §2.2.2
+
+
+def test_robots_reads_bom_crlf_and_cr_only_files(ring):
+    for text in ("\ufeffUser-agent: *\r\nDisallow: /x\r\n", "User-agent: *\rDisallow: /x\r",
+                 b"\xef\xbb\xbfUser-agent: *\r\nDisallow: /x\r\n"):
+        rules = ring.RobotsRules(text)
+        assert not rules.allowed("/x/1") and rules.allowed("/y"), repr(text)
+
+
+def test_robots_reads_only_the_first_500_kib(ring):
+    head = "User-agent: *\nDisallow: /early\n"
+    pad = "# " + "x" * 1000 + "\n"
+    text = head + pad * (ring.ROBOTS_MAX_BYTES // len(pad) + 1) + "Disallow: /late\n"
+    rules = ring.RobotsRules(text)
+    assert rules.truncated and not rules.allowed("/early") and rules.allowed("/late")
+
+
+def test_robots_star_bomb_is_matched_in_linear_time(ring):
+    rules = ring.RobotsRules("User-agent: *\nDisallow: /" + "*a" * 16 + "*b\nDisallow: /" + "*a" * 16 + "$\n")
+    started = time.perf_counter()
+    assert rules.allowed("/" + "a" * 10000 + "c") and not rules.allowed("/" + "a" * 10000 + "b")
+    assert not rules.allowed("/" + "a" * 20000)
+    assert time.perf_counter() - started < 2.0    # milliseconds when linear; a backtracking matcher takes minutes
+
+
+def test_robots_8000_rules_against_8000_paths_stay_fast(ring):
+    literal = ring.RobotsRules("User-agent: *\n" + "".join("Disallow: /s%d/p\n" % i for i in range(8000)))
+    wild = ring.RobotsRules("User-agent: *\n" + "".join("Disallow: /*x%d*y$\n" % i for i in range(2000)))
+    started = time.perf_counter()
+    assert sum(literal.allowed("/s%d/p/q" % (i * 3)) for i in range(8000)) == 8000 - 2667
+    assert sum(wild.allowed("/articles/%d/title" % i) for i in range(2000)) == 2000
+    assert not wild.allowed("/a/x1999/b/y")
+    assert time.perf_counter() - started < 1.5
+
+
+def test_robots_parser_and_matcher_grow_linearly_on_hostile_files(ring):
+    def run(n):
+        text = "".join(("Disallow: /*%s*q%d\n# %s\nCrawl-delay: x\nAllow: /%d$\nUnknown: y\n\n"
+                        % ("a*" * (i % 7), i, "#" * (i % 30), i)) for i in range(n))
+        rules = ring.RobotsRules("User-agent: *\n" + text + "Disallow: /" + "*a" * 16 + "*b\n")
+        assert rules.allowed("/" + "a" * (20 * n)) and rules.allowed("/%d" % (n - 1))
+        assert not rules.allowed("/aaaaaaa/q%d" % (n - 1)) and rules.allowed("/aaaaaaa/q")
+        for i in range(200):                  # rules x paths is a product: keep the paths fixed
+            rules.allowed("/x/%d/aaa" % i)
+    assert_linear(run, 2000, "robots.txt")        # 2n lines stay under the 500 KiB cap
+
+
+def test_sitemap_reads_cdata_entities_and_white_space(ring):
+    doc = ("<?xml version='1.0' encoding='UTF-8'?>\n<urlset xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'>"
+           "<url><loc>\n  <![CDATA[https://a.example/?a=1&b=2]]>\n</loc><lastmod> 2026-11-30 </lastmod></url>"
+           "<url><loc>https://a.example/x?a=1&amp;b=&#50;&#x33;&lt;&gt;&quot;&apos;</loc></url>"
+           "<url><loc>https://a.example/raw?a=1&region=2</loc></url></urlset>")
+    assert [tuple(e) for e in ring.iter_sitemap(doc)] == [
+        ("https://a.example/?a=1&b=2", "2026-11-30", False),
+        ("https://a.example/x?a=1&b=23<>\"'", None, False),
+        ("https://a.example/raw?a=1&region=2", None, False)]
+
+
+def test_sitemap_index_entries_are_sitemaps_and_child_elements_of_other_namespaces_are_ignored(ring):
+    index = ("<sitemapindex xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'><sitemap>"
+             "<loc><![CDATA[https://a.example/s1.xml]]></loc><lastmod>2026-01-01</lastmod></sitemap></sitemapindex>")
+    assert [tuple(e) for e in ring.iter_sitemap(index)] == [("https://a.example/s1.xml", "2026-01-01", True)]
+    urlset = ("<urlset xmlns:image='i' xmlns:xhtml='x'><url><loc>https://a.example/p</loc>"
+              "<image:image><image:loc>https://cdn.example/i.png</image:loc></image:image>"
+              "<xhtml:link rel='alternate' hreflang='de' href='https://a.example/de/p'/></url></urlset>")
+    assert [e.url for e in ring.iter_sitemap(urlset)] == ["https://a.example/p"]
+
+
+def test_sitemap_reads_plain_text_rss_and_atom(ring):
+    text = b"\xef\xbb\xbfhttps://a.example/1\r\n\r\nnot a url\nhttps://a.example/2\n"
+    assert [e.url for e in ring.iter_sitemap(text)] == ["https://a.example/1", "https://a.example/2"]
+    rss = ("<rss version='2.0'><channel><link>https://a.example/</link><item><title>One</title>"
+           "<link>https://a.example/1</link><pubDate>Tue, 01 Dec 2026 16:50:00 GMT</pubDate></item>"
+           "<item><link><![CDATA[ https://a.example/2 ]]></link></item></channel></rss>")
+    assert [tuple(e) for e in ring.iter_sitemap(rss)] == [
+        ("https://a.example/1", "2026-12-01T16:50:00+00:00", False), ("https://a.example/2", None, False)]
+    atom = ("<feed xmlns='http://www.w3.org/2005/Atom'><link href='https://a.example/'/><entry>"
+            "<link rel='self' href='/self'/><link href='/posts/1'/><updated>2026-11-30T10:00:00Z</updated>"
+            "</entry></feed>")
+    assert [tuple(e) for e in ring.iter_sitemap(atom, base_url="https://a.example/feed.xml")] == [
+        ("https://a.example/posts/1", "2026-11-30T10:00:00Z", False)]
+
+
+def test_sitemap_never_expands_doctype_entities_and_survives_broken_markup(ring):
+    bomb = ("<!DOCTYPE urlset [<!ENTITY a 'aaaaaaaaaa'><!ENTITY b '&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;'>]>"
+            "<urlset><url><loc>https://a.example/&b;</loc></url></urlset>")
+    assert [e.url for e in ring.iter_sitemap(bomb)] == ["https://a.example/&b;"]
+    broken = "<urlset><url><loc>https://a.example/1</loc><url><loc>https://a.example/2</loc><!-- <url><loc>x"
+    assert [e.url for e in ring.iter_sitemap(broken)] == ["https://a.example/1", "https://a.example/2"]
+    assert list(ring.iter_sitemap("<urlset><url><loc><![CDATA[https://a.example/")) == []
+    assert list(ring.iter_sitemap("<html><body><p>loc</p></body></html>")) == []
+
+
+def test_sitemap_reader_grows_linearly_on_hostile_documents(ring):
+    def run(n):
+        for doc in ("<urlset>" + "<loc>" * n,                             # <loc> never closed
+                    "<urlset><url><loc>" + "<![CDATA[x]]>&amp;" * n + "</loc></url></urlset>",
+                    "<urlset>" + "<" * n + ">",                            # "<" inside a tag
+                    "<urlset>" + "<url><loc>https://a.example/%d</loc>" * n,  # records never closed
+                    "<urlset>" + "<a x='" * n):                            # attribute never closed
+            for _ in ring.iter_sitemap(doc):
+                pass
+    assert_linear(run, 10000, "sitemaps")
+    started = time.perf_counter()
+    assert list(ring.iter_sitemap("<urlset>" + "<loc>" * 20000)) == []      # 100 KB
+    assert time.perf_counter() - started < 2.0    # milliseconds when linear, whatever the machine's load
+
+
+
+def test_robots_rules_longest_match_wins_and_allow_wins_ties(ring):
+    rules = ring.RobotsRules(
+        "# comment\nUser-agent: *\nDisallow: /private\nAllow: /private/public\nDisallow: /*.pdf$\n"
+        "Allow: /tie\nDisallow: /tie\nDisallow:\n\nSitemap: https://a.example/one.xml\n"
+        "sitemap: https://a.example/two.xml.gz\n")
+    assert rules.allowed("/") and rules.allowed("/public")
+    assert not rules.allowed("/private") and not rules.allowed("/private/x")
+    assert rules.allowed("/private/public/page")
+    assert not rules.allowed("/docs/manual.pdf") and rules.allowed("/docs/manual.pdf?x=1")
+    assert rules.allowed("/tie")
+    assert rules.sitemaps == ["https://a.example/one.xml", "https://a.example/two.xml.gz"]
+
+
+def test_robots_rules_prefer_the_group_naming_websearch_ring(ring):
+    text = ("User-agent: Googlebot\nDisallow:\n\nUser-agent: *\nDisallow: /\n\n"
+            "User-agent: websearch-ring\nUser-agent: other\nDisallow: /admin\n")
+    rules = ring.RobotsRules(text)
+    assert rules.allowed("/docs") and not rules.allowed("/admin/x")
+    everyone = ring.RobotsRules("User-agent: Googlebot\nDisallow:\n\nUser-agent: *\nDisallow: /\n")
+    assert not everyone.allowed("/docs")
+
+
+# (vendor, response spec, outcome, code, http_status, fragments of the message, extra record fields)
+VENDOR_ERROR_CASES = [
+    ("brave", "brave/invalid_key.json", "auth_error", "invalid_key", 422,
+     ["BRAVE_API_KEY", "subscription token is invalid"], {}),
+    ("brave", "brave/validation_error.json", "http_error", "bad_parameters", 422,
+     ["Unable to validate request parameter"], {}),
+    ("brave", "brave/rate_limited.json", "rate_limited", "rate_limited", 429,
+     ["rate limit exceeded"], {"retry_after_s": 1.0}),
+    ("brave", "brave/quota_exhausted.json", "quota_exhausted", "quota_exhausted", 429,
+     ["monthly quota", "2000 of 2000", "Free"], {"retry_after_s": 864000.0}),
+    ("brave", "brave/waf_forbidden.html", "blocked", "forbidden", 403,
+     ["firewall", "403 Forbidden"], {}),
+    ("brave", "brave/server_error.json", "http_error", "server_error", 500,
+     ["An unexpected error occurred"], {}),
+    ("brave", "brave/empty.json", "no_results", "empty", 200, [], {}),
+    ("serper", "serper/invalid_key.json", "auth_error", "invalid_key", 403,
+     ["SERPER_API_KEY", "Unauthorized"], {}),
+    ("serper", "serper/no_credits.json", "quota_exhausted", "quota_exhausted", 400,
+     ["Not enough credits"], {}),
+    ("serper", "serper/missing_query.json", "http_error", "bad_parameters", 400,
+     ["Missing query parameter"], {}),
+    ("serper", "serper/rate_limited.json", "rate_limited", "rate_limited", 429,
+     ["Too many requests"], {}),
+    ("serper", "serper/server_error.json", "http_error", "server_error", 500,
+     ["Internal server error"], {}),
+    ("serper", "serper/empty.json", "no_results", "empty", 200, [], {}),
+    ("yep", "yep/bad_request.json", "http_error", "bad_parameters", 400,
+     ["Invalid parameter 'limit'"], {}),
+    ("yep", "yep/unauthorized.json", "auth_error", "invalid_key", 401,
+     ["YEP_API_KEY", "Invalid or missing API key"], {}),
+    ("yep", "yep/payment_required.json", "quota_exhausted", "insufficient_balance", 402,
+     ["Insufficient account balance"], {}),
+    ("yep", "yep/rate_limited.json", "rate_limited", "rate_limited", 429,
+     ["60 requests per minute"], {"retry_after_s": 23.0}),
+    ("yep", {"status": 500, "body": {"error": "Internal server error", "request_id": "req_5"}},
+     "http_error", "server_error", 500, ["Internal server error"], {}),
+    ("yep", "yep/empty.json", "no_results", "empty", 200, [], {}),
+    ("searxng", "searxng/format_disabled_403.html", "http_error", "json_disabled", 403,
+     ["JSON output disabled", "settings.yml", "search.formats"], {}),
+    ("searxng", "searxng/rate_limited_429.txt", "rate_limited", "rate_limited", 429,
+     ["Too Many Requests"], {}),
+    ("searxng", "searxng/blocklist_429.txt", "rate_limited", "rate_limited", 429,
+     ["IP is on BLOCKLIST"], {}),
+    ("searxng", "searxng/no_query_400.json", "http_error", "bad_parameters", 400, ["No query"], {}),
+    ("searxng", "searxng/bad_param_400.json", "http_error", "bad_parameters", 400,
+     ["Invalid value 0 for parameter pageno"], {}),
+    ("searxng", "searxng/bad_time_range_400.json", "http_error", "bad_parameters", 400,
+     ["parameter time_range"], {}),
+    ("searxng", "searxng/search_error_500.json", "http_error", "server_error", 500,
+     ["search error"], {}),
+    ("searxng", "searxng/empty.json", "no_results", "engines_unresponsive", 200,
+     ["brave: too many requests", "duckduckgo: CAPTCHA", "google: Suspended: access denied",
+      "startpage: timeout"], {}),
+    # The keyless vendors' failures that no failover test above already shows.
+    ("exa", "exa/mcp_stream_empty.sse", "no_results", "empty", 200, [], {}),
+    ("exa", "exa/mcp_stream_tool_error.sse", "http_error", "tool_error", 200,
+     ["web_search_exa error (500)", "Internal server error"], {"retryable": True}),
+    ("exa", "exa/mcp_rate_limited.json", "rate_limited", "rate_limited", 429,
+     ["free MCP rate limit"], {"retry_after_s": 1.0}),
+    ("tavily", "tavily/empty.json", "no_results", "empty", 200, [], {}),
+    ("tavily", "tavily/keyless_limit.json", "rate_limited", "keyless_limit", 429,
+     ["Keyless usage limit reached for this hour"], {"retry_after_s": 1800.0}),
+    # An error envelope that is not the keyless limit (no retry fields, not a 429) goes by its status.
+    ("tavily", {"status": 500, "body": {"error": {"code": "internal", "message": "engine down"}}},
+     "http_error", "server_error", 500, ["engine down"], {}),
+    ("bing", "bing_html/no_results.html", "no_results", "empty", 200, [], {}),
+]
+
+
+# ---- malformed vendor JSON: bad_response with a short reason, never a parser's exception -----
+
+# The result list of each JSON vendor's fixture, by the path to it; the keys a vendor needs.
+_JSON_VENDORS = {
+    "brave": ("brave/success.json", ("web", "results"), {"BRAVE_API_KEY": VENDOR_KEYS["brave"]}),
+    "serper": ("serper/success.json", ("organic",), {"SERPER_API_KEY": VENDOR_KEYS["serper"]}),
+    "yep": ("yep/success.json", ("results",), {"YEP_API_KEY": VENDOR_KEYS["yep"]}),
+    "searxng": ("searxng/success.json", ("results",), {}),
+    "tavily": ("tavily/search_success.json", ("results",), {}),     # keyless: a key pool retries bad answers
+    "exa": ("exa/search_success.json", ("results",), {"EXA_API_KEY": "exa-test-key-0123456789"}),
+}
+_WRONG_TYPES = {"a list": [], "an object": {}, "a string": "text", "NaN": float("nan"), "a number": 7,
+                "a boolean": True, "a list of strings": ["a", "b"]}
+
+
+_HOSTILE_ERROR_BODIES = {"angle brackets": "<", "open tags": "<a ", "titles": "<title>", "divs": "<div>",
+                         "scripts": "<script></script", "styles": "<style>", "nested JSON": '{"error":'}
+
+
+# ----------------------------------------------------------------------------------------------
+# §12 Configuration
 # ----------------------------------------------------------------------------------------------
 
 def test_invalid_number_is_reported_at_start_and_in_every_tool_result(start_server):
@@ -2531,7 +4331,7 @@ def test_concurrent_switch_model_calls_all_succeed_and_leave_one_valid_file(
 
 
 # ----------------------------------------------------------------------------------------------
-# §5 Deadlines and cancellation
+# §13 Deadlines and cancellation
 # ----------------------------------------------------------------------------------------------
 
 def test_cancelled_call_gets_no_response_aborts_upstream_and_caches_nothing(
@@ -2702,8 +4502,9 @@ def test_cancelled_caller_of_a_coalesced_pair_leaves_the_other_undisturbed(
 
 
 # ----------------------------------------------------------------------------------------------
-# §6 HTTP transport
+# §14 HTTP transport
 # ----------------------------------------------------------------------------------------------
+
 # Transport tests drive a FakeUpstream (drip, truncate, close, size=6_000_000 for the 5 MB cap).
 
 
@@ -3305,9 +5106,8 @@ def test_non_public_reason_is_the_same_on_every_python(ring, address, reason):
 
 
 # ----------------------------------------------------------------------------------------------
-# §7 Streaming LLM client
+# §15 Streaming LLM client
 # ----------------------------------------------------------------------------------------------
-
 
 @pytest.mark.parametrize("name, expected", [
     ("xai_chat/invalid_key.json", ("invalid-argument", "Incorrect API key provided.")),
@@ -3594,1469 +5394,9 @@ def test_stream_answer_cut_connection_is_a_retryable_bad_response(ring, fake_ups
 
 
 # ----------------------------------------------------------------------------------------------
-# §8 HTML to Markdown
+# §16 Key pool, circuit breaker and engine health
 # ----------------------------------------------------------------------------------------------
 
-
-ARTICLE_URL = "https://example.org/blog/wal-in-practice.html"
-PAGE_CHROME = ("NAVTEXT", "HEADERBRAND", "FOOTERTEXT", "COOKIETEXT", "SCRIPTTEXT", "STYLETEXT",
-               "SIDEBARTEXT", "INNERCOOKIE", "INNERSCRIPT", "HIDDENTEXT")
-
-
-def long_article(sections=40):
-    """A realistic ~100 KB article page and what its Markdown must contain."""
-    want = {"headings": ["# Write-ahead logging in practice"], "lines": [], "blocks": [],
-            "fragments": [], "plain_lines": ["Write-ahead logging in practice"]}
-    parts = [
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-        "<title>Write-ahead logging in practice | Example Blog</title>",
-        "<style>body{font-family:serif} .STYLETEXT{color:red}</style>",
-        "<script>window.SCRIPTTEXT = {track: true};</script></head><body>",
-        "<header><a class=\"logo\" href=\"/\">HEADERBRAND</a><h1>HEADERBRAND blog</h1></header>",
-        "<nav><ul><li><a href=\"/\">NAVTEXT home</a></li><li><a href=\"/about\">NAVTEXT about</a>"
-        "</li></ul></nav>",
-        "<div class=\"cookie-banner\" id=\"consent\"><p>COOKIETEXT We use cookies.</p>"
-        "<button>Accept COOKIETEXT</button></div>",
-        "<aside class=\"sidebar\"><h2>SIDEBARTEXT related</h2></aside>",
-        "<main><article><h1>Write-ahead logging in practice</h1>",
-        "<div class=\"gdpr-consent\">INNERCOOKIE accept all</div>",
-        "<script>var INNERSCRIPT = 1;</script><div hidden>HIDDENTEXT</div>",
-    ]
-    filler = ("The write-ahead log appends every change to a separate file and checkpoints it back "
-              "into the database later, so readers keep a consistent snapshot while one writer "
-              "appends. ") * 9
-    for i in range(sections):
-        heading = "Section %d: checkpoints and readers" % i
-        parts += [
-            "<section id=\"s%d\"><h2>%s</h2>" % (i, heading),
-            "<p>Paragraph %d explains <em>durability</em> and <strong>atomic commit</strong> with "
-            "<code>PRAGMA journal_mode=WAL</code>; see <a href=\"/docs/wal-%d.html\">the WAL notes %d</a>."
-            "<br>Second line of paragraph %d.</p>" % (i, i, i, i),
-            "<p>%s</p>" % filler,
-            "<h3>Details %d</h3>" % i,
-            "<ul><li>Point %d-a<ul><li>Sub point %d-a-1</li><li>Sub point %d-a-2</li></ul></li>"
-            "<li>Point %d-b</li></ul>" % (i, i, i, i),
-            "<ol><li>Step %d-1</li><li>Step %d-2</li><li>Step %d-3</li></ol>" % (i, i, i),
-            "<pre><code class=\"language-python\">def checkpoint_%d(db):\n"
-            "    return db.execute(&quot;PRAGMA wal_checkpoint(%d)&quot;) | %d\n</code></pre>" % (i, i, i),
-            "<table><thead><tr><th>Setting</th><th>Value %d</th></tr></thead><tbody>"
-            "<tr><td>mode|%d</td><td>WAL</td></tr><tr><td>sync</td><td>NORMAL-%d</td></tr>"
-            "</tbody></table>" % (i, i, i),
-            "<p><img src=\"/img/diagram-%d.png\" alt=\"Diagram %d\"></p>" % (i, i),
-            "<blockquote><p>Quote %d: readers do not block writers.</p></blockquote></section>" % i,
-        ]
-        want["headings"] += ["## " + heading, "### Details %d" % i]
-        want["lines"] += [
-            "- Point %d-a" % i, "  - Sub point %d-a-1" % i, "  - Sub point %d-a-2" % i,
-            "- Point %d-b" % i, "1. Step %d-1" % i, "2. Step %d-2" % i, "3. Step %d-3" % i,
-            "| Setting | Value %d |" % i, "| mode\\|%d | WAL |" % i, "| sync | NORMAL-%d |" % i,
-            "> Quote %d: readers do not block writers." % i,
-            "Second line of paragraph %d." % i,
-            "![Diagram %d](https://example.org/img/diagram-%d.png)" % (i, i),
-        ]
-        want["blocks"].append("```python\ndef checkpoint_%d(db):\n    return db.execute(\"PRAGMA "
-                              "wal_checkpoint(%d)\") | %d\n```" % (i, i, i))
-        want["fragments"] += [
-            "[the WAL notes %d](https://example.org/docs/wal-%d.html)" % (i, i),
-            "Paragraph %d explains *durability* and **atomic commit** with "
-            "`PRAGMA journal_mode=WAL`; see" % i,
-        ]
-        want["plain_lines"] += [
-            heading, "Details %d" % i, "Point %d-a" % i, "  Sub point %d-a-1" % i,
-            "Step %d-3" % i, "Setting\tValue %d" % i, "mode|%d\tWAL" % i, "sync\tNORMAL-%d" % i,
-            "def checkpoint_%d(db):" % i, "Diagram %d" % i, "Quote %d: readers do not block writers." % i,
-        ]
-    parts += ["</article></main>",
-              "<footer><p>FOOTERTEXT \u00a9 2026</p><a href=\"/privacy\">FOOTERTEXT privacy</a></footer>",
-              "<script>SCRIPTTEXT.done()</script></body></html>"]
-    return "".join(parts), want
-
-
-def test_html_to_markdown_keeps_every_part_of_a_100_kb_article(ring):
-    html, want = long_article()
-    assert 90_000 <= len(html.encode("utf-8")) <= 160_000
-    started = time.monotonic()
-    title, markdown = ring.html_to_markdown(html, ARTICLE_URL)
-    assert time.monotonic() - started < 3.0
-    assert title == "Write-ahead logging in practice | Example Blog"
-    lines = markdown.split("\n")
-    missing = [h for h in want["headings"] if h not in lines]
-    missing += [line for line in want["lines"] if line not in lines]
-    missing += [block for block in want["blocks"] if block not in markdown]
-    missing += [frag for frag in want["fragments"] if frag not in markdown]
-    assert not missing, "missing from the Markdown: %r" % missing[:10]
-    assert lines.count("|---|---|") == 40
-    assert markdown.startswith("# Write-ahead logging in practice\n\n")
-    leaked = [word for word in PAGE_CHROME if word in markdown]
-    assert not leaked, "page chrome in the Markdown: %r" % leaked
-
-
-def test_html_to_markdown_plain_text_keeps_the_text_without_markup(ring):
-    html, want = long_article(sections=5)
-    title, text = ring.html_to_markdown(html, ARTICLE_URL, plain=True)
-    assert title == "Write-ahead logging in practice | Example Blog"
-    lines = text.split("\n")
-    missing = [line for line in want["plain_lines"] if line not in lines]
-    assert not missing, "missing from the text: %r" % missing
-    for markup in ("```", "**", "](", "|---|", "# ", "> Quote", "`PRAGMA", "- Point", "3. Step"):
-        assert markup not in text, markup     # list items are lines, nested ones indented
-    assert "Paragraph 3 explains durability and atomic commit with PRAGMA journal_mode=WAL" in text
-    assert not [word for word in PAGE_CHROME if word in text]
-
-
-def test_html_to_markdown_without_main_keeps_the_body_text(ring):
-    html = html_page("No main", "<nav>NAVTEXT</nav><div class=\"content\"><h2>Plain heading</h2>"
-                                "<p>Body text is kept.</p><ul><li>one</li><li>two</li></ul></div>"
-                                "<footer>FOOTERTEXT</footer>")
-    title, markdown = ring.html_to_markdown(html, "https://example.org/")
-    assert title == "No main"
-    assert markdown == "## Plain heading\n\nBody text is kept.\n\n- one\n- two"
-
-
-@pytest.mark.parametrize("html", [
-    "<html><head><title>Empty</title></head><body></body></html>",
-    "<html><head><title>Empty</title></head><body>  \n </body></html>",
-    "<html><head><title>Empty</title><script>x()</script></head><body><nav>menu</nav></body></html>",
-])
-def test_html_to_markdown_of_an_empty_body_is_empty(ring, html):
-    assert ring.html_to_markdown(html, "https://example.org/") == ("Empty", "")
-
-
-def test_html_to_markdown_makes_relative_links_and_images_absolute(ring):
-    html = ("<main><p><a href=\"../up.html\">up</a> <a href=\"//cdn.example.net/x\">cdn</a> "
-            "<a href=\"#frag\">anchor</a> <a href=\"javascript:void(0)\">js</a> "
-            "<img src=\"pic.png\" alt=\"a [pic]\"></p></main>")
-    _, markdown = ring.html_to_markdown(html, "https://example.org/blog/post.html")
-    assert markdown.startswith("[up](https://example.org/up.html) [cdn](https://cdn.example.net/x) "
-                               "anchor js ![")
-    links = ('<main><p><a href="/a/b?x=1#f">root</a> <a href="/a/../c">dots</a> <a href="/caf\u00e9 x">iri</a> '
-             '<a href="https://Example.org:8080/p">port</a></p></main>')
-    assert ring.html_to_markdown(links, "https://example.org/blog/post.html")[1] == (
-        "[root](https://example.org/a/b?x=1#f) [dots](https://example.org/c) "
-        "[iri](https://example.org/caf%C3%A9%20x) [port](https://Example.org:8080/p)")
-    # The image must stay one Markdown image: brackets in its alt text removed or escaped, never
-    # left unbalanced (an unbalanced "[" turns "![a [pic](src)" into text plus a link).
-    image = re.search(r"!\[((?:[^\[\]\\]|\\.)*)\]\((\S+)\)$", markdown)
-    assert image, "not a well-formed Markdown image: %r" % markdown
-    assert image.group(2) == "https://example.org/blog/pic.png"
-    assert re.sub(r"\\(.)", r"\1", image.group(1)).replace("[", "").replace("]", "") == "a pic"
-
-
-# ---- Main content: whole class tokens, scores, layout tables -----------------------------------
-
-PROSE = "<p>%s</p>" % ("The council approved the budget on Tuesday, after a long debate, and the vote "
-                       "was close. " * 3)
-
-
-def article_text(ring, body):
-    return ring.html_to_markdown("<html><body>%s</body></html>" % body, "https://example.org/a/", plain=True)[1]
-
-
-@pytest.mark.parametrize("wrapper", [
-    '<div class="content-with-sidebar-wrp">%s</div>',
-    '<div class="l-sidebar-fixed l-article-body-segment">%s</div>',
-    '<article class="post category-news-advertising-deals">%s</article>',
-    '<div class="entry themeform share">%s</div>',
-    '<article class="article modal-enabled">%s</article>',
-    '<form id="aspnetForm" action="/page"><div>%s</div></form>',
-])
-def test_html_to_markdown_matches_chrome_classes_as_whole_tokens(ring, wrapper):
-    body = wrapper % ("<h1>Budget passes</h1>" + PROSE * 3) + (
-        '<div class="sidebar"><a href="/x">SIDEBARLINK one</a> <a href="/y">SIDEBARLINK two</a></div>')
-    text = article_text(ring, body)
-    assert text.startswith("Budget passes\n\nThe council approved the budget")
-    assert text.count("the vote was close") == 9
-    assert "SIDEBARLINK" not in text
-
-
-def test_html_to_markdown_main_mode_needs_the_bulk_of_the_text(ring):
-    # A data-role="main-nav-item" is no role="main"; a metadata-only <article> or a comment's
-    # <article> does not make the story outside them "outside main".
-    body = ('<ul><li data-role="main-nav-item"><a href="/">Home</a></li></ul>'
-            '<article itemscope itemtype="https://schema.org/NewsArticle"><meta itemprop="name" content="x">'
-            '</article><div class="story"><h1>Budget passes</h1>%s</div>'
-            '<div id="comments"><article class="comment"><p>COMMENTTEXT I disagree with all of this, '
-            'strongly, and at length.</p></article></div>') % (PROSE * 3)
-    text = article_text(ring, body)
-    assert text.count("the vote was close") == 9 and "Budget passes" in text
-    assert "COMMENTTEXT" not in text and "Home" not in text
-
-
-def test_html_to_markdown_drops_teasers_and_related_links_around_the_article(ring):
-    teasers = "".join('<article class="teaser"><h3><a href="/s/%d">TEASER headline number %d</a></h3>'
-                      '<a href="/s/%d">Read more</a></article>' % (i, i, i) for i in range(60))
-    body = ('<main><div class="river">%s</div><article class="story"><h1>Budget passes</h1>%s'
-            '<div class="related-links"><h4>RELATED</h4><ul><li><a href="/r1">RELATED one</a></li>'
-            '<li><a href="/r2">RELATED two</a></li></ul></div></article></main>') % (teasers, PROSE * 4)
-    text = article_text(ring, body)
-    assert text.count("the vote was close") == 12
-    assert "TEASER" not in text and "RELATED" not in text
-
-
-def test_html_to_markdown_renders_layout_and_nested_tables_as_blocks(ring):
-    layout = "<table><tr><td><p>Paragraph one.</p><p>Paragraph two.</p></td></tr></table>"
-    assert ring.html_to_markdown(layout)[1] == "Paragraph one.\n\nParagraph two."
-    nested = ("<table><tr><td>Outer A</td><td><table><tr><th>k</th><th>v</th></tr><tr><td>x</td><td>1</td>"
-              "</tr></table></td></tr><tr><td>Outer B</td><td>Outer C</td></tr></table>")
-    markdown = ring.html_to_markdown(nested)[1]
-    assert "| k | v |\n|---|---|\n| x | 1 |" in markdown
-    assert [w for w in ("Outer A", "Outer B", "Outer C") if w not in markdown] == []
-    data = "<table><tr><th>a</th><th>b</th></tr><tr><td>1</td><td>2</td></tr></table>"
-    assert ring.html_to_markdown(data)[1] == "| a | b |\n|---|---|\n| 1 | 2 |"
-
-
-# ---- Boilerplate by what it is: link lines, tails, credits, dates, pitches, empty headings ------
-
-def test_a_data_table_is_content_whatever_its_class_says(ring):
-    # A recipe's ingredients table had the class "table-header" ("header" after a word: chrome).
-    body = ('<article><h1>Mandarin cake</h1>%s<table class="ingredients table-header"><tr><td>250 g</td>'
-            '<td>INGREDIENT flour</td></tr><tr><td>3</td><td>INGREDIENT eggs</td></tr></table></article>') % (PROSE * 2)
-    assert article_text(ring, body).count("INGREDIENT") == 2
-
-
-def test_a_class_on_most_of_the_page_is_the_layout_not_chrome(ring):
-    # Page builders put "elementor-widget-container" (a "widget") on every block of the page.
-    block = '<div class="elementor-widget-wrap"><div class="elementor-widget-container">%s</div></div>'
-    text = article_text(ring, "<h1>Budget passes</h1>" + block % PROSE * 3 +
-                        '<div class="elementor-widget-wrap"><div class="sidebar-widget">SIDEBARTEXT</div></div>')
-    assert text.count("the vote was close") == 9 and "SIDEBARTEXT" not in text
-
-
-def test_the_content_is_not_widened_above_main_and_takes_its_article_header(ring):
-    # Once the chrome rules removed most of the page, widening ran up to the document and kept
-    # every box nobody recognised; an article's own <header> holds its headline and standfirst.
-    body = ('<div class="popup-thing"><p>MODALTEXT Sign in to read on, it takes a minute only.</p></div>'
-            '<main><article><header><h1>Budget passes</h1><p>STANDFIRST The city has a budget at last.</p>'
-            '</header><div class="body">%s</div></article></main>') % (PROSE * 3)
-    text = article_text(ring, body)
-    assert text.startswith("Budget passes\n\nSTANDFIRST") and text.count("the vote was close") == 9
-    assert "MODALTEXT" not in text
-
-
-def test_an_intro_block_before_the_body_joins_it(ring):
-    body = ('<div class="node"><div class="field field-intro"><p>INTRO The council met at last, after '
-            'weeks of talks, to settle the budget of the city.</p></div><div class="field field-body">%s</div>'
-            '</div><div class="other"><p>%s</p></div>') % (PROSE * 4, "OTHERTEXT " * 3)
-    text = article_text(ring, body)
-    assert text.startswith("INTRO") and text.count("the vote was close") == 12
-
-
-def test_read_also_lines_and_link_blocks_after_the_article_are_dropped(ring):
-    body = ('<article><h1>Budget passes</h1>%s<p><strong>Read also:</strong> <a href="/r">LINKLINE The mayor on the budget, '
-            'speaks</a></p>%s<p>&gt;&gt; <a href="/t">LINKLINE Another story</a> &lt;&lt;</p>%s'
-            '<p>Next: <a href="/a">TAIL one</a>, <a href="/b">TAIL two</a></p>'
-            '<div><a href="/c">TAIL three</a> and <a href="/d">TAIL four</a></div>'
-            '<ol><li><a href="/ref">REFERENCE kept</a></li></ol></article>') % (PROSE, PROSE, PROSE)
-    text = article_text(ring, body)
-    assert text.count("the vote was close") == 9 and "REFERENCE kept" in text
-    assert "LINKLINE" not in text and "TAIL" not in text and "Read also" not in text
-
-
-@pytest.mark.parametrize("line", [
-    "By Ann Smith - 11/18/19 11:04 PM EST",
-    "Publicado por: Ana - 3 de marzo de 2020 - Categoria: Noticias",
-    "January 13, 2020 at 08:45 AM | categories: <a href='/c'>news</a>",
-    "Foto: Agentur Meier",
-    "\u00a9 2020 Example Press",
-    "Photo by Jane Doe",
-])
-def test_byline_date_and_credit_lines_are_dropped(ring, line):
-    text = article_text(ring, "<article><h1>Budget passes</h1><div class='meta'>%s</div>%s<figure>"
-                              "<img src='/a.jpg' alt='The hall'><figcaption>%s</figcaption></figure></article>"
-                        % (line, PROSE * 3, line))
-    assert text.count("the vote was close") == 9
-    assert collapse_text(ring, line) not in text and "Budget passes" in text
-
-
-def collapse_text(ring, line):
-    return ring.collapse_ws(re.sub(r"<[^>]+>", "", line.replace("\u00a9", "\u00a9")))
-
-
-def test_a_date_inside_running_text_or_a_long_paragraph_stays(ring):
-    body = ("<article><h1>Budget passes</h1><p>On 11/18/19 the <b>11/18/19 vote</b> was held.</p>%s"
-            "</article>") % (PROSE * 3)
-    assert "On 11/18/19 the 11/18/19 vote was held." in article_text(ring, body)
-
-
-def test_a_date_line_with_empty_links_costs_linear_time(ring):
-    # Link texts are taken out of a date line one by one: an empty one made str.replace("", " ")
-    # put a space between all characters, once per empty link.
-    line = "<p>May 5, 2020 %s by <a href='/a'>Ann</a></p>" % ("<a href='/x'></a>" * 20)
-    text = article_text(ring, "<article><h1>Budget passes</h1>%s%s</article>" % (line, PROSE * 3))
-    assert "May 5, 2020" not in text and text.count("the vote was close") == 9
-
-
-def test_a_pitch_with_a_button_is_dropped_but_a_copy_link_is_not(ring):
-    body = ('<article><h1>Budget passes</h1>%s<div class="box"><p>PITCH Become a member and support us.</p>'
-            '<a class="btn btn-primary" href="/join">Join us today</a></div><div><pre>make build</pre>'
-            '<a class="copy-button" href="#">Copy link</a></div>%s</article>') % (PROSE * 2, PROSE)
-    text = article_text(ring, body)
-    assert "PITCH" not in text and "Join us" not in text and "make build" in text
-
-
-def test_a_heading_left_with_nothing_under_it_is_dropped(ring):
-    body = ('<article><h1>Budget passes</h1>%s<h3>Related posts</h3><ul class="related-posts"><li>'
-            '<a href="/a">one</a></li></ul><p><strong>More topics:</strong></p><h2>Share this</h2>'
-            '<div class="share-buttons"><a href="/s">f</a></div><p>Loading...</p></article>') % (PROSE * 3)
-    text = article_text(ring, body)
-    assert text.endswith("the vote was close.") and text.startswith("Budget passes")
-    kept = article_text(ring, '<article><h1>Budget passes</h1><h2>Part one</h2>%s<p><strong>Note:</strong></p>'
-                              '<p>Short note kept.</p></article>' % (PROSE * 3))
-    assert "Part one" in kept and "Note:" in kept
-
-
-def test_noscript_markup_never_reaches_the_text(ring):
-    body = ('<article><h1>Budget passes</h1><noscript><img height="1" width="1" src="https://px.example/t?id=1">'
-            '<p>NOSCRIPTTEXT enable JavaScript</p></noscript>%s</article>') % (PROSE * 3)
-    text = article_text(ring, body)
-    assert "<img" not in text and "px.example" not in text and "NOSCRIPTTEXT" not in text
-
-
-def test_image_alt_text_stays_in_plain_text(ring):
-    text = article_text(ring, "<article><h1>Budget passes</h1>%s<p><img src='/c.png' alt='Chart of the "
-                              "budget'></p>%s</article>" % (PROSE * 2, PROSE))
-    assert "Chart of the budget" in text
-
-
-# ---- Page metadata: title, byline, date, site and language as fields, never body text ----------
-
-META_PAGE = (
-    '<html lang="en_GB"><head><title>Budget passes | City News</title>'
-    '<meta property="og:title" content="Budget passes | City News">'
-    '<meta property="og:site_name" content="City News"><meta name="author" content="https://city.example/ann">'
-    '<meta property="article:published_time" content="2020-01-13T08:45:00+01:00">'
-    '<script type="application/ld+json">{"@context": "https://schema.org", "@graph": [{"@type": "WebSite", '
-    '"name": "x"}, {"@type": ["NewsArticle"], "headline": "Budget passes", "datePublished": "2019-12-01", '
-    '"author": [{"@type": "Person", "name": "Ann Smith"}, {"name": "Bo Li"}], "publisher": {"name": "CN"}}]}'
-    '</script></head><body><article><h1>Budget passes</h1>%s</article></body></html>') % (PROSE * 3)
-
-
-def test_page_metadata_reads_what_the_page_states(ring):
-    meta = ring.page_metadata(ring.html_tree(META_PAGE))
-    assert meta == {"title": "Budget passes | City News", "byline": "Ann Smith, Bo Li",
-                    "published": "2020-01-13T08:45:00+01:00", "site_name": "City News", "language": "en-GB",
-                    "headline": "Budget passes | City News"}
-    bare = ring.page_metadata(ring.html_tree('<html lang="not a tag"><p>x <time datetime="2021-02-30">then'
-                                            '</time><time datetime="2021-03-04T10:00">now</time></p>'))
-    assert bare == {}             # no language tag; the first <time datetime> names a day that does not exist
-    assert ring.page_metadata(ring.html_tree('<time datetime="2021-03-04T10:00">now</time>')) == {
-        "published": "2021-03-04T10:00"}
-    assert ring.page_metadata(ring.html_tree("<p>no metadata</p>")) == {}
-
-
-@pytest.mark.parametrize("block", [
-    "{not json", "[" * 100000, "{\"@type\": \"Article\", \"author\": 5, \"headline\": [1]}",
-    "\"just a string\"", "{\"@graph\": " + "[" * 50 + "]" * 50 + "}",
-    "{\"@type\": \"Article\", \"headline\": \"%s\"}" % ("x" * 300000),
-])
-def test_page_metadata_json_ld_is_bounded_and_never_raises(ring, block):
-    page = '<title>T</title><script type="application/ld+json">%s</script><p>x</p>' % block
-    assert ring.page_metadata(ring.html_tree(page)) == {"title": "T"}
-
-
-def test_the_stated_headline_and_byline_are_metadata_not_body_text(ring):
-    title, text, meta = ring.html_page(META_PAGE, "https://city.example/a", plain=True)
-    assert text.startswith("The council approved") and text.count("the vote was close") == 9
-    assert "Ann Smith" not in text and meta["byline"] == "Ann Smith, Bo Li"
-    assert ring.html_to_markdown(META_PAGE, "https://city.example/a") == (title, ring.html_page(META_PAGE)[1])
-    # Without a stated headline the first heading stays; a different one stays too.
-    kept = META_PAGE.replace('content="Budget passes | City News"', 'content="Another title"')
-    assert ring.html_page(kept, plain=True)[1].startswith("Budget passes\n\n")
-
-
-def test_the_head_is_read_for_metadata_without_being_parsed(ring):
-    head = ('<html><head><!--[if IE]><html lang="xx" class="ie"><![endif]--><html lang="fr">'
-            '<title>L&#39;Assembl\u00e9e vote</title><meta name="author" content="\'Ann\' &amp; Bo">'
-            '<script type="application/ld+json">{"@type": "Article", "datePublished": "2015-05-04"}</script>'
-            '</head><body><article><h1>Vote</h1>%s</article></body></html>') % (PROSE * 3)
-    title, text, meta = ring.html_page(head, "https://example.org/a")
-    assert title == "L'Assembl\u00e9e vote" and text.startswith("# Vote\n\nThe council")
-    assert meta == {"title": title, "byline": "'Ann' & Bo", "published": "2015-05-04", "language": "fr"}
-    # "<body" inside a script of the head: the page is parsed whole, and read the same.
-    odd = head.replace("<title>", "<script>document.write('<body>')</script><title>")
-    assert ring.html_page(odd, "https://example.org/a") == (title, text, meta)
-
-
-def test_svg_content_never_reaches_the_text(ring):
-    body = ('<article><h1>Chart</h1><p>BEFORE the chart.</p><svg viewBox="0 0 1 1"><text>SVGTEXT</text>'
-            '<path d="M0 0"/></svg><svg><svg><text>INNER</text></svg><text>OUTER</text></svg>'
-            '<p>AFTER the chart.</p>%s</article>') % (PROSE * 3)
-    text = article_text(ring, body)
-    assert "BEFORE the chart." in text and "AFTER the chart." in text
-    assert not [word for word in ("SVGTEXT", "INNER", "OUTER") if word in text]
-
-
-# ---- Hostile documents: linear time, broken markup, bad links ----------------------------------
-
-def test_page_title_and_link_pattern_do_not_backtrack(ring):
-    def page_links(html):
-        return ring._page_links(html, ring.CallContext(deadline=ring.Deadline(60.0)))
-    assert ring.page_title("<html><head><TITLE data-x=1>Hello\n world</title>") == "Hello world"
-    started = time.monotonic()
-    assert ring.page_title("<title>" * 20000) == ""
-    assert not page_links("<a " * 20000)
-    assert not page_links('<a href="x' * 20000)
-    assert time.monotonic() - started < 1.0
-    hrefs = page_links("<a class=x href='/a'>A</a><A HREF=\"/b\">B</a><a href=/c>")
-    assert hrefs == ["/a", "/b", "/c"]
-
-
-def test_html_to_markdown_survives_broken_markup_and_bad_links(ring):
-    html = ("<main><p>Before <![<![ <a href='http://[::1'>bad host</a> "
-            "<img src=\"http://[x\" alt=\"bad image\"> <a href='/ok'>good</a></p><p>After.</p></main>")
-    _, markdown = ring.html_to_markdown(html, "https://example.org/")
-    assert "bad host" in markdown and "bad image" in markdown and "After." in markdown
-    assert "[good](https://example.org/ok)" in markdown and "[::1" not in markdown and "[x" not in markdown
-
-
-def test_a_script_end_tag_without_its_bracket_ends_where_a_browser_ends_it(ring):
-    # A page whose "</script" is followed by a newline and a comment: html.parser kept the script
-    # open to the next "</script>" and the article between the two was lost.
-    html = ("<html><body><script src='/a.js'></script\n\n<!-- pixel --><article><h1>Budget passes</h1>%s"
-            "</article><script>x()</script ></body></html>") % (PROSE * 2)
-    text = article_text(ring, html)
-    assert text.startswith("Budget passes") and text.count("the vote was close") == 6
-    assert "x()" not in text and "pixel" not in text
-    assert ring.close_raw_text_ends("<style>a{}</STYLE/ x>b") == "<style>a{}</style>b"
-    assert ring.close_raw_text_ends("<script>x</script") == "<script>x</script"
-
-
-def test_html_to_markdown_caps_nesting_output_and_stops_when_checked(ring):
-    _, markdown = ring.html_to_markdown("<ul><li>x" * 4000)
-    assert markdown.count("x") == 4000 and len(markdown) < 100_000
-    calls = []
-
-    def check():
-        calls.append(1)
-        if len(calls) > 3:
-            raise ring.UpstreamError("direct", "timeout", "extraction_timeout", "too slow")
-    with pytest.raises(ring.UpstreamError) as info:
-        ring.html_to_markdown("<p>x</p>" * 20000, check=check)
-    assert info.value.code == "extraction_timeout"
-
-
-def test_fetcher_stops_a_long_extraction_at_the_deadline_with_extraction_timeout(ring):
-    class PageTransport:
-        def request(self, method, url, **options):
-            return types.SimpleNamespace(status=200, url=url, body=b"<p>words here</p>" * 50000,
-                                         headers={"content-type": "text/html; charset=utf-8"})
-
-    now = [0.0]
-
-    def clock():
-        now[0] += 0.001           # every look at the clock costs a millisecond of "work"
-        return now[0]
-    fetcher = ring.Fetcher(ring.Config.from_env({}), PageTransport(), None, quiet_logger(ring))
-    with pytest.raises(ring.UpstreamError) as info:
-        fetcher._direct("https://example.org/big", "markdown", ring.CallContext(deadline=ring.Deadline(0.05, clock)))
-    assert info.value.code == "extraction_timeout" and info.value.outcome == "timeout"
-    token = ring.CancelToken()
-    token.cancel("client cancelled")
-    with pytest.raises(ring.Cancelled):
-        fetcher._direct("https://example.org/big", "markdown", ring.CallContext(token, ring.Deadline(60.0)))
-
-
-HOSTILE_UNITS = {
-    "unclosed divs, stray ends": ("<div>", "</span>"),
-    "nested links": ("<a href='/x'>x",),
-    "nested lists": ("<ul><li>x",),
-    "nested tables": ("<table><tr><td>x",),
-    "unfinished attribute": ("<a href='",),
-    "unfinished tag": ('<a b="x" ',),
-    "marked sections": ("<![<![",),
-    "titles": ("<title>",),
-    "loose script ends": ("<script>x</script ",),
-    "nested link lines": ("<p>Read:<a href='/x'>x</a>",),
-    "nested date lines": ("<div>May 5, 2020 <span>",),
-    "headings over link lists": ("<h3>Related</h3><ul><li><a href='/x'>x</a></li></ul>",),
-    "nested svgs": ("<svg>",),
-    "svgs": ("<svg><path/></svg>",),
-    "nested prose": ("<div class='x'>Words, more words, and still more words here.",
-                     "<section><p>Another branch, with text, long enough to score.</p>"),
-}
-
-
-
-def test_a_long_text_tail_with_an_ampersand_is_kept(ring):
-    # html.parser holds back a final run of text with a bare "&"; that is text, not broken markup.
-    title, text = ring.html_to_markdown("<p>" + "word, " * 400 + "see AT&T", "https://example.com/", plain=True)
-    assert text.startswith("word, word") and text.endswith("see AT&T")
-
-
-def test_one_paragraph_of_links_is_capped_like_the_rest_of_the_output(ring):
-    base = "https://example.com/" + "a" * 2000
-    html = "<p>" + "<a href=x>y</a>" * 20000
-    title, markdown = ring.html_to_markdown(html, base)
-    assert len(markdown) <= max(ring._MIN_OUTPUT_CAP, 3 * len(html))
-
-
-def test_the_address_table_is_complete_for_threads_racing_to_build_it(ring):
-    results = []
-    barrier = threading.Barrier(8)
-
-    def probe():
-        barrier.wait(DEFAULT_TIMEOUT_S)
-        results.append(ring.non_public_reason("10.1.2.3"))
-    ring.non_public_reason.__defaults__[0].clear()          # a fresh process: nothing built yet
-    threads = [threading.Thread(target=probe) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(DEFAULT_TIMEOUT_S)
-    assert results == ["private"] * 8
-
-
-def test_a_large_page_defers_the_cyclic_collector_and_frees_its_tree_in_slices(ring):
-    # Full collections over a big element tree held the interpreter lock for 200-500 ms at a
-    # time, so ping waited; the converter defers them and frees its cyclic tree itself.
-    import gc
-    page = "<html><body><article>" + "<p>Some words, and more words.</p><div></span>" * 12000 + "</article></body></html>"
-    assert len(page) > ring._GC_DEFER_CHARS
-    seen = []
-    with ring._cyclic_gc_deferred():
-        seen.append(gc.isenabled())
-        title, text = ring.html_to_markdown(page, "https://example.com/", plain=True)
-        seen.append(gc.isenabled())       # still off: an outer conversion is running
-    assert seen == [False, False] and gc.isenabled()
-    assert text.count("Some words, and more words.") == 12000
-    gc.disable()
-    try:
-        ring.html_to_markdown(page, "https://example.com/")
-        assert not gc.isenabled()          # a collector that was off stays off
-    finally:
-        gc.enable()
-
-
-@pytest.mark.parametrize("name", sorted(HOSTILE_UNITS))
-def test_html_to_markdown_time_grows_linearly_on_hostile_documents(ring, name):
-    units = HOSTILE_UNITS[name]
-    documents = {}
-
-    def convert(n):
-        if n not in documents:
-            documents[n] = "".join(unit * n for unit in units) + "<p>end</p>"
-        ring.html_to_markdown(documents[n], "https://example.org/")
-    assert_linear(convert, max(1000, 60_000 // len("".join(units))), name)
-
-
-# ---- memory budgets: the converter charges what it builds; pages share their call's budget ----
-
-_BUDGET_PAGES = {"divs": "<div>" * 40000, "paragraphs": "<p>Some words here.</p>" * 15000,
-                 "attributes": "<i a=1 b=2 c=3 d=4 e=5>" * 15000, "text": "<p>" + "word " * 80000,
-                 "lists": "<ul><li>x" * 8000, "tables": "<table><tr><td>x" * 4000}
-
-
-@pytest.mark.parametrize("name", sorted(_BUDGET_PAGES))
-def test_the_html_converter_charges_about_what_it_holds(ring, name):
-    import tracemalloc
-    page = _BUDGET_PAGES[name]
-    ring.html_to_markdown("<p>warm</p>")
-    charged = []
-    tracemalloc.start()
-    try:
-        ring.html_to_markdown(page, "https://example.org/", charge=charged.append)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert 0.6 * peak <= sum(charged) <= 2.5 * peak, (sum(charged), peak)
-    assert len(charged) > 1 or name == "text"            # as the tree grows, not once at the end
-
-
-def test_a_page_over_its_budget_stops_with_too_large_and_gives_the_budget_back(ring):
-    class PageTransport:
-        def request(self, method, url, **options):
-            return types.SimpleNamespace(status=200, url=url, body=b"<div>" * 200_000,
-                                         headers={"content-type": "text/html; charset=utf-8"})
-    fetcher = ring.Fetcher(ring.Config.from_env({"WEBSEARCH_DOCUMENT_MAX_MB": "16"}), PageTransport(), None,
-                           quiet_logger(ring))
-    call = ring.MemoryBudget(1 << 30, "this call")
-    with pytest.raises(ring.UpstreamError) as caught:
-        fetcher._direct("https://example.org/divs", "markdown", ring.CallContext(budget=call))
-    assert (caught.value.outcome, caught.value.code) == ("bad_response", "too_large")
-    assert "16777216 bytes" in caught.value.message and "WEBSEARCH_DOCUMENT_MAX_MB" in caught.value.message
-    assert call.used == 0
-    with pytest.raises(ring.UpstreamError) as caught:     # no call budget: the page's own still holds
-        fetcher._direct("https://example.org/divs", "markdown", ring.CallContext())
-    assert caught.value.code == "too_large"
-
-
-def test_the_pages_of_one_call_share_its_budget_and_the_process_total(ring, fake_upstream):
-    fake_upstream.route("GET", "/page", {"headers": {"Content-Type": "text/html"},
-                                         "body": "<p>Some words here.</p>" * 20000})
-    config = ring.Config.from_env(direct_env(WEBSEARCH_CALL_MAX_MB="32", WEBSEARCH_PROCESS_MAX_MB="64"))
-    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
-    tools = server.page_tools
-    assert server.memory.limit == 64 << 20
-    call = ring.CallContext(budget=server.memory.child(config.call_max_mb << 20, "this call"))
-    content, _, is_error = tools.web_fetch({"url": fake_upstream.url + "/page"}, call)
-    assert is_error is False and call.budget.used == 0 and server.memory.used == 0
-    call.budget.charge(20 << 20)              # other pages of this call, still being read
-    content, _, is_error = tools.web_fetch({"url": fake_upstream.url + "/page?2"}, call)
-    assert is_error is True and content["error"] == "too_large", content
-    assert "this call would hold more than" in content["error_detail"]["message"]
-    call.budget.release(20 << 20)
-    other = server.memory.child(64 << 20, "another call")
-    other.charge(50 << 20)                    # another call's pages
-    content, _, is_error = tools.web_fetch({"url": fake_upstream.url + "/page?3"},
-                                           ring.CallContext(budget=server.memory.child(32 << 20, "this call")))
-    assert is_error is True and "the process would hold more than" in content["error_detail"]["message"]
-
-
-# ----------------------------------------------------------------------------------------------
-# §8 PDF to text: small PDFs assembled byte by byte in each test
-# ----------------------------------------------------------------------------------------------
-
-PDF_HELVETICA = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>"
-
-
-# ---- Building PDFs ----------------------------------------------------------------------------
-
-def pdf_stream(body, extra=b""):
-    """A stream object's bytes: dictionary with /Length and ``extra`` entries, then the data."""
-    return b"<< /Length %d %s >>\nstream\n%s\nendstream" % (len(body), extra, body)
-
-
-def pdf_file(objects, trailer=b"", xref=True, root=1):
-    """A PDF file from ``objects`` (object bodies numbered from 1) with a classic xref table."""
-    out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
-    offsets = []
-    for num, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (num, body)
-    start = len(out)
-    if xref:
-        out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-        for off in offsets:
-            out += b"%010d 00000 n \n" % off
-    out += b"trailer\n<< /Size %d /Root %d 0 R %s >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1, root, trailer, start)
-    return bytes(out)
-
-
-def pdf_one_page(content, font=PDF_HELVETICA, resources=b"/Font << /F1 4 0 R >>", extra=()):
-    """Objects of a one-page document: catalog, pages, page, font 4, content 5, then ``extra``."""
-    return [b"<< /Type /Catalog /Pages 2 0 R >>",
-            b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << %s >> "
-            b"/Contents 5 0 R >>" % resources,
-            font,
-            pdf_stream(content)] + list(extra)
-
-
-def pdf_rc4(key, data):
-    s, j = list(range(256)), 0
-    for i in range(256):
-        j = (j + s[i] + key[i % len(key)]) & 255
-        s[i], s[j] = s[j], s[i]
-    out, i, j = bytearray(), 0, 0
-    for c in data:
-        i = (i + 1) & 255
-        j = (j + s[i]) & 255
-        s[i], s[j] = s[j], s[i]
-        out.append(c ^ s[(s[i] + s[j]) & 255])
-    return bytes(out)
-
-
-PDF_PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683E802F0CA9FE6453697A")
-
-
-def pdf_encrypted_rc4(objects, user_password=b""):
-    """A file with RC4-128 encryption (V 2, R 3) opened by ``user_password``."""
-    file_id = b"0123456789abcdef"
-    owner = hashlib.md5(b"owner").digest() * 2
-    perms = -4
-    h = hashlib.md5((user_password + PDF_PAD)[:32] + owner + (perms & 0xFFFFFFFF).to_bytes(4, "little") + file_id)
-    key = h.digest()
-    for _ in range(50):
-        key = hashlib.md5(key[:16]).digest()
-    key = key[:16]
-    check = pdf_rc4(key, hashlib.md5(PDF_PAD + file_id).digest())
-    for i in range(1, 20):
-        check = pdf_rc4(bytes(b ^ i for b in key), check)
-    user = check + b"\0" * 16
-    out = []
-    for num, body in enumerate(objects, 1):
-        if b"stream\n" in body:
-            head, rest = body.split(b"stream\n", 1)
-            data = rest[:rest.rindex(b"\nendstream")]
-            obj_key = hashlib.md5(key + num.to_bytes(3, "little") + b"\0\0").digest()
-            body = head + b"stream\n" + pdf_rc4(obj_key, data) + b"\nendstream"
-        out.append(body)
-    enc_num = len(out) + 1
-    out.append(b"<< /Filter /Standard /V 2 /R 3 /Length 128 /P %d /O <%s> /U <%s> >>" % (
-        perms, owner.hex().encode(), user.hex().encode()))
-    return pdf_file(out, b"/Encrypt %d 0 R /ID [<%s> <%s>]" % (
-        enc_num, file_id.hex().encode(), file_id.hex().encode()))
-
-
-def pdf_text_of(data, **kwargs):
-    return import_server_module().pdf_to_text(data, **kwargs)
-
-
-# ---- Text -------------------------------------------------------------------------------------
-
-def test_pdf_minimal_page_with_helvetica_tj():
-    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (Hello, world!) Tj ET"))
-    assert pdf_text_of(data) == "Hello, world!"
-
-
-def test_pdf_tj_kerning_small_gap_joins_large_gap_spaces():
-    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td [(Hel) -20 (lo) -400 (there)] TJ ET"))
-    assert pdf_text_of(data) == "Hello there"
-
-
-def test_pdf_lines_paragraphs_and_forward_jumps():
-    content = (b"BT /F1 10 Tf 14 TL 72 700 Td (First line) Tj T* (second line) Tj "
-               b"0 -40 Td (New paragraph) Tj 200 0 Td (far right) Tj ET")
-    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "First line\nsecond line\n\nNew paragraph far right"
-
-
-def test_pdf_quote_operators_move_to_next_line():
-    content = b"BT /F1 10 Tf 12 TL 72 700 Td (one) Tj (two) ' 1 0 (three) \" ET"
-    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "one\ntwo\nthree"
-
-
-def test_pdf_text_matrix_and_ctm_place_text():
-    content = (b"q 2 0 0 2 0 0 cm BT /F1 6 Tf 1 0 0 1 36 350 Tm (top) Tj ET Q "
-               b"BT /F1 12 Tf 1 0 0 1 72 680 Tm (below) Tj ET")
-    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "top\nbelow"
-
-
-def test_pdf_text_outside_the_page_is_left_out():
-    content = b"BT /F1 12 Tf 72 900 Td (printer mark) Tj ET BT /F1 12 Tf 72 700 Td (body) Tj ET"
-    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "body"
-
-
-def test_pdf_differences_glyph_names_and_ligatures():
-    font = (b"<< /Type /Font /Subtype /Type1 /BaseFont /CMR10 /Encoding << /Type /Encoding "
-            b"/BaseEncoding /WinAnsiEncoding /Differences [1 /fi /eacute /uni00660066 /f_l /quoteright] >> >>")
-    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (\\001nd caf\\002 o\\003ice \\004ow it\\005s) Tj ET", font))
-    assert pdf_text_of(data) == "find caf\u00e9 office flow it\u2019s"
-
-
-def test_pdf_tounicode_cmap_type0_identity_h():
-    cmap = (b"/CIDInit /ProcSet findresource begin 12 dict begin begincmap\n"
-            b"1 begincodespacerange <0000> <FFFF> endcodespacerange\n"
-            b"2 beginbfchar <0001> <0048> <0002> <00690020> endbfchar\n"
-            b"2 beginbfrange <0010> <0012> <0061> <0020> <0021> [<03A9> <D835DC00>] endbfrange\n"
-            b"endcmap CMapName currentdict /CMap defineresource pop end end")
-    font = (b"<< /Type /Font /Subtype /Type0 /BaseFont /ABCDEF+Some /Encoding /Identity-H "
-            b"/DescendantFonts [6 0 R] /ToUnicode 7 0 R >>")
-    descendant = (b"<< /Type /Font /Subtype /CIDFontType2 /BaseFont /ABCDEF+Some /DW 500 "
-                  b"/CIDSystemInfo << /Registry (Adobe) /Ordering (Identity) /Supplement 0 >> "
-                  b"/W [1 [600 250] 16 18 500] >>")
-    content = b"BT /F1 12 Tf 72 700 Td <000100020010001100120020 0021> Tj ET"
-    data = pdf_file(pdf_one_page(content, font, extra=[descendant, pdf_stream(cmap)]))
-    assert pdf_text_of(data) == "Hi abc\u03a9\U0001d400"
-
-
-def test_pdf_form_xobject_text_is_read():
-    form = pdf_stream(b"BT /F1 12 Tf 0 0 Td (inside the form) Tj ET",
-                  b"/Type /XObject /Subtype /Form /BBox [0 0 500 100] /Matrix [1 0 0 1 72 686] "
-                  b"/Resources << /Font << /F1 4 0 R >> >>")
-    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (page) Tj ET /X1 Do",
-                          resources=b"/Font << /F1 4 0 R >> /XObject << /X1 6 0 R >>", extra=[form]))
-    assert pdf_text_of(data) == "page\ninside the form"
-
-
-def test_pdf_pages_in_tree_order_separated_by_blank_line():
-    objects = [b"<< /Type /Catalog /Pages 2 0 R >>",
-               b"<< /Type /Pages /Kids [6 0 R 3 0 R] /Count 2 /MediaBox [0 0 612 792] "
-               b"/Resources << /Font << /F1 4 0 R >> >> >>",
-               b"<< /Type /Page /Parent 2 0 R /Contents 5 0 R >>",
-               PDF_HELVETICA,
-               pdf_stream(b"BT /F1 12 Tf 72 700 Td (second) Tj ET"),
-               b"<< /Type /Pages /Parent 2 0 R /Kids [7 0 R] /Count 1 >>",
-               b"<< /Type /Page /Parent 6 0 R /Contents 8 0 R >>",
-               pdf_stream(b"BT /F1 12 Tf 72 700 Td (first) Tj ET")]
-    assert pdf_text_of(pdf_file(objects)) == "first\n\nsecond"
-    assert pdf_text_of(pdf_file(objects), max_pages=1) == "first"
-
-
-def test_pdf_nested_parentheses_escapes_and_inline_image():
-    content = (b"BT /F1 12 Tf 72 700 Td (a (nested) \\(escaped\\) \\101) Tj ET "
-               b"BI /W 4 /H 1 /BPC 8 /CS /G ID \x00(BT\xff)Tj EI Q "
-               b"BT /F1 12 Tf 72 680 Td (after) Tj ET")
-    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "a (nested) (escaped) A\nafter"
-
-
-# ---- File structure ---------------------------------------------------------------------------
-
-def pdf_xref_stream_file(objects, compress=True):
-    """A PDF 1.5 file whose cross-reference is a Flate stream with a PNG Up predictor."""
-    out = bytearray(b"%PDF-1.5\n")
-    offsets = []
-    for num, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (num, body)
-    xref_num = len(objects) + 1
-    offsets.append(len(out))
-    rows = [b"\x00\x00\x00\xff"] + [b"\x01" + off.to_bytes(2, "big") + b"\x00" for off in offsets]
-    raw, prev = bytearray(), bytes(4)
-    for row in rows:                     # PNG "Up" filter: each byte minus the one above
-        raw += b"\x02" + bytes((a - b) & 255 for a, b in zip(row, prev))
-        prev = row
-    body = zlib.compress(bytes(raw)) if compress else bytes(raw)
-    out += b"%d 0 obj\n%s\nendobj\n" % (xref_num, pdf_stream(
-        body, b"/Type /XRef /Size %d /W [1 2 1] /Root 1 0 R /Filter /FlateDecode "
-              b"/DecodeParms << /Predictor 12 /Columns 4 >>" % (xref_num + 1)))
-    out += b"startxref\n%d\n%%%%EOF\n" % offsets[-1]
-    return bytes(out)
-
-
-def test_pdf_flate_content_with_xref_stream_and_png_predictor():
-    content = zlib.compress(b"BT /F1 12 Tf 72 700 Td (compressed text) Tj ET")
-    objects = pdf_one_page(b"")
-    objects[4] = pdf_stream(content, b"/Filter /FlateDecode")
-    assert pdf_text_of(pdf_xref_stream_file(objects)) == "compressed text"
-
-
-def test_pdf_object_stream_holds_the_page_objects(ring):
-    members = [b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
-               b"/Resources << /Font << /F1 4 0 R >> >> /Contents 5 0 R >>",
-               PDF_HELVETICA]
-    header, body = b"", b""
-    for num, member in zip((2, 3, 4), members):
-        header += b"%d %d " % (num, len(body))
-        body += member + b"\n"
-    objstm = pdf_stream(zlib.compress(header + body),
-                    b"/Type /ObjStm /N 3 /First %d /Filter /FlateDecode" % len(header))
-    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"null", b"null", b"null",
-               pdf_stream(b"BT /F1 12 Tf 72 700 Td (from an object stream) Tj ET"), objstm]
-    data = pdf_xref_stream_file(objects)
-    # point objects 2-4 at the object stream (type 2 entries): rebuild the xref rows
-    doc = ring._PdfDocument(data, None)
-    for i, num in enumerate((2, 3, 4)):
-        doc.xref[num] = (6, i)
-    doc.cache.clear()
-    page, resources, box = doc.pages(10)[0]
-    reader = ring._PdfTextReader(doc)
-    reader.run_page(page, resources, box)
-    assert reader.text() == "from an object stream"
-
-
-def test_pdf_object_stream_found_by_scan_when_xref_is_missing():
-    header = b"2 0 3 45 "
-    body = (b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>\n    "
-            b"<< /Type /Page /Parent 2 0 R /Resources << /Font << /F1 4 0 R >> >> /Contents 5 0 R >>")
-    objstm = pdf_stream(zlib.compress(header + body), b"/Type /ObjStm /N 2 /First %d /Filter /FlateDecode" % len(header))
-    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"null", b"null", PDF_HELVETICA,
-               pdf_stream(b"BT /F1 12 Tf 72 700 Td (scanned objstm) Tj ET"), objstm]
-    data = pdf_file(objects, xref=False).replace(b"2 0 obj\nnull", b"% 0 obj\nnull").replace(
-        b"3 0 obj\nnull", b"% 0 obj\nnull")
-    assert pdf_text_of(data) == "scanned objstm"
-
-
-def test_pdf_incremental_update_follows_prev():
-    base = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (old text) Tj ET"))
-    start = int(base.rsplit(b"startxref", 1)[1].split()[0])
-    update = bytearray(base)
-    offset = len(update)
-    new = pdf_stream(b"BT /F1 12 Tf 72 700 Td (new text) Tj ET")
-    update += b"5 0 obj\n%s\nendobj\n" % new
-    xref_at = len(update)
-    update += b"xref\n5 1\n%010d 00000 n \ntrailer\n<< /Size 6 /Root 1 0 R /Prev %d >>\nstartxref\n%d\n%%%%EOF\n" % (
-        offset, start, xref_at)
-    assert pdf_text_of(bytes(update)) == "new text"
-
-
-def test_pdf_prev_loop_terminates():
-    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (loop) Tj ET"))
-    start = int(data.rsplit(b"startxref", 1)[1].split()[0])
-    data = data.replace(b"/Size 6", b"/Size 6 /Prev %d" % start)
-    assert pdf_text_of(data) == "loop"
-
-
-def test_pdf_broken_xref_is_recovered_by_scan():
-    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (recovered) Tj ET"))
-    data = data.replace(b"0000000", b"0000123")           # every offset wrong
-    assert pdf_text_of(data) == "recovered"
-    no_xref = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (no xref at all) Tj ET"), xref=False)
-    no_xref = no_xref[:no_xref.index(b"trailer")]         # no trailer either
-    assert pdf_text_of(no_xref) == "no xref at all"
-
-
-def test_pdf_wrong_stream_length_is_tolerated():
-    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td (length lies) Tj ET")).replace(b"/Length 41", b"/Length 9")
-    assert pdf_text_of(data) == "length lies"
-
-
-def test_pdf_damaged_zlib_stream_yields_what_inflates():
-    good = zlib.compress(b"BT /F1 12 Tf 72 700 Td (checksum is wrong) Tj ET")
-    bad = good[:-4] + bytes(b ^ 0xFF for b in good[-4:])  # damage the Adler-32 checksum
-    objects = pdf_one_page(b"")
-    objects[4] = pdf_stream(bad, b"/Filter /FlateDecode")
-    assert pdf_text_of(pdf_file(objects)) == "checksum is wrong"
-
-
-def test_pdf_not_a_pdf_is_damaged(ring):
-    with pytest.raises(ring.PdfError) as info:
-        pdf_text_of(b"<html>not a pdf</html>")
-    assert info.value.code == "pdf_damaged"
-    assert info.value.partial == ""
-
-
-# ---- Filters ----------------------------------------------------------------------------------
-
-def test_pdf_filters_lzw_ascii85_hex_run_length(ring):
-    # The LZW example of the PDF specification (7.4.4.2).
-    assert ring._pdf_lzw(bytes.fromhex("800B6050220C0C8501"), 100, True) == b"\x2d\x2d\x2d\x2d\x2d\x41\x2d\x2d\x2d\x42"
-    assert ring._pdf_ascii85(b"<~87cURD]i,\"Ebo7~>") == b"Hello World"
-    assert ring._pdf_ascii85(b"z!!~>") == b"\0\0\0\0\0"
-    assert ring._pdf_ascii_hex(b"48 65 6c6C 6>") == b"Hell`"
-    assert ring._pdf_run_length(b"\x02abc\xfdz\x80", 100) == b"abczzzz"
-
-
-def test_pdf_chained_filters_on_content():
-    body = zlib.compress(b"BT /F1 12 Tf 72 700 Td (two filters) Tj ET").hex().encode() + b">"
-    objects = pdf_one_page(b"")
-    objects[4] = pdf_stream(body, b"/Filter [/ASCIIHexDecode /FlateDecode]")
-    assert pdf_text_of(pdf_file(objects)) == "two filters"
-
-
-def test_pdf_png_predictors_sub_average_paeth(ring):
-    rows = [bytes([10, 20, 30]), bytes([11, 25, 40])]
-    encoded = b"\x01" + bytes([10, 10, 10]) + b"\x04" + bytes([1, 5, 10])
-    assert ring._pdf_predict(encoded, {"Predictor": 15, "Columns": 3}) == rows[0] + rows[1]
-    assert ring._pdf_predict(b"\x03" + bytes([4, 4]), {"Predictor": 10, "Columns": 2}) == bytes([4, 6])
-
-
-def test_pdf_image_filters_are_skipped(ring):
-    assert ring._pdf_filter("DCTDecode", b"\xff\xd8", {}, 100, None) is None
-    assert ring._pdf_filter("JBIG2Decode", b"", {}, 100, None) is None
-
-
-# ---- Encryption -------------------------------------------------------------------------------
-
-def test_pdf_rc4_with_empty_user_password_is_decrypted():
-    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (secret but open) Tj ET")
-    assert pdf_text_of(pdf_encrypted_rc4(objects)) == "secret but open"
-
-
-def test_pdf_user_password_needed_is_reported(ring):
-    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (closed) Tj ET")
-    with pytest.raises(ring.PdfError) as info:
-        pdf_text_of(pdf_encrypted_rc4(objects, b"openpassword"))
-    assert info.value.code == "pdf_password_required"
-    assert "password" in info.value.message
-
-
-# ---- AES: FIPS-197 and SP 800-38A known answers, qpdf's files, generated files --------
-
-# FIPS-197 Appendix C (C.1 AES-128, C.2 AES-192, C.3 AES-256): key 00 01 02 ..., this plaintext.
-FIPS197_PLAIN = bytes.fromhex("00112233445566778899aabbccddeeff")
-FIPS197 = [(bytes(range(16)), "69c4e0d86a7b0430d8cdb78070b4c55a"),
-           (bytes(range(24)), "dda97ca4864cdfe06eaf70a0ec0d7191"),
-           (bytes(range(32)), "8ea2b7ca516745bfeafc49904b496089")]
-
-# NIST SP 800-38A F.2.1-F.2.6: CBC-AES128, -AES192, -AES256 (iv 00 01 02 ..., four blocks).
-SP800_38A_PLAIN = bytes.fromhex("6bc1bee22e409f96e93d7e117393172aae2d8a571e03ac9c9eb76fac45af8e51"
-                                "30c81c46a35ce411e5fbc1191a0a52eff69f2445df4f9b17ad2b417be66c3710")
-SP800_38A_CBC = [
-    ("2b7e151628aed2a6abf7158809cf4f3c",
-     "7649abac8119b246cee98e9b12e9197d5086cb9b507219ee95db113a917678b2"
-     "73bed6b8e3c1743b7116e69e222295163ff1caa1681fac09120eca307586e1a7"),
-    ("8e73b0f7da0e6452c810f32b809079e562f8ead2522c6b7b",
-     "4f021db243bc633d7178183a9fa071e8b4d9ada9ad7dedf4e5e738763f69145a"
-     "571b242012fb7ae07fa9baac3df102e008b0e27988598881d920a9e64f5615cd"),
-    ("603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4",
-     "f58c4c04d6e5f1ba779eabfb5f7bfbd69cfc4e967edb808d679f777bc6702c7d"
-     "39f23369a9d9bacfa530e26304231461b2eb05e2c39be9fcda6c19078c6a9d1b"),
-]
-
-
-@pytest.mark.parametrize("key, cipher", FIPS197)
-def test_aes_fips197_appendix_c(ring, key, cipher):
-    assert ring._pdf_aes_ecb_encrypt(key, FIPS197_PLAIN).hex() == cipher
-    assert ring._pdf_aes_ecb_decrypt(key, bytes.fromhex(cipher)) == FIPS197_PLAIN
-    assert ring._pdf_aes_cbc_decrypt(key, bytes(16), bytes.fromhex(cipher)) == FIPS197_PLAIN
-
-
-@pytest.mark.parametrize("key, cipher", SP800_38A_CBC)
-def test_aes_sp800_38a_cbc_on_both_paths(ring, key, cipher):
-    key, cipher = bytes.fromhex(key), bytes.fromhex(cipher)
-    iv = bytes(range(16))
-    assert ring._pdf_aes_cbc_decrypt(key, iv, cipher) == SP800_38A_PLAIN          # block by block
-    assert ring._pdf_aes_cbc_encrypt(key, iv, SP800_38A_PLAIN) == cipher
-    blocks = [cipher[i:i + 16] for i in range(0, 64, 16)] * 40                  # byte-sliced: >= 160 bytes
-    chain = [iv] + blocks[:3]
-    want = b"".join(bytes(a ^ b for a, b in zip(SP800_38A_PLAIN[i:i + 16], chain[i // 16])) for i in range(0, 64, 16))
-    assert ring._pdf_aes_ecb_decrypt(key, b"".join(blocks)) == want * 40
-
-
-# SHA-256 of the AES-CBC decryption of 69,984 bytes (i * 7 + 3 mod 256), iv 16..31, key 0..n-1,
-# computed with the cryptography package (OpenSSL) when the code was written.
-AES_LONG_DIGESTS = {16: "9c4af8212b1cec4bcce0c67e6e6eab677d6f43a93f69766a4883219208924a23",
-                    32: "e34ef96d4c891b534d381c0f1222b34003006f86243bd03b43169dadb3958a94"}
-
-
-@pytest.mark.parametrize("size", [16, 32])
-def test_aes_long_buffer_against_openssl_digest(ring, size):
-    data = bytes((i * 7 + 3) & 255 for i in range(70000 // 16 * 16))
-    plain = ring._pdf_aes_cbc_decrypt(bytes(range(size)), bytes(range(16, 32)), data)
-    assert hashlib.sha256(plain).hexdigest() == AES_LONG_DIGESTS[size]
-
-
-def test_aes_sliced_and_block_paths_agree_at_every_size(ring, monkeypatch):
-    monkeypatch.setattr(ring, "_AES_CHUNK", 1024)          # several chunks, and short last chunks
-    for size in (16, 32):
-        key, iv = hashlib.sha256(b"k%d" % size).digest()[:size], hashlib.md5(b"iv").digest()
-        for n in (16, 32, 144, 160, 176, 1008, 1024, 1040, 3072, 5000):
-            plain = (hashlib.sha512(b"%d" % n).digest() * (n // 64 + 1))[:n // 16 * 16]
-            cipher = ring._pdf_aes_cbc_encrypt(key, iv, plain)
-            assert ring._pdf_aes_cbc_decrypt(key, iv, cipher) == plain, (size, n)
-            assert ring._pdf_aes_cbc_decrypt(key, iv, cipher + b"xyz") == plain    # a partial block is dropped
-    assert ring._pdf_aes_cbc_decrypt(bytes(16), bytes(16), b"short") == b""
-
-
-# qpdf 11.3.0 (--static-id) on one small file: the encryption dictionary, the file's first ID and
-# the page's content stream (object 6) of: aes128 (--encrypt "" owner 128 --use-aes=y: V4 R4 AESV2),
-# aes256 (--encrypt "" owner 256: V5 R6 AESV3), aes256r5 (... --force-R5), aes256-user (user
-# password "user").  The real file behind the AESV2 case: encrypted-aes-128-empty-password.
-QPDF_ID = bytes.fromhex("31415926535897932384626433832795")
-QPDF_CONTENT = (b"BT /F1 12 Tf 72 700 Td (Attack at dawn, said the AES test file.) Tj "
-                b"0 -20 Td (Second line of secret text.) Tj ET")
-QPDF_VECTORS = {
-    "aes128": (
-        {"CF": {"StdCF": {"AuthEvent": "DocOpen", "CFM": "AESV2", "Length": 16}}, "Filter": "Standard",
-         "Length": 128, "P": -4, "R": 4, "V": 4, "StmF": "StdCF", "StrF": "StdCF",
-         "O": bytes.fromhex("566fa873ee33c797cd3b904fdadf814afa34df9a38f6ed41b984e2c6da2aa6f5"),
-         "U": bytes.fromhex("e21cc3d13b0faa9934db7d20f11e333e0122456a91bae5134273a6db134c87c4")},
-        "1b5c9f000ca144b46671b50bdb7988a634dad30d016bb6dabee7b3ea4edeef09738a6f3b30cf9793492198ecfa8fb283"
-        "2cf24447fea2e34fb513bf520346cfef30fe5addacad1ea23dfa2cdb61c64dd319713a23018ef413be5f3a3185f4b563"
-        "8dea74d735540159ad62320431d79a40816f9c84b291de671fc351d252ed1938600e872ec808905d4442cdbee42e12a3"),
-    "aes256": (
-        {"CF": {"StdCF": {"AuthEvent": "DocOpen", "CFM": "AESV3", "Length": 32}}, "Filter": "Standard",
-         "Length": 256, "P": -4, "R": 6, "V": 5, "StmF": "StdCF", "StrF": "StdCF",
-         "O": bytes.fromhex("139c5e4c3087eac79160ad7ef30ef511cd65d5899336382f7d639c7f5703544f"
-                            "757d02acc5c206200d3ac01b814cb6d6"),
-         "OE": bytes.fromhex("38d831e44924ceed3ef051b769bc41d29ed020ec6fdcf067fdd6f384b5398591"),
-         "Perms": bytes.fromhex("1313a3931a50ef613111753c81a3d2c3"),
-         "U": bytes.fromhex("ec5c97169ffd7a853726fe8e4e4d5190a8c9e91d16abe076be8b12bdaf6d08e7"
-                            "4b267da9755c4ce037155423d2fa2258"),
-         "UE": bytes.fromhex("cf1d817982106e472a1bc73bde90e105275a278173d568174755835611000085")},
-        "bb110f2b6d08878b080e980125ae04c7dd8a2db7165c3883b24149a1f3ba4485161a6530776a82f01df8f2f2ed67a36c"
-        "ec510836c0ecd2003960e785c9addec7cc8b1a6921f04ea6c50f63ebf29bce420c049b536c39368723659719cfe014b3"
-        "6c9c0e369df04eed4597bf214025374a4cd90c2ff84e2b2aa1a101e3a56182d66b33db0d2885ca281c13406575c1ef70"),
-    "aes256r5": (
-        {"CF": {"StdCF": {"AuthEvent": "DocOpen", "CFM": "AESV3", "Length": 32}}, "Filter": "Standard",
-         "Length": 256, "P": -4, "R": 5, "V": 5, "StmF": "StdCF", "StrF": "StdCF",
-         "O": bytes.fromhex("0621bf8baf0dd1dd8d801f6d1a416f90516ac1605e2fd0be92f34245b4919151"
-                            "f87c1f2d827ca2efdbb30329bbfa80c7"),
-         "OE": bytes.fromhex("6d61faeb219f74e48d6bef7792ac6e021ffd0c5093c3ed4a60cf5dba193f511b"),
-         "Perms": bytes.fromhex("adf6e66d4d573a5ddd97ff8ecb486af9"),
-         "U": bytes.fromhex("43f95e7d220df0ffc80f6b25e31eb33d5160eb557f17805879ad813d5f03643b"
-                            "de16abed10ed13b8cfb7e5ddcef4f772"),
-         "UE": bytes.fromhex("25fc0bb0ac5136a0cbc9ad671f73afa138359f03ea5fd45465927f2b606765bd")},
-        "ed69ff2215c21f0652d6b044e70e8c6e7766ff9822611a735b150255b42aff481a554281e91c43a70755315cd32c7c37"
-        "1de6fc9762543b8c762b7babd3b4f011ebb4c531137124d864ac3ffa1cf30adc2d16cce1cc586efa4abfbafb6a3eccaf"
-        "8a787c60b71a8f46f4b7744c5357ad9d9ec9bfd5b0e81cba1fd16d62acca3c5c2102ecebaf793ef18a71f897be1d6226"),
-    "aes256-user": (
-        {"CF": {"StdCF": {"AuthEvent": "DocOpen", "CFM": "AESV3", "Length": 32}}, "Filter": "Standard",
-         "Length": 256, "P": -4, "R": 6, "V": 5, "StmF": "StdCF", "StrF": "StdCF",
-         "O": bytes.fromhex("1e863d8e65ce73e76c710ed47968f02515a83a501c61f0e36e2085982928e69f"
-                            "eee755425958732f81bda2bba79f68d6"),
-         "OE": bytes.fromhex("699c12e239705d80c53991ccd9912e49c32cc5cba525be2527177b29fa8217e1"),
-         "Perms": bytes.fromhex("9a9e3a247472b6a34ff4da46d8e97aa5"),
-         "U": bytes.fromhex("9680e3c832fdfd3eb982ff242b6d0bf4722ee7b748f6bed9bd5b5b9bf31b4463"
-                            "33186f4485fe23b88dfcd4740770d7d5"),
-         "UE": bytes.fromhex("7dcd2ad83ea485b716b18b912cf22e8a32c5ffde3c35c5b6ef6cf2ebe5ec41d4")},
-        "f7d41e34b827d4cfa9ec885c49ee5a0877f5c106da374a3ed846470e0b969cfba69cec6abebf5025bdc83f0781828c98"
-        "7a017fba021b35f7fd260f6aa6f0f4cd2fdcaaaf18efadfe6478ebe9707e760f42eb251c85f91266f6a604508482ad37"
-        "ced8179a0f2e76f694ddae7ab1e4b8eb6865a2a3f8eb93b1f9908b48c26b2ec3cd6e79737a3549be792baa2bbf25c148"),
-}
-
-
-@pytest.mark.parametrize("name", ["aes128", "aes256", "aes256r5"])
-def test_pdf_qpdf_aes_files_open_with_the_empty_password(ring, name):
-    enc, content = QPDF_VECTORS[name]
-    handler = ring._PdfSecurity(enc, QPDF_ID)
-    assert handler.decrypt_stream(bytes.fromhex(content), 6, 0, {"Length": 1}) == QPDF_CONTENT
-    if name != "aes128":
-        assert len(handler.key) == 32 and handler.perms_ok is True
-
-
-def test_pdf_qpdf_aes256_with_a_user_password_needs_it(ring):
-    enc, _ = QPDF_VECTORS["aes256-user"]
-    with pytest.raises(ring.PdfError) as info:
-        ring._PdfSecurity(enc, QPDF_ID)
-    assert info.value.code == "pdf_password_required"
-    assert "AES" not in info.value.message and "password" in info.value.message
-
-
-def test_pdf_r6_hash_matches_qpdf(ring):
-    user = QPDF_VECTORS["aes256"][0]["U"]
-    assert ring._pdf_hash_r6(b"", user[32:40], b"") == user[:32]
-    user = QPDF_VECTORS["aes256r5"][0]["U"]
-    assert ring._pdf_hash_r5(b"", user[32:40], b"") == user[:32]
-
-
-PDF_FILE_ID = b"0123456789abcdef"
-
-
-def pdf_aes_object(ring, key, data, iv):
-    """IV + AES-CBC of ``data`` with its PKCS#5 padding, as a PDF stores a string or a stream."""
-    n = 16 - len(data) % 16
-    return iv + ring._pdf_aes_cbc_encrypt(key, iv, data + bytes([n]) * n)
-
-
-def pdf_encrypt_dict_r4(user_pw, owner_pw):
-    """(encryption dictionary, file key) of V4 R4 /AESV2 (PDF 1.7 algorithms 3, 2 and 5)."""
-    digest = hashlib.md5((owner_pw + PDF_PAD)[:32]).digest()
-    for _ in range(50):
-        digest = hashlib.md5(digest).digest()
-    owner = (user_pw + PDF_PAD)[:32]
-    for i in range(20):
-        owner = pdf_rc4(bytes(b ^ i for b in digest[:16]), owner)
-    key = hashlib.md5((user_pw + PDF_PAD)[:32] + owner + (-4 & 0xFFFFFFFF).to_bytes(4, "little")
-                      + PDF_FILE_ID).digest()
-    for _ in range(50):
-        key = hashlib.md5(key[:16]).digest()
-    key = key[:16]
-    check = pdf_rc4(key, hashlib.md5(PDF_PAD + PDF_FILE_ID).digest())
-    for i in range(1, 20):
-        check = pdf_rc4(bytes(b ^ i for b in key), check)
-    body = (b"<< /Filter /Standard /V 4 /R 4 /Length 128 /P -4 /O <%s> /U <%s> "
-            b"/CF << /StdCF << /CFM /AESV2 /AuthEvent /DocOpen /Length 16 >> >> /StmF /StdCF /StrF /StdCF >>"
-            % (owner.hex().encode(), (check + bytes(16)).hex().encode()))
-    return body, key
-
-
-def pdf_encrypt_dict_r5(ring, user_pw, owner_pw):
-    """(encryption dictionary, file key) of V5 R5 /AESV3 (SHA-256 password hashes; R6 differs
-    only by its slow hash, tested on qpdf's dictionary above)."""
-    file_key = hashlib.sha256(b"file key").digest()
-    salts = [hashlib.md5(b"salt%d" % i).digest()[:8] for i in range(4)]
-    user = hashlib.sha256(user_pw + salts[0]).digest() + salts[0] + salts[1]
-    user_e = ring._pdf_aes_cbc_encrypt(hashlib.sha256(user_pw + salts[1]).digest(), bytes(16), file_key)
-    owner = hashlib.sha256(owner_pw + salts[2] + user).digest() + salts[2] + salts[3]
-    owner_e = ring._pdf_aes_cbc_encrypt(hashlib.sha256(owner_pw + salts[3] + user).digest(), bytes(16), file_key)
-    perms = ring._pdf_aes_ecb_encrypt(file_key, (-4 & 0xFFFFFFFF).to_bytes(4, "little") + b"\xff" * 4 + b"Tadb" + bytes(4))
-    body = (b"<< /Filter /Standard /V 5 /R 5 /Length 256 /P -4 /O <%s> /U <%s> /OE <%s> /UE <%s> /Perms <%s> "
-            b"/CF << /StdCF << /CFM /AESV3 /AuthEvent /DocOpen /Length 32 >> >> /StmF /StdCF /StrF /StdCF >>"
-            % tuple(v.hex().encode() for v in (owner, user, owner_e, user_e, perms)))
-    return body, file_key
-
-
-def pdf_encrypted_aes(ring, objects, revision=4, user_password=b""):
-    """A file with AES-128 (V 4 R 4) or AES-256 (V 5 R 5) encryption opened by ``user_password``:
-    every stream and every literal string of ``objects`` is encrypted."""
-    if revision == 4:
-        enc, key = pdf_encrypt_dict_r4(user_password, b"owner")
-    else:
-        enc, key = pdf_encrypt_dict_r5(ring, user_password, b"owner")
-    out = []
-    for num, body in enumerate(objects, 1):
-        obj_key = key if revision >= 5 else hashlib.md5(key + num.to_bytes(3, "little") + b"\0\0sAlT").digest()
-        iv = hashlib.md5(b"iv%d" % num).digest()
-        if b"stream\n" in body:
-            head, rest = body.split(b"stream\n", 1)
-            data = pdf_aes_object(ring, obj_key, rest[:rest.rindex(b"\nendstream")], iv)
-            head = re.sub(rb"/Length \d+", b"/Length %d" % len(data), head)
-            body = head + b"stream\n" + data + b"\nendstream"
-        else:
-            body = re.sub(rb"\(([^()\\]*)\)",
-                          lambda m: b"<%s>" % pdf_aes_object(ring, obj_key, m.group(1), iv).hex().encode(), body)
-        out.append(body)
-    out.append(enc)
-    return pdf_file(out, b"/Encrypt %d 0 R /ID [<%s> <%s>]" % (
-        len(out), PDF_FILE_ID.hex().encode(), PDF_FILE_ID.hex().encode()))
-
-
-@pytest.mark.parametrize("revision", [4, 5])
-def test_pdf_aes_with_empty_user_password_is_decrypted(ring, revision):
-    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (secret but open) Tj ET")
-    objects[0] = b"<< /Type /Catalog /Pages 2 0 R /Lang (en) >>"        # a string, encrypted too
-    assert pdf_text_of(pdf_encrypted_aes(ring, objects, revision)) == "secret but open"
-
-
-@pytest.mark.parametrize("revision", [4, 5])
-def test_pdf_aes_user_password_needed_is_reported(ring, revision):
-    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (closed) Tj ET")
-    with pytest.raises(ring.PdfError) as info:
-        pdf_text_of(pdf_encrypted_aes(ring, objects, revision, b"openpassword"))
-    assert info.value.code == "pdf_password_required"
-
-
-def test_pdf_aes_owner_password_empty_opens_the_file(ring):
-    enc, key = pdf_encrypt_dict_r4(b"secret", b"")
-    values, _, _ = ring._pdf_parse(enc)
-    assert ring._PdfSecurity(values[0], PDF_FILE_ID).key == key
-
-
-def test_pdf_crypt_filters_identity_array_and_per_stream(ring):
-    enc, key = pdf_encrypt_dict_r4(b"", b"o")
-    enc = ring._pdf_parse(enc)[0][0]
-    assert ring._PdfSecurity(dict(enc, StmF="Identity", StrF="Identity"), PDF_FILE_ID).identity
-    handler = ring._PdfSecurity(dict(enc, StmF=["StdCF"], StrF="Identity"), PDF_FILE_ID)  # an array: its name
-    obj_key = hashlib.md5(key + (4).to_bytes(3, "little") + b"\0\0sAlT").digest()
-    data = pdf_aes_object(ring, obj_key, b"xyz", bytes(16))
-    assert handler.decrypt_stream(data, 4, 0, {}) == b"xyz"
-    assert handler.decrypt(b"plain string", 4, 0) == b"plain string"
-    parms = {"Filter": ["Crypt", "FlateDecode"], "DecodeParms": [{"Name": "Identity"}, None]}
-    assert handler.decrypt_stream(b"raw", 4, 0, parms) == b"raw"
-    assert handler.decrypt_stream(b"<x>", 4, 0, {"Type": "XRef"}) == b"<x>"
-
-
-def test_pdf_other_handlers_and_damaged_dictionaries_are_pdf_encrypted(ring):
-    for enc in ({"Filter": "Adobe.PubSec", "V": 4, "R": 4},
-                {"Filter": "Standard", "V": 4, "R": 4, "O": b"x" * 32, "U": b"y" * 32, "StmF": "StdCF",
-                 "CF": {"StdCF": {"CFM": "Rot13"}}},
-                {"Filter": "Standard", "V": 5, "R": 6, "O": b"x" * 48, "U": b"y" * 20, "UE": b"z" * 32,
-                 "StmF": "StdCF", "StrF": "StdCF", "CF": {"StdCF": {"CFM": "AESV3"}}},
-                {"Filter": "Standard", "V": 2, "R": 3, "O": 5, "U": b"y" * 32},
-                {"Filter": "Standard", "V": 2, "R": 3, "O": b"", "U": b""}):
-        with pytest.raises(ring.PdfError) as info:
-            ring._PdfSecurity(enc, PDF_FILE_ID)
-        assert info.value.code == "pdf_encrypted", enc
-
-
-def test_pdf_aes_damaged_data_never_raises(ring):
-    enc, key = pdf_encrypt_dict_r5(ring, b"", b"owner")
-    handler = ring._PdfSecurity(ring._pdf_parse(enc)[0][0], PDF_FILE_ID)
-    assert handler.key == key
-    assert handler.decrypt(b"0123456789abcdef", 1, 0) == b""                     # an IV alone
-    assert handler.decrypt(pdf_aes_object(ring, key, b"hello", bytes(16)) + b"\n", 1, 0) == b"hello"
-    for n in range(0, 200, 7):
-        handler.decrypt(hashlib.sha512(b"%d" % n).digest() * 4, n, 0)           # garbage: some bytes
-
-
-# ---- No text, bounds, cancellation ------------------------------------------------------------
-
-def test_pdf_image_only_page_is_no_text(ring):
-    image = pdf_stream(b"\xff\xd8\xff\xd9", b"/Type /XObject /Subtype /Image /Width 1 /Height 1 "
-                                        b"/ColorSpace /DeviceGray /BitsPerComponent 8 /Filter /DCTDecode")
-    data = pdf_file(pdf_one_page(b"q 612 0 0 792 0 0 cm /Im0 Do Q", resources=b"/XObject << /Im0 6 0 R >>",
-                          extra=[image]))
-    with pytest.raises(ring.PdfError) as info:
-        pdf_text_of(data)
-    assert info.value.code == "pdf_no_text"
-    assert "scanned image" in info.value.message
-
-
-def test_pdf_zip_bomb_stops_at_the_cap(ring, monkeypatch):
-    monkeypatch.setattr(ring, "_PDF_MAX_STREAM", 1 << 20)
-    monkeypatch.setattr(ring, "_PDF_DECODED", (64, 2 << 20, 2 << 20))
-    inflater = zlib.compressobj(9)
-    bomb = inflater.compress(b"BT /F1 12 Tf 72 700 Td (boom) Tj ET\n") + inflater.compress(b" " * (64 << 20))
-    bomb += inflater.flush()
-    objects = pdf_one_page(b"")
-    objects[4] = pdf_stream(bomb, b"/Filter /FlateDecode")
-    started = time.monotonic()
-    assert pdf_text_of(pdf_file(objects)) == "boom"
-    assert time.monotonic() - started < 2.0
-
-
-def test_pdf_deep_nesting_raises_no_recursion_error(ring):
-    deep = b"[" * 100000 + b"]" * 100000
-    data = pdf_file(pdf_one_page(b"BT /F1 12 Tf 72 700 Td " + deep + b" pop (survived) Tj ET",
-                          extra=[b"<< /Deep " + deep + b" >>"]))
-    assert pdf_text_of(data) == "survived"
-    values, _, _ = ring._pdf_parse(b"<< /A " + b"[" * 5000 + b"1" + b"]" * 5000 + b" >>")
-    depth, value = 0, values[0]["A"]
-    while isinstance(value, list) and value:
-        value, depth = value[0], depth + 1
-    assert depth <= ring._PDF_MAX_NESTING
-
-
-def test_pdf_reference_cycles_terminate():
-    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (cycle) Tj ET")
-    objects[1] = b"<< /Type /Pages /Kids [3 0 R 2 0 R 6 0 R] /Count 1 >>"
-    objects.append(b"7 0 R")
-    objects.append(b"6 0 R")
-    assert pdf_text_of(pdf_file(objects)) == "cycle"
-
-
-def test_pdf_check_is_called_and_its_exception_propagates():
-    content = b"BT /F1 12 Tf 72 700 Td " + b"(x) Tj " * 20000 + b"ET"
-    data = pdf_file(pdf_one_page(content))
-    calls = []
-    pdf_text_of(data, check=lambda: calls.append(1))
-    assert calls
-
-    class Stop(Exception):
-        pass
-
-    def stop():
-        raise Stop()
-    with pytest.raises(Stop):
-        pdf_text_of(data, check=stop)
-
-
-# ---- Marked content: /ActualText ---------------------------------------------------
-
-def test_pdf_actual_text_replaces_the_glyphs_it_spans():
-    content = (b"BT /F1 12 Tf 72 700 Td (The ) Tj /Span << /Lang (en) /ActualText <FEFF0066006C> >> BDC "
-               b"(\\002) Tj (\\003) Tj EMC (ow is ) Tj /P << /MCID 3 >> BDC (marked) Tj EMC ET "
-               b"BT /F1 12 Tf 72 680 Td /Span /P1 BDC [(xx) -20 (yy)] TJ EMC ( done) Tj ET")
-    objects = pdf_one_page(content, resources=b"/Font << /F1 4 0 R >> /Properties << /P1 6 0 R >>",
-                           extra=[b"<< /ActualText (named) >>"])
-    assert pdf_text_of(pdf_file(objects)) == "The flow is marked\nnamed done"
-
-
-def test_pdf_actual_text_in_nested_and_unbalanced_marked_content():
-    content = (b"BT /F1 12 Tf 72 700 Td /Span << /ActualText (outer) >> BDC /X BMC "
-               b"/Span << /ActualText (inner) >> BDC (a) Tj EMC (b) Tj EMC EMC EMC EMC (after) Tj ET")
-    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "outerafter"
-
-
-# ---- Hostile documents: work, memory, deadline -------------------------------------
-
-def pdf_nested_forms(levels, fanout=10):
-    """A page drawing form 6, each form drawing the next ``fanout`` times: fanout ** levels drawings."""
-    objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (start) Tj ET /X Do",
-                           resources=b"/Font << /F1 4 0 R >> /XObject << /X 6 0 R >>")
-    for i in range(levels):
-        inner = b"/Resources << /XObject << /X %d 0 R >> /Font << /F1 4 0 R >> >>" % (7 + i) if i < levels - 1 else b""
-        objects.append(pdf_stream(b"/X Do " * fanout + b"BT /F1 12 Tf (x) Tj ET",
-                                  b"/Type /XObject /Subtype /Form /BBox [0 0 10 10] " + inner))
-    return pdf_file(objects)
-
-
-def test_pdf_nested_forms_stop_at_the_check_and_within_the_work_allowance(ring, monkeypatch):
-    data = pdf_nested_forms(12)             # 10 ** 12 drawings if nothing stopped them
-    assert len(data) < 6000
-
-    class Stop(Exception):
-        pass
-    calls = []
-
-    def check():
-        calls.append(1)
-        if len(calls) > 20:
-            raise Stop()
-    with pytest.raises(Stop):
-        pdf_text_of(data, check=check)
-    monkeypatch.setattr(ring, "_PDF_WORK", (1, 50000, 50000))
-    doc = ring._PdfDocument(data, None)
-    text = pdf_text_of(data)
-    assert text.startswith("start") and 10 < text.count("x") < 50000 // ring._PDF_FORM_COST
-    assert doc.work == 50000
-
-
-def test_pdf_nested_forms_end_with_extraction_timeout_or_cancelled(ring):
-    data = pdf_nested_forms(12)
-    ctx = ring.CallContext(deadline=ring.Deadline(-1.0))
-    with pytest.raises(ring.UpstreamError) as info:
-        ring._pdf_page_text("http://x/forms.pdf", data, ring._extraction_check("http://x/forms.pdf", ctx))
-    assert info.value.code == "extraction_timeout"
-    ctx = ring.CallContext()
-    ctx.token.cancel()
-    with pytest.raises(ring.Cancelled):
-        ring._pdf_page_text("http://x/forms.pdf", data, ring._extraction_check("http://x/forms.pdf", ctx))
-
-
-def test_pdf_long_number_runs_keep_a_bounded_operand_list(ring, monkeypatch):
-    monkeypatch.setattr(ring, "_PDF_MAX_OPERANDS", 1000)
-    content = b"BT /F1 12 Tf 72 700 Td " + b"1 " * 50000 + b"/N " * 5000 + b"(kept) Tj ET"
-    lists = []
-    real = ring._PdfTextReader._op_show
-
-    def spy(reader, ops):
-        lists.append(len(ops))
-        real(reader, ops)
-    monkeypatch.setitem(ring._PdfTextReader._OPERATORS, b"Tj", spy)
-    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "kept"
-    assert lists == [lists[0]] and lists[0] <= 1000
-
-
-def test_pdf_memory_is_charged_and_a_spent_budget_stops_the_read(ring):
-    body = zlib.compress(b"BT /F1 12 Tf 72 700 Td (big) Tj ET\n" + b"% padding\n" * 200000)
-    objects = pdf_one_page(b"")
-    objects[4] = pdf_stream(body, b"/Filter /FlateDecode")
-    data = pdf_file(objects)
-    charged = []
-    assert pdf_text_of(data, charge=charged.append) == "big"
-    assert sum(charged) >= 2000000 and max(charged) < 2 << 20
-    budget = ring.MemoryBudget(1 << 20, "this call")
-    with pytest.raises(ring.UpstreamError) as info:
-        ring._pdf_page_text("http://x/big.pdf", data, None, budget)
-    assert info.value.code == "too_large" and budget.used == 0
-    assert ring._pdf_page_text("http://x/big.pdf", data, None, ring.MemoryBudget(64 << 20)) == "big"
-
-
-def test_pdf_document_over_its_memory_cap_is_too_large(ring, monkeypatch):
-    monkeypatch.setattr(ring, "_PDF_MAX_HELD", 1 << 20)
-    body = zlib.compress(b"BT /F1 12 Tf 72 700 Td (big) Tj ET\n" + b"% padding\n" * 200000)
-    objects = pdf_one_page(b"")
-    objects[4] = pdf_stream(body, b"/Filter /FlateDecode")
-    with pytest.raises(ring.PdfError) as info:
-        pdf_text_of(pdf_file(objects))
-    assert info.value.code == "too_large"
-
-
-def test_pdf_huge_integers_and_array_cmap_caps_are_per_document(ring, monkeypatch):
-    big = b"9" * 5000                       # int() refuses 4,300 digits on Python 3.11+
-    values, _, _ = ring._pdf_parse(b"<< /A " + big + b" /B -" + big + b" >>")
-    assert values[0]["A"] == 3.4e38 and values[0]["B"] == -3.4e38
-    content = b"BT /F1 " + big + b" Tf 72 700 Td (huge) Tj ET"
-    assert pdf_text_of(pdf_file(pdf_one_page(content))) == "huge"
-    ranges = b"".join(b"<%04x> <%04x> 1\n" % (i * 1000, i * 1000 + 999) for i in range(60))
-    cmap = b"begincidrange\n" + ranges + b"endcidrange\n"
-    doc = ring._PdfDocument(pdf_file(pdf_one_page(b"")), None)
-    doc.entries = 25000
-    assert len(ring._PdfCMap(cmap, doc).cids) == 25000 and doc.entries == 0
-    assert not ring._PdfCMap(cmap, doc).cids                        # the document's allowance is spent
-    doc.entries = 3000
-    widths = ring._PdfCompositeFont._cid_widths(doc, [0, 65535, 500, 1, [1, 2, 3]])
-    assert len(widths) == 3000 and doc.entries == 0
-
-
-# ---- Fuzz: generated hostile documents ---------------------------------------------
-
-def pdf_hostile_documents(scale):
-    """Hostile PDFs (name, bytes) whose cost should grow with ``scale`` at most linearly."""
-    def page_with(content_ref, extra):
-        objects = pdf_one_page(b"BT /F1 12 Tf 72 700 Td (p) Tj ET", extra=extra)
-        objects[2] = objects[2].replace(b"/Contents 5 0 R", b"/Contents [5 0 R %s]" % content_ref)
-        return pdf_file(objects)
-    deep = b"[" * (2000 * scale) + b"<<" * (1000 * scale)
-    yield "forms", pdf_nested_forms(6 + scale)
-    yield "numbers", page_with(b"6 0 R", [pdf_stream(zlib.compress(b"1 " * (10000 * scale)), b"/Filter /FlateDecode")])
-    yield "nesting", page_with(b"6 0 R 7 0 R", [pdf_stream(b"BT " + deep + b" (d) Tj ET"), b"<< /D " + deep + b" >>"])
-    yield "values", page_with(b"6 0 R", [b"[" + b"1.5 /N (s) " * (2000 * scale) + b"]"])
-    broken = bytearray(pdf_file(pdf_one_page(b"BT /F1 12 Tf (xref) Tj ET")))
-    broken[broken.rindex(b"startxref"):] = b"startxref\n999999999\n%%EOF\n"
-    yield "bad xref", bytes(broken) + b"9 0 obj << /Type /ObjStm >> endobj\n" * (1000 * scale)
-    yield "big stream", page_with(b"6 0 R", [pdf_stream(zlib.compress(b"q Q " * (1 << 14) * scale, 9),
-                                                        b"/Filter /FlateDecode")])
-    yield "cmap", pdf_file(pdf_one_page(b"BT /F1 12 Tf (ab) Tj ET", font=(
-        b"<< /Type /Font /Subtype /Type0 /BaseFont /X /Encoding /Identity-H /ToUnicode 6 0 R >>"), extra=[
-        pdf_stream(b"beginbfrange\n" + b"".join(b"<%04x> <%04x> <0041>\n" % (i << 8, (i << 8) + 255)
-                                                 for i in range(100 * scale)) + b"endbfrange\n")]))
-
-
-def test_pdf_fuzz_hostile_documents_grow_linearly_in_work_and_memory(ring, monkeypatch):
-    import tracemalloc
-    # small allowances, so that the caps bite in a short test: what is checked is the growth
-    monkeypatch.setattr(ring, "_PDF_WORK", (4, 30000, 1 << 26))
-    monkeypatch.setattr(ring, "_PDF_VALUES", (1, 20000, 1 << 22))
-    monkeypatch.setattr(ring, "_PDF_ENTRIES", (1, 20000, 1 << 21))
-
-    def checks(data, traced=False):
-        calls = []
-        if traced:
-            tracemalloc.start()
-        try:
-            pdf_text_of(data, check=lambda: calls.append(1))
-        except ring.PdfError:
-            pass
-        peak = tracemalloc.get_traced_memory()[1] if traced else 0
-        tracemalloc.stop()
-        return len(calls), peak
-    small = {name: (len(data), checks(data)[0]) for name, data in pdf_hostile_documents(1)}
-    for name, data in pdf_hostile_documents(4):
-        size, work = small[name]
-        calls, peak = checks(data, traced=True)
-        grown = max(4.0, len(data) / size)
-        assert calls <= 2 * grown * work + 20, (name, calls, work)      # work (checks) at most linear
-        assert peak < 24 << 20, (name, peak)                             # and memory bounded
-
-
-# ----------------------------------------------------------------------------------------------
-# §9 Key pool and circuit breaker
-# ----------------------------------------------------------------------------------------------
 # Unit tests take a FakeClock (`fake_clock` fixture).
 
 
@@ -5300,10 +5640,46 @@ def test_breaker_probe_without_a_verdict_lets_the_next_probe_through(ring, fake_
     assert probe is True
 
 
-# ----------------------------------------------------------------------------------------------
-# §10 Cache and coalescing
-# ----------------------------------------------------------------------------------------------
+# Filters across failover, vendor health (cooldowns, probes), fan-out with RRF fusion.
 
+# ---- filters survive failover --------------------------------------------------------------
+
+# web_search country, safesearch, topic, start_date, end_date and page: native where the engine has them.
+
+SEARCH_PARAMETER_CASES = [
+    ("brave", dict(country="DE", safesearch="strict", start_date="2026-01-01", end_date="2026-02-01", page=2),
+     "query", {"country": "DE", "safesearch": "strict", "freshness": "2026-01-01to2026-02-01", "offset": "1"}),
+    ("serper", dict(country="DE", page=2), "json", {"gl": "de", "page": 2}),
+    ("searxng", dict(safesearch="strict", page=2), "query", {"safesearch": "2", "pageno": "2"}),
+    ("bing", dict(country="DE", safesearch="strict", page=2), "query",
+     {"mkt": "en-DE", "adlt": "strict", "first": "11", "FORM": "PERE"}),
+    ("duckduckgo", dict(country="DE", safesearch="strict"), "form", {"kl": "de-en", "kp": "1"}),
+    ("yep", dict(country="DE", safesearch="strict", start_date="2020-01-01"), "json",
+     {"location": "DE", "safe_search": True, "start_published_date": "2020-01-01"}),
+    ("tavily", dict(start_date="2020-01-01", end_date="2026-02-01", topic="news"), "json",
+     {"start_date": "2020-01-01", "end_date": "2026-02-01", "topic": "news"}),
+    ("exa", dict(country="DE", start_date="2020-01-01", end_date="2026-02-01", topic="news"), "json",
+     {"userLocation": "DE", "startPublishedDate": "2020-01-01T00:00:00.000Z",
+      "endPublishedDate": "2026-02-01T23:59:59.999Z", "category": "news"}),
+]
+
+
+# ---- vendor health -------------------------------------------------------------------------
+
+def _health_board(ring, clock, **env):
+    config = ring.Config.from_env({key: str(value) for key, value in env.items()})
+    stream = io.StringIO()
+    return ring.HealthBoard(config, ring.Logger("debug", stream=stream), clock), stream
+
+
+# ---- fan-out -------------------------------------------------------------------------------
+
+FANOUT_VENDORS = ("brave", "serper", "yep", "searxng")
+
+
+# ----------------------------------------------------------------------------------------------
+# §17 Cache and coalescing
+# ----------------------------------------------------------------------------------------------
 
 def test_ttl_cache_hits_do_not_extend_the_ttl(ring, fake_clock):
     cache = ring.TTLCache(4, 10.0, clock=fake_clock)
@@ -5558,7 +5934,7 @@ def test_persistent_cache_expires_and_two_writers_lose_nothing(ring, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# §11 Vendors
+# §18 Vendors
 # ----------------------------------------------------------------------------------------------
 
 def test_tavily_keyless_request_is_a_json_post_with_the_access_mode_header(
@@ -5588,12 +5964,6 @@ def test_tavily_key_travels_as_a_bearer_header_and_never_reaches_output(
     assert server.wait_exit() == 0
     assert key.encode() not in b"".join(server.raw_lines)
     assert key not in server.stderr_text()
-
-
-# ---- one masking pass over every output ------------------------------------------------------
-
-PROXY_PASSWORD = "pr0xy-Pa55word-TEST"
-URL_PASSWORD = "searx-Pa55word-TEST"
 
 
 def route_echo_everything(fake, status=401):
@@ -5703,18 +6073,6 @@ def test_needed_finds_whatever_outgoing_would_mask_in_the_json_text(ring):
             assert redact.outgoing(message) != message
     plain = {"results": [{"title": "Basic task-management", "url": "https://example.com/risk-sk-a"}]}
     assert not redact.needed(json.dumps(plain)) and redact.outgoing(plain) == plain
-
-
-def test_mask_url_credentials_finds_every_url_in_text_and_runs_in_linear_time(ring):
-    assert ring.mask_url_credentials("a http://u:p@ss@h/x, https://x:y@z and ftp://anon@h") == \
-        "a http://u:****@h/x, https://x:****@z and ftp://anon@h"
-    assert_linear(lambda n: ring.mask_url_credentials("http://" + "a:" * n + "@" + "x://" * n), 20000,
-                  "mask_url_credentials")
-    redact = ring.Redactor(["my-own-secret-value-42"])
-    assert_linear(lambda n: redact("Bearer " + "a" * n + " bearer " * n + "my-own-secr" * n), 20000, "Redactor")
-    assert_linear(lambda n: redact.needed("://" + "a" * n + "://x" * n + "@"), 20000, "Redactor.needed")
-    assert_linear(lambda n: ring.script_shell('<noscript x="' + "y" * n + '">' + "<noscript>" * n, ""), 20000,
-                  "script_shell")
 
 
 def test_decode_bing_url_matches_every_case_of_the_ck_links_table(ring):
@@ -5928,34 +6286,6 @@ def test_exa_rest_passes_domains_and_the_time_range_natively(ring, fake_upstream
     assert before - 7 * 86400 - 1 <= since <= after - 7 * 86400 + 1
 
 
-# (response spec, outcome, code, http_status, fragments of the message, extra record fields)
-EXA_REST_ERROR_CASES = [
-    pytest.param("exa/empty.json", "no_results", "empty", 200, [], {}, id="empty"),
-    pytest.param({"status": 400, "body": {"requestId": "b4d7", "error": "numResults must be at most 100",
-                                          "tag": "INVALID_REQUEST_BODY"}},
-                 "http_error", "bad_request", 400, ["numResults must be at most 100"],
-                 {"retryable": False}, id="bad-params-400"),
-    pytest.param("exa/invalid_key.json", "auth_error", "invalid_key", 401, ["Invalid API key"],
-                 {"retryable": False}, id="invalid-key-401"),
-    pytest.param("exa/no_credits.json", "quota_exhausted", "quota_exhausted", 402,
-                 ["exceeded your credits limit"], {"retryable": False}, id="no-credits-402"),
-    pytest.param({"status": 403, "body": {"error": "API key budget exceeded",
-                                          "tag": "API_KEY_BUDGET_EXCEEDED"}},
-                 "quota_exhausted", "quota_exhausted", 403, ["budget exceeded"],
-                 {"retryable": False}, id="key-budget-403"),
-    pytest.param("exa/rate_limited.json", "rate_limited", "rate_limited", 429,
-                 ["exceeded your Exa rate limit"], {"retryable": True, "retry_after_s": 1.0},
-                 id="rate-limited-429"),
-    pytest.param("exa/server_error.json", "http_error", "server_error", 500, ["Internal server error"],
-                 {"retryable": True}, id="server-error-500"),
-    pytest.param("exa/gateway_html_502.html", "http_error", "server_error", 502, ["502: Bad gateway"],
-                 {"retryable": True}, id="gateway-page-502"),
-    pytest.param({"status": 200, "headers": {"Content-Type": "text/html"},
-                  "body": "<html>maintenance</html>"},
-                 "bad_response", "invalid_json", 200, ["not JSON"], {}, id="html-200"),
-]
-
-
 @pytest.mark.parametrize("spec, outcome, code, status, fragments, extra", EXA_REST_ERROR_CASES)
 def test_exa_rest_error_bodies_map_to_outcome_code_and_message(
         ring, fake_upstream, spec, outcome, code, status, fragments, extra):
@@ -6024,239 +6354,11 @@ def test_decode_page_reads_invalid_utf8_as_cp1252_or_replacement_characters(ring
     assert ring.decode_page("caf\u00e9".encode("utf-8"), "text/html; charset=x-no-such") == "caf\u00e9"
 
 
-# -- robots.txt --
-
-def _robots(ring, text, agent=None):
-    """RobotsRules for ``text``, as `agent` (a product token) when given."""
-    cls = ring.RobotsRules if agent is None else type("Rules", (ring.RobotsRules,), {"AGENT": agent})
-    return cls(text)
-
-
-def test_robots_merges_every_group_naming_the_agent(ring):
-    text = ("User-agent: websearch-ring\nDisallow: /a\n\nUser-agent: other\nDisallow: /\n\n"
-            "User-agent: WebSearch-Ring\nDisallow: /b\n")
-    rules = ring.RobotsRules(text)
-    assert not rules.allowed("/a/1") and not rules.allowed("/b/1") and rules.allowed("/c")
-    assert rules.group == "websearch-ring"
-
-
-def test_robots_merges_every_star_group_and_uses_them_only_when_no_group_names_the_agent(ring):
-    stars = "User-agent: *\nDisallow: /a\n\nUser-agent: googlebot\nDisallow: /\n\nUser-agent: *\nDisallow: /b\n"
-    rules = ring.RobotsRules(stars)
-    assert not rules.allowed("/a") and not rules.allowed("/b") and rules.allowed("/c") and rules.group == "*"
-    named = ring.RobotsRules(stars + "\nUser-agent: websearch-ring\nAllow: /\n")
-    assert named.allowed("/a") and named.allowed("/b")
-    # A group naming the agent with no rule at all still replaces the "*" groups.
-    empty = ring.RobotsRules("User-agent: websearch-ring\nDisallow:\n\nUser-agent: *\nDisallow: /\n")
-    assert empty.allowed("/x")
-
-
 def test_robots_matches_the_product_token_case_insensitively(ring):
     for line in ("FOO BAR", "foo", "Foo/2.1 (+http://foo.example)", "fOo"):
         rules = _robots(ring, "User-agent: %s\nDisallow: /\n" % line, agent="foo")
         assert not rules.allowed("/x"), line
     assert _robots(ring, "User-agent: foobar\nDisallow: /\n", agent="foo").allowed("/x")
-
-
-def test_robots_crawl_delay_sitemap_unknown_keys_comments_and_blank_lines_never_split_a_group(ring):
-    text = ("User-agent: other\n# a comment\n\nCrawl-delay: 3\nSitemap: https://a.example/s.xml\n"
-            "Host: a.example\nUser-agent: websearch-ring\nDisallow: /private\n")
-    rules = ring.RobotsRules(text)
-    assert not rules.allowed("/private/x")
-    assert rules.crawl_delay_s == 3.0 and rules.sitemaps == ["https://a.example/s.xml"]
-    assert ring.RobotsRules("User-agent: *\nDisallow: /x\n").crawl_delay_s is None
-
-
-def test_robots_ignores_rules_before_any_user_agent_line(ring):
-    rules = ring.RobotsRules("Disallow: /\nUser-agent: *\nDisallow: /b\n")
-    assert rules.allowed("/a") and not rules.allowed("/b")
-
-
-def test_robots_rules_match_the_path_and_query(ring):
-    rules = ring.RobotsRules("User-agent: *\nDisallow: /*?*ajax\nDisallow: /search?\nAllow: /p?id=1$\n"
-                             "Disallow: /p\n")
-    assert not rules.allowed("/list?x=1&mode=ajax") and rules.allowed("/list?x=1")
-    assert not rules.allowed("/search?q=x") and rules.allowed("/search")
-    assert rules.allowed("/p?id=1") and not rules.allowed("/p?id=12")
-    assert ring.robots_path("https://a.example/list?mode=ajax#top") == "/list?mode=ajax"
-    assert ring.robots_path("https://a.example") == "/"
-
-
-def test_robots_percent_encoding_is_normalised_on_both_sides(ring):
-    rules = ring.RobotsRules("User-agent: *\nDisallow: /\nAllow: /caf\u00e9/\nAllow: /a%3cb\nAllow: /x%2Fy\n")
-    assert rules.allowed("/caf%C3%A9/menu") and rules.allowed("/caf%c3%a9/menu")
-    assert rules.allowed(ring.robots_path("https://a.example/caf\u00e9/menu"))
-    assert rules.allowed("/a%3Cb") and rules.allowed("/a%3cb")
-    assert rules.allowed("/x%2fy") and not rules.allowed("/x/y")      # %2F is not "/"
-
-
-def test_robots_longest_match_wins_and_allow_wins_a_tie_with_wildcards(ring):
-    rules = ring.RobotsRules("User-agent: *\nDisallow: /*.php\nAllow: /pub*.php\nDisallow: /pub/x*\n"
-                             "Allow: /same\nDisallow: /same\nDisallow: /end$\n")
-    assert not rules.allowed("/a/b.php") and rules.allowed("/pub/b.php") and not rules.allowed("/pub/xy")
-    assert rules.allowed("/same/1") and not rules.allowed("/end") and rules.allowed("/end/more")
-    assert ring.RobotsRules("User-agent: *\nDisallow: /\n").allowed("/robots.txt")   # RFC 9309 §2.2.2
-
-
-def test_robots_reads_bom_crlf_and_cr_only_files(ring):
-    for text in ("\ufeffUser-agent: *\r\nDisallow: /x\r\n", "User-agent: *\rDisallow: /x\r",
-                 b"\xef\xbb\xbfUser-agent: *\r\nDisallow: /x\r\n"):
-        rules = ring.RobotsRules(text)
-        assert not rules.allowed("/x/1") and rules.allowed("/y"), repr(text)
-
-
-def test_robots_reads_only_the_first_500_kib(ring):
-    head = "User-agent: *\nDisallow: /early\n"
-    pad = "# " + "x" * 1000 + "\n"
-    text = head + pad * (ring.ROBOTS_MAX_BYTES // len(pad) + 1) + "Disallow: /late\n"
-    rules = ring.RobotsRules(text)
-    assert rules.truncated and not rules.allowed("/early") and rules.allowed("/late")
-
-
-def test_robots_star_bomb_is_matched_in_linear_time(ring):
-    rules = ring.RobotsRules("User-agent: *\nDisallow: /" + "*a" * 16 + "*b\nDisallow: /" + "*a" * 16 + "$\n")
-    started = time.perf_counter()
-    assert rules.allowed("/" + "a" * 10000 + "c") and not rules.allowed("/" + "a" * 10000 + "b")
-    assert not rules.allowed("/" + "a" * 20000)
-    assert time.perf_counter() - started < 2.0    # milliseconds when linear; a backtracking matcher takes minutes
-
-
-def test_robots_8000_rules_against_8000_paths_stay_fast(ring):
-    literal = ring.RobotsRules("User-agent: *\n" + "".join("Disallow: /s%d/p\n" % i for i in range(8000)))
-    wild = ring.RobotsRules("User-agent: *\n" + "".join("Disallow: /*x%d*y$\n" % i for i in range(2000)))
-    started = time.perf_counter()
-    assert sum(literal.allowed("/s%d/p/q" % (i * 3)) for i in range(8000)) == 8000 - 2667
-    assert sum(wild.allowed("/articles/%d/title" % i) for i in range(2000)) == 2000
-    assert not wild.allowed("/a/x1999/b/y")
-    assert time.perf_counter() - started < 1.5
-
-
-def test_robots_parser_and_matcher_grow_linearly_on_hostile_files(ring):
-    def run(n):
-        text = "".join(("Disallow: /*%s*q%d\n# %s\nCrawl-delay: x\nAllow: /%d$\nUnknown: y\n\n"
-                        % ("a*" * (i % 7), i, "#" * (i % 30), i)) for i in range(n))
-        rules = ring.RobotsRules("User-agent: *\n" + text + "Disallow: /" + "*a" * 16 + "*b\n")
-        assert rules.allowed("/" + "a" * (20 * n)) and rules.allowed("/%d" % (n - 1))
-        assert not rules.allowed("/aaaaaaa/q%d" % (n - 1)) and rules.allowed("/aaaaaaa/q")
-        for i in range(200):                  # rules x paths is a product: keep the paths fixed
-            rules.allowed("/x/%d/aaa" % i)
-    assert_linear(run, 2000, "robots.txt")        # 2n lines stay under the 500 KiB cap
-
-
-def test_sitemap_reads_cdata_entities_and_white_space(ring):
-    doc = ("<?xml version='1.0' encoding='UTF-8'?>\n<urlset xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'>"
-           "<url><loc>\n  <![CDATA[https://a.example/?a=1&b=2]]>\n</loc><lastmod> 2026-11-30 </lastmod></url>"
-           "<url><loc>https://a.example/x?a=1&amp;b=&#50;&#x33;&lt;&gt;&quot;&apos;</loc></url>"
-           "<url><loc>https://a.example/raw?a=1&region=2</loc></url></urlset>")
-    assert [tuple(e) for e in ring.iter_sitemap(doc)] == [
-        ("https://a.example/?a=1&b=2", "2026-11-30", False),
-        ("https://a.example/x?a=1&b=23<>\"'", None, False),
-        ("https://a.example/raw?a=1&region=2", None, False)]
-
-
-def test_sitemap_index_entries_are_sitemaps_and_child_elements_of_other_namespaces_are_ignored(ring):
-    index = ("<sitemapindex xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'><sitemap>"
-             "<loc><![CDATA[https://a.example/s1.xml]]></loc><lastmod>2026-01-01</lastmod></sitemap></sitemapindex>")
-    assert [tuple(e) for e in ring.iter_sitemap(index)] == [("https://a.example/s1.xml", "2026-01-01", True)]
-    urlset = ("<urlset xmlns:image='i' xmlns:xhtml='x'><url><loc>https://a.example/p</loc>"
-              "<image:image><image:loc>https://cdn.example/i.png</image:loc></image:image>"
-              "<xhtml:link rel='alternate' hreflang='de' href='https://a.example/de/p'/></url></urlset>")
-    assert [e.url for e in ring.iter_sitemap(urlset)] == ["https://a.example/p"]
-
-
-def test_sitemap_reads_plain_text_rss_and_atom(ring):
-    text = b"\xef\xbb\xbfhttps://a.example/1\r\n\r\nnot a url\nhttps://a.example/2\n"
-    assert [e.url for e in ring.iter_sitemap(text)] == ["https://a.example/1", "https://a.example/2"]
-    rss = ("<rss version='2.0'><channel><link>https://a.example/</link><item><title>One</title>"
-           "<link>https://a.example/1</link><pubDate>Tue, 01 Dec 2026 16:50:00 GMT</pubDate></item>"
-           "<item><link><![CDATA[ https://a.example/2 ]]></link></item></channel></rss>")
-    assert [tuple(e) for e in ring.iter_sitemap(rss)] == [
-        ("https://a.example/1", "2026-12-01T16:50:00+00:00", False), ("https://a.example/2", None, False)]
-    atom = ("<feed xmlns='http://www.w3.org/2005/Atom'><link href='https://a.example/'/><entry>"
-            "<link rel='self' href='/self'/><link href='/posts/1'/><updated>2026-11-30T10:00:00Z</updated>"
-            "</entry></feed>")
-    assert [tuple(e) for e in ring.iter_sitemap(atom, base_url="https://a.example/feed.xml")] == [
-        ("https://a.example/posts/1", "2026-11-30T10:00:00Z", False)]
-
-
-def test_sitemap_never_expands_doctype_entities_and_survives_broken_markup(ring):
-    bomb = ("<!DOCTYPE urlset [<!ENTITY a 'aaaaaaaaaa'><!ENTITY b '&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;'>]>"
-            "<urlset><url><loc>https://a.example/&b;</loc></url></urlset>")
-    assert [e.url for e in ring.iter_sitemap(bomb)] == ["https://a.example/&b;"]
-    broken = "<urlset><url><loc>https://a.example/1</loc><url><loc>https://a.example/2</loc><!-- <url><loc>x"
-    assert [e.url for e in ring.iter_sitemap(broken)] == ["https://a.example/1", "https://a.example/2"]
-    assert list(ring.iter_sitemap("<urlset><url><loc><![CDATA[https://a.example/")) == []
-    assert list(ring.iter_sitemap("<html><body><p>loc</p></body></html>")) == []
-
-
-def test_sitemap_reader_grows_linearly_on_hostile_documents(ring):
-    def run(n):
-        for doc in ("<urlset>" + "<loc>" * n,                             # <loc> never closed
-                    "<urlset><url><loc>" + "<![CDATA[x]]>&amp;" * n + "</loc></url></urlset>",
-                    "<urlset>" + "<" * n + ">",                            # "<" inside a tag
-                    "<urlset>" + "<url><loc>https://a.example/%d</loc>" * n,  # records never closed
-                    "<urlset>" + "<a x='" * n):                            # attribute never closed
-            for _ in ring.iter_sitemap(doc):
-                pass
-    assert_linear(run, 10000, "sitemaps")
-    started = time.perf_counter()
-    assert list(ring.iter_sitemap("<urlset>" + "<loc>" * 20000)) == []      # 100 KB
-    assert time.perf_counter() - started < 2.0    # milliseconds when linear, whatever the machine's load
-
-
-def test_crawl_pacer_caps_crawl_delay_and_keeps_within_the_deadline(ring):
-    now = [100.0]
-    waits = []
-
-    def wait(ctx, seconds):
-        waits.append(seconds)
-        now[0] += seconds
-
-    pacer = ring.CrawlPacer(30.0, clock=lambda: now[0], wait=wait)
-    ctx = ring.CallContext(deadline=ring.Deadline(5.0, clock=lambda: now[0]))
-    assert pacer.pause(ctx) and waits == []          # the first request does not wait
-    now[0] += 0.5
-    assert pacer.pause(ctx) and waits == [1.5]       # 2 s cap, 0.5 s already gone
-    assert pacer.pause(ctx) and waits == [1.5, 2.0]
-    assert not pacer.pause(ctx)                      # 1.5 s left: the wait would pass it
-    assert pacer.stats() == {"crawl_delay_s": 30.0, "crawl_delay_applied_s": 2.0, "crawl_delay_waited_s": 3.5}
-    assert ring.CrawlPacer(None).stats()["crawl_delay_applied_s"] == 0.0
-
-
-def test_crawl_pacer_wait_ends_at_once_on_cancel(ring):
-    token = ring.CancelToken()
-    pacer = ring.CrawlPacer(2.0)
-    pacer.pause(ring.CallContext(token))
-    threading_timer = __import__("threading").Timer(0.02, token.cancel)
-    threading_timer.start()
-    started = time.monotonic()
-    with pytest.raises(ring.Cancelled):
-        pacer.pause(ring.CallContext(token, ring.Deadline(10.0)))
-    assert time.monotonic() - started < 1.0
-    threading_timer.join(1.0)
-
-
-
-def test_robots_rules_longest_match_wins_and_allow_wins_ties(ring):
-    rules = ring.RobotsRules(
-        "# comment\nUser-agent: *\nDisallow: /private\nAllow: /private/public\nDisallow: /*.pdf$\n"
-        "Allow: /tie\nDisallow: /tie\nDisallow:\n\nSitemap: https://a.example/one.xml\n"
-        "sitemap: https://a.example/two.xml.gz\n")
-    assert rules.allowed("/") and rules.allowed("/public")
-    assert not rules.allowed("/private") and not rules.allowed("/private/x")
-    assert rules.allowed("/private/public/page")
-    assert not rules.allowed("/docs/manual.pdf") and rules.allowed("/docs/manual.pdf?x=1")
-    assert rules.allowed("/tie")
-    assert rules.sitemaps == ["https://a.example/one.xml", "https://a.example/two.xml.gz"]
-
-
-def test_robots_rules_prefer_the_group_naming_websearch_ring(ring):
-    text = ("User-agent: Googlebot\nDisallow:\n\nUser-agent: *\nDisallow: /\n\n"
-            "User-agent: websearch-ring\nUser-agent: other\nDisallow: /admin\n")
-    rules = ring.RobotsRules(text)
-    assert rules.allowed("/docs") and not rules.allowed("/admin/x")
-    everyone = ring.RobotsRules("User-agent: Googlebot\nDisallow:\n\nUser-agent: *\nDisallow: /\n")
-    assert not everyone.allowed("/docs")
 
 
 # -- Tavily through the key pool (server with a fake) --
@@ -6700,75 +6802,6 @@ def test_searxng_sends_language_and_time_range_and_post_filters_domains(
                                           "include_domains": "post_filter"}
 
 
-# (vendor, response spec, outcome, code, http_status, fragments of the message, extra record fields)
-VENDOR_ERROR_CASES = [
-    ("brave", "brave/invalid_key.json", "auth_error", "invalid_key", 422,
-     ["BRAVE_API_KEY", "subscription token is invalid"], {}),
-    ("brave", "brave/validation_error.json", "http_error", "bad_parameters", 422,
-     ["Unable to validate request parameter"], {}),
-    ("brave", "brave/rate_limited.json", "rate_limited", "rate_limited", 429,
-     ["rate limit exceeded"], {"retry_after_s": 1.0}),
-    ("brave", "brave/quota_exhausted.json", "quota_exhausted", "quota_exhausted", 429,
-     ["monthly quota", "2000 of 2000", "Free"], {"retry_after_s": 864000.0}),
-    ("brave", "brave/waf_forbidden.html", "blocked", "forbidden", 403,
-     ["firewall", "403 Forbidden"], {}),
-    ("brave", "brave/server_error.json", "http_error", "server_error", 500,
-     ["An unexpected error occurred"], {}),
-    ("brave", "brave/empty.json", "no_results", "empty", 200, [], {}),
-    ("serper", "serper/invalid_key.json", "auth_error", "invalid_key", 403,
-     ["SERPER_API_KEY", "Unauthorized"], {}),
-    ("serper", "serper/no_credits.json", "quota_exhausted", "quota_exhausted", 400,
-     ["Not enough credits"], {}),
-    ("serper", "serper/missing_query.json", "http_error", "bad_parameters", 400,
-     ["Missing query parameter"], {}),
-    ("serper", "serper/rate_limited.json", "rate_limited", "rate_limited", 429,
-     ["Too many requests"], {}),
-    ("serper", "serper/server_error.json", "http_error", "server_error", 500,
-     ["Internal server error"], {}),
-    ("serper", "serper/empty.json", "no_results", "empty", 200, [], {}),
-    ("yep", "yep/bad_request.json", "http_error", "bad_parameters", 400,
-     ["Invalid parameter 'limit'"], {}),
-    ("yep", "yep/unauthorized.json", "auth_error", "invalid_key", 401,
-     ["YEP_API_KEY", "Invalid or missing API key"], {}),
-    ("yep", "yep/payment_required.json", "quota_exhausted", "insufficient_balance", 402,
-     ["Insufficient account balance"], {}),
-    ("yep", "yep/rate_limited.json", "rate_limited", "rate_limited", 429,
-     ["60 requests per minute"], {"retry_after_s": 23.0}),
-    ("yep", {"status": 500, "body": {"error": "Internal server error", "request_id": "req_5"}},
-     "http_error", "server_error", 500, ["Internal server error"], {}),
-    ("yep", "yep/empty.json", "no_results", "empty", 200, [], {}),
-    ("searxng", "searxng/format_disabled_403.html", "http_error", "json_disabled", 403,
-     ["JSON output disabled", "settings.yml", "search.formats"], {}),
-    ("searxng", "searxng/rate_limited_429.txt", "rate_limited", "rate_limited", 429,
-     ["Too Many Requests"], {}),
-    ("searxng", "searxng/blocklist_429.txt", "rate_limited", "rate_limited", 429,
-     ["IP is on BLOCKLIST"], {}),
-    ("searxng", "searxng/no_query_400.json", "http_error", "bad_parameters", 400, ["No query"], {}),
-    ("searxng", "searxng/bad_param_400.json", "http_error", "bad_parameters", 400,
-     ["Invalid value 0 for parameter pageno"], {}),
-    ("searxng", "searxng/bad_time_range_400.json", "http_error", "bad_parameters", 400,
-     ["parameter time_range"], {}),
-    ("searxng", "searxng/search_error_500.json", "http_error", "server_error", 500,
-     ["search error"], {}),
-    ("searxng", "searxng/empty.json", "no_results", "engines_unresponsive", 200,
-     ["brave: too many requests", "duckduckgo: CAPTCHA", "google: Suspended: access denied",
-      "startpage: timeout"], {}),
-    # The keyless vendors' failures that no failover test above already shows.
-    ("exa", "exa/mcp_stream_empty.sse", "no_results", "empty", 200, [], {}),
-    ("exa", "exa/mcp_stream_tool_error.sse", "http_error", "tool_error", 200,
-     ["web_search_exa error (500)", "Internal server error"], {"retryable": True}),
-    ("exa", "exa/mcp_rate_limited.json", "rate_limited", "rate_limited", 429,
-     ["free MCP rate limit"], {"retry_after_s": 1.0}),
-    ("tavily", "tavily/empty.json", "no_results", "empty", 200, [], {}),
-    ("tavily", "tavily/keyless_limit.json", "rate_limited", "keyless_limit", 429,
-     ["Keyless usage limit reached for this hour"], {"retry_after_s": 1800.0}),
-    # An error envelope that is not the keyless limit (no retry fields, not a 429) goes by its status.
-    ("tavily", {"status": 500, "body": {"error": {"code": "internal", "message": "engine down"}}},
-     "http_error", "server_error", 500, ["engine down"], {}),
-    ("bing", "bing_html/no_results.html", "no_results", "empty", 200, [], {}),
-]
-
-
 @pytest.mark.parametrize(
     "vendor, spec, outcome, code, status, fragments, extra", VENDOR_ERROR_CASES,
     ids=["%s-%s" % (c[0], c[1].split("/")[-1] if isinstance(c[1], str) else c[1]["status"])
@@ -6912,21 +6945,6 @@ def test_a_search_whose_every_failure_is_permanent_is_not_retryable(start_server
     assert content["error_detail"]["retryable"] is False
 
 
-# ---- malformed vendor JSON: bad_response with a short reason, never a parser's exception -----
-
-# The result list of each JSON vendor's fixture, by the path to it; the keys a vendor needs.
-_JSON_VENDORS = {
-    "brave": ("brave/success.json", ("web", "results"), {"BRAVE_API_KEY": VENDOR_KEYS["brave"]}),
-    "serper": ("serper/success.json", ("organic",), {"SERPER_API_KEY": VENDOR_KEYS["serper"]}),
-    "yep": ("yep/success.json", ("results",), {"YEP_API_KEY": VENDOR_KEYS["yep"]}),
-    "searxng": ("searxng/success.json", ("results",), {}),
-    "tavily": ("tavily/search_success.json", ("results",), {}),     # keyless: a key pool retries bad answers
-    "exa": ("exa/search_success.json", ("results",), {"EXA_API_KEY": "exa-test-key-0123456789"}),
-}
-_WRONG_TYPES = {"a list": [], "an object": {}, "a string": "text", "NaN": float("nan"), "a number": 7,
-                "a boolean": True, "a list of strings": ["a", "b"]}
-
-
 def _vendor_answering(ring, vendor, body):
     """An in-process ring of ``vendor`` alone whose every request is answered 200 with ``body``."""
     _, _, keys = _JSON_VENDORS[vendor]
@@ -6977,10 +6995,6 @@ def test_a_vendor_answer_of_the_wrong_shape_is_bad_response_with_a_short_reason(
             assert attempt["code"] in ("malformed_json", "invalid_json") and len(attempt["message"]) < 200
 
 
-_HOSTILE_ERROR_BODIES = {"angle brackets": "<", "open tags": "<a ", "titles": "<title>", "divs": "<div>",
-                         "scripts": "<script></script", "styles": "<style>", "nested JSON": '{"error":'}
-
-
 @pytest.mark.parametrize("name", sorted(_HOSTILE_ERROR_BODIES))
 def test_the_message_of_a_hostile_error_body_is_read_in_linear_time(ring, name):
     unit = _HOSTILE_ERROR_BODIES[name].encode()
@@ -7025,7 +7039,447 @@ def test_a_result_field_of_the_wrong_type_never_breaks_a_vendor(ring, vendor):
 
 
 # ----------------------------------------------------------------------------------------------
-# §12 Ring
+# §19 Fetch providers and the site mapper
+# ----------------------------------------------------------------------------------------------
+
+def test_mask_url_credentials_finds_every_url_in_text_and_runs_in_linear_time(ring):
+    assert ring.mask_url_credentials("a http://u:p@ss@h/x, https://x:y@z and ftp://anon@h") == \
+        "a http://u:****@h/x, https://x:****@z and ftp://anon@h"
+    assert_linear(lambda n: ring.mask_url_credentials("http://" + "a:" * n + "@" + "x://" * n), 20000,
+                  "mask_url_credentials")
+    redact = ring.Redactor(["my-own-secret-value-42"])
+    assert_linear(lambda n: redact("Bearer " + "a" * n + " bearer " * n + "my-own-secr" * n), 20000, "Redactor")
+    assert_linear(lambda n: redact.needed("://" + "a" * n + "://x" * n + "@"), 20000, "Redactor.needed")
+    assert_linear(lambda n: ring.script_shell('<noscript x="' + "y" * n + '">' + "<noscript>" * n, ""), 20000,
+                  "script_shell")
+
+
+def test_crawl_pacer_caps_crawl_delay_and_keeps_within_the_deadline(ring):
+    now = [100.0]
+    waits = []
+
+    def wait(ctx, seconds):
+        waits.append(seconds)
+        now[0] += seconds
+
+    pacer = ring.CrawlPacer(30.0, clock=lambda: now[0], wait=wait)
+    ctx = ring.CallContext(deadline=ring.Deadline(5.0, clock=lambda: now[0]))
+    assert pacer.pause(ctx) and waits == []          # the first request does not wait
+    now[0] += 0.5
+    assert pacer.pause(ctx) and waits == [1.5]       # 2 s cap, 0.5 s already gone
+    assert pacer.pause(ctx) and waits == [1.5, 2.0]
+    assert not pacer.pause(ctx)                      # 1.5 s left: the wait would pass it
+    assert pacer.stats() == {"crawl_delay_s": 30.0, "crawl_delay_applied_s": 2.0, "crawl_delay_waited_s": 3.5}
+    assert ring.CrawlPacer(None).stats()["crawl_delay_applied_s"] == 0.0
+
+
+def test_crawl_pacer_wait_ends_at_once_on_cancel(ring):
+    token = ring.CancelToken()
+    pacer = ring.CrawlPacer(2.0)
+    pacer.pause(ring.CallContext(token))
+    threading_timer = __import__("threading").Timer(0.02, token.cancel)
+    threading_timer.start()
+    started = time.monotonic()
+    with pytest.raises(ring.Cancelled):
+        pacer.pause(ring.CallContext(token, ring.Deadline(10.0)))
+    assert time.monotonic() - started < 1.0
+    threading_timer.join(1.0)
+
+
+SCRIPT_SHELL = ("<html><head><title>App</title></head><body><div id=\"root\"></div>"
+                "<noscript>You need to enable JavaScript to run this app.</noscript></body></html>")
+
+
+def test_jina_never_reads_a_private_page_unless_the_reader_is_on_this_network(ring):
+    config = ring.Config.from_env({"WEBSEARCH_JINA_URL": "https://reader.example", "NO_PROXY": "*"})
+    transport = ring.Transport(config, quiet_logger(ring))
+    transport._resolve = lambda host, port: {
+        "reader.example": [(2, 1, 6, "", ("93.184.216.34", port))],
+        "intranet.corp": [(2, 1, 6, "", ("10.1.2.3", port))],
+        "www.example.org": [(2, 1, 6, "", ("93.184.216.35", port))]}[host]
+    fetcher = ring.Fetcher(config, transport, None, quiet_logger(ring))
+    assert "private address" in fetcher._jina_refusal("http://intranet.corp/wiki")
+    assert "private address" in fetcher._jina_refusal("http://127.0.0.1:8080/")
+    assert fetcher._jina_refusal("https://www.example.org/") is None
+    inside = ring.Fetcher(ring.Config.from_env({"WEBSEARCH_JINA_URL": "http://127.0.0.1:3000"}), transport,
+                          None, quiet_logger(ring))
+    assert inside._jina_refusal("http://intranet.corp/wiki") is None
+
+
+# ---- the private-address rule holds for every service ----------------------------------------
+
+_PRIVATE_PAGES = ("http://169.254.169.254/latest/meta-data/", "http://10.0.0.1/admin", "http://localhost:8080/",
+                  "http://[fd00::1]/", "http://[::ffff:127.0.0.1]/", "http://intranet.corp/wiki",
+                  "http://app.localhost/", "http://nowhere.invalid/")
+
+
+# web_search filter arguments: each mistake is reported with its RFC 6901 path and a suggestion.
+
+FILTER_VALIDATION_CASES = [
+    ("lang_three_letters", {"lang": "eng"}, "/lang", "pattern", "e.g. en"),
+    ("time_range_unknown", {"time_range": "fortnight"}, "/time_range", "enum", "week"),
+    ("include_url", {"include_domains": ["https://example.com"]}, "/include_domains/0",
+     "not_a_domain", "bare domain 'example.com'"),
+    ("include_path", {"include_domains": ["example.com/path"]}, "/include_domains/0",
+     "not_a_domain", "bare domain 'example.com'"),
+    ("include_empty", {"include_domains": [""]}, "/include_domains/0", "empty", "example.com"),
+    ("include_second_entry", {"include_domains": ["python.org", "https://docs.python.org/3/"]},
+     "/include_domains/1", "not_a_domain", "bare domain 'docs.python.org'"),
+    ("exclude_url", {"exclude_domains": ["http://example.com:8080"]}, "/exclude_domains/0",
+     "not_a_domain", "bare domain 'example.com'"),
+    ("per_domain_zero", {"max_results_per_domain": 0}, "/max_results_per_domain", "range",
+     "1 to 10"),
+    ("per_domain_eleven", {"max_results_per_domain": 11}, "/max_results_per_domain", "range",
+     "1 to 10"),
+    ("include_and_exclude", {"include_domains": ["example.com"], "exclude_domains": ["example.com"]},
+     "/exclude_domains/0", "conflict", "both included and excluded"),
+    ("vendor_not_configured", {"vendor": "brave"}, "/vendor", "vendor_not_configured",
+     "BRAVE_API_KEY"),
+    ("mode_unknown", {"mode": "both"}, "/mode", "enum", "fanout"),
+    ("vendor_with_fanout", {"vendor": "tavily", "mode": "fanout"}, "/mode", "conflict",
+     "leave out vendor"),
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# §20 Site crawler
+# ----------------------------------------------------------------------------------------------
+
+def route_crawl_site(fake):
+    fake.route("GET", "/robots.txt", {"status": 404, "body": "no robots"})
+    fake.route("GET", "/sitemap.xml", {"status": 404, "body": "no sitemap"})
+    route_page(fake, "/", links_page(*["/p%d" % i for i in range(1, 6)]))
+    for i in range(1, 6):
+        route_page(fake, "/p%d" % i, links_page(*["/p%d/q%d" % (i, j) for j in range(1, 6)] + ["/"]))
+
+
+def test_web_map_direct_crawls_within_max_depth_and_max_breadth(start_server, fake_upstream):
+    route_crawl_site(fake_upstream)
+    base = fake_upstream.url
+    server = start_server(direct_env())
+    server.initialize()
+    shallow, _ = call_map(server, base + "/", max_depth=1, max_breadth=3)
+    assert shallow["results"] == [base + "/", base + "/p1", base + "/p2", base + "/p3"]
+    assert shallow["stats"]["robots"] == "allow_all" and shallow["stats"]["pages_crawled"] == 1
+    assert fake_upstream.hits("GET", "/p1") == 0
+    deep, _ = call_map(server, base + "/", max_depth=2, max_breadth=2)
+    assert deep["results"] == [base + "/", base + "/p1", base + "/p2", base + "/p1/q1", base + "/p1/q2",
+                               base + "/p2/q1", base + "/p2/q2"]
+    assert fake_upstream.hits("GET", "/p3") == 0
+    limited, _ = call_map(server, base + "/", max_depth=3, max_breadth=5, limit=8)
+    assert len(limited["results"]) == 8 and len(set(limited["results"])) == 8
+
+
+def test_web_map_direct_site_disallowing_everything_is_no_urls_and_is_not_crawled(
+        start_server, fake_upstream):
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /\n"})
+    route_page(fake_upstream, "/", links_page("/a", "/b"))
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_map(server, fake_upstream.url + "/")
+    assert is_error is True
+    assert (content["error"], content["results"]) == ("no_urls", [])
+    assert fake_upstream.hits("GET", "/") == 0, "the crawler fetched a page robots.txt disallows"
+
+
+def test_web_map_direct_honours_crawl_delay_and_reports_it(start_server, fake_upstream):
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nCrawl-delay: 0.03\nDisallow: /x\n"})
+    fake_upstream.route("GET", "/sitemap.xml", {"status": 404, "body": "none"})
+    route_page(fake_upstream, "/", links_page("/a"))
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_map(server, base + "/", max_depth=1)
+    assert is_error is False
+    stats = content["stats"]
+    assert stats["crawl_delay_s"] == 0.03 and stats["crawl_delay_applied_s"] == 0.03
+    assert 0.0 < stats["crawl_delay_waited_s"] <= 0.06
+
+
+def test_web_map_and_web_crawl_leave_out_a_landing_page_its_own_robots_txt_refuses(ring, fake_upstream, upstreams):
+    landing = upstreams()
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    fake_upstream.route("GET", "/", {"status": 302, "headers": {"Location": landing.url + "/home"}})
+    landing.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /home\n"})
+    landing.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
+                                          "body": sitemap_xml([landing.url + "/a"])})
+    route_page(landing, "/home", links_page("/b"))
+    route_page(landing, "/a", html_page("A", "<p>Page a.</p>"))
+    server = inprocess_direct_server(ring)
+    content, _, is_error = inprocess_map(ring, server, fake_upstream.url + "/")
+    assert is_error is False and content["results"] == [landing.url + "/a"], content
+    assert content["stats"]["skipped"]["skipped_by_robots"]["examples"] == [landing.url + "/home"]
+    crawled, _, is_error = server.tool_handlers["web_crawl"]({"url": fake_upstream.url + "/"}, new_call(ring))
+    assert is_error is False and [p["url"] for p in crawled["pages"]] == [landing.url + "/a"]
+    assert landing.hits("GET", "/b") == 0
+
+
+def inprocess_crawl(ring, server, url, call=None, **args):
+    """web_crawl through the server's own handler: (structured, text, is_error)."""
+    return server.tool_handlers["web_crawl"](dict(url=url, **args), call or new_call(ring))
+
+
+def crawled_paths(fake):
+    """The pages the crawler asked for, in order (robots.txt and sitemaps left out)."""
+    return [r.route_path for r in fake.requests if r.route_path != "/robots.txt" and ".xml" not in r.route_path]
+
+
+def test_web_crawl_reads_a_site_politely_and_web_fetch_serves_its_pages_from_the_cache(ring, fake_upstream):
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /private\n"})
+    fake_upstream.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
+                                                "body": sitemap_xml([base + "/guide"])})
+    route_page(fake_upstream, "/", article("Home", [("/a", "A"), ("/b#part", "B"), ("/private/x", "X"),
+                                                    ("/logo.png", "logo"), ("http://other.example/", "o")]))
+    for path in ("/a", "/b", "/guide"):
+        route_page(fake_upstream, path, article("Page " + path, [("/a/deeper", "deeper")]))
+    route_page(fake_upstream, "/a/deeper", article("Deeper"))
+    server = inprocess_direct_server(ring)
+    content, text, is_error = inprocess_crawl(ring, server, base + "/", max_depth=1, max_chars_per_page=200)
+    assert is_error is False and content["status"] == "success", content
+    assert [p["url"] for p in content["pages"]] == [base + "/", base + "/guide", base + "/a", base + "/b"]
+    assert fake_upstream.hits("GET", "/a/deeper") == 0 and fake_upstream.hits("GET", "/private/x") == 0
+    assert fake_upstream.hits("GET", "/logo.png") == 0
+    assert content["not_pages"] == [{"url": base + "/logo.png", "why": "not HTML or PDF (by its name); not requested"}]
+    skipped = content["stats"]["skipped"]
+    assert skipped["skipped_by_robots"]["examples"] == [base + "/private/x"]
+    assert skipped["skipped_other_site"]["count"] == 1
+    assert all(r.headers["User-Agent"].startswith("websearch-ring/") for r in fake_upstream.requests)
+    first = content["pages"][0]
+    assert first["title"] == "Home" and len(first["content"]) == 200 and first["next_start_index"] == 200
+    assert "=== 1. Home ===" in text and "start_index=200" in text
+    # web_fetch of a crawled page: the cache, and the very Markdown a fresh fetch makes.
+    fetched, _, _ = server.tool_handlers["web_fetch"]({"url": base + "/a"}, new_call(ring))
+    assert fetched["cached"] is True and fetched["content"].startswith(content["pages"][2]["content"])
+    fresh, _, _ = inprocess_direct_server(ring).tool_handlers["web_fetch"]({"url": base + "/a"}, new_call(ring))
+    assert fresh["cached"] is False and fresh["content"] == fetched["content"]
+    rest, _, _ = server.tool_handlers["web_fetch"]({"url": base + "/", "start_index": 200}, new_call(ring))
+    assert rest["cached"] is True and rest["start_index"] == 200
+    sources, _, is_error = server.tool_handlers["get_sources"]({"session_id": content["crawl_id"]}, new_call(ring))
+    assert is_error is False and sources["tool"] == "web_crawl"
+    assert [s["url"] for s in sources["sources"]] == [p["url"] for p in content["pages"]]
+
+
+def test_web_crawl_depth_zero_reads_only_the_start_page_and_validates_its_arguments(ring, fake_upstream):
+    base = fake_upstream.url
+    route_page(fake_upstream, "/", article("Home", [("/a", "A")]))
+    server = inprocess_direct_server(ring)
+    content, _, is_error = inprocess_crawl(ring, server, base + "/", max_depth=0)
+    assert is_error is False and [p["url"] for p in content["pages"]] == [base + "/"]
+    assert crawled_paths(fake_upstream) == ["/"]
+    bad, _, is_error = inprocess_crawl(ring, server, base + "/", max_pages=0, max_depth=9, format="html")
+    assert is_error is True and set(issue_codes(bad)) == {"/max_pages", "/max_depth", "/format"}
+
+
+def test_web_crawl_deduplicates_canonical_urls_tracking_parameters_sessions_and_slashes(ring, fake_upstream):
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    route_page(fake_upstream, "/", article("Home", [("/doc?utm_source=x", "1"), ("/doc/", "2"), ("/doc#top", "3"),
+                                                    ("/doc;jsessionid=AB12", "4"), ("/doc?sid=77", "5")]))
+    route_page(fake_upstream, "/doc", article("Doc", [("/print/doc", "printable")]))
+    canonical = "<link rel=\"canonical\" href=\"%s/doc\">" % base
+    route_page(fake_upstream, "/print/doc", article("Doc, printable", extra_head=canonical))
+    content, _, _ = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/")
+    assert [p["url"] for p in content["pages"]] == [base + "/", base + "/doc?utm_source=x"]
+    assert fake_upstream.hits("GET", "/doc") == 1
+    assert content["stats"]["skipped"]["duplicate_page"]["examples"] == [base + "/print/doc"]
+
+
+def test_web_crawl_treats_http_and_https_of_one_host_as_one_site(ring, fake_upstream):
+    base = fake_upstream.url
+    secure = "https://127.0.0.1:%d" % fake_upstream.port
+    fake_upstream.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
+                                                "body": sitemap_xml([secure + "/docs/a"])})
+    route_page(fake_upstream, "/", article("Home"))
+    route_page(fake_upstream, "/docs/a", article("A"))
+    content, _, _ = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/")
+    assert [p["url"] for p in content["pages"]] == [base + "/", base + "/docs/a"]
+
+
+def test_web_crawl_query_reads_the_matching_pages_of_a_500_page_sitemap_first(ring, fake_upstream):
+    base = fake_upstream.url
+    matching = {"/docs/connection-pool-%d" % i for i in range(10)}
+    paths = ["/blog/post-%d" % i for i in range(490)] + sorted(matching)
+    paths = paths[:137] + paths[490:] + paths[137:490]          # the matches sit in the middle of the list
+    fake_upstream.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
+                                                "body": sitemap_xml([base + p for p in paths])})
+    route_page(fake_upstream, "/", article("Home"))
+    fake_upstream.route("GET", "/", {"headers": {"Content-Type": "text/html"}, "body": article("Home")})
+    fake_upstream.route("GET", "/docs/", {"headers": {"Content-Type": "text/html"}, "body": article("Pool doc")},
+                        prefix=True)
+    fake_upstream.route("GET", "/blog/", {"headers": {"Content-Type": "text/html"}, "body": article("Post")},
+                        prefix=True)
+    content, _, _ = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", max_pages=12,
+                                    query="connection pool")
+    read = crawled_paths(fake_upstream)
+    assert read[0] == "/" and matching <= set(read[:12]), read
+    assert [p["url"][len(base):] for p in content["pages"][:10]] == sorted(
+        (p["url"][len(base):] for p in content["pages"] if p["score"] == 1.0),
+        key=[p["url"][len(base):] for p in content["pages"]].index)
+    assert {p["url"][len(base):] for p in content["pages"][:10]} == matching
+
+
+def test_web_crawl_traps_end_with_the_page_budget_and_say_why(ring, fake_upstream):
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    many = [("/many/%d" % i, "n") for i in range(10_000)]
+    near = [("/item?id=%d" % i, "i") for i in range(1000)]
+    calendar = [("/cal/%d/%02d" % (2000 + i // 12, i % 12 + 1), "month") for i in range(300)]
+    spiral = [("/s/a/b/a/b/a/b", "spiral"), ("/" + "d/" * 20, "deep"), ("/long?" + "q" * 3000, "long")]
+    route_page(fake_upstream, "/", article("Home", spiral + [("/loop", "loop"), ("/endless", "e"), ("/hub/many", "m"),
+                                                            ("/hub/near", "n"), ("/hub/calendar", "c")]))
+    route_page(fake_upstream, "/hub/many", article("Many", many))
+    route_page(fake_upstream, "/hub/near", article("Near", near))
+    route_page(fake_upstream, "/hub/calendar", article("Calendar", calendar))
+    fake_upstream.route("GET", "/loop", {"status": 302, "headers": {"Location": "/loop2"}})
+    fake_upstream.route("GET", "/loop2", {"status": 302, "headers": {"Location": "/loop"}})
+    fake_upstream.route("GET", "/endless", endless_site, prefix=True)
+    for prefix in ("/many/", "/item", "/cal/"):
+        fake_upstream.route("GET", prefix, {"headers": {"Content-Type": "text/html"}, "body": article("P")},
+                            prefix=True)
+    content, _, is_error = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", max_pages=60, max_depth=5)
+    stats = content["stats"]
+    assert is_error is False and len(content["pages"]) == 60
+    assert stats["stopped"] == "max_pages" and stats["left"] > 0
+    skipped = stats["skipped"]
+    for reason in ("repeated_path", "path_too_deep", "url_too_long", "near_duplicates", "calendar",
+                   "links_over_page_cap"):
+        assert skipped[reason]["count"] >= 1, reason
+    assert skipped["near_duplicates"]["count"] == 990 and skipped["calendar"]["count"] == 290
+    assert skipped["links_over_page_cap"]["count"] == 9000
+    assert [f["error"] for f in content["failed"]] == ["too_many_redirects"]
+    assert len(fake_upstream.requests) < 60 * 3 + 5
+
+
+def test_web_crawl_include_and_exclude_paths(ring, fake_upstream):
+    base = fake_upstream.url
+    route_page(fake_upstream, "/", article("Home", [("/docs/a", "a"), ("/docs/old/b", "b"), ("/blog/c", "c")]))
+    fake_upstream.route("GET", "/docs/", {"headers": {"Content-Type": "text/html"}, "body": article("D")},
+                        prefix=True)
+    content, _, _ = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", include_paths=["/docs/*"],
+                                    exclude_paths=["/docs/old"])
+    assert [p["url"] for p in content["pages"]] == [base + "/", base + "/docs/a"]
+    assert content["stats"]["skipped"]["excluded_by_pattern"]["count"] == 2
+
+
+def test_web_crawl_sends_at_most_two_requests_at_once_and_honours_crawl_delay(ring, fake_upstream):
+    base = fake_upstream.url
+
+    def slow(handler):
+        with fake_upstream.visit("page"):
+            time.sleep(0.02)
+            handler.reply(200, "text/html", article("Slow").encode())
+    route_page(fake_upstream, "/", article("Home", [("/p%d" % i, "p") for i in range(12)]))
+    fake_upstream.route("GET", "/p", slow, prefix=True)
+    server = inprocess_direct_server(ring)
+    content, _, _ = inprocess_crawl(ring, server, base + "/", max_pages=13)
+    assert len(content["pages"]) == 13 and fake_upstream.max_active == 2
+    fake_upstream.max_active = 0
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nCrawl-delay: 0.03\n"})
+    content, _, _ = inprocess_crawl(ring, server, base + "/", max_pages=3)
+    stats = content["stats"]
+    assert stats["crawl_delay_applied_s"] == 0.03 and stats["crawl_delay_waited_s"] > 0.0
+    assert fake_upstream.max_active == 1
+
+
+def test_web_crawl_deadline_returns_what_was_read_as_partial_success(ring, fake_upstream):
+    base = fake_upstream.url
+
+    def slow(handler):
+        time.sleep(0.04)
+        handler.reply(200, "text/html", article("Slow " + handler.route_path).encode())
+    route_page(fake_upstream, "/", article("Home", [("/p%d" % i, "p") for i in range(60)]))
+    fake_upstream.route("GET", "/p", slow, prefix=True)
+    call = ring.CallContext(deadline=ring.Deadline(0.5))
+    content, text, is_error = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", call=call, max_pages=60)
+    assert is_error is False and content["status"] == "partial_success", content["stats"]
+    assert content["error"] == "deadline_exceeded" and content["stats"]["stopped"] == "deadline"
+    assert 1 < len(content["pages"]) < 60 and content["left"] and content["crawl_id"]
+
+
+def test_web_crawl_cancelled_stops_and_returns_nothing_more(ring, fake_upstream):
+    base = fake_upstream.url
+    call = new_call(ring)
+
+    def cancelling(handler):
+        if fake_upstream.hits("GET", None) >= 4:
+            call.token.cancel("client cancelled")
+        handler.reply(200, "text/html", article("P").encode())
+    route_page(fake_upstream, "/", article("Home", [("/p%d" % i, "p") for i in range(50)]))
+    fake_upstream.route("GET", "/p", cancelling, prefix=True)
+    with pytest.raises(ring.Cancelled):
+        inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", call=call, max_pages=50)
+    assert len(crawled_paths(fake_upstream)) <= 8
+
+
+def test_web_crawl_of_an_unreachable_site_or_a_site_without_pages_is_a_clear_error(ring, fake_upstream):
+    base = fake_upstream.url
+    fake_upstream.route("GET", "/robots.txt", {"status": 503, "body": "busy"})
+    server = inprocess_direct_server(ring)
+    content, _, is_error = inprocess_crawl(ring, server, base + "/")
+    assert is_error is True and content["error"] == "robots_unavailable" and content["pages"] == []
+    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /\n"})
+    content, text, is_error = inprocess_crawl(ring, server, base + "/")
+    assert is_error is True and content["error"] == "no_pages" and "robots.txt disallows it" in text
+    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
+    fake_upstream.route("GET", "/", {"headers": {"Content-Type": "application/zip"}, "body": "PK"})
+    content, text, is_error = inprocess_crawl(ring, server, base + "/")
+    assert is_error is True and content["error"] == "no_pages" and "1 not HTML or PDF" in text
+    assert content["not_pages"] == [{"url": base + "/", "why": "application/zip: not HTML or PDF"}]
+    refused, _, is_error = inprocess_crawl(ring, ring.Server(ring.Config.from_env({}), stdin=io.BytesIO(),
+                                                             stdout=io.BytesIO(), logger=quiet_logger(ring)),
+                                           base + "/")
+    assert is_error is True and refused["error"] == "private_address"
+
+
+def test_web_crawl_through_tavily_crawl_with_the_same_result_shape(ring, fake_upstream):
+    fake_upstream.route("POST", "/crawl", "tavily/crawl_success.json")
+    config = ring.Config.from_env(ring_env({"tavily": fake_upstream}, TAVILY_API_KEYS=TAVILY_KEY_POOL,
+                                           WEBSEARCH_CRAWL_PROVIDERS="tavily,direct"))
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    content, _, is_error = inprocess_crawl(ring, server, "https://docs.tavily.com", max_pages=5, query="credits",
+                                           include_paths=["/documentation/*"])
+    assert is_error is False and content["provider"] == "tavily", content
+    expected = fixture_json("tavily/crawl_success.json")["results"]
+    assert [p["url"] for p in content["pages"]] == [expected[1]["url"], expected[0]["url"]]
+    assert content["pages"][0]["title"] == "Credits & Pricing" and content["pages"][0]["score"] == 1.0
+    [sent] = fake_upstream.requests_to("POST", "/crawl")
+    assert sent.json() == {"url": "https://docs.tavily.com", "max_depth": 2, "limit": 5, "format": "markdown",
+                           "extract_depth": "basic", "timeout": 60, "instructions": "credits",
+                           "select_paths": ["^/documentation/.*$"]}
+    assert sent.header("Authorization") == "Bearer " + TAVILY_KEYS[0]
+    fetched, _, _ = server.tool_handlers["web_fetch"]({"url": expected[0]["url"]}, new_call(ring))
+    assert fetched["cached"] is True and fetched["provider"] == "tavily"
+    keyless = inprocess_direct_server(ring, WEBSEARCH_CRAWL_PROVIDERS="tavily")
+    content, _, is_error = inprocess_crawl(ring, keyless, fake_upstream.url + "/")
+    assert is_error is True and content["error"] == "no_provider"
+    assert content["attempts"][0]["code"] == "not_usable"
+
+
+def test_web_crawl_over_the_protocol_reports_each_page_and_a_cancel_gets_no_response(start_server, fake_upstream):
+    never = threading.Event()
+    route_page(fake_upstream, "/", article("Home", [("/a", "A"), ("/b", "B"), ("/stuck", "S")]))
+    route_page(fake_upstream, "/a", article("A"))
+    route_page(fake_upstream, "/b", article("B"))
+    fake_upstream.route("GET", "/stuck", {"headers": {"Content-Type": "text/html"}, "body": article("S"),
+                                          "block_until": never})
+    server = start_server(direct_env())
+    server.initialize()
+    response = server.call_tool("web_crawl", {"url": fake_upstream.url + "/", "max_pages": 3},
+                                {"progressToken": "crawl-1"})
+    assert structured(response)["status"] == "success"
+    notes = [n["params"] for n in server.notifications
+             if n["method"] == "notifications/progress" and n["params"].get("progressToken") == "crawl-1"]
+    assert sorted(n["progress"] for n in notes) == [1, 2, 3] and all(n["total"] == 3 for n in notes)
+    call = server.start_call_tool("web_crawl", {"url": fake_upstream.url + "/", "max_pages": 5})
+    fake_upstream.wait_for_requests(1, path="/stuck")
+    server.notify("notifications/cancelled", {"requestId": call, "reason": "test"})
+    server.expect_no_response(call, within_s=0.3)
+    never.set()
+
+
+# ----------------------------------------------------------------------------------------------
+# §21 Ring
 # ----------------------------------------------------------------------------------------------
 
 def test_failover_moves_past_a_rate_limited_vendor_and_notes_it(start_server, fake_upstream):
@@ -7139,30 +7593,6 @@ def test_all_four_vendors_failing_differently_is_an_error_and_is_not_cached(
     outcomes = {a["vendor"]: a["outcome"] for a in again["attempts"]}
     assert outcomes["exa"] == "skipped_cooldown"       # rate limited a moment ago
     assert outcomes["tavily"] == "success"
-
-
-# Filters across failover, vendor health (cooldowns, probes), fan-out with RRF fusion.
-
-# ---- filters survive failover --------------------------------------------------------------
-
-# web_search country, safesearch, topic, start_date, end_date and page: native where the engine has them.
-
-SEARCH_PARAMETER_CASES = [
-    ("brave", dict(country="DE", safesearch="strict", start_date="2026-01-01", end_date="2026-02-01", page=2),
-     "query", {"country": "DE", "safesearch": "strict", "freshness": "2026-01-01to2026-02-01", "offset": "1"}),
-    ("serper", dict(country="DE", page=2), "json", {"gl": "de", "page": 2}),
-    ("searxng", dict(safesearch="strict", page=2), "query", {"safesearch": "2", "pageno": "2"}),
-    ("bing", dict(country="DE", safesearch="strict", page=2), "query",
-     {"mkt": "en-DE", "adlt": "strict", "first": "11", "FORM": "PERE"}),
-    ("duckduckgo", dict(country="DE", safesearch="strict"), "form", {"kl": "de-en", "kp": "1"}),
-    ("yep", dict(country="DE", safesearch="strict", start_date="2020-01-01"), "json",
-     {"location": "DE", "safe_search": True, "start_published_date": "2020-01-01"}),
-    ("tavily", dict(start_date="2020-01-01", end_date="2026-02-01", topic="news"), "json",
-     {"start_date": "2020-01-01", "end_date": "2026-02-01", "topic": "news"}),
-    ("exa", dict(country="DE", start_date="2020-01-01", end_date="2026-02-01", topic="news"), "json",
-     {"userLocation": "DE", "startPublishedDate": "2020-01-01T00:00:00.000Z",
-      "endPublishedDate": "2026-02-01T23:59:59.999Z", "category": "news"}),
-]
 
 
 @pytest.mark.parametrize("vendor, filters, where, expected", SEARCH_PARAMETER_CASES,
@@ -7331,14 +7761,6 @@ def test_apply_post_filters_checks_domains_always_and_time_only_when_not_native(
     assert [r["title"] for r in ring.apply_post_filters(results, include, frozenset(), now)] == ["b"]
     assert [r["title"] for r in ring.apply_post_filters(
         results, include, frozenset({"time_range"}), now)] == ["b", "d"]
-
-
-# ---- vendor health -------------------------------------------------------------------------
-
-def _health_board(ring, clock, **env):
-    config = ring.Config.from_env({key: str(value) for key, value in env.items()})
-    stream = io.StringIO()
-    return ring.HealthBoard(config, ring.Logger("debug", stream=stream), clock), stream
 
 
 def test_health_retry_after_cooldown_then_exactly_one_probe_then_healthy(ring, fake_clock):
@@ -7645,11 +8067,6 @@ def test_rejected_key_or_used_up_quota_means_a_long_cooldown_and_a_log_line(
     assert_keys_never_shown(server, VENDOR_KEYS.values())
 
 
-# ---- fan-out -------------------------------------------------------------------------------
-
-FANOUT_VENDORS = ("brave", "serper", "yep", "searxng")
-
-
 def _fanout_fakes(upstreams, specs):
     """One fake per vendor (their routes overlap), each scripted with ``specs[vendor]``."""
     fakes = {}
@@ -7924,85 +8341,8 @@ def test_cap_per_domain_keeps_order_and_counts_registrable_domains(ring):
 
 
 # ----------------------------------------------------------------------------------------------
-# §13 Tools
+# §22 Tool schemas and argument checking
 # ----------------------------------------------------------------------------------------------
-
-def test_web_search_returns_tavily_results_with_the_familiar_first_line(
-        start_server, fake_upstream):
-    fake_upstream.route("POST", "/search", "tavily/search_success.json")
-    server = start_server(ring_env({"tavily": fake_upstream}))
-    server.initialize()
-    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
-    content = structured(response)
-    assert tool_result(response)["isError"] is False
-    assert (content["status"], content["vendor"], content["cached"]) == ("success", "tavily", False)
-    expected = [r["url"] for r in fixture_json("tavily/search_success.json")["results"]]
-    assert [r["url"] for r in content["results"]] == expected
-    assert [r["rank"] for r in content["results"]] == [1, 2, 3]
-    assert result_text(response).startswith('3 results for "python asyncio timeout" (via tavily')
-
-
-def test_web_search_reports_every_invalid_argument_at_once(shared_session):
-    response = shared_session.call_tool("web_search", {"query": "   ", "bogus": 1})
-    content = structured(response)
-    assert tool_result(response)["isError"] is True
-    assert (content["status"], content["error"]) == ("error", "invalid_arguments")
-    paths = {issue["path"] for issue in content["validation"]["issues"]}
-    assert {"/query", "/bogus"} <= paths
-
-
-def test_get_sources_returns_the_sources_of_an_earlier_search(start_server, fake_upstream):
-    fake_upstream.route("POST", "/search", "tavily/search_success.json")
-    server = start_server(ring_env({"tavily": fake_upstream}))
-    server.initialize()
-    search = structured(server.call_tool("web_search", {"query": "python asyncio timeout"}))
-    sources = structured(server.call_tool("get_sources", {"session_id": search["session_id"]}))
-    assert sources["sources_count"] == 3
-    assert [s["url"] for s in sources["sources"]] == [r["url"] for r in search["results"]]
-
-
-def test_get_sources_for_an_unknown_session_is_an_error_result(shared_session):
-    response = shared_session.call_tool("get_sources", {"session_id": "no-such-session"})
-    assert tool_result(response)["isError"] is True
-    assert structured(response)["error"] == "session_id_not_found_or_expired"
-
-
-@pytest.fixture
-def tavily_session(start_server, fake_upstream):
-    """A server whose ring is tavily on a FakeUpstream answering search_success.json."""
-    fake_upstream.route("POST", "/search", "tavily/search_success.json")
-    server = start_server(ring_env({"tavily": fake_upstream}))
-    server.initialize()
-    return server, fake_upstream
-
-
-def invalid_argument_issues(response):
-    content = structured(response)
-    assert tool_result(response)["isError"] is True
-    assert (content["status"], content["error"]) == ("error", "invalid_arguments")
-    return {issue["path"]: issue for issue in content["validation"]["issues"]}
-
-
-@pytest.mark.parametrize("query, code", [
-    pytest.param("", "empty", id="empty"),
-    pytest.param("  \t\n  ", "empty", id="whitespace"),
-    pytest.param("q" * 1001, "too_long", id="1001-chars"),
-])
-def test_web_search_rejects_a_bad_query_without_asking_upstream(tavily_session, query, code):
-    server, fake = tavily_session
-    issues = invalid_argument_issues(server.call_tool("web_search", {"query": query}))
-    assert set(issues) == {"/query"}
-    assert issues["/query"]["code"] == code
-    assert issues["/query"]["suggestion"]
-    assert fake.hits("POST", "/search") == 0
-
-
-def test_web_search_accepts_a_query_of_exactly_1000_chars(tavily_session):
-    server, fake = tavily_session
-    content = structured(server.call_tool("web_search", {"query": "q" * 1000}))
-    assert content["status"] == "success"
-    assert fake.requests_to("POST", "/search")[0].json()["query"] == "q" * 1000
-
 
 def test_web_search_is_lenient_where_the_intent_is_plain_and_lists_what_it_read(ring):
     values, issues, adjustments = ring.validate_search_args(
@@ -8045,6 +8385,365 @@ def test_bcp47_language_tags_are_mapped_per_engine(ring, fake_upstream, vendor, 
     assert outcome["ok"] is True
     [sent] = sent_to(fake_upstream, vendor)
     assert (sent.query.get(where) or [None])[0] == expected
+
+
+def test_check_args_reads_every_rule_from_the_schema(ring):
+    schema = {"type": "object", "required": ["q"], "additionalProperties": False, "properties": {
+        "q": {"type": "string", "minLength": 1, "maxLength": 5},
+        "n": {"type": "integer", "minimum": 1, "maximum": 3, "default": 2},
+        "flag": {"type": "boolean"},
+        "kind": {"type": "string", "enum": ["news", "general"]},
+        "day": {"type": "string", "format": "date"},
+        "code": {"type": "string", "pattern": "^[a-z]{2}$"},
+        "hosts": {"type": "array", "maxItems": 3, "uniqueItems": True,
+                  "items": {"type": "string", "minLength": 1, "format": "hostname"}},
+        "groups": {"type": "array", "minItems": 1, "items": {"type": "array", "items": {"type": "string"}}}}}
+    values, issues, adjustments = ring.check_args(schema, {
+        "q": " abc ", "flag": "TRUE", "kind": "News", "hosts": "a.com, WWW.A.com b.org", "n": "3",
+        "groups": [["x"]]})
+    assert issues == []
+    assert values == {"q": "abc", "n": 3, "flag": True, "kind": "news", "hosts": ["a.com", "b.org"],
+                      "groups": [["x"]]}
+    assert [(a["path"], a["reason"]) for a in adjustments] == [
+        ("/n", "a number given as a string"), ("/flag", "a boolean given as a string"),
+        ("/kind", "matched case-insensitively"), ("/hosts", "one string where a list is expected")]
+    assert ring.check_args(schema, {"q": "a"})[0] == {"q": "a", "n": 2}
+    _, issues, _ = ring.check_args(schema, {
+        "Q": 1, "n": 4, "flag": "yes", "kind": "newz", "day": "2026-02-30", "code": "abc",
+        "hosts": ["a.com", "https://b.org/x", 7], "groups": [["x", 3]]})
+    found = {i["path"]: (i["code"], i["suggestion"]) for i in issues}
+    assert {path: code for path, (code, _) in found.items()} == {
+        "/Q": "unknown_argument", "/q": "required", "/n": "range", "/flag": "type", "/kind": "enum",
+        "/day": "format", "/code": "pattern", "/hosts/1": "not_a_domain", "/hosts/2": "type",
+        "/groups/0/1": "type"}
+    assert "'q'" in found["/Q"][1] and "'news'" in found["/kind"][1] and "'b.org'" in found["/hosts/1"][1]
+    assert all(suggestion for _, suggestion in found.values())
+    codes = {i["path"]: i["code"] for i in ring.check_args(schema, {"q": "toolong", "hosts": ["a.com"] * 4,
+                                                                    "groups": []})[1]}
+    assert codes == {"/q": "too_long", "/hosts": "too_many", "/groups": "too_few"}
+
+
+def test_one_table_of_value_kinds_reads_variables_and_arguments_alike(ring):
+    kinds = ring.VALUE_KINDS
+    assert all(kinds[var.kind].parse for var in ring.VARIABLES)
+    specs = [tool.listing["inputSchema"] for tool in ring.TOOLS]
+    while specs:
+        spec = specs.pop()
+        specs += list(spec.get("properties", {}).values()) + ([spec["items"]] if "items" in spec else [])
+        assert "type" not in spec or kinds[spec["type"]].fits, spec
+        assert "format" not in spec or kinds[spec["format"]].check, spec
+    assert kinds["int"] is kinds["integer"] and kinds["url"] is kinds["uri"] and kinds["choice"] is kinds["enum"]
+    [problem] = ring.Config.from_env({"WEBSEARCH_MAX_INFLIGHT": "0"}).problems
+    _, issues, _ = ring.check_args(ring.WEB_MAP_INPUT, {"url": "https://example.org/", "max_depth": 9})
+    assert (problem.expected, issues[0]["suggestion"]) == ("an integer from 1 to 1024",
+                                                           "pass an integer from 1 to 5, or leave it out")
+
+
+def test_argument_edge_cases_are_issues_not_crashes(ring):
+    config = ring.Config.from_env({"WEBSEARCH_TOOLS": "all"})
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    content = server.handlers["plan_intent"]({"core_question": "q", "query_type": "factual",
+                                              "time_sensitivity": "none", "is_revision": 5}, new_call(ring))[0]
+    assert issue_codes(content) == {"/is_revision": "type"}
+    _, issues, _ = ring.validate_search_args({"query": "abc \ud800"})
+    assert [(i["path"], i["code"]) for i in issues] == [("/query", "invalid")]
+    _, issues, _ = ring.validate_search_args({"query": "q", "select": ["content"]})
+    assert [(i["path"], i["code"]) for i in issues] == [("/select", "conflict")]
+    values, issues, _ = ring.validate_search_args({"query": "a  " * 400})
+    assert issues == [] and values["query"] == ("a " * 400).strip()
+    _, issues, _ = ring.check_args(ring.WEB_MAP_INPUT, {"url": "https://example.org/", "timeout": float("nan")})
+    assert "got nan" in issues[0]["message"]
+    _, issues, _ = ring.check_args(ring.WEB_FETCH_INPUT, {"url": "C:\\docs\\page.html"})
+    assert issues[0]["code"] == "scheme" and "local files" in issues[0]["message"]
+
+
+def test_the_tool_table_names_every_tool_once_with_a_handler_and_its_command(ring):
+    """One row per tool, in the order the configuration knows them (WEBSEARCH_TOOLS); every row's
+    handler is a method of the server, and each command-line form names a tool of its own."""
+    names = [tool.name for tool in ring.TOOLS]
+    assert names == list(ring.CORE_TOOLS + ring.PLAN_TOOL_NAMES)
+    assert [tool.listing["name"] for tool in ring.TOOLS] == names
+    config = ring.Config.from_env({"WEBSEARCH_TOOLS": "all"})
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    assert list(server.handlers) == names and list(server.tool_handlers) == names
+    assert sorted(server.inline_handlers) == ["get_sources", "web_fetch", "web_search"]
+    assert {tool.inline for tool in ring.TOOLS} == {None, "always", "try"}
+    commands = {tool.command.name: tool.name for tool in ring.TOOLS if tool.command}
+    assert commands == {"search": "web_search", "answer": "web_answer", "fetch": "web_fetch", "map": "web_map",
+                        "crawl": "web_crawl", "check": "get_config_info"}
+    assert {tool for tool, _ in ring.INSTRUCTIONS if tool} <= set(names)
+
+
+def test_every_limit_in_the_listed_schemas_is_what_the_tools_enforce(ring):
+    """The listed input schemas are the one source of the limits: a value just outside any of them
+    is refused by the tool with that argument's pointer, and the limit itself is accepted."""
+    config = ring.Config.from_env({"WEBSEARCH_TOOLS": "all"})
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    minimal = {"web_search": {"query": "q"}, "web_fetch": {"url": "https://example.org/"},
+               "web_map": {"url": "https://example.org/"}, "web_crawl": {"url": "https://example.org/"},
+               "web_answer": {"query": "q"},
+               "switch_model": {"model": "m"}}
+    checked = 0
+    for tool in ring.TOOLS:
+        name, schema = tool.name, tool.listing["inputSchema"]
+        base = dict(minimal.get(name, {}))
+        for k in schema.get("required", ()):
+            spec = schema["properties"][k]
+            base.setdefault(k, spec["enum"][0] if "enum" in spec else
+                            {"string": "x", "integer": 1, "array": [["x"]]}[spec["type"]])
+        for prop, spec in schema["properties"].items():
+            for value, code in _beyond_limits(spec):
+                if name == "web_search" and prop == "numResults":
+                    continue
+                args = dict(base, **{prop: value})
+                if prop == "urls":
+                    del args["url"]
+                content = server.handlers[name](args, new_call(ring))[0]
+                assert content.get("error") == "invalid_arguments", (name, prop, value)
+                assert issue_codes(content) == {"/" + prop: code}, (name, prop, value)
+                checked += 1
+    assert checked >= 40
+    values, issues, _ = ring.check_args(ring.WEB_MAP_INPUT, {"url": "https://example.org/", "max_depth": 5,
+                                                             "max_breadth": 500, "timeout": 150,
+                                                             "instructions": "x" * 400})
+    assert issues == [] and (values["max_depth"], values["timeout"]) == (5, 150)
+
+
+# -- web_search select: the projection of the typed search contract
+
+def test_select_is_normalized_and_checked(ring):
+    values, issues, adjustments = ring.validate_search_args(
+        {"query": "q", "select": ["url", "description", "url", "title"]})
+    assert (issues, adjustments, values["select"]) == ([], [], ["title", "url", "snippet"])
+    assert ring.validate_search_args({"query": "q"})[0]["select"] == [
+        "rank", "title", "url", "snippet", "published", "score", "vendors"]
+    _, issues, _ = ring.validate_search_args({"query": "q", "select": ["url", "title", "snipet"]})
+    [found] = issues
+    assert (found["path"], found["code"]) == ("/select/2", "enum") and "'snippet'" in found["suggestion"]
+    _, issues, _ = ring.validate_search_args({"query": "q", "select": []})
+    assert [(i["path"], i["code"]) for i in issues] == [("/select", "too_few")]
+    values, _, adjustments = ring.validate_search_args({"query": "q", "select": ["url"], "include_content": 1})
+    assert values["select"] == ["url", "content"] and adjustments[0]["path"] == "/select"
+    values, _, adjustments = ring.validate_search_args({"query": "q", "select": ["url", "content"]})
+    assert values["select"] == ["url"] and "include_content" in adjustments[0]["reason"]
+
+
+def test_limit_is_another_name_for_num_results(ring):
+    values, issues, adjustments = ring.validate_search_args({"query": "q", "limit": 5})
+    assert (values["numResults"], issues, adjustments) == (5, [], [])
+    values, _, adjustments = ring.validate_search_args({"query": "q", "limit": 50})
+    assert values["numResults"] == 20 and adjustments[0]["reason"].startswith("clamped")
+    values, _, adjustments = ring.validate_search_args({"query": "q", "limit": 4, "numResults": 6})
+    assert values["numResults"] == 6 and [a["path"] for a in adjustments] == ["/limit"]
+    assert ring.validate_search_args({"query": "q", "limit": 6, "numResults": 6})[2] == []
+
+
+def test_select_language_comes_from_the_engine_that_reports_it(ring, fake_upstream):
+    route_vendor(fake_upstream, "brave", "brave/success.json")
+    outcome, _, _ = inprocess_search(ring, ring_env({"brave": fake_upstream}), "brave")
+    assert outcome["results"][0]["language"] == "en"
+    assert ring.project_results(outcome["results"][:1], ["url", "language"]) == [
+        {"url": outcome["results"][0]["url"], "language": "en"}]
+    assert ring.project_results([{"url": "https://a.example/"}], ["url", "language"]) == [
+        {"url": "https://a.example/", "language": None}]
+
+@pytest.mark.parametrize("args, path", [({"include_content": 6}, "/include_content"),
+                                        ({"include_content": 1, "content_chars": 50}, "/content_chars"),
+                                        ({"content_chars": 20001}, "/content_chars")])
+def test_web_search_include_content_arguments_are_checked(ring, args, path):
+    values, issues, _ = ring.validate_search_args(dict(args, query="q"))
+    assert [(i["path"], i["code"]) for i in issues] == [(path, "range")]
+
+
+@pytest.mark.parametrize("arguments, path", [
+    ({"exclude_domains": 5}, "/exclude_domains"), ({"include_domains": {"a": 1}}, "/include_domains"),
+    ({"time_range": ["day"]}, "/time_range"), ({"time_range": {"day": 1}}, "/time_range"),
+])
+def test_web_search_wrong_typed_filters_are_validation_issues(shared_session, arguments, path):
+    content = structured(shared_session.call_tool("web_search", dict(arguments, query="python asyncio")))
+    assert content["error"] == "invalid_arguments", content
+    assert path in issue_codes(content)
+
+
+def test_web_fetch_negative_numbers_are_validation_issues(shared_session):
+    content = structured(shared_session.call_tool("web_fetch", {"url": "https://example.org/",
+                                                         "start_index": -1, "max_length": -5}))
+    assert content["error"] == "invalid_arguments"
+    paths = issue_codes(content)
+    assert set(paths) == {"/start_index", "/max_length"}
+    assert all(i["suggestion"] for i in content["validation"]["issues"])
+
+
+# -- web_fetch and web_map: bad URLs --
+
+@pytest.mark.parametrize("tool", ["web_fetch", "web_map"])
+@pytest.mark.parametrize("args, path, code", [
+    ({"url": "docs/page.html"}, "/url", "relative"),
+    ({"url": "/docs/page.html"}, "/url", "relative"),
+    ({"url": "ftp://ftp.example.org/pub/file.txt"}, "/url", "scheme"),
+    ({"url": "file:///etc/passwd"}, "/url", "scheme"),
+    ({"url": "javascript:alert(1)"}, "/url", "scheme"),
+    ({"url": "https://user:pw@example.org/"}, "/url", "credentials"),
+    ({"url": "https://token@example.org/"}, "/url", "credentials"),
+    ({"url": ""}, "/url", "empty"),
+    ({"url": "   "}, "/url", "empty"),
+    ({"url": 42}, "/url", "type"),
+    ({}, "/url", "required"),
+    ({"url": "http://"}, "/url", "no_host"),
+    ({"url": "https://example.org/", "bogus": 1}, "/bogus", "unknown_argument"),
+    ({"url": "https://example.org/", "a/b~c": 1}, "/a~1b~0c", "unknown_argument"),
+])
+def test_bad_url_arguments_are_validation_issues_without_network(shared_session, tool, args, path, code):
+    response = shared_session.call_tool(tool, args)
+    content = structured(response)
+    assert tool_result(response)["isError"] is True
+    assert (content["status"], content["error"]) == ("error", "invalid_arguments")
+    assert issue_codes(content).get(path) == code
+    if code == "credentials":
+        assert "pw@" not in json.dumps(content) and "token@" not in json.dumps(content)
+
+
+def _schema_types(schema):
+    """Every ``type`` value anywhere in a schema."""
+    found, todo = [], [schema]
+    while todo:
+        spec = todo.pop()
+        if isinstance(spec, dict):
+            found += [spec["type"]] if "type" in spec else []
+            todo += list(spec.values())
+        elif isinstance(spec, list):
+            todo += spec
+    return found
+
+
+def test_the_tool_list_is_lean_with_single_typed_output_schemas(ring):
+    # An agent pays for every listed byte in its context: the default list stays under 8 KB, each
+    # input schema under 2 KB; strict validators warn about
+    # nullable type arrays, so every type is one name.
+    server = ring.Server(ring.Config.from_env({}), stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+    assert {"web_search", "web_fetch"} <= {t["name"] for t in server.tools}
+    assert len(ring.json_line({"tools": server.tools})) <= 8 * 1024
+    for tool in ring.TOOLS:
+        assert len(ring.json_line(tool.listing["inputSchema"])) <= 2048, tool.name
+        assert all(isinstance(t, str) for t in _schema_types(tool.listing["outputSchema"])), tool.name
+        assert all(isinstance(t, str) for t in _schema_types(tool.listing["inputSchema"])), tool.name
+
+
+def test_the_lean_web_search_schema_keeps_every_choice_and_limit(ring):
+    # The argument choices web_search listed before its schema was trimmed, pinned.
+    props = ring.WEB_SEARCH_INPUT["properties"]
+    rules = {name: {k: v for k, v in spec.items() if k not in ("description", "items")}
+             for name, spec in props.items()}
+    assert rules == {
+        "query": {"type": "string", "minLength": 1, "maxLength": 1000},
+        "numResults": {"type": "integer"},
+        "select": {"type": "array", "minItems": 1, "maxItems": 20},
+        "lang": {"type": "string", "pattern": "^[A-Za-z]{2}([-_][A-Za-z0-9]{1,8}){0,3}$"},
+        "time_range": {"type": "string", "enum": ["day", "week", "month", "year"]},
+        "include_domains": {"type": "array", "maxItems": 20, "uniqueItems": True},
+        "exclude_domains": {"type": "array", "maxItems": 20, "uniqueItems": True},
+        "max_results_per_domain": {"type": "integer", "minimum": 1, "maximum": 10},
+        "country": {"type": "string", "pattern": "^[A-Za-z]{2}$"},
+        "safesearch": {"type": "string", "enum": ["off", "moderate", "strict"]},
+        "topic": {"type": "string", "enum": ["general", "news"]},
+        "start_date": {"type": "string", "format": "date"},
+        "end_date": {"type": "string", "format": "date"},
+        "page": {"type": "integer", "minimum": 1, "maximum": 5},
+        "vendor": {"type": "string", "enum": ["brave", "serper", "yep", "searxng", "exa", "tavily", "bing",
+                                              "duckduckgo"]},
+        "include_content": {"type": "integer", "minimum": 0, "maximum": 5},
+        "content_chars": {"type": "integer", "minimum": 100, "maximum": 20000},
+        "mode": {"type": "string", "enum": ["failover", "fanout"]}}
+    assert props["select"]["items"]["enum"] == ["rank", "title", "url", "snippet", "description", "published",
+                                                "score", "vendors", "language", "content", "metadata"]
+    assert props["include_domains"]["items"] == {"type": "string", "minLength": 1, "format": "hostname"}
+    values, issues, _ = ring.validate_search_args({"query": "q"})
+    assert issues == [] and {k: values[k] for k in ("numResults", "topic", "page", "include_content",
+                                                    "content_chars", "mode")} == {
+        "numResults": 8, "topic": "general", "page": 1, "include_content": 0, "content_chars": 3000,
+        "mode": "failover"}
+    values, issues, adjustments = ring.validate_search_args({"query": "q", "limit": 50})   # read, not listed
+    assert issues == [] and values["numResults"] == 20 and adjustments
+    assert ring.validate_search_args({"query": "q", "limit": "many"})[1][0]["path"] == "/limit"
+
+
+@pytest.mark.parametrize("case, arguments, path, code, hint", FILTER_VALIDATION_CASES,
+                         ids=[c[0] for c in FILTER_VALIDATION_CASES])
+def test_filter_arguments_are_validated_with_a_pointer_and_a_suggestion(
+        shared_session, case, arguments, path, code, hint):
+    response = shared_session.call_tool("web_search", dict(arguments, query="python asyncio timeout"))
+    content = structured(response)
+    assert tool_result(response)["isError"] is True
+    assert (content["status"], content["error"]) == ("error", "invalid_arguments")
+    [found] = content["validation"]["issues"]
+    assert (found["path"], found["code"]) == (path, code)
+    assert hint in found["message"] + " " + found["suggestion"]
+    assert path in result_text(response)
+
+
+# ----------------------------------------------------------------------------------------------
+# §23 Search and page tools
+# ----------------------------------------------------------------------------------------------
+
+def test_web_search_returns_tavily_results_with_the_familiar_first_line(
+        start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = start_server(ring_env({"tavily": fake_upstream}))
+    server.initialize()
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    content = structured(response)
+    assert tool_result(response)["isError"] is False
+    assert (content["status"], content["vendor"], content["cached"]) == ("success", "tavily", False)
+    expected = [r["url"] for r in fixture_json("tavily/search_success.json")["results"]]
+    assert [r["url"] for r in content["results"]] == expected
+    assert [r["rank"] for r in content["results"]] == [1, 2, 3]
+    assert result_text(response).startswith('3 results for "python asyncio timeout" (via tavily')
+
+
+def test_web_search_reports_every_invalid_argument_at_once(shared_session):
+    response = shared_session.call_tool("web_search", {"query": "   ", "bogus": 1})
+    content = structured(response)
+    assert tool_result(response)["isError"] is True
+    assert (content["status"], content["error"]) == ("error", "invalid_arguments")
+    paths = {issue["path"] for issue in content["validation"]["issues"]}
+    assert {"/query", "/bogus"} <= paths
+
+
+@pytest.fixture
+def tavily_session(start_server, fake_upstream):
+    """A server whose ring is tavily on a FakeUpstream answering search_success.json."""
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = start_server(ring_env({"tavily": fake_upstream}))
+    server.initialize()
+    return server, fake_upstream
+
+
+def invalid_argument_issues(response):
+    content = structured(response)
+    assert tool_result(response)["isError"] is True
+    assert (content["status"], content["error"]) == ("error", "invalid_arguments")
+    return {issue["path"]: issue for issue in content["validation"]["issues"]}
+
+
+@pytest.mark.parametrize("query, code", [
+    pytest.param("", "empty", id="empty"),
+    pytest.param("  \t\n  ", "empty", id="whitespace"),
+    pytest.param("q" * 1001, "too_long", id="1001-chars"),
+])
+def test_web_search_rejects_a_bad_query_without_asking_upstream(tavily_session, query, code):
+    server, fake = tavily_session
+    issues = invalid_argument_issues(server.call_tool("web_search", {"query": query}))
+    assert set(issues) == {"/query"}
+    assert issues["/query"]["code"] == code
+    assert issues["/query"]["suggestion"]
+    assert fake.hits("POST", "/search") == 0
+
+
+def test_web_search_accepts_a_query_of_exactly_1000_chars(tavily_session):
+    server, fake = tavily_session
+    content = structured(server.call_tool("web_search", {"query": "q" * 1000}))
+    assert content["status"] == "success"
+    assert fake.requests_to("POST", "/search")[0].json()["query"] == "q" * 1000
 
 
 @pytest.mark.parametrize("received, used, reason_word", [
@@ -8093,45 +8792,6 @@ def test_tools_call_of_an_unknown_tool_names_the_available_ones(tavily_session):
     assert response["error"]["code"] == INVALID_PARAMS
     assert "web_serach" in response["error"]["message"]
     assert {"web_search", "get_sources"} <= set(response["error"]["data"]["available"])
-
-
-def test_get_sources_session_expires_after_one_hour(ring, fake_clock, fake_upstream):
-    fake_upstream.route("POST", "/search", "tavily/search_success.json")
-    server = inprocess_server(ring, fake_upstream, fake_clock)
-    tools = server.search_tools
-    search, _, is_error = tools.web_search({"query": "python asyncio timeout"}, new_call(ring))
-    assert not is_error and search["session_id"]
-    sid = search["session_id"]
-    fake_clock.advance(3599.0)
-    found, _, is_error = tools.get_sources({"session_id": sid}, new_call(ring))
-    assert not is_error and found["sources_count"] == 3
-    fake_clock.advance(1.0)                            # one hour after the search
-    gone, text, is_error = tools.get_sources({"session_id": sid}, new_call(ring))
-    assert is_error is True
-    assert (gone["status"], gone["error"]) == ("error", "session_id_not_found_or_expired")
-    assert gone["sources"] == [] and gone["sources_count"] == 0
-    assert sid in text
-
-
-def test_get_sources_keeps_at_most_256_sessions_evicting_the_oldest(
-        ring, fake_clock, fake_upstream):
-    fake_upstream.route("POST", "/search", "tavily/search_success.json")
-    server = inprocess_server(ring, fake_upstream, fake_clock)
-    tools = server.search_tools
-    sids = []
-    for _ in range(257):  # the first asks upstream, the rest are cache hits: each a new session
-        search, _, is_error = tools.web_search({"query": "python asyncio timeout"}, new_call(ring))
-        assert not is_error
-        sids.append(search["session_id"])
-        fake_clock.advance(1.0)
-    assert len(set(sids)) == 257
-    assert fake_upstream.hits("POST", "/search") == 1
-    assert len(server.sessions) == 256
-    oldest, _, is_error = tools.get_sources({"session_id": sids[0]}, new_call(ring))
-    assert is_error and oldest["error"] == "session_id_not_found_or_expired"
-    for sid in (sids[1], sids[-1]):
-        kept, _, is_error = tools.get_sources({"session_id": sid}, new_call(ring))
-        assert not is_error and kept["sources_count"] == 3
 
 
 # -- web_fetch: direct --
@@ -8211,98 +8871,11 @@ def test_web_fetch_urls_arguments_are_checked(ring, args, path, code):
     assert is_error is True and issue_codes(content) == {path: code}
 
 
-def test_check_args_reads_every_rule_from_the_schema(ring):
-    schema = {"type": "object", "required": ["q"], "additionalProperties": False, "properties": {
-        "q": {"type": "string", "minLength": 1, "maxLength": 5},
-        "n": {"type": "integer", "minimum": 1, "maximum": 3, "default": 2},
-        "flag": {"type": "boolean"},
-        "kind": {"type": "string", "enum": ["news", "general"]},
-        "day": {"type": "string", "format": "date"},
-        "code": {"type": "string", "pattern": "^[a-z]{2}$"},
-        "hosts": {"type": "array", "maxItems": 3, "uniqueItems": True,
-                  "items": {"type": "string", "minLength": 1, "format": "hostname"}},
-        "groups": {"type": "array", "minItems": 1, "items": {"type": "array", "items": {"type": "string"}}}}}
-    values, issues, adjustments = ring.check_args(schema, {
-        "q": " abc ", "flag": "TRUE", "kind": "News", "hosts": "a.com, WWW.A.com b.org", "n": "3",
-        "groups": [["x"]]})
-    assert issues == []
-    assert values == {"q": "abc", "n": 3, "flag": True, "kind": "news", "hosts": ["a.com", "b.org"],
-                      "groups": [["x"]]}
-    assert [(a["path"], a["reason"]) for a in adjustments] == [
-        ("/n", "a number given as a string"), ("/flag", "a boolean given as a string"),
-        ("/kind", "matched case-insensitively"), ("/hosts", "one string where a list is expected")]
-    assert ring.check_args(schema, {"q": "a"})[0] == {"q": "a", "n": 2}
-    _, issues, _ = ring.check_args(schema, {
-        "Q": 1, "n": 4, "flag": "yes", "kind": "newz", "day": "2026-02-30", "code": "abc",
-        "hosts": ["a.com", "https://b.org/x", 7], "groups": [["x", 3]]})
-    found = {i["path"]: (i["code"], i["suggestion"]) for i in issues}
-    assert {path: code for path, (code, _) in found.items()} == {
-        "/Q": "unknown_argument", "/q": "required", "/n": "range", "/flag": "type", "/kind": "enum",
-        "/day": "format", "/code": "pattern", "/hosts/1": "not_a_domain", "/hosts/2": "type",
-        "/groups/0/1": "type"}
-    assert "'q'" in found["/Q"][1] and "'news'" in found["/kind"][1] and "'b.org'" in found["/hosts/1"][1]
-    assert all(suggestion for _, suggestion in found.values())
-    codes = {i["path"]: i["code"] for i in ring.check_args(schema, {"q": "toolong", "hosts": ["a.com"] * 4,
-                                                                    "groups": []})[1]}
-    assert codes == {"/q": "too_long", "/hosts": "too_many", "/groups": "too_few"}
-
-
-def test_one_table_of_value_kinds_reads_variables_and_arguments_alike(ring):
-    kinds = ring.VALUE_KINDS
-    assert all(kinds[var.kind].parse for var in ring.VARIABLES)
-    specs = [tool.listing["inputSchema"] for tool in ring.TOOLS]
-    while specs:
-        spec = specs.pop()
-        specs += list(spec.get("properties", {}).values()) + ([spec["items"]] if "items" in spec else [])
-        assert "type" not in spec or kinds[spec["type"]].fits, spec
-        assert "format" not in spec or kinds[spec["format"]].check, spec
-    assert kinds["int"] is kinds["integer"] and kinds["url"] is kinds["uri"] and kinds["choice"] is kinds["enum"]
-    [problem] = ring.Config.from_env({"WEBSEARCH_MAX_INFLIGHT": "0"}).problems
-    _, issues, _ = ring.check_args(ring.WEB_MAP_INPUT, {"url": "https://example.org/", "max_depth": 9})
-    assert (problem.expected, issues[0]["suggestion"]) == ("an integer from 1 to 1024",
-                                                           "pass an integer from 1 to 5, or leave it out")
-
-
-def test_argument_edge_cases_are_issues_not_crashes(ring):
-    config = ring.Config.from_env({"WEBSEARCH_TOOLS": "all"})
-    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
-    content = server.handlers["plan_intent"]({"core_question": "q", "query_type": "factual",
-                                              "time_sensitivity": "none", "is_revision": 5}, new_call(ring))[0]
-    assert issue_codes(content) == {"/is_revision": "type"}
-    _, issues, _ = ring.validate_search_args({"query": "abc \ud800"})
-    assert [(i["path"], i["code"]) for i in issues] == [("/query", "invalid")]
-    _, issues, _ = ring.validate_search_args({"query": "q", "select": ["content"]})
-    assert [(i["path"], i["code"]) for i in issues] == [("/select", "conflict")]
-    values, issues, _ = ring.validate_search_args({"query": "a  " * 400})
-    assert issues == [] and values["query"] == ("a " * 400).strip()
-    _, issues, _ = ring.check_args(ring.WEB_MAP_INPUT, {"url": "https://example.org/", "timeout": float("nan")})
-    assert "got nan" in issues[0]["message"]
-    _, issues, _ = ring.check_args(ring.WEB_FETCH_INPUT, {"url": "C:\\docs\\page.html"})
-    assert issues[0]["code"] == "scheme" and "local files" in issues[0]["message"]
-
-
 def test_the_key_hint_is_given_only_when_the_key_is_what_hides_a_tool(ring):
     config = ring.Config.from_env({"WEBSEARCH_TOOLS": "web_search,get_config_info"})
     server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
     info = server.handlers["get_config_info"]({}, new_call(ring))[0]
     assert {t["tool"]: t["enable"] for t in info["unlisted_tools"]}["web_answer"] == "add it to WEBSEARCH_TOOLS"
-
-
-def test_the_tool_table_names_every_tool_once_with_a_handler_and_its_command(ring):
-    """One row per tool, in the order the configuration knows them (WEBSEARCH_TOOLS); every row's
-    handler is a method of the server, and each command-line form names a tool of its own."""
-    names = [tool.name for tool in ring.TOOLS]
-    assert names == list(ring.CORE_TOOLS + ring.PLAN_TOOL_NAMES)
-    assert [tool.listing["name"] for tool in ring.TOOLS] == names
-    config = ring.Config.from_env({"WEBSEARCH_TOOLS": "all"})
-    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
-    assert list(server.handlers) == names and list(server.tool_handlers) == names
-    assert sorted(server.inline_handlers) == ["get_sources", "web_fetch", "web_search"]
-    assert {tool.inline for tool in ring.TOOLS} == {None, "always", "try"}
-    commands = {tool.command.name: tool.name for tool in ring.TOOLS if tool.command}
-    assert commands == {"search": "web_search", "answer": "web_answer", "fetch": "web_fetch", "map": "web_map",
-                        "crawl": "web_crawl", "check": "get_config_info"}
-    assert {tool for tool, _ in ring.INSTRUCTIONS if tool} <= set(names)
 
 
 def test_debug_lines_never_carry_a_query_string(ring):
@@ -8360,41 +8933,6 @@ def _beyond_limits(spec):
     return out
 
 
-def test_every_limit_in_the_listed_schemas_is_what_the_tools_enforce(ring):
-    """The listed input schemas are the one source of the limits: a value just outside any of them
-    is refused by the tool with that argument's pointer, and the limit itself is accepted."""
-    config = ring.Config.from_env({"WEBSEARCH_TOOLS": "all"})
-    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
-    minimal = {"web_search": {"query": "q"}, "web_fetch": {"url": "https://example.org/"},
-               "web_map": {"url": "https://example.org/"}, "web_crawl": {"url": "https://example.org/"},
-               "web_answer": {"query": "q"},
-               "switch_model": {"model": "m"}}
-    checked = 0
-    for tool in ring.TOOLS:
-        name, schema = tool.name, tool.listing["inputSchema"]
-        base = dict(minimal.get(name, {}))
-        for k in schema.get("required", ()):
-            spec = schema["properties"][k]
-            base.setdefault(k, spec["enum"][0] if "enum" in spec else
-                            {"string": "x", "integer": 1, "array": [["x"]]}[spec["type"]])
-        for prop, spec in schema["properties"].items():
-            for value, code in _beyond_limits(spec):
-                if name == "web_search" and prop == "numResults":
-                    continue
-                args = dict(base, **{prop: value})
-                if prop == "urls":
-                    del args["url"]
-                content = server.handlers[name](args, new_call(ring))[0]
-                assert content.get("error") == "invalid_arguments", (name, prop, value)
-                assert issue_codes(content) == {"/" + prop: code}, (name, prop, value)
-                checked += 1
-    assert checked >= 40
-    values, issues, _ = ring.check_args(ring.WEB_MAP_INPUT, {"url": "https://example.org/", "max_depth": 5,
-                                                             "max_breadth": 500, "timeout": 150,
-                                                             "instructions": "x" * 400})
-    assert issues == [] and (values["max_depth"], values["timeout"]) == (5, 150)
-
-
 def route_search_with_local_pages(fake, n=3):
     """Tavily on `fake` answering with `n` results whose pages are on `fake` too (/doc/1 ... /doc/n,
     /doc/2 a 404); returns the result URLs."""
@@ -8435,35 +8973,6 @@ def test_web_search_include_content_reads_the_top_pages_and_web_fetch_goes_on_fr
     assert fake_upstream.hits("GET", "/doc/1") == 1 and fake_upstream.hits("POST", "/search") == 1
 
 
-# -- web_search select: the projection of the typed search contract
-
-def test_select_is_normalized_and_checked(ring):
-    values, issues, adjustments = ring.validate_search_args(
-        {"query": "q", "select": ["url", "description", "url", "title"]})
-    assert (issues, adjustments, values["select"]) == ([], [], ["title", "url", "snippet"])
-    assert ring.validate_search_args({"query": "q"})[0]["select"] == [
-        "rank", "title", "url", "snippet", "published", "score", "vendors"]
-    _, issues, _ = ring.validate_search_args({"query": "q", "select": ["url", "title", "snipet"]})
-    [found] = issues
-    assert (found["path"], found["code"]) == ("/select/2", "enum") and "'snippet'" in found["suggestion"]
-    _, issues, _ = ring.validate_search_args({"query": "q", "select": []})
-    assert [(i["path"], i["code"]) for i in issues] == [("/select", "too_few")]
-    values, _, adjustments = ring.validate_search_args({"query": "q", "select": ["url"], "include_content": 1})
-    assert values["select"] == ["url", "content"] and adjustments[0]["path"] == "/select"
-    values, _, adjustments = ring.validate_search_args({"query": "q", "select": ["url", "content"]})
-    assert values["select"] == ["url"] and "include_content" in adjustments[0]["reason"]
-
-
-def test_limit_is_another_name_for_num_results(ring):
-    values, issues, adjustments = ring.validate_search_args({"query": "q", "limit": 5})
-    assert (values["numResults"], issues, adjustments) == (5, [], [])
-    values, _, adjustments = ring.validate_search_args({"query": "q", "limit": 50})
-    assert values["numResults"] == 20 and adjustments[0]["reason"].startswith("clamped")
-    values, _, adjustments = ring.validate_search_args({"query": "q", "limit": 4, "numResults": 6})
-    assert values["numResults"] == 6 and [a["path"] for a in adjustments] == ["/limit"]
-    assert ring.validate_search_args({"query": "q", "limit": 6, "numResults": 6})[2] == []
-
-
 def test_select_shapes_results_and_text_while_one_upstream_call_serves_every_projection(
         start_server, fake_upstream):
     fake_upstream.route("POST", "/search", "tavily/search_success.json")
@@ -8486,27 +8995,6 @@ def test_select_shapes_results_and_text_while_one_upstream_call_serves_every_pro
     assert fake_upstream.hits("POST", "/search") == 1
     sources = structured(server.call_tool("get_sources", {"session_id": urls["session_id"]}))
     assert sources["sources"][0]["snippet"] == full["results"][0]["snippet"]
-
-
-def test_select_language_comes_from_the_engine_that_reports_it(ring, fake_upstream):
-    route_vendor(fake_upstream, "brave", "brave/success.json")
-    outcome, _, _ = inprocess_search(ring, ring_env({"brave": fake_upstream}), "brave")
-    assert outcome["results"][0]["language"] == "en"
-    assert ring.project_results(outcome["results"][:1], ["url", "language"]) == [
-        {"url": outcome["results"][0]["url"], "language": "en"}]
-    assert ring.project_results([{"url": "https://a.example/"}], ["url", "language"]) == [
-        {"url": "https://a.example/", "language": None}]
-
-@pytest.mark.parametrize("args, path", [({"include_content": 6}, "/include_content"),
-                                        ({"include_content": 1, "content_chars": 50}, "/content_chars"),
-                                        ({"content_chars": 20001}, "/content_chars")])
-def test_web_search_include_content_arguments_are_checked(ring, args, path):
-    values, issues, _ = ring.validate_search_args(dict(args, query="q"))
-    assert [(i["path"], i["code"]) for i in issues] == [(path, "range")]
-
-
-SCRIPT_SHELL = ("<html><head><title>App</title></head><body><div id=\"root\"></div>"
-                "<noscript>You need to enable JavaScript to run this app.</noscript></body></html>")
 
 
 def jina_env(reader, **extra):
@@ -8577,29 +9065,6 @@ def test_jina_reader_errors_are_classified(start_server, fake_upstream, upstream
     assert is_error is True
     assert [(a["vendor"], a["outcome"], a["code"]) for a in content["attempts"]] == [
         ("direct", "http_error", "http_403"), ("jina", outcome, code)]
-
-
-def test_jina_never_reads_a_private_page_unless_the_reader_is_on_this_network(ring):
-    config = ring.Config.from_env({"WEBSEARCH_JINA_URL": "https://reader.example", "NO_PROXY": "*"})
-    transport = ring.Transport(config, quiet_logger(ring))
-    transport._resolve = lambda host, port: {
-        "reader.example": [(2, 1, 6, "", ("93.184.216.34", port))],
-        "intranet.corp": [(2, 1, 6, "", ("10.1.2.3", port))],
-        "www.example.org": [(2, 1, 6, "", ("93.184.216.35", port))]}[host]
-    fetcher = ring.Fetcher(config, transport, None, quiet_logger(ring))
-    assert "private address" in fetcher._jina_refusal("http://intranet.corp/wiki")
-    assert "private address" in fetcher._jina_refusal("http://127.0.0.1:8080/")
-    assert fetcher._jina_refusal("https://www.example.org/") is None
-    inside = ring.Fetcher(ring.Config.from_env({"WEBSEARCH_JINA_URL": "http://127.0.0.1:3000"}), transport,
-                          None, quiet_logger(ring))
-    assert inside._jina_refusal("http://intranet.corp/wiki") is None
-
-
-# ---- the private-address rule holds for every service ----------------------------------------
-
-_PRIVATE_PAGES = ("http://169.254.169.254/latest/meta-data/", "http://10.0.0.1/admin", "http://localhost:8080/",
-                  "http://[fd00::1]/", "http://[::ffff:127.0.0.1]/", "http://intranet.corp/wiki",
-                  "http://app.localhost/", "http://nowhere.invalid/")
 
 
 def _services_server(ring, fetch_providers="tavily,direct,jina", **extra):
@@ -8720,25 +9185,6 @@ def test_web_fetch_start_index_past_the_end_is_an_error_with_the_length(start_se
     assert (content["error"], content["total_length"]) == ("start_index_past_end", total)
     assert "/start_index" in issue_codes(content)
     assert fake_upstream.hits("GET", "/article") == 1
-
-
-@pytest.mark.parametrize("arguments, path", [
-    ({"exclude_domains": 5}, "/exclude_domains"), ({"include_domains": {"a": 1}}, "/include_domains"),
-    ({"time_range": ["day"]}, "/time_range"), ({"time_range": {"day": 1}}, "/time_range"),
-])
-def test_web_search_wrong_typed_filters_are_validation_issues(shared_session, arguments, path):
-    content = structured(shared_session.call_tool("web_search", dict(arguments, query="python asyncio")))
-    assert content["error"] == "invalid_arguments", content
-    assert path in issue_codes(content)
-
-
-def test_web_fetch_negative_numbers_are_validation_issues(shared_session):
-    content = structured(shared_session.call_tool("web_fetch", {"url": "https://example.org/",
-                                                         "start_index": -1, "max_length": -5}))
-    assert content["error"] == "invalid_arguments"
-    paths = issue_codes(content)
-    assert set(paths) == {"/start_index", "/max_length"}
-    assert all(i["suggestion"] for i in content["validation"]["issues"])
 
 
 @pytest.mark.parametrize("fmt", ["text", "html"])
@@ -8959,35 +9405,6 @@ def test_twenty_identical_concurrent_fetches_make_one_upstream_request(
     assert coalesced >= 10, "only %d of 20 calls shared the fetch" % coalesced
 
 
-# -- web_fetch and web_map: bad URLs --
-
-@pytest.mark.parametrize("tool", ["web_fetch", "web_map"])
-@pytest.mark.parametrize("args, path, code", [
-    ({"url": "docs/page.html"}, "/url", "relative"),
-    ({"url": "/docs/page.html"}, "/url", "relative"),
-    ({"url": "ftp://ftp.example.org/pub/file.txt"}, "/url", "scheme"),
-    ({"url": "file:///etc/passwd"}, "/url", "scheme"),
-    ({"url": "javascript:alert(1)"}, "/url", "scheme"),
-    ({"url": "https://user:pw@example.org/"}, "/url", "credentials"),
-    ({"url": "https://token@example.org/"}, "/url", "credentials"),
-    ({"url": ""}, "/url", "empty"),
-    ({"url": "   "}, "/url", "empty"),
-    ({"url": 42}, "/url", "type"),
-    ({}, "/url", "required"),
-    ({"url": "http://"}, "/url", "no_host"),
-    ({"url": "https://example.org/", "bogus": 1}, "/bogus", "unknown_argument"),
-    ({"url": "https://example.org/", "a/b~c": 1}, "/a~1b~0c", "unknown_argument"),
-])
-def test_bad_url_arguments_are_validation_issues_without_network(shared_session, tool, args, path, code):
-    response = shared_session.call_tool(tool, args)
-    content = structured(response)
-    assert tool_result(response)["isError"] is True
-    assert (content["status"], content["error"]) == ("error", "invalid_arguments")
-    assert issue_codes(content).get(path) == code
-    if code == "credentials":
-        assert "pw@" not in json.dumps(content) and "token@" not in json.dumps(content)
-
-
 # -- web_fetch and web_map: address safety --
 
 def test_web_fetch_refuses_loopback_without_allow_private_urls(start_server, fake_upstream):
@@ -9084,31 +9501,6 @@ def test_web_map_direct_reads_a_sitemap_index_with_a_gzip_child(start_server, fa
     assert content["results"] == [base + "/", base + "/about", base + "/contact", base + "/posts/1",
                                   base + "/posts/2", base + "/search?q=wal&page=2"]
     assert content["stats"]["sitemaps_read"] == 3
-
-
-def route_crawl_site(fake):
-    fake.route("GET", "/robots.txt", {"status": 404, "body": "no robots"})
-    fake.route("GET", "/sitemap.xml", {"status": 404, "body": "no sitemap"})
-    route_page(fake, "/", links_page(*["/p%d" % i for i in range(1, 6)]))
-    for i in range(1, 6):
-        route_page(fake, "/p%d" % i, links_page(*["/p%d/q%d" % (i, j) for j in range(1, 6)] + ["/"]))
-
-
-def test_web_map_direct_crawls_within_max_depth_and_max_breadth(start_server, fake_upstream):
-    route_crawl_site(fake_upstream)
-    base = fake_upstream.url
-    server = start_server(direct_env())
-    server.initialize()
-    shallow, _ = call_map(server, base + "/", max_depth=1, max_breadth=3)
-    assert shallow["results"] == [base + "/", base + "/p1", base + "/p2", base + "/p3"]
-    assert shallow["stats"]["robots"] == "allow_all" and shallow["stats"]["pages_crawled"] == 1
-    assert fake_upstream.hits("GET", "/p1") == 0
-    deep, _ = call_map(server, base + "/", max_depth=2, max_breadth=2)
-    assert deep["results"] == [base + "/", base + "/p1", base + "/p2", base + "/p1/q1", base + "/p1/q2",
-                               base + "/p2/q1", base + "/p2/q2"]
-    assert fake_upstream.hits("GET", "/p3") == 0
-    limited, _ = call_map(server, base + "/", max_depth=3, max_breadth=5, limit=8)
-    assert len(limited["results"]) == 8 and len(set(limited["results"])) == 8
 
 
 def test_non_ascii_urls_are_percent_encoded_in_fetch_map_and_redirects(start_server, fake_upstream):
@@ -9237,18 +9629,6 @@ def test_web_map_direct_takes_limit_urls_from_a_100000_url_sitemap(start_server,
     assert fake_upstream.hits("GET", "/") == 1
 
 
-def test_web_map_direct_site_disallowing_everything_is_no_urls_and_is_not_crawled(
-        start_server, fake_upstream):
-    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /\n"})
-    route_page(fake_upstream, "/", links_page("/a", "/b"))
-    server = start_server(direct_env())
-    server.initialize()
-    content, is_error = call_map(server, fake_upstream.url + "/")
-    assert is_error is True
-    assert (content["error"], content["results"]) == ("no_urls", [])
-    assert fake_upstream.hits("GET", "/") == 0, "the crawler fetched a page robots.txt disallows"
-
-
 def test_web_map_direct_empty_site_is_no_urls(start_server, fake_upstream):
     fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
     fake_upstream.route("GET", "/sitemap.xml", {"status": 404, "body": "none"})
@@ -9304,20 +9684,6 @@ def test_web_map_direct_reads_cdata_nested_indexes_to_the_depth_limit_and_keeps_
     assert fake_upstream.hits("GET", "/deep.xml") == 0
 
 
-def test_web_map_direct_honours_crawl_delay_and_reports_it(start_server, fake_upstream):
-    base = fake_upstream.url
-    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nCrawl-delay: 0.03\nDisallow: /x\n"})
-    fake_upstream.route("GET", "/sitemap.xml", {"status": 404, "body": "none"})
-    route_page(fake_upstream, "/", links_page("/a"))
-    server = start_server(direct_env())
-    server.initialize()
-    content, is_error = call_map(server, base + "/", max_depth=1)
-    assert is_error is False
-    stats = content["stats"]
-    assert stats["crawl_delay_s"] == 0.03 and stats["crawl_delay_applied_s"] == 0.03
-    assert 0.0 < stats["crawl_delay_waited_s"] <= 0.06
-
-
 # -- web_map: maps that follow the site, in-process --
 
 def inprocess_direct_server(ring, **extra):
@@ -9350,24 +9716,6 @@ def test_web_map_takes_the_site_from_where_the_start_url_lands(ring, fake_upstre
     assert stats["skipped"]["skipped_other_site"]["examples"] == [fake_upstream.url + "/elsewhere"]
     assert landing.hits("GET", "/home") == 1       # read once: to land, then for its links
     assert fake_upstream.hits("GET", "/sitemap.xml") == 0
-
-
-def test_web_map_and_web_crawl_leave_out_a_landing_page_its_own_robots_txt_refuses(ring, fake_upstream, upstreams):
-    landing = upstreams()
-    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
-    fake_upstream.route("GET", "/", {"status": 302, "headers": {"Location": landing.url + "/home"}})
-    landing.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /home\n"})
-    landing.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
-                                          "body": sitemap_xml([landing.url + "/a"])})
-    route_page(landing, "/home", links_page("/b"))
-    route_page(landing, "/a", html_page("A", "<p>Page a.</p>"))
-    server = inprocess_direct_server(ring)
-    content, _, is_error = inprocess_map(ring, server, fake_upstream.url + "/")
-    assert is_error is False and content["results"] == [landing.url + "/a"], content
-    assert content["stats"]["skipped"]["skipped_by_robots"]["examples"] == [landing.url + "/home"]
-    crawled, _, is_error = server.tool_handlers["web_crawl"]({"url": fake_upstream.url + "/"}, new_call(ring))
-    assert is_error is False and [p["url"] for p in crawled["pages"]] == [landing.url + "/a"]
-    assert landing.hits("GET", "/b") == 0
 
 
 def test_web_map_treats_http_and_https_of_one_host_as_one_site(ring, fake_upstream):
@@ -9423,275 +9771,11 @@ def article(title, links=(), extra_head=""):
                "".join("<a href=\"%s\">%s</a> " % link for link in links)))
 
 
-def inprocess_crawl(ring, server, url, call=None, **args):
-    """web_crawl through the server's own handler: (structured, text, is_error)."""
-    return server.tool_handlers["web_crawl"](dict(url=url, **args), call or new_call(ring))
-
-
-def crawled_paths(fake):
-    """The pages the crawler asked for, in order (robots.txt and sitemaps left out)."""
-    return [r.route_path for r in fake.requests if r.route_path != "/robots.txt" and ".xml" not in r.route_path]
-
-
-def test_web_crawl_reads_a_site_politely_and_web_fetch_serves_its_pages_from_the_cache(ring, fake_upstream):
-    base = fake_upstream.url
-    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /private\n"})
-    fake_upstream.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
-                                                "body": sitemap_xml([base + "/guide"])})
-    route_page(fake_upstream, "/", article("Home", [("/a", "A"), ("/b#part", "B"), ("/private/x", "X"),
-                                                    ("/logo.png", "logo"), ("http://other.example/", "o")]))
-    for path in ("/a", "/b", "/guide"):
-        route_page(fake_upstream, path, article("Page " + path, [("/a/deeper", "deeper")]))
-    route_page(fake_upstream, "/a/deeper", article("Deeper"))
-    server = inprocess_direct_server(ring)
-    content, text, is_error = inprocess_crawl(ring, server, base + "/", max_depth=1, max_chars_per_page=200)
-    assert is_error is False and content["status"] == "success", content
-    assert [p["url"] for p in content["pages"]] == [base + "/", base + "/guide", base + "/a", base + "/b"]
-    assert fake_upstream.hits("GET", "/a/deeper") == 0 and fake_upstream.hits("GET", "/private/x") == 0
-    assert fake_upstream.hits("GET", "/logo.png") == 0
-    assert content["not_pages"] == [{"url": base + "/logo.png", "why": "not HTML or PDF (by its name); not requested"}]
-    skipped = content["stats"]["skipped"]
-    assert skipped["skipped_by_robots"]["examples"] == [base + "/private/x"]
-    assert skipped["skipped_other_site"]["count"] == 1
-    assert all(r.headers["User-Agent"].startswith("websearch-ring/") for r in fake_upstream.requests)
-    first = content["pages"][0]
-    assert first["title"] == "Home" and len(first["content"]) == 200 and first["next_start_index"] == 200
-    assert "=== 1. Home ===" in text and "start_index=200" in text
-    # web_fetch of a crawled page: the cache, and the very Markdown a fresh fetch makes.
-    fetched, _, _ = server.tool_handlers["web_fetch"]({"url": base + "/a"}, new_call(ring))
-    assert fetched["cached"] is True and fetched["content"].startswith(content["pages"][2]["content"])
-    fresh, _, _ = inprocess_direct_server(ring).tool_handlers["web_fetch"]({"url": base + "/a"}, new_call(ring))
-    assert fresh["cached"] is False and fresh["content"] == fetched["content"]
-    rest, _, _ = server.tool_handlers["web_fetch"]({"url": base + "/", "start_index": 200}, new_call(ring))
-    assert rest["cached"] is True and rest["start_index"] == 200
-    sources, _, is_error = server.tool_handlers["get_sources"]({"session_id": content["crawl_id"]}, new_call(ring))
-    assert is_error is False and sources["tool"] == "web_crawl"
-    assert [s["url"] for s in sources["sources"]] == [p["url"] for p in content["pages"]]
-
-
-def test_web_crawl_depth_zero_reads_only_the_start_page_and_validates_its_arguments(ring, fake_upstream):
-    base = fake_upstream.url
-    route_page(fake_upstream, "/", article("Home", [("/a", "A")]))
-    server = inprocess_direct_server(ring)
-    content, _, is_error = inprocess_crawl(ring, server, base + "/", max_depth=0)
-    assert is_error is False and [p["url"] for p in content["pages"]] == [base + "/"]
-    assert crawled_paths(fake_upstream) == ["/"]
-    bad, _, is_error = inprocess_crawl(ring, server, base + "/", max_pages=0, max_depth=9, format="html")
-    assert is_error is True and set(issue_codes(bad)) == {"/max_pages", "/max_depth", "/format"}
-
-
-def test_web_crawl_deduplicates_canonical_urls_tracking_parameters_sessions_and_slashes(ring, fake_upstream):
-    base = fake_upstream.url
-    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
-    route_page(fake_upstream, "/", article("Home", [("/doc?utm_source=x", "1"), ("/doc/", "2"), ("/doc#top", "3"),
-                                                    ("/doc;jsessionid=AB12", "4"), ("/doc?sid=77", "5")]))
-    route_page(fake_upstream, "/doc", article("Doc", [("/print/doc", "printable")]))
-    canonical = "<link rel=\"canonical\" href=\"%s/doc\">" % base
-    route_page(fake_upstream, "/print/doc", article("Doc, printable", extra_head=canonical))
-    content, _, _ = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/")
-    assert [p["url"] for p in content["pages"]] == [base + "/", base + "/doc?utm_source=x"]
-    assert fake_upstream.hits("GET", "/doc") == 1
-    assert content["stats"]["skipped"]["duplicate_page"]["examples"] == [base + "/print/doc"]
-
-
-def test_web_crawl_treats_http_and_https_of_one_host_as_one_site(ring, fake_upstream):
-    base = fake_upstream.url
-    secure = "https://127.0.0.1:%d" % fake_upstream.port
-    fake_upstream.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
-                                                "body": sitemap_xml([secure + "/docs/a"])})
-    route_page(fake_upstream, "/", article("Home"))
-    route_page(fake_upstream, "/docs/a", article("A"))
-    content, _, _ = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/")
-    assert [p["url"] for p in content["pages"]] == [base + "/", base + "/docs/a"]
-
-
-def test_web_crawl_query_reads_the_matching_pages_of_a_500_page_sitemap_first(ring, fake_upstream):
-    base = fake_upstream.url
-    matching = {"/docs/connection-pool-%d" % i for i in range(10)}
-    paths = ["/blog/post-%d" % i for i in range(490)] + sorted(matching)
-    paths = paths[:137] + paths[490:] + paths[137:490]          # the matches sit in the middle of the list
-    fake_upstream.route("GET", "/sitemap.xml", {"headers": {"Content-Type": "application/xml"},
-                                                "body": sitemap_xml([base + p for p in paths])})
-    route_page(fake_upstream, "/", article("Home"))
-    fake_upstream.route("GET", "/", {"headers": {"Content-Type": "text/html"}, "body": article("Home")})
-    fake_upstream.route("GET", "/docs/", {"headers": {"Content-Type": "text/html"}, "body": article("Pool doc")},
-                        prefix=True)
-    fake_upstream.route("GET", "/blog/", {"headers": {"Content-Type": "text/html"}, "body": article("Post")},
-                        prefix=True)
-    content, _, _ = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", max_pages=12,
-                                    query="connection pool")
-    read = crawled_paths(fake_upstream)
-    assert read[0] == "/" and matching <= set(read[:12]), read
-    assert [p["url"][len(base):] for p in content["pages"][:10]] == sorted(
-        (p["url"][len(base):] for p in content["pages"] if p["score"] == 1.0),
-        key=[p["url"][len(base):] for p in content["pages"]].index)
-    assert {p["url"][len(base):] for p in content["pages"][:10]} == matching
-
-
 def endless_site(handler):
     """A page that links to two pages further down, without end (a link spiral)."""
     path = handler.route_path
     body = article("Level %d" % path.count("/"), [(path.rstrip("/") + "/x", "x"), (path.rstrip("/") + "/y", "y")])
     handler.reply(200, "text/html", body.encode())
-
-
-def test_web_crawl_traps_end_with_the_page_budget_and_say_why(ring, fake_upstream):
-    base = fake_upstream.url
-    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
-    many = [("/many/%d" % i, "n") for i in range(10_000)]
-    near = [("/item?id=%d" % i, "i") for i in range(1000)]
-    calendar = [("/cal/%d/%02d" % (2000 + i // 12, i % 12 + 1), "month") for i in range(300)]
-    spiral = [("/s/a/b/a/b/a/b", "spiral"), ("/" + "d/" * 20, "deep"), ("/long?" + "q" * 3000, "long")]
-    route_page(fake_upstream, "/", article("Home", spiral + [("/loop", "loop"), ("/endless", "e"), ("/hub/many", "m"),
-                                                            ("/hub/near", "n"), ("/hub/calendar", "c")]))
-    route_page(fake_upstream, "/hub/many", article("Many", many))
-    route_page(fake_upstream, "/hub/near", article("Near", near))
-    route_page(fake_upstream, "/hub/calendar", article("Calendar", calendar))
-    fake_upstream.route("GET", "/loop", {"status": 302, "headers": {"Location": "/loop2"}})
-    fake_upstream.route("GET", "/loop2", {"status": 302, "headers": {"Location": "/loop"}})
-    fake_upstream.route("GET", "/endless", endless_site, prefix=True)
-    for prefix in ("/many/", "/item", "/cal/"):
-        fake_upstream.route("GET", prefix, {"headers": {"Content-Type": "text/html"}, "body": article("P")},
-                            prefix=True)
-    content, _, is_error = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", max_pages=60, max_depth=5)
-    stats = content["stats"]
-    assert is_error is False and len(content["pages"]) == 60
-    assert stats["stopped"] == "max_pages" and stats["left"] > 0
-    skipped = stats["skipped"]
-    for reason in ("repeated_path", "path_too_deep", "url_too_long", "near_duplicates", "calendar",
-                   "links_over_page_cap"):
-        assert skipped[reason]["count"] >= 1, reason
-    assert skipped["near_duplicates"]["count"] == 990 and skipped["calendar"]["count"] == 290
-    assert skipped["links_over_page_cap"]["count"] == 9000
-    assert [f["error"] for f in content["failed"]] == ["too_many_redirects"]
-    assert len(fake_upstream.requests) < 60 * 3 + 5
-
-
-def test_web_crawl_include_and_exclude_paths(ring, fake_upstream):
-    base = fake_upstream.url
-    route_page(fake_upstream, "/", article("Home", [("/docs/a", "a"), ("/docs/old/b", "b"), ("/blog/c", "c")]))
-    fake_upstream.route("GET", "/docs/", {"headers": {"Content-Type": "text/html"}, "body": article("D")},
-                        prefix=True)
-    content, _, _ = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", include_paths=["/docs/*"],
-                                    exclude_paths=["/docs/old"])
-    assert [p["url"] for p in content["pages"]] == [base + "/", base + "/docs/a"]
-    assert content["stats"]["skipped"]["excluded_by_pattern"]["count"] == 2
-
-
-def test_web_crawl_sends_at_most_two_requests_at_once_and_honours_crawl_delay(ring, fake_upstream):
-    base = fake_upstream.url
-
-    def slow(handler):
-        with fake_upstream.visit("page"):
-            time.sleep(0.02)
-            handler.reply(200, "text/html", article("Slow").encode())
-    route_page(fake_upstream, "/", article("Home", [("/p%d" % i, "p") for i in range(12)]))
-    fake_upstream.route("GET", "/p", slow, prefix=True)
-    server = inprocess_direct_server(ring)
-    content, _, _ = inprocess_crawl(ring, server, base + "/", max_pages=13)
-    assert len(content["pages"]) == 13 and fake_upstream.max_active == 2
-    fake_upstream.max_active = 0
-    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nCrawl-delay: 0.03\n"})
-    content, _, _ = inprocess_crawl(ring, server, base + "/", max_pages=3)
-    stats = content["stats"]
-    assert stats["crawl_delay_applied_s"] == 0.03 and stats["crawl_delay_waited_s"] > 0.0
-    assert fake_upstream.max_active == 1
-
-
-def test_web_crawl_deadline_returns_what_was_read_as_partial_success(ring, fake_upstream):
-    base = fake_upstream.url
-
-    def slow(handler):
-        time.sleep(0.04)
-        handler.reply(200, "text/html", article("Slow " + handler.route_path).encode())
-    route_page(fake_upstream, "/", article("Home", [("/p%d" % i, "p") for i in range(60)]))
-    fake_upstream.route("GET", "/p", slow, prefix=True)
-    call = ring.CallContext(deadline=ring.Deadline(0.5))
-    content, text, is_error = inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", call=call, max_pages=60)
-    assert is_error is False and content["status"] == "partial_success", content["stats"]
-    assert content["error"] == "deadline_exceeded" and content["stats"]["stopped"] == "deadline"
-    assert 1 < len(content["pages"]) < 60 and content["left"] and content["crawl_id"]
-
-
-def test_web_crawl_cancelled_stops_and_returns_nothing_more(ring, fake_upstream):
-    base = fake_upstream.url
-    call = new_call(ring)
-
-    def cancelling(handler):
-        if fake_upstream.hits("GET", None) >= 4:
-            call.token.cancel("client cancelled")
-        handler.reply(200, "text/html", article("P").encode())
-    route_page(fake_upstream, "/", article("Home", [("/p%d" % i, "p") for i in range(50)]))
-    fake_upstream.route("GET", "/p", cancelling, prefix=True)
-    with pytest.raises(ring.Cancelled):
-        inprocess_crawl(ring, inprocess_direct_server(ring), base + "/", call=call, max_pages=50)
-    assert len(crawled_paths(fake_upstream)) <= 8
-
-
-def test_web_crawl_of_an_unreachable_site_or_a_site_without_pages_is_a_clear_error(ring, fake_upstream):
-    base = fake_upstream.url
-    fake_upstream.route("GET", "/robots.txt", {"status": 503, "body": "busy"})
-    server = inprocess_direct_server(ring)
-    content, _, is_error = inprocess_crawl(ring, server, base + "/")
-    assert is_error is True and content["error"] == "robots_unavailable" and content["pages"] == []
-    fake_upstream.route("GET", "/robots.txt", {"body": "User-agent: *\nDisallow: /\n"})
-    content, text, is_error = inprocess_crawl(ring, server, base + "/")
-    assert is_error is True and content["error"] == "no_pages" and "robots.txt disallows it" in text
-    fake_upstream.route("GET", "/robots.txt", {"status": 404, "body": "none"})
-    fake_upstream.route("GET", "/", {"headers": {"Content-Type": "application/zip"}, "body": "PK"})
-    content, text, is_error = inprocess_crawl(ring, server, base + "/")
-    assert is_error is True and content["error"] == "no_pages" and "1 not HTML or PDF" in text
-    assert content["not_pages"] == [{"url": base + "/", "why": "application/zip: not HTML or PDF"}]
-    refused, _, is_error = inprocess_crawl(ring, ring.Server(ring.Config.from_env({}), stdin=io.BytesIO(),
-                                                             stdout=io.BytesIO(), logger=quiet_logger(ring)),
-                                           base + "/")
-    assert is_error is True and refused["error"] == "private_address"
-
-
-def test_web_crawl_through_tavily_crawl_with_the_same_result_shape(ring, fake_upstream):
-    fake_upstream.route("POST", "/crawl", "tavily/crawl_success.json")
-    config = ring.Config.from_env(ring_env({"tavily": fake_upstream}, TAVILY_API_KEYS=TAVILY_KEY_POOL,
-                                           WEBSEARCH_CRAWL_PROVIDERS="tavily,direct"))
-    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
-    content, _, is_error = inprocess_crawl(ring, server, "https://docs.tavily.com", max_pages=5, query="credits",
-                                           include_paths=["/documentation/*"])
-    assert is_error is False and content["provider"] == "tavily", content
-    expected = fixture_json("tavily/crawl_success.json")["results"]
-    assert [p["url"] for p in content["pages"]] == [expected[1]["url"], expected[0]["url"]]
-    assert content["pages"][0]["title"] == "Credits & Pricing" and content["pages"][0]["score"] == 1.0
-    [sent] = fake_upstream.requests_to("POST", "/crawl")
-    assert sent.json() == {"url": "https://docs.tavily.com", "max_depth": 2, "limit": 5, "format": "markdown",
-                           "extract_depth": "basic", "timeout": 60, "instructions": "credits",
-                           "select_paths": ["^/documentation/.*$"]}
-    assert sent.header("Authorization") == "Bearer " + TAVILY_KEYS[0]
-    fetched, _, _ = server.tool_handlers["web_fetch"]({"url": expected[0]["url"]}, new_call(ring))
-    assert fetched["cached"] is True and fetched["provider"] == "tavily"
-    keyless = inprocess_direct_server(ring, WEBSEARCH_CRAWL_PROVIDERS="tavily")
-    content, _, is_error = inprocess_crawl(ring, keyless, fake_upstream.url + "/")
-    assert is_error is True and content["error"] == "no_provider"
-    assert content["attempts"][0]["code"] == "not_usable"
-
-
-def test_web_crawl_over_the_protocol_reports_each_page_and_a_cancel_gets_no_response(start_server, fake_upstream):
-    never = threading.Event()
-    route_page(fake_upstream, "/", article("Home", [("/a", "A"), ("/b", "B"), ("/stuck", "S")]))
-    route_page(fake_upstream, "/a", article("A"))
-    route_page(fake_upstream, "/b", article("B"))
-    fake_upstream.route("GET", "/stuck", {"headers": {"Content-Type": "text/html"}, "body": article("S"),
-                                          "block_until": never})
-    server = start_server(direct_env())
-    server.initialize()
-    response = server.call_tool("web_crawl", {"url": fake_upstream.url + "/", "max_pages": 3},
-                                {"progressToken": "crawl-1"})
-    assert structured(response)["status"] == "success"
-    notes = [n["params"] for n in server.notifications
-             if n["method"] == "notifications/progress" and n["params"].get("progressToken") == "crawl-1"]
-    assert sorted(n["progress"] for n in notes) == [1, 2, 3] and all(n["total"] == 3 for n in notes)
-    call = server.start_call_tool("web_crawl", {"url": fake_upstream.url + "/", "max_pages": 5})
-    fake_upstream.wait_for_requests(1, path="/stuck")
-    server.notify("notifications/cancelled", {"requestId": call, "reason": "test"})
-    server.expect_no_response(call, within_s=0.3)
-    never.set()
 
 
 def test_every_listed_tool_is_fully_described(start_server):
@@ -9719,341 +9803,6 @@ def test_every_listed_tool_is_fully_described(start_server):
             assert annotations.get("destructiveHint") is False, name
 
 
-def _schema_types(schema):
-    """Every ``type`` value anywhere in a schema."""
-    found, todo = [], [schema]
-    while todo:
-        spec = todo.pop()
-        if isinstance(spec, dict):
-            found += [spec["type"]] if "type" in spec else []
-            todo += list(spec.values())
-        elif isinstance(spec, list):
-            todo += spec
-    return found
-
-
-def test_the_tool_list_is_lean_with_single_typed_output_schemas(ring):
-    # An agent pays for every listed byte in its context: the default list stays under 8 KB, each
-    # input schema under 2 KB; strict validators warn about
-    # nullable type arrays, so every type is one name.
-    server = ring.Server(ring.Config.from_env({}), stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
-    assert {"web_search", "web_fetch"} <= {t["name"] for t in server.tools}
-    assert len(ring.json_line({"tools": server.tools})) <= 8 * 1024
-    for tool in ring.TOOLS:
-        assert len(ring.json_line(tool.listing["inputSchema"])) <= 2048, tool.name
-        assert all(isinstance(t, str) for t in _schema_types(tool.listing["outputSchema"])), tool.name
-        assert all(isinstance(t, str) for t in _schema_types(tool.listing["inputSchema"])), tool.name
-
-
-def test_the_lean_web_search_schema_keeps_every_choice_and_limit(ring):
-    # The argument choices web_search listed before its schema was trimmed, pinned.
-    props = ring.WEB_SEARCH_INPUT["properties"]
-    rules = {name: {k: v for k, v in spec.items() if k not in ("description", "items")}
-             for name, spec in props.items()}
-    assert rules == {
-        "query": {"type": "string", "minLength": 1, "maxLength": 1000},
-        "numResults": {"type": "integer"},
-        "select": {"type": "array", "minItems": 1, "maxItems": 20},
-        "lang": {"type": "string", "pattern": "^[A-Za-z]{2}([-_][A-Za-z0-9]{1,8}){0,3}$"},
-        "time_range": {"type": "string", "enum": ["day", "week", "month", "year"]},
-        "include_domains": {"type": "array", "maxItems": 20, "uniqueItems": True},
-        "exclude_domains": {"type": "array", "maxItems": 20, "uniqueItems": True},
-        "max_results_per_domain": {"type": "integer", "minimum": 1, "maximum": 10},
-        "country": {"type": "string", "pattern": "^[A-Za-z]{2}$"},
-        "safesearch": {"type": "string", "enum": ["off", "moderate", "strict"]},
-        "topic": {"type": "string", "enum": ["general", "news"]},
-        "start_date": {"type": "string", "format": "date"},
-        "end_date": {"type": "string", "format": "date"},
-        "page": {"type": "integer", "minimum": 1, "maximum": 5},
-        "vendor": {"type": "string", "enum": ["brave", "serper", "yep", "searxng", "exa", "tavily", "bing",
-                                              "duckduckgo"]},
-        "include_content": {"type": "integer", "minimum": 0, "maximum": 5},
-        "content_chars": {"type": "integer", "minimum": 100, "maximum": 20000},
-        "mode": {"type": "string", "enum": ["failover", "fanout"]}}
-    assert props["select"]["items"]["enum"] == ["rank", "title", "url", "snippet", "description", "published",
-                                                "score", "vendors", "language", "content", "metadata"]
-    assert props["include_domains"]["items"] == {"type": "string", "minLength": 1, "format": "hostname"}
-    values, issues, _ = ring.validate_search_args({"query": "q"})
-    assert issues == [] and {k: values[k] for k in ("numResults", "topic", "page", "include_content",
-                                                    "content_chars", "mode")} == {
-        "numResults": 8, "topic": "general", "page": 1, "include_content": 0, "content_chars": 3000,
-        "mode": "failover"}
-    values, issues, adjustments = ring.validate_search_args({"query": "q", "limit": 50})   # read, not listed
-    assert issues == [] and values["numResults"] == 20 and adjustments
-    assert ring.validate_search_args({"query": "q", "limit": "many"})[1][0]["path"] == "/limit"
-
-
-def test_plan_level_one_completes_after_intent_complexity_and_a_sub_query(start_server):
-    server = start_server({"WEBSEARCH_TOOLS": "all"})
-    server.initialize()
-    sid = start_plan(server, domain="Python", confidence=0.9)
-    s, is_error, _ = call_plan(server, "complexity", session_id=sid, level=1,
-                               justification="one lookup")
-    assert is_error is False
-    assert (s["status"], s["complexity_level"], s["phases_remaining"]) == (
-        "partial_success", 1, ["sub_query"])
-    assert s["plan_complete"] is False and s["executable_plan"] is None
-    s, is_error, text = call_plan(server, "sub_query", session_id=sid, id="sq1",
-                                  goal="find asyncio.timeout usage")
-    assert is_error is False
-    assert (s["status"], s["error"], s["plan_complete"]) == ("success", None, True)
-    assert s["phases_remaining"] == []
-    assert s["completed_phases"] == ["intent", "complexity", "sub_query"]
-    plan = s["executable_plan"]
-    assert plan["intent"]["core_question"] == "How do I time out an asyncio task?"
-    assert plan["complexity"]["level"] == 1
-    assert [step["id"] for step in plan["steps"]] == ["sq1"]
-    assert plan["steps"][0]["tools"] == [{"tool": "web_search",
-                                          "arguments": {"query": "find asyncio.timeout usage"}}]
-    assert plan["execution"] == {"parallel_groups": [["sq1"]]}
-    assert "complete" in text and sid in text
-
-
-def test_plan_levels_two_and_three_need_their_extra_phases(start_server):
-    server = start_server({"WEBSEARCH_TOOLS": "all"})
-    server.initialize()
-    expectations = {
-        2: [("sub_query", ["search_term", "tool_mapping"]), ("search_term", ["tool_mapping"]),
-            ("tool_mapping", [])],
-        3: [("sub_query", ["search_term", "tool_mapping", "execution"]),
-            ("search_term", ["tool_mapping", "execution"]), ("tool_mapping", ["execution"]),
-            ("execution", [])],
-    }
-    arguments = {"sub_query": {"id": "sq1", "goal": "g"},
-                 "search_term": {"sub_query_id": "sq1", "term": "asyncio timeout"},
-                 "tool_mapping": {"sub_query_id": "sq1", "tool": "web_fetch"},
-                 "execution": {"parallel_groups": [["sq1"]], "stop_condition": "found"}}
-    for level, steps in expectations.items():
-        sid = start_plan(server)
-        s, _, _ = call_plan(server, "complexity", session_id=sid, level=level, justification="j")
-        assert s["phases_remaining"] == [p for p, _ in steps], level
-        for phase, remaining in steps:
-            s, is_error, _ = call_plan(server, phase, session_id=sid, **arguments[phase])
-            assert is_error is False, (level, phase, s)
-            assert s["phases_remaining"] == remaining, (level, phase)
-            assert s["plan_complete"] is (not remaining), (level, phase)
-            assert s["status"] == ("success" if not remaining else "partial_success")
-            assert s["partial"] is bool(remaining)
-        plan = s["executable_plan"]
-        assert plan["steps"][0]["searches"][0]["term"] == "asyncio timeout"
-        assert [m["tool"] for m in plan["steps"][0]["tools"]] == ["web_fetch"]
-        if level == 3:
-            assert plan["execution"]["parallel_groups"] == [["sq1"]]
-            assert plan["execution"]["stop_condition"] == "found"
-
-
-def test_plan_phase_out_of_order_is_an_error_that_records_nothing(start_server):
-    server = start_server({"WEBSEARCH_TOOLS": "all"})
-    server.initialize()
-    sid = start_plan(server)
-    s, is_error, text = call_plan(server, "sub_query", session_id=sid, id="sq1", goal="g")
-    assert is_error is True
-    assert (s["status"], s["error"]) == ("error", "phase_out_of_order")
-    assert "complexity" in s["error_detail"]["message"]
-    assert s["completed_phases"] == ["intent"]
-    assert text.startswith("Plan error")
-    call_plan(server, "complexity", session_id=sid, level=2, justification="j")
-    call_plan(server, "sub_query", session_id=sid, id="sq1", goal="g")
-    s, is_error, _ = call_plan(server, "tool_mapping", session_id=sid, sub_query_id="sq1",
-                               tool="web_search")
-    assert (is_error, s["error"]) == (True, "phase_out_of_order")
-    assert "search_term" in s["error_detail"]["message"]
-    s, is_error, _ = call_plan(server, "execution", session_id=sid, parallel_groups=[["sq1"]])
-    assert (is_error, s["error"]) == (True, "phase_not_needed")
-    s, is_error, _ = call_plan(server, "complexity", session_id=sid, level=3, justification="j")
-    assert (is_error, s["error"]) == (True, "phase_already_recorded")
-
-
-def test_plan_revising_a_phase_never_recorded_is_an_error(start_server):
-    server = start_server({"WEBSEARCH_TOOLS": "all"})
-    server.initialize()
-    sid = start_plan(server)
-    s, is_error, _ = call_plan(server, "complexity", session_id=sid, level=1, justification="j",
-                               is_revision=True)
-    assert (is_error, s["status"], s["error"]) == (True, "error", "revision_of_missing_phase")
-    call_plan(server, "complexity", session_id=sid, level=1, justification="j")
-    call_plan(server, "sub_query", session_id=sid, id="sq1", goal="g")
-    s, is_error, _ = call_plan(server, "sub_query", session_id=sid, id="sq9", goal="g",
-                               is_revision=True)
-    assert (is_error, s["error"]) == (True, "revision_of_missing_phase")
-    assert "sq9" in s["error_detail"]["message"]
-    assert s["revisions"] == 0
-
-
-def test_plan_complexity_level_four_is_a_validation_issue_at_level(start_server):
-    server = start_server({"WEBSEARCH_TOOLS": "all"})
-    server.initialize()
-    sid = start_plan(server)
-    s, is_error, text = call_plan(server, "complexity", session_id=sid, level=4, justification="j")
-    assert is_error is True
-    assert (s["status"], s["error"]) == ("error", "invalid_arguments")
-    assert [i["path"] for i in s["validation"]["issues"]] == ["/level"]
-    assert "/level" in text
-    s, is_error, _ = call_plan(server, "complexity", session_id=sid, level=1, justification="j")
-    assert is_error is False and s["complexity_level"] == 1
-
-
-def test_plan_sub_queries_and_mappings_accumulate_and_revisions_replace(start_server):
-    server = start_server({"WEBSEARCH_TOOLS": "all"})
-    server.initialize()
-    sid = start_plan(server)
-    call_plan(server, "complexity", session_id=sid, level=2, justification="j")
-    call_plan(server, "sub_query", session_id=sid, id="sq1", goal="old goal")
-    call_plan(server, "sub_query", session_id=sid, id="sq2", goal="second", depends_on=["sq1"])
-    s, is_error, _ = call_plan(server, "sub_query", session_id=sid, id="sq1", goal="again")
-    assert (is_error, s["error"]) == (True, "duplicate_sub_query")
-    s, is_error, _ = call_plan(server, "sub_query", session_id=sid, id="sq1", goal="new goal",
-                               is_revision=True)
-    assert is_error is False and s["revisions"] == 1
-    s, is_error, _ = call_plan(server, "search_term", session_id=sid, sub_query_id="sq7", term="t")
-    assert (is_error, s["error"]) == (True, "unknown_sub_query")
-    assert "sq7" in s["error_detail"]["message"]
-    for sq, term, rnd in (("sq1", "first broad", 1), ("sq1", "first narrow", 2),
-                          ("sq2", "second", 1)):
-        s, is_error, _ = call_plan(server, "search_term", session_id=sid, sub_query_id=sq,
-                                   term=term, round=rnd)
-        assert is_error is False, s
-    for sq, tool in (("sq1", "web_search"), ("sq1", "web_fetch"), ("sq2", "web_map")):
-        s, is_error, _ = call_plan(server, "tool_mapping", session_id=sid, sub_query_id=sq,
-                                   tool=tool)
-        assert is_error is False, s
-    plan = s["executable_plan"]
-    assert s["plan_complete"] is True
-    steps = {step["id"]: step for step in plan["steps"]}
-    assert list(steps) == ["sq1", "sq2"]
-    assert steps["sq1"]["goal"] == "new goal"
-    assert [t["term"] for t in steps["sq1"]["searches"]] == ["first broad", "first narrow"]
-    assert [t["term"] for t in steps["sq2"]["searches"]] == ["second"]
-    assert [m["tool"] for m in steps["sq1"]["tools"]] == ["web_search", "web_fetch"]
-    assert [m["tool"] for m in steps["sq2"]["tools"]] == ["web_map"]
-    assert steps["sq2"]["depends_on"] == ["sq1"]
-    assert plan["execution"]["parallel_groups"] == [["sq1"], ["sq2"]]
-    s, is_error, _ = call_plan(server, "search_term", session_id=sid, sub_query_id="sq1",
-                               term="replaced narrow", round=2, is_revision=True)
-    assert is_error is False and s["revisions"] == 2
-    terms = [t["term"] for t in s["executable_plan"]["steps"][0]["searches"]]
-    assert terms == ["first broad", "replaced narrow"]
-
-
-@pytest.mark.parametrize("phase, arguments", [
-    ("search_term", {"sub_query_id": "sq7", "term": "orphan term"}),
-    ("tool_mapping", {"sub_query_id": "sq7", "tool": "web_map"}),
-    ("sub_query", {"id": "sq1", "goal": "g", "depends_on": ["sq7"]}),
-    ("execution", {"parallel_groups": [["sq1", "sq7"]]}),
-])
-def test_plan_revision_naming_an_unknown_sub_query_is_an_error(start_server, phase, arguments):
-    # The same references are refused without is_revision (unknown_sub_query); a revision
-    # must not be a way around that check.
-    server = start_server({"WEBSEARCH_TOOLS": "all"})
-    server.initialize()
-    sid = start_plan(server)
-    call_plan(server, "complexity", session_id=sid, level=3, justification="j")
-    call_plan(server, "sub_query", session_id=sid, id="sq1", goal="g")
-    call_plan(server, "search_term", session_id=sid, sub_query_id="sq1", term="t")
-    call_plan(server, "tool_mapping", session_id=sid, sub_query_id="sq1", tool="web_search")
-    s, is_error, _ = call_plan(server, "execution", session_id=sid, parallel_groups=[["sq1"]])
-    assert is_error is False and s["plan_complete"] is True
-    plain_arguments = dict(arguments, id="sq2") if phase == "sub_query" else arguments
-    plain, plain_error, _ = call_plan(server, phase, session_id=sid, **plain_arguments)
-    assert plain_error is True
-    assert plain["error"] == ("phase_already_recorded" if phase == "execution" else "unknown_sub_query")
-    s, is_error, _ = call_plan(server, phase, session_id=sid, is_revision=True, **arguments)
-    assert is_error is True, "revision with an unknown sub-query was accepted: %r" % (
-        s.get("executable_plan"),)
-    assert s["error"] in ("unknown_sub_query", "revision_of_missing_phase")
-    assert s["revisions"] == 0
-
-
-def test_plan_unknown_session_is_an_error_result(start_server):
-    server = start_server({"WEBSEARCH_TOOLS": "all"})
-    server.initialize()
-    s, is_error, text = call_plan(server, "complexity", session_id="plan_nope", level=1,
-                                  justification="j")
-    assert (is_error, s["error"]) == (True, "session_id_not_found_or_expired")
-    assert "plan_intent" in text
-
-
-def test_plan_session_expires_an_hour_after_its_last_use(ring, fake_clock):
-    plans = plan_tools(ring, fake_clock)
-    sid = new_plan(ring, plans)
-    fake_clock.advance(3000)
-    s, _, is_error = record_plan(ring, plans, "complexity", session_id=sid, level=1,
-                                 justification="j")
-    assert is_error is False, s
-    fake_clock.advance(3000)          # 6000 s after the start, 3000 s after the last use
-    s, _, is_error = record_plan(ring, plans, "sub_query", session_id=sid, id="sq1", goal="g")
-    assert is_error is False and s["plan_complete"] is True, s
-    fake_clock.advance(3601)
-    s, text, is_error = record_plan(ring, plans, "sub_query", session_id=sid, id="sq2", goal="g")
-    assert is_error is True
-    assert (s["status"], s["error"]) == ("error", "session_id_not_found_or_expired")
-    assert s["session_id"] == sid and sid in text
-
-
-def test_plan_sessions_beyond_256_evict_the_least_recently_used(ring, fake_clock):
-    plans = plan_tools(ring, fake_clock)
-    sids = []
-    for _ in range(256):
-        sids.append(new_plan(ring, plans))
-        fake_clock.advance(1)
-    assert len(set(sids)) == 256
-    s, _, is_error = record_plan(ring, plans, "complexity", session_id=sids[0], level=1,
-                                 justification="j")         # the oldest becomes the youngest
-    assert is_error is False, s
-    extra = new_plan(ring, plans)                        # the 257th session
-    gone, text, is_error = record_plan(ring, plans, "complexity", session_id=sids[1], level=1,
-                                       justification="j")
-    assert (is_error, gone["error"]) == (True, "session_id_not_found_or_expired")
-    s, _, is_error = record_plan(ring, plans, "sub_query", session_id=sids[0], id="sq1", goal="g")
-    assert is_error is False and s["plan_complete"] is True, s
-    for sid in (sids[2], sids[255], extra):
-        s, _, is_error = record_plan(ring, plans, "complexity", session_id=sid, level=1,
-                                     justification="j")
-        assert is_error is False, (sid, s)
-
-
-# web_search filter arguments: each mistake is reported with its RFC 6901 path and a suggestion.
-
-FILTER_VALIDATION_CASES = [
-    ("lang_three_letters", {"lang": "eng"}, "/lang", "pattern", "e.g. en"),
-    ("time_range_unknown", {"time_range": "fortnight"}, "/time_range", "enum", "week"),
-    ("include_url", {"include_domains": ["https://example.com"]}, "/include_domains/0",
-     "not_a_domain", "bare domain 'example.com'"),
-    ("include_path", {"include_domains": ["example.com/path"]}, "/include_domains/0",
-     "not_a_domain", "bare domain 'example.com'"),
-    ("include_empty", {"include_domains": [""]}, "/include_domains/0", "empty", "example.com"),
-    ("include_second_entry", {"include_domains": ["python.org", "https://docs.python.org/3/"]},
-     "/include_domains/1", "not_a_domain", "bare domain 'docs.python.org'"),
-    ("exclude_url", {"exclude_domains": ["http://example.com:8080"]}, "/exclude_domains/0",
-     "not_a_domain", "bare domain 'example.com'"),
-    ("per_domain_zero", {"max_results_per_domain": 0}, "/max_results_per_domain", "range",
-     "1 to 10"),
-    ("per_domain_eleven", {"max_results_per_domain": 11}, "/max_results_per_domain", "range",
-     "1 to 10"),
-    ("include_and_exclude", {"include_domains": ["example.com"], "exclude_domains": ["example.com"]},
-     "/exclude_domains/0", "conflict", "both included and excluded"),
-    ("vendor_not_configured", {"vendor": "brave"}, "/vendor", "vendor_not_configured",
-     "BRAVE_API_KEY"),
-    ("mode_unknown", {"mode": "both"}, "/mode", "enum", "fanout"),
-    ("vendor_with_fanout", {"vendor": "tavily", "mode": "fanout"}, "/mode", "conflict",
-     "leave out vendor"),
-]
-
-
-@pytest.mark.parametrize("case, arguments, path, code, hint", FILTER_VALIDATION_CASES,
-                         ids=[c[0] for c in FILTER_VALIDATION_CASES])
-def test_filter_arguments_are_validated_with_a_pointer_and_a_suggestion(
-        shared_session, case, arguments, path, code, hint):
-    response = shared_session.call_tool("web_search", dict(arguments, query="python asyncio timeout"))
-    content = structured(response)
-    assert tool_result(response)["isError"] is True
-    assert (content["status"], content["error"]) == ("error", "invalid_arguments")
-    [found] = content["validation"]["issues"]
-    assert (found["path"], found["code"]) == (path, code)
-    assert hint in found["message"] + " " + found["suggestion"]
-    assert path in result_text(response)
-
-
 def test_conflict_pointer_names_the_excluded_entry_as_it_was_sent(shared_session):
     response = shared_session.call_tool("web_search", {
         "query": "python asyncio timeout", "include_domains": ["example.com"],
@@ -10074,6 +9823,215 @@ def test_valid_filters_are_normalised_before_they_reach_the_vendor(start_server,
     sent = fake_upstream.requests_to("POST", "/search")[0].json()
     assert sent["include_domains"] == ["python.org", "docs.python.org"]
     assert sent["exclude_domains"] == ["stackoverflow.com"]
+
+
+def test_openrouter_base_url_appends_online_and_multi_agent_models_force_responses(ring, tmp_path):
+    openrouter = answer_tools(ring, answer_config(ring, tmp_path,
+                                                  GROK_API_URL="https://openrouter.ai/api/v1"))
+    assert openrouter._effective("x-ai/grok-4") == ("x-ai/grok-4:online", "chat")
+    assert openrouter._effective("openai/gpt-4o:online") == ("openai/gpt-4o:online", "chat")
+    xai = answer_tools(ring, answer_config(ring, tmp_path, GROK_API_URL="https://api.x.ai/v1"))
+    assert xai._effective("grok-4") == ("grok-4", "chat")
+    assert xai._effective("grok-4-multi-agent") == ("grok-4-multi-agent", "response")
+    assert xai._effective("grok-4.20-multiagent-0309") == ("grok-4.20-multiagent-0309", "response")
+
+
+# -- web_answer: coalescing, no cache
+
+def test_twenty_identical_concurrent_questions_share_one_upstream_call(
+        start_server, fake_upstream, tmp_path):
+    release = threading.Event()
+    fake_upstream.route("POST", CHAT_PATH, {"fixture": "xai_chat/stream_ok.sse", "block_until": release})
+    server = start_flight_probe(start_server, tmp_path, answer_env(fake_upstream, tmp_path))
+    server.initialize()
+    calls = [server.start_call_tool("web_answer", {"query": QUESTION}) for _ in range(20)]
+    server.wait_stderr(flight_joined(20))
+    release.set()
+    contents = [structured(server.wait_response(call)) for call in calls]
+    assert fake_upstream.hits("POST", CHAT_PATH) == 1
+    assert {c["content"] for c in contents} == {CHAT_OK_TEXT}
+    assert sorted(c["coalesced"] for c in contents) == [False] + [True] * 19
+    assert len({c["request_id"] for c in contents}) == 20
+
+
+def _slow_stream_tools(ring, fake, tmp_path, budget, attempt):
+    # 33 pieces of 100 bytes, one every 20 ms: at 25x, 0.5 s of budget each, 16 s in all.
+    fake.route("POST", CHAT_PATH, {"fixture": "xai_chat/stream_ok.sse", "drip": (100, 0.02)})
+    config = answer_config(ring, tmp_path, GROK_API_URL=fake.url + "/v1", WEB_SEARCH_TOTAL_TIMEOUT=str(budget),
+                           GROK_SINGLE_ATTEMPT_TIMEOUT=str(attempt))
+    clock = ScaledClock(25.0)
+    return answer_tools(ring, config, clock), clock
+
+
+def test_switched_model_from_the_file_is_used_by_a_new_process(
+        start_server, fake_upstream, tmp_path):
+    fake_upstream.route("GET", MODELS_PATH, "xai_chat/models.json")
+    first = answer_server(start_server, fake_upstream, tmp_path, "xai_chat/stream_ok.sse")
+    assert structured(first.call_tool("switch_model", {"model": "grok-4"}))["persisted"] is True
+    first.close()
+    second = answer_server(start_server, fake_upstream, tmp_path)
+    info = structured(second.call_tool("get_config_info", {}))
+    assert (info["answer"]["model"], info["answer"]["model_source"]) == ("grok-4", "config file")
+    overridden = answer_server(start_server, fake_upstream, tmp_path, GROK_MODEL="grok-3-mini")
+    info = structured(overridden.call_tool("get_config_info", {}))
+    assert (info["answer"]["model"], info["answer"]["model_source"]) == (
+        "grok-3-mini", "GROK_MODEL")
+    primary = answer_server(start_server, fake_upstream, tmp_path, GROK_MODEL="grok-3-mini",
+                            GROK_PRIMARY_MODEL="grok-code-fast-1")
+    assert structured(primary.call_tool("get_config_info", {}))["answer"]["model_source"] == (
+        "GROK_PRIMARY_MODEL")
+    switched = structured(primary.call_tool("switch_model", {"model": "grok-4-1-fast-reasoning"}))
+    assert switched["previous_model"] == "grok-code-fast-1"
+    info = structured(primary.call_tool("get_config_info", {}))
+    assert (info["answer"]["model"], info["answer"]["model_source"]) == (
+        "grok-4-1-fast-reasoning", "switch_model")
+
+
+def test_connection_test_catalogue_expires_after_five_minutes(
+        ring, fake_upstream, tmp_path, fake_clock):
+    fake_upstream.route("GET", MODELS_PATH, "xai_chat/models.json")
+    tools = answer_tools(ring, answer_config(ring, tmp_path, GROK_API_URL=fake_upstream.url + "/v1"),
+                         clock=fake_clock)
+
+    def test_once():
+        content, _, _ = tools.get_config_info({}, new_call(ring))
+        return content["connection_test"]
+    assert test_once()["cached"] is False
+    fake_clock.advance(299)
+    assert test_once()["cached"] is True
+    assert fake_upstream.hits("GET", MODELS_PATH) == 1
+    fake_clock.advance(2)
+    assert test_once()["cached"] is False
+    assert fake_upstream.hits("GET", MODELS_PATH) == 2
+
+
+# -- results that tell the truth: warnings, placeholder keys, unreachable engines
+
+def test_a_configuration_problem_that_does_not_stop_the_tool_is_a_warning(start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = start_server(ring_env({"tavily": fake_upstream}, WEBSEARCH_TIMEOUT_MS="12s"))
+    server.initialize()
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    content, result = structured(response), tool_result(response)
+    assert (content["status"], result["isError"]) == ("success", False)
+    assert [p["variable"] for p in content["config_problems"]] == ["WEBSEARCH_TIMEOUT_MS"]
+    assert result_text(response).startswith("Configuration problem: WEBSEARCH_TIMEOUT_MS")
+    failed = server.call_tool("web_search", {"query": " "})
+    assert tool_result(failed)["isError"] is True and structured(failed)["config_problems"]
+
+
+@pytest.mark.parametrize("value", ["<your BRAVE_API_KEY>", "BSA-...", "YOUR_API_KEY", "changeme", "xxxxxxxx",
+                                   '"BSA-brave-0123456789"', "BSA-brave-0123456789 ", "${BRAVE_API_KEY}"])
+def test_a_placeholder_key_is_a_problem_and_its_vendor_is_left_out(start_server, fake_upstream, value):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    config_problem = start_server(ring_env({"tavily": fake_upstream}, WEBSEARCH_VENDORS=None,
+                                           BRAVE_API_KEY=value, WEBSEARCH_BRAVE_URL=fake_upstream.url))
+    config_problem.initialize()
+    content = structured(config_problem.call_tool("web_search", {"query": "python asyncio timeout"}))
+    assert [p["variable"] for p in content["config_problems"]] == ["BRAVE_API_KEY"]
+    assert "brave" not in content["vendors"] and all(a["vendor"] != "brave" for a in content["attempts"])
+    assert fake_upstream.hits("GET", "/res/v1/web/search") == 0
+    assert content["config_problems"][0]["value"] == "<hidden>"
+    assert "BSA-brave-0123456789" not in json.dumps(content)
+
+
+def test_tavily_placeholder_key_falls_back_to_keyless_and_says_so(ring):
+    config = ring.Config.from_env({"TAVILY_API_KEY": "<your TAVILY_API_KEY>", "GROK_API_KEY": "xai-..."})
+    assert [p.variable for p in config.problems] == ["TAVILY_API_KEY", "GROK_API_KEY"]
+    assert config.tavily_keys == () and config.grok_key == ""
+    assert "placeholder" in config.problems[0].message and "web_answer" not in config.tools
+
+
+def test_when_no_engine_can_be_reached_the_message_says_check_the_network(start_server):
+    closed = "http://127.0.0.1:%d" % closed_port()
+    server = start_server(ring_env({"bing": closed, "duckduckgo": closed}))
+    server.initialize()
+    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
+    content = structured(response)
+    assert [a["outcome"] for a in content["attempts"]] == ["network_error", "network_error"]
+    assert content["error_detail"]["message"].startswith("no engine reachable: check the network or the proxy")
+    assert "no engine reachable" in result_text(response)
+
+
+def test_a_site_that_does_not_resolve_is_unreachable_not_a_robots_problem(ring):
+    config = ring.Config.from_env(direct_env(WEBSEARCH_ALLOW_PRIVATE_URLS=None, NO_PROXY="*"))
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
+
+    def resolve(host, port):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    server.transport._resolve = resolve
+    content, text, is_error = server.page_tools.web_map({"url": "https://docs.nowhere.example/"}, new_call(ring))
+    assert is_error is True and content["error"] == "site_unreachable", content
+    assert "robots" not in content["error_detail"]["message"] and "DNS" in content["error_detail"]["message"]
+    assert content["error_detail"]["retryable"] is True
+
+
+def test_an_empty_error_body_does_not_repeat_the_status(start_server, fake_upstream):
+    fake_upstream.route("GET", "/gone", {"status": 404, "body": ""})
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_fetch(server, fake_upstream.url + "/gone")
+    message = content["attempts"][0]["message"]
+    assert is_error is True and message.endswith("answered HTTP 404") and "HTTP 404: HTTP 404" not in message
+
+
+# ----------------------------------------------------------------------------------------------
+# §24 Answer and configuration tools
+# ----------------------------------------------------------------------------------------------
+
+def test_get_sources_returns_the_sources_of_an_earlier_search(start_server, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = start_server(ring_env({"tavily": fake_upstream}))
+    server.initialize()
+    search = structured(server.call_tool("web_search", {"query": "python asyncio timeout"}))
+    sources = structured(server.call_tool("get_sources", {"session_id": search["session_id"]}))
+    assert sources["sources_count"] == 3
+    assert [s["url"] for s in sources["sources"]] == [r["url"] for r in search["results"]]
+
+
+def test_get_sources_for_an_unknown_session_is_an_error_result(shared_session):
+    response = shared_session.call_tool("get_sources", {"session_id": "no-such-session"})
+    assert tool_result(response)["isError"] is True
+    assert structured(response)["error"] == "session_id_not_found_or_expired"
+
+
+def test_get_sources_session_expires_after_one_hour(ring, fake_clock, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = inprocess_server(ring, fake_upstream, fake_clock)
+    tools = server.search_tools
+    search, _, is_error = tools.web_search({"query": "python asyncio timeout"}, new_call(ring))
+    assert not is_error and search["session_id"]
+    sid = search["session_id"]
+    fake_clock.advance(3599.0)
+    found, _, is_error = tools.get_sources({"session_id": sid}, new_call(ring))
+    assert not is_error and found["sources_count"] == 3
+    fake_clock.advance(1.0)                            # one hour after the search
+    gone, text, is_error = tools.get_sources({"session_id": sid}, new_call(ring))
+    assert is_error is True
+    assert (gone["status"], gone["error"]) == ("error", "session_id_not_found_or_expired")
+    assert gone["sources"] == [] and gone["sources_count"] == 0
+    assert sid in text
+
+
+def test_get_sources_keeps_at_most_256_sessions_evicting_the_oldest(
+        ring, fake_clock, fake_upstream):
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    server = inprocess_server(ring, fake_upstream, fake_clock)
+    tools = server.search_tools
+    sids = []
+    for _ in range(257):  # the first asks upstream, the rest are cache hits: each a new session
+        search, _, is_error = tools.web_search({"query": "python asyncio timeout"}, new_call(ring))
+        assert not is_error
+        sids.append(search["session_id"])
+        fake_clock.advance(1.0)
+    assert len(set(sids)) == 257
+    assert fake_upstream.hits("POST", "/search") == 1
+    assert len(server.sessions) == 256
+    oldest, _, is_error = tools.get_sources({"session_id": sids[0]}, new_call(ring))
+    assert is_error and oldest["error"] == "session_id_not_found_or_expired"
+    for sid in (sids[1], sids[-1]):
+        kept, _, is_error = tools.get_sources({"session_id": sid}, new_call(ring))
+        assert not is_error and kept["sources_count"] == 3
 
 
 # -- web_answer: chat protocol
@@ -10153,17 +10111,6 @@ def test_web_answer_sources_from_markdown_links_are_deduplicated_and_titled(
         {"url": "https://docs.python.org/3/library/asyncio.html", "title": "the asyncio docs"},
         {"url": "https://example.org/notes", "title": None},
     ]
-
-
-def test_openrouter_base_url_appends_online_and_multi_agent_models_force_responses(ring, tmp_path):
-    openrouter = answer_tools(ring, answer_config(ring, tmp_path,
-                                                  GROK_API_URL="https://openrouter.ai/api/v1"))
-    assert openrouter._effective("x-ai/grok-4") == ("x-ai/grok-4:online", "chat")
-    assert openrouter._effective("openai/gpt-4o:online") == ("openai/gpt-4o:online", "chat")
-    xai = answer_tools(ring, answer_config(ring, tmp_path, GROK_API_URL="https://api.x.ai/v1"))
-    assert xai._effective("grok-4") == ("grok-4", "chat")
-    assert xai._effective("grok-4-multi-agent") == ("grok-4-multi-agent", "response")
-    assert xai._effective("grok-4.20-multiagent-0309") == ("grok-4.20-multiagent-0309", "response")
 
 
 def test_web_answer_with_a_multi_agent_model_uses_the_responses_endpoint(
@@ -10607,24 +10554,6 @@ def test_web_answer_failure_has_grok_error_and_full_diagnostics(
     assert result["content"][0]["text"].startswith("Answer failed (max_attempts_exhausted)")
 
 
-# -- web_answer: coalescing, no cache
-
-def test_twenty_identical_concurrent_questions_share_one_upstream_call(
-        start_server, fake_upstream, tmp_path):
-    release = threading.Event()
-    fake_upstream.route("POST", CHAT_PATH, {"fixture": "xai_chat/stream_ok.sse", "block_until": release})
-    server = start_flight_probe(start_server, tmp_path, answer_env(fake_upstream, tmp_path))
-    server.initialize()
-    calls = [server.start_call_tool("web_answer", {"query": QUESTION}) for _ in range(20)]
-    server.wait_stderr(flight_joined(20))
-    release.set()
-    contents = [structured(server.wait_response(call)) for call in calls]
-    assert fake_upstream.hits("POST", CHAT_PATH) == 1
-    assert {c["content"] for c in contents} == {CHAT_OK_TEXT}
-    assert sorted(c["coalesced"] for c in contents) == [False] + [True] * 19
-    assert len({c["request_id"] for c in contents}) == 20
-
-
 def test_questions_with_different_extra_sources_are_not_coalesced(
         start_server, fake_upstream, tmp_path):
     release = threading.Event()
@@ -10648,15 +10577,6 @@ def test_final_answers_are_not_cached(start_server, fake_upstream, tmp_path):
     assert fake_upstream.hits("POST", CHAT_PATH) == 2
     assert (first["coalesced"], second["coalesced"]) == (False, False)
     assert first["session_id"] != second["session_id"]
-
-
-def _slow_stream_tools(ring, fake, tmp_path, budget, attempt):
-    # 33 pieces of 100 bytes, one every 20 ms: at 25x, 0.5 s of budget each, 16 s in all.
-    fake.route("POST", CHAT_PATH, {"fixture": "xai_chat/stream_ok.sse", "drip": (100, 0.02)})
-    config = answer_config(ring, tmp_path, GROK_API_URL=fake.url + "/v1", WEB_SEARCH_TOTAL_TIMEOUT=str(budget),
-                           GROK_SINGLE_ATTEMPT_TIMEOUT=str(attempt))
-    clock = ScaledClock(25.0)
-    return answer_tools(ring, config, clock), clock
 
 
 def test_web_answer_slow_stream_ends_within_the_total_budget(ring, fake_upstream, tmp_path):
@@ -10850,30 +10770,6 @@ def test_switch_model_persists_the_model_and_the_next_answer_uses_it(
     assert (again["previous_model"], again["current_model"]) == ("grok-4", "grok-3-mini")
 
 
-def test_switched_model_from_the_file_is_used_by_a_new_process(
-        start_server, fake_upstream, tmp_path):
-    fake_upstream.route("GET", MODELS_PATH, "xai_chat/models.json")
-    first = answer_server(start_server, fake_upstream, tmp_path, "xai_chat/stream_ok.sse")
-    assert structured(first.call_tool("switch_model", {"model": "grok-4"}))["persisted"] is True
-    first.close()
-    second = answer_server(start_server, fake_upstream, tmp_path)
-    info = structured(second.call_tool("get_config_info", {}))
-    assert (info["answer"]["model"], info["answer"]["model_source"]) == ("grok-4", "config file")
-    overridden = answer_server(start_server, fake_upstream, tmp_path, GROK_MODEL="grok-3-mini")
-    info = structured(overridden.call_tool("get_config_info", {}))
-    assert (info["answer"]["model"], info["answer"]["model_source"]) == (
-        "grok-3-mini", "GROK_MODEL")
-    primary = answer_server(start_server, fake_upstream, tmp_path, GROK_MODEL="grok-3-mini",
-                            GROK_PRIMARY_MODEL="grok-code-fast-1")
-    assert structured(primary.call_tool("get_config_info", {}))["answer"]["model_source"] == (
-        "GROK_PRIMARY_MODEL")
-    switched = structured(primary.call_tool("switch_model", {"model": "grok-4-1-fast-reasoning"}))
-    assert switched["previous_model"] == "grok-code-fast-1"
-    info = structured(primary.call_tool("get_config_info", {}))
-    assert (info["answer"]["model"], info["answer"]["model_source"]) == (
-        "grok-4-1-fast-reasoning", "switch_model")
-
-
 @pytest.mark.parametrize("arguments", [{"model": ""}, {"model": "   "}, {"model": "grok 4"}, {},
                                        {"model": 4}])
 def test_switch_model_rejects_empty_blank_and_spaced_names(start_server, fake_upstream, tmp_path,
@@ -10949,24 +10845,6 @@ def test_get_config_info_never_caches_a_failed_connection_test(
     assert fake_upstream.hits("GET", MODELS_PATH) == 2
 
 
-def test_connection_test_catalogue_expires_after_five_minutes(
-        ring, fake_upstream, tmp_path, fake_clock):
-    fake_upstream.route("GET", MODELS_PATH, "xai_chat/models.json")
-    tools = answer_tools(ring, answer_config(ring, tmp_path, GROK_API_URL=fake_upstream.url + "/v1"),
-                         clock=fake_clock)
-
-    def test_once():
-        content, _, _ = tools.get_config_info({}, new_call(ring))
-        return content["connection_test"]
-    assert test_once()["cached"] is False
-    fake_clock.advance(299)
-    assert test_once()["cached"] is True
-    assert fake_upstream.hits("GET", MODELS_PATH) == 1
-    fake_clock.advance(2)
-    assert test_once()["cached"] is False
-    assert fake_upstream.hits("GET", MODELS_PATH) == 2
-
-
 def test_without_a_grok_key_web_answer_is_not_configured_but_web_search_works(
         start_server, fake_upstream, tmp_path):
     fake_upstream.route("POST", "/search", "tavily/search_success.json")
@@ -10992,76 +10870,6 @@ def test_without_a_grok_key_web_answer_is_not_configured_but_web_search_works(
     content, result = ask(named)
     assert (result["isError"], content["error"]) == (True, "answer_not_configured")
     assert fake_upstream.hits("POST", CHAT_PATH) == 0 and fake_upstream.hits("GET", MODELS_PATH) == 0
-
-
-# -- results that tell the truth: warnings, placeholder keys, unreachable engines
-
-def test_a_configuration_problem_that_does_not_stop_the_tool_is_a_warning(start_server, fake_upstream):
-    fake_upstream.route("POST", "/search", "tavily/search_success.json")
-    server = start_server(ring_env({"tavily": fake_upstream}, WEBSEARCH_TIMEOUT_MS="12s"))
-    server.initialize()
-    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
-    content, result = structured(response), tool_result(response)
-    assert (content["status"], result["isError"]) == ("success", False)
-    assert [p["variable"] for p in content["config_problems"]] == ["WEBSEARCH_TIMEOUT_MS"]
-    assert result_text(response).startswith("Configuration problem: WEBSEARCH_TIMEOUT_MS")
-    failed = server.call_tool("web_search", {"query": " "})
-    assert tool_result(failed)["isError"] is True and structured(failed)["config_problems"]
-
-
-@pytest.mark.parametrize("value", ["<your BRAVE_API_KEY>", "BSA-...", "YOUR_API_KEY", "changeme", "xxxxxxxx",
-                                   '"BSA-brave-0123456789"', "BSA-brave-0123456789 ", "${BRAVE_API_KEY}"])
-def test_a_placeholder_key_is_a_problem_and_its_vendor_is_left_out(start_server, fake_upstream, value):
-    fake_upstream.route("POST", "/search", "tavily/search_success.json")
-    config_problem = start_server(ring_env({"tavily": fake_upstream}, WEBSEARCH_VENDORS=None,
-                                           BRAVE_API_KEY=value, WEBSEARCH_BRAVE_URL=fake_upstream.url))
-    config_problem.initialize()
-    content = structured(config_problem.call_tool("web_search", {"query": "python asyncio timeout"}))
-    assert [p["variable"] for p in content["config_problems"]] == ["BRAVE_API_KEY"]
-    assert "brave" not in content["vendors"] and all(a["vendor"] != "brave" for a in content["attempts"])
-    assert fake_upstream.hits("GET", "/res/v1/web/search") == 0
-    assert content["config_problems"][0]["value"] == "<hidden>"
-    assert "BSA-brave-0123456789" not in json.dumps(content)
-
-
-def test_tavily_placeholder_key_falls_back_to_keyless_and_says_so(ring):
-    config = ring.Config.from_env({"TAVILY_API_KEY": "<your TAVILY_API_KEY>", "GROK_API_KEY": "xai-..."})
-    assert [p.variable for p in config.problems] == ["TAVILY_API_KEY", "GROK_API_KEY"]
-    assert config.tavily_keys == () and config.grok_key == ""
-    assert "placeholder" in config.problems[0].message and "web_answer" not in config.tools
-
-
-def test_when_no_engine_can_be_reached_the_message_says_check_the_network(start_server):
-    closed = "http://127.0.0.1:%d" % closed_port()
-    server = start_server(ring_env({"bing": closed, "duckduckgo": closed}))
-    server.initialize()
-    response = server.call_tool("web_search", {"query": "python asyncio timeout"})
-    content = structured(response)
-    assert [a["outcome"] for a in content["attempts"]] == ["network_error", "network_error"]
-    assert content["error_detail"]["message"].startswith("no engine reachable: check the network or the proxy")
-    assert "no engine reachable" in result_text(response)
-
-
-def test_a_site_that_does_not_resolve_is_unreachable_not_a_robots_problem(ring):
-    config = ring.Config.from_env(direct_env(WEBSEARCH_ALLOW_PRIVATE_URLS=None, NO_PROXY="*"))
-    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO(), logger=quiet_logger(ring))
-
-    def resolve(host, port):
-        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-    server.transport._resolve = resolve
-    content, text, is_error = server.page_tools.web_map({"url": "https://docs.nowhere.example/"}, new_call(ring))
-    assert is_error is True and content["error"] == "site_unreachable", content
-    assert "robots" not in content["error_detail"]["message"] and "DNS" in content["error_detail"]["message"]
-    assert content["error_detail"]["retryable"] is True
-
-
-def test_an_empty_error_body_does_not_repeat_the_status(start_server, fake_upstream):
-    fake_upstream.route("GET", "/gone", {"status": 404, "body": ""})
-    server = start_server(direct_env())
-    server.initialize()
-    content, is_error = call_fetch(server, fake_upstream.url + "/gone")
-    message = content["attempts"][0]["message"]
-    assert is_error is True and message.endswith("answered HTTP 404") and "HTTP 404: HTTP 404" not in message
 
 
 # -- answer_prompt and answer_sources (units)
@@ -11099,7 +10907,240 @@ def test_answer_sources_deduplicates_and_keeps_the_first_known_title(ring):
 
 
 # ----------------------------------------------------------------------------------------------
-# §14 JSON-RPC server
+# §25 Planning tools
+# ----------------------------------------------------------------------------------------------
+
+def test_plan_level_one_completes_after_intent_complexity_and_a_sub_query(start_server):
+    server = start_server({"WEBSEARCH_TOOLS": "all"})
+    server.initialize()
+    sid = start_plan(server, domain="Python", confidence=0.9)
+    s, is_error, _ = call_plan(server, "complexity", session_id=sid, level=1,
+                               justification="one lookup")
+    assert is_error is False
+    assert (s["status"], s["complexity_level"], s["phases_remaining"]) == (
+        "partial_success", 1, ["sub_query"])
+    assert s["plan_complete"] is False and s["executable_plan"] is None
+    s, is_error, text = call_plan(server, "sub_query", session_id=sid, id="sq1",
+                                  goal="find asyncio.timeout usage")
+    assert is_error is False
+    assert (s["status"], s["error"], s["plan_complete"]) == ("success", None, True)
+    assert s["phases_remaining"] == []
+    assert s["completed_phases"] == ["intent", "complexity", "sub_query"]
+    plan = s["executable_plan"]
+    assert plan["intent"]["core_question"] == "How do I time out an asyncio task?"
+    assert plan["complexity"]["level"] == 1
+    assert [step["id"] for step in plan["steps"]] == ["sq1"]
+    assert plan["steps"][0]["tools"] == [{"tool": "web_search",
+                                          "arguments": {"query": "find asyncio.timeout usage"}}]
+    assert plan["execution"] == {"parallel_groups": [["sq1"]]}
+    assert "complete" in text and sid in text
+
+
+def test_plan_levels_two_and_three_need_their_extra_phases(start_server):
+    server = start_server({"WEBSEARCH_TOOLS": "all"})
+    server.initialize()
+    expectations = {
+        2: [("sub_query", ["search_term", "tool_mapping"]), ("search_term", ["tool_mapping"]),
+            ("tool_mapping", [])],
+        3: [("sub_query", ["search_term", "tool_mapping", "execution"]),
+            ("search_term", ["tool_mapping", "execution"]), ("tool_mapping", ["execution"]),
+            ("execution", [])],
+    }
+    arguments = {"sub_query": {"id": "sq1", "goal": "g"},
+                 "search_term": {"sub_query_id": "sq1", "term": "asyncio timeout"},
+                 "tool_mapping": {"sub_query_id": "sq1", "tool": "web_fetch"},
+                 "execution": {"parallel_groups": [["sq1"]], "stop_condition": "found"}}
+    for level, steps in expectations.items():
+        sid = start_plan(server)
+        s, _, _ = call_plan(server, "complexity", session_id=sid, level=level, justification="j")
+        assert s["phases_remaining"] == [p for p, _ in steps], level
+        for phase, remaining in steps:
+            s, is_error, _ = call_plan(server, phase, session_id=sid, **arguments[phase])
+            assert is_error is False, (level, phase, s)
+            assert s["phases_remaining"] == remaining, (level, phase)
+            assert s["plan_complete"] is (not remaining), (level, phase)
+            assert s["status"] == ("success" if not remaining else "partial_success")
+            assert s["partial"] is bool(remaining)
+        plan = s["executable_plan"]
+        assert plan["steps"][0]["searches"][0]["term"] == "asyncio timeout"
+        assert [m["tool"] for m in plan["steps"][0]["tools"]] == ["web_fetch"]
+        if level == 3:
+            assert plan["execution"]["parallel_groups"] == [["sq1"]]
+            assert plan["execution"]["stop_condition"] == "found"
+
+
+def test_plan_phase_out_of_order_is_an_error_that_records_nothing(start_server):
+    server = start_server({"WEBSEARCH_TOOLS": "all"})
+    server.initialize()
+    sid = start_plan(server)
+    s, is_error, text = call_plan(server, "sub_query", session_id=sid, id="sq1", goal="g")
+    assert is_error is True
+    assert (s["status"], s["error"]) == ("error", "phase_out_of_order")
+    assert "complexity" in s["error_detail"]["message"]
+    assert s["completed_phases"] == ["intent"]
+    assert text.startswith("Plan error")
+    call_plan(server, "complexity", session_id=sid, level=2, justification="j")
+    call_plan(server, "sub_query", session_id=sid, id="sq1", goal="g")
+    s, is_error, _ = call_plan(server, "tool_mapping", session_id=sid, sub_query_id="sq1",
+                               tool="web_search")
+    assert (is_error, s["error"]) == (True, "phase_out_of_order")
+    assert "search_term" in s["error_detail"]["message"]
+    s, is_error, _ = call_plan(server, "execution", session_id=sid, parallel_groups=[["sq1"]])
+    assert (is_error, s["error"]) == (True, "phase_not_needed")
+    s, is_error, _ = call_plan(server, "complexity", session_id=sid, level=3, justification="j")
+    assert (is_error, s["error"]) == (True, "phase_already_recorded")
+
+
+def test_plan_revising_a_phase_never_recorded_is_an_error(start_server):
+    server = start_server({"WEBSEARCH_TOOLS": "all"})
+    server.initialize()
+    sid = start_plan(server)
+    s, is_error, _ = call_plan(server, "complexity", session_id=sid, level=1, justification="j",
+                               is_revision=True)
+    assert (is_error, s["status"], s["error"]) == (True, "error", "revision_of_missing_phase")
+    call_plan(server, "complexity", session_id=sid, level=1, justification="j")
+    call_plan(server, "sub_query", session_id=sid, id="sq1", goal="g")
+    s, is_error, _ = call_plan(server, "sub_query", session_id=sid, id="sq9", goal="g",
+                               is_revision=True)
+    assert (is_error, s["error"]) == (True, "revision_of_missing_phase")
+    assert "sq9" in s["error_detail"]["message"]
+    assert s["revisions"] == 0
+
+
+def test_plan_complexity_level_four_is_a_validation_issue_at_level(start_server):
+    server = start_server({"WEBSEARCH_TOOLS": "all"})
+    server.initialize()
+    sid = start_plan(server)
+    s, is_error, text = call_plan(server, "complexity", session_id=sid, level=4, justification="j")
+    assert is_error is True
+    assert (s["status"], s["error"]) == ("error", "invalid_arguments")
+    assert [i["path"] for i in s["validation"]["issues"]] == ["/level"]
+    assert "/level" in text
+    s, is_error, _ = call_plan(server, "complexity", session_id=sid, level=1, justification="j")
+    assert is_error is False and s["complexity_level"] == 1
+
+
+def test_plan_sub_queries_and_mappings_accumulate_and_revisions_replace(start_server):
+    server = start_server({"WEBSEARCH_TOOLS": "all"})
+    server.initialize()
+    sid = start_plan(server)
+    call_plan(server, "complexity", session_id=sid, level=2, justification="j")
+    call_plan(server, "sub_query", session_id=sid, id="sq1", goal="old goal")
+    call_plan(server, "sub_query", session_id=sid, id="sq2", goal="second", depends_on=["sq1"])
+    s, is_error, _ = call_plan(server, "sub_query", session_id=sid, id="sq1", goal="again")
+    assert (is_error, s["error"]) == (True, "duplicate_sub_query")
+    s, is_error, _ = call_plan(server, "sub_query", session_id=sid, id="sq1", goal="new goal",
+                               is_revision=True)
+    assert is_error is False and s["revisions"] == 1
+    s, is_error, _ = call_plan(server, "search_term", session_id=sid, sub_query_id="sq7", term="t")
+    assert (is_error, s["error"]) == (True, "unknown_sub_query")
+    assert "sq7" in s["error_detail"]["message"]
+    for sq, term, rnd in (("sq1", "first broad", 1), ("sq1", "first narrow", 2),
+                          ("sq2", "second", 1)):
+        s, is_error, _ = call_plan(server, "search_term", session_id=sid, sub_query_id=sq,
+                                   term=term, round=rnd)
+        assert is_error is False, s
+    for sq, tool in (("sq1", "web_search"), ("sq1", "web_fetch"), ("sq2", "web_map")):
+        s, is_error, _ = call_plan(server, "tool_mapping", session_id=sid, sub_query_id=sq,
+                                   tool=tool)
+        assert is_error is False, s
+    plan = s["executable_plan"]
+    assert s["plan_complete"] is True
+    steps = {step["id"]: step for step in plan["steps"]}
+    assert list(steps) == ["sq1", "sq2"]
+    assert steps["sq1"]["goal"] == "new goal"
+    assert [t["term"] for t in steps["sq1"]["searches"]] == ["first broad", "first narrow"]
+    assert [t["term"] for t in steps["sq2"]["searches"]] == ["second"]
+    assert [m["tool"] for m in steps["sq1"]["tools"]] == ["web_search", "web_fetch"]
+    assert [m["tool"] for m in steps["sq2"]["tools"]] == ["web_map"]
+    assert steps["sq2"]["depends_on"] == ["sq1"]
+    assert plan["execution"]["parallel_groups"] == [["sq1"], ["sq2"]]
+    s, is_error, _ = call_plan(server, "search_term", session_id=sid, sub_query_id="sq1",
+                               term="replaced narrow", round=2, is_revision=True)
+    assert is_error is False and s["revisions"] == 2
+    terms = [t["term"] for t in s["executable_plan"]["steps"][0]["searches"]]
+    assert terms == ["first broad", "replaced narrow"]
+
+
+@pytest.mark.parametrize("phase, arguments", [
+    ("search_term", {"sub_query_id": "sq7", "term": "orphan term"}),
+    ("tool_mapping", {"sub_query_id": "sq7", "tool": "web_map"}),
+    ("sub_query", {"id": "sq1", "goal": "g", "depends_on": ["sq7"]}),
+    ("execution", {"parallel_groups": [["sq1", "sq7"]]}),
+])
+def test_plan_revision_naming_an_unknown_sub_query_is_an_error(start_server, phase, arguments):
+    # The same references are refused without is_revision (unknown_sub_query); a revision
+    # must not be a way around that check.
+    server = start_server({"WEBSEARCH_TOOLS": "all"})
+    server.initialize()
+    sid = start_plan(server)
+    call_plan(server, "complexity", session_id=sid, level=3, justification="j")
+    call_plan(server, "sub_query", session_id=sid, id="sq1", goal="g")
+    call_plan(server, "search_term", session_id=sid, sub_query_id="sq1", term="t")
+    call_plan(server, "tool_mapping", session_id=sid, sub_query_id="sq1", tool="web_search")
+    s, is_error, _ = call_plan(server, "execution", session_id=sid, parallel_groups=[["sq1"]])
+    assert is_error is False and s["plan_complete"] is True
+    plain_arguments = dict(arguments, id="sq2") if phase == "sub_query" else arguments
+    plain, plain_error, _ = call_plan(server, phase, session_id=sid, **plain_arguments)
+    assert plain_error is True
+    assert plain["error"] == ("phase_already_recorded" if phase == "execution" else "unknown_sub_query")
+    s, is_error, _ = call_plan(server, phase, session_id=sid, is_revision=True, **arguments)
+    assert is_error is True, "revision with an unknown sub-query was accepted: %r" % (
+        s.get("executable_plan"),)
+    assert s["error"] in ("unknown_sub_query", "revision_of_missing_phase")
+    assert s["revisions"] == 0
+
+
+def test_plan_unknown_session_is_an_error_result(start_server):
+    server = start_server({"WEBSEARCH_TOOLS": "all"})
+    server.initialize()
+    s, is_error, text = call_plan(server, "complexity", session_id="plan_nope", level=1,
+                                  justification="j")
+    assert (is_error, s["error"]) == (True, "session_id_not_found_or_expired")
+    assert "plan_intent" in text
+
+
+def test_plan_session_expires_an_hour_after_its_last_use(ring, fake_clock):
+    plans = plan_tools(ring, fake_clock)
+    sid = new_plan(ring, plans)
+    fake_clock.advance(3000)
+    s, _, is_error = record_plan(ring, plans, "complexity", session_id=sid, level=1,
+                                 justification="j")
+    assert is_error is False, s
+    fake_clock.advance(3000)          # 6000 s after the start, 3000 s after the last use
+    s, _, is_error = record_plan(ring, plans, "sub_query", session_id=sid, id="sq1", goal="g")
+    assert is_error is False and s["plan_complete"] is True, s
+    fake_clock.advance(3601)
+    s, text, is_error = record_plan(ring, plans, "sub_query", session_id=sid, id="sq2", goal="g")
+    assert is_error is True
+    assert (s["status"], s["error"]) == ("error", "session_id_not_found_or_expired")
+    assert s["session_id"] == sid and sid in text
+
+
+def test_plan_sessions_beyond_256_evict_the_least_recently_used(ring, fake_clock):
+    plans = plan_tools(ring, fake_clock)
+    sids = []
+    for _ in range(256):
+        sids.append(new_plan(ring, plans))
+        fake_clock.advance(1)
+    assert len(set(sids)) == 256
+    s, _, is_error = record_plan(ring, plans, "complexity", session_id=sids[0], level=1,
+                                 justification="j")         # the oldest becomes the youngest
+    assert is_error is False, s
+    extra = new_plan(ring, plans)                        # the 257th session
+    gone, text, is_error = record_plan(ring, plans, "complexity", session_id=sids[1], level=1,
+                                       justification="j")
+    assert (is_error, gone["error"]) == (True, "session_id_not_found_or_expired")
+    s, _, is_error = record_plan(ring, plans, "sub_query", session_id=sids[0], id="sq1", goal="g")
+    assert is_error is False and s["plan_complete"] is True, s
+    for sid in (sids[2], sids[255], extra):
+        s, _, is_error = record_plan(ring, plans, "complexity", session_id=sid, level=1,
+                                     justification="j")
+        assert is_error is False, (sid, s)
+
+
+# ----------------------------------------------------------------------------------------------
+# §26 JSON-RPC server
 # ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("requested, expected", [(v, v) for v in KNOWN_PROTOCOLS]
@@ -11584,6 +11625,45 @@ def test_calls_run_on_reused_worker_threads_and_drain_waits_for_them(ring):
 HTTP_ACCEPT = "application/json, text/event-stream"
 
 
+def stateless_message(msg_id, method, params=None, version="2026-07-28"):
+    params = dict(params or {})
+    params["_meta"] = dict(params.get("_meta") or {}, **{
+        "io.modelcontextprotocol/protocolVersion": version, "io.modelcontextprotocol/clientCapabilities": {}})
+    message = {"jsonrpc": "2.0", "method": method, "params": params}
+    if msg_id is not None:
+        message["id"] = msg_id
+    return message
+
+
+def stateless_headers(message, version="2026-07-28"):
+    headers = {"MCP-Protocol-Version": version, "Mcp-Method": message["method"]}
+    if message["method"] == "tools/call":
+        headers["Mcp-Name"] = message["params"]["name"]
+    return headers
+
+
+def sse_messages(body):
+    """The JSON-RPC messages of an event stream body (and no event may carry an id)."""
+    text = body.decode("utf-8")
+    assert not re.search(r"^id:", text, re.M), "an SSE event carries an id"
+    return [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+def _raw_post(port, message, headers):
+    """A socket that has sent one POST and is left open (the caller closes it: a hang-up)."""
+    data = json.dumps(message).encode()
+    lines = ["POST /mcp HTTP/1.1", "Host: 127.0.0.1:%d" % port, "Content-Type: application/json",
+             "Accept: " + HTTP_ACCEPT, "Content-Length: %d" % len(data)]
+    lines += ["%s: %s" % item for item in headers.items()]
+    sock = socket.create_connection(("127.0.0.1", port), timeout=DEFAULT_TIMEOUT_S)
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
+    return sock
+
+
+# ----------------------------------------------------------------------------------------------
+# §27 Streamable HTTP
+# ----------------------------------------------------------------------------------------------
+
 class HttpFrontRunner:
     """An in-process ``HttpFront`` serving on 127.0.0.1 port 0 in a thread, and a small client for it."""
 
@@ -11646,30 +11726,6 @@ def http_front(ring):
         runner.close()
 
 
-def stateless_message(msg_id, method, params=None, version="2026-07-28"):
-    params = dict(params or {})
-    params["_meta"] = dict(params.get("_meta") or {}, **{
-        "io.modelcontextprotocol/protocolVersion": version, "io.modelcontextprotocol/clientCapabilities": {}})
-    message = {"jsonrpc": "2.0", "method": method, "params": params}
-    if msg_id is not None:
-        message["id"] = msg_id
-    return message
-
-
-def stateless_headers(message, version="2026-07-28"):
-    headers = {"MCP-Protocol-Version": version, "Mcp-Method": message["method"]}
-    if message["method"] == "tools/call":
-        headers["Mcp-Name"] = message["params"]["name"]
-    return headers
-
-
-def sse_messages(body):
-    """The JSON-RPC messages of an event stream body (and no event may carry an id)."""
-    text = body.decode("utf-8")
-    assert not re.search(r"^id:", text, re.M), "an SSE event carries an id"
-    return [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
-
-
 def test_http_session_lifecycle(http_front):
     front = http_front()
     sid = front.initialize()
@@ -11727,17 +11783,6 @@ def test_http_cancel_reaches_the_upstream_only_in_its_own_session(http_front, fa
     status, _, body = outcome["value"]
     assert (status, json.loads(body)["error"]["code"]) == (200, -32800)   # never a dropped POST
     never.set()
-
-
-def _raw_post(port, message, headers):
-    """A socket that has sent one POST and is left open (the caller closes it: a hang-up)."""
-    data = json.dumps(message).encode()
-    lines = ["POST /mcp HTTP/1.1", "Host: 127.0.0.1:%d" % port, "Content-Type: application/json",
-             "Accept: " + HTTP_ACCEPT, "Content-Length: %d" % len(data)]
-    lines += ["%s: %s" % item for item in headers.items()]
-    sock = socket.create_connection(("127.0.0.1", port), timeout=DEFAULT_TIMEOUT_S)
-    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
-    return sock
 
 
 def test_http_hang_up_cancels_only_in_the_stateless_revision(http_front, fake_upstream):
@@ -11927,9 +11972,265 @@ def test_serve_http_subprocess_health_and_sigterm():
 
 
 # ----------------------------------------------------------------------------------------------
-# §15 CLI
+# §28 Client files: JSON
 # ----------------------------------------------------------------------------------------------
 
+# ---- install and uninstall ----
+
+INSTALL_KEY = TAVILY_KEYS[0]
+# What each file client's entry holds for TAVILY_API_KEY: its own reference, never the value. None: the
+# client has no reference syntax (the key stays out); codex and goose forward the variable by name.
+INSTALL_REFERENCES = {
+    "claude-desktop": None, "codex": "env_vars", "cursor": "${env:TAVILY_API_KEY}",
+    "vscode": "${input:websearch-ring-tavily-api-key}", "opencode": "{env:TAVILY_API_KEY}",
+    "mimocode": "{env:TAVILY_API_KEY}", "hermes": "${TAVILY_API_KEY}", "windsurf": "${env:TAVILY_API_KEY}",
+    "gemini-cli": "${TAVILY_API_KEY}", "zed": None, "cline": "${env:TAVILY_API_KEY}",
+    "roo-code": "${env:TAVILY_API_KEY}", "lm-studio": None, "continue": "${{ secrets.TAVILY_API_KEY }}",
+    "goose": "env_keys"}
+
+
+# ----------------------------------------------------------------------------------------------
+# §31 Installing into a client
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def install_home(tmp_path, monkeypatch):
+    """A fresh home (and working folder) for install: every client file lands under tmp_path."""
+    for name in ("HOME", "USERPROFILE"):
+        monkeypatch.setenv(name, str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _tiny_yaml(text):
+    """The YAML subset install writes, read independently of the module: nested block mappings whose
+    scalars are "quoted" (JSON strings), [flow, lists] (JSON arrays), true/false, integers or plain words."""
+    root = {}
+    stack = [(-1, root)]
+    for raw in text.splitlines():
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        indent = len(raw) - len(raw.lstrip(" "))
+        while stack[-1][0] >= indent:
+            stack.pop()
+        key, _, value = raw.strip().partition(":")
+        key, value = key.strip().strip('"'), value.strip()
+        if value == "":
+            stack[-1][1][key] = {}
+            stack.append((indent, stack[-1][1][key]))
+        else:
+            stack[-1][1][key] = json.loads(value) if value[0] in '"[' or value in ("true", "false") or \
+                value.isdigit() else value
+    return root
+
+
+def _read_back(ring, client, text):
+    """A written file parsed as the client reads it: strict JSON (all files written fresh are), TOML with
+    tomllib (3.11+), the YAML subset by a reader of its own."""
+    fmt = ring.CLIENTS[client].file["format"]
+    if fmt == "json":
+        return json.loads(text)
+    if fmt == "toml":
+        import tomllib      # the caller skips TOML before Python 3.11
+        return tomllib.loads(text)
+    return _tiny_yaml_document(text)
+
+
+def _tiny_yaml_document(text):
+    """_tiny_yaml, with Continue's ``mcpServers:`` list of items read as a list."""
+    if "\n  - " in text:
+        head, _, items = text.partition("mcpServers:\n")
+        doc = _tiny_yaml(head)
+        doc["mcpServers"] = [_tiny_yaml(chunk.replace("\n    ", "\n"))
+                             for chunk in ("\n" + items).split("\n  - ")[1:]]
+        return doc
+    return _tiny_yaml(text)
+
+
+def _server_entry(ring, client, doc):
+    """websearch-ring's entry in a parsed file (KeyError when absent)."""
+    spec = ring.CLIENTS[client].file
+    if spec["format"] == "yaml-file":
+        [entry] = [e for e in doc["mcpServers"] if e["name"] == "websearch-ring"]
+        return entry
+    if spec["format"] == "yaml":
+        return doc[spec["key"]]["websearch-ring"]
+    for key in spec["path"]:
+        doc = doc[key]
+    return doc["websearch-ring"]
+
+
+@pytest.mark.parametrize("client", sorted(INSTALL_REFERENCES))
+def test_install_writes_each_clients_file_parsed_back_then_reruns_and_uninstalls(ring, install_home, capsys, client):
+    if client == "codex" and sys.version_info < (3, 11):
+        pytest.skip("tomllib reads the written file back on Python 3.11+")
+    env = {"TAVILY_API_KEY": INSTALL_KEY, "WEBSEARCH_VENDORS": "exa,bing"}
+    assert ring.cli_install(client, env) == 0
+    path = ring.pick_path(client, ring.config_paths(client, env=env))
+    out = capsys.readouterr().out
+    assert path.startswith(str(install_home)) and ("written to " + path) in out, out
+    text = open(path, encoding="utf-8").read()
+    assert INSTALL_KEY not in text
+    entry = _server_entry(ring, client, _read_back(ring, client, text))
+    command = entry.get("command", entry.get("cmd"))
+    argv = (command if isinstance(command, list) else [command]) + entry.get("args", [])
+    assert argv[:2] == [sys.executable, os.path.abspath(ring.__file__)]
+    env_block = entry.get("env") or entry.get("environment") or entry.get("envs") or {}
+    assert env_block.get("WEBSEARCH_VENDORS") == "exa,bing"
+    reference = INSTALL_REFERENCES[client]
+    if reference in ("env_vars", "env_keys"):
+        assert entry[reference] == ["TAVILY_API_KEY"] and "TAVILY_API_KEY" not in env_block
+    elif reference is None:
+        assert "TAVILY_API_KEY" not in env_block and "--with-keys" in out
+    else:
+        assert env_block["TAVILY_API_KEY"] == reference
+    # Again: nothing to change, nothing written.
+    assert ring.cli_install(client, env) == 0
+    assert "nothing to change" in capsys.readouterr().out
+    assert open(path, encoding="utf-8").read() == text and not os.path.exists(path + ".websearch-ring.bak")
+    # Out again: the entry is gone, the file before it kept as the backup.
+    assert ring.cli_install(client, env, uninstall=True) == 0
+    assert open(path + ".websearch-ring.bak", encoding="utf-8").read() == text
+    if client == "continue":
+        assert not os.path.exists(path)
+    else:
+        remaining = open(path, encoding="utf-8").read()
+        with pytest.raises((KeyError, TypeError)):
+            _server_entry(ring, client, _read_back(ring, client, remaining) if remaining.strip() else {})
+
+
+def test_install_keeps_every_other_entry_comment_and_format(ring, install_home, capsys):
+    env = {"TAVILY_API_KEY": INSTALL_KEY}
+    zed = install_home / ".config" / "zed" / "settings.json"
+    zed.parent.mkdir(parents=True)
+    zed.write_text('// Zed settings\n{\n    "theme": "One Dark", // mine\n    "context_servers": {\n'
+                   '        "other": {"command": "other-mcp"},\n    },\n}\n', encoding="utf-8")
+    codex = install_home / ".codex" / "config.toml"
+    codex.parent.mkdir()
+    codex.write_text('model = "o3"  # mine\n\n[mcp_servers.other]\ncommand = "other-mcp"\n', encoding="utf-8")
+    hermes = install_home / ".hermes" / "config.yaml"
+    hermes.parent.mkdir()
+    hermes.write_text("# hermes\nmodel: x\nmcp_servers:\n  other:\n    command: other-mcp\n", encoding="utf-8")
+    before = {p: p.read_text(encoding="utf-8") for p in (zed, codex, hermes)}
+    assert ring.cli_install("zed", env, dry_run=True) == 0
+    diff = capsys.readouterr().out
+    assert diff.startswith("--- %s" % zed) and '+        "websearch-ring": {' in diff
+    assert zed.read_text(encoding="utf-8") == before[zed]          # --dry-run writes nothing
+    for client in ("zed", "codex", "hermes"):
+        assert ring.cli_install(client, env) == 0
+    after = {p: p.read_text(encoding="utf-8") for p in before}
+    assert after[zed].startswith('// Zed settings\n{\n    "theme": "One Dark", // mine\n') and \
+        '"other": {"command": "other-mcp"},' in after[zed]
+    assert ring.json_load(after[zed], "jsonc")[0]["context_servers"]["websearch-ring"]["source"] == "custom"
+    assert after[codex].startswith(before[codex])
+    if sys.version_info >= (3, 11):
+        import tomllib
+        doc = tomllib.loads(after[codex])
+        assert doc["model"] == "o3" and set(doc["mcp_servers"]) == {"other", "websearch-ring"}
+    assert after[hermes].startswith(before[hermes]) and "  websearch-ring:\n" in after[hermes]
+    for client, path in (("zed", zed), ("codex", codex), ("hermes", hermes)):
+        assert (path.parent / (path.name + ".websearch-ring.bak")).read_text(encoding="utf-8") == before[path]
+        assert ring.cli_install(client, env, uninstall=True) == 0
+        assert path.read_text(encoding="utf-8") == before[path], client
+
+
+def test_install_refuses_a_file_it_cannot_edit_safely_and_writes_nothing(ring, install_home, capsys):
+    cursor = install_home / ".cursor" / "mcp.json"
+    cursor.parent.mkdir()
+    cursor.write_text('{"mcpServers": {"a": {"command": "x"},},}', encoding="utf-8")   # strict JSON client
+    assert ring.cli_install("cursor", {}) == 1
+    assert "nothing was written" in capsys.readouterr().err
+    assert cursor.read_text(encoding="utf-8") == '{"mcpServers": {"a": {"command": "x"},},}'
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX file modes")
+def test_install_with_keys_writes_the_values_into_a_private_new_file(ring, install_home, capsys):
+    assert ring.cli_install("claude-desktop", {"TAVILY_API_KEY": INSTALL_KEY}, with_keys=True) == 0
+    path = ring.pick_path("claude-desktop", ring.config_paths("claude-desktop", env={}))
+    entry = json.load(open(path))["mcpServers"]["websearch-ring"]
+    assert entry["env"] == {"TAVILY_API_KEY": INSTALL_KEY}
+    assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+def test_install_prints_the_command_or_steps_for_clients_without_a_file(ring, install_home, capsys):
+    env = {"TAVILY_API_KEY": INSTALL_KEY, "WEBSEARCH_VENDORS": "exa"}
+    assert ring.cli_install("claude-code", env, scope="user") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("claude mcp add --scope user -e WEBSEARCH_VENDORS=exa websearch-ring -- ") and \
+        INSTALL_KEY not in out
+    assert ring.cli_install("claude-code", {}, uninstall=True) == 0
+    assert capsys.readouterr().out.startswith("claude mcp remove --scope local websearch-ring")
+    for client in ("cherry-studio", "jetbrains"):
+        assert ring.cli_install(client, {"WEBSEARCH_VENDORS": "exa", "TAVILY_API_KEY": INSTALL_KEY}) == 0
+        out = capsys.readouterr().out
+        assert '"websearch-ring"' in out and '"WEBSEARCH_VENDORS": "exa"' in out and INSTALL_KEY not in out
+    assert not any(install_home.iterdir())
+
+
+@pytest.mark.parametrize("editor, text", [
+    ("toml", 'mcp_servers.websearch-ring.command = "x"\n'),                        # a dotted key
+    ("toml", '[mcp_servers]\nwebsearch-ring = { command = "x" }\n'),              # an inline table
+    ("toml", '[[mcp_servers.websearch-ring]]\ncommand = "x"\n'),                  # an array of tables
+    ("toml", 'a = "unterminated\n'),
+    ("yaml", "mcp_servers: &shared\n  other:\n    command: x\n"),              # an anchor at the key
+    ("yaml", "mcp_servers: {other: {command: x}}\n"),                            # flow style
+    ("yaml", "mcp_servers:\n\tother: x\n"),                                     # a tab
+    ("json", '{"mcpServers": {"websearch-ring": {}, "websearch-ring": {}}}'),    # a duplicate key
+    ("json", '{"mcpServers": [1, 2]}'),                                          # not an object
+])
+def test_install_editors_refuse_what_they_cannot_edit_safely(ring, editor, text):
+    entry = {"command": "python3", "args": ["websearch_ring.py"]}
+    with pytest.raises(ring.MergeError):
+        if editor == "toml":
+            ring.toml_edit_table(text, ["mcp_servers"], "websearch-ring", entry)
+        elif editor == "yaml":
+            ring.yaml_edit_mapping_entry(text, "mcp_servers", "websearch-ring", entry)
+        else:
+            ring.json_set_member(text, ["mcpServers"], "websearch-ring", entry, "json", "cursor")
+
+
+def test_install_keeps_crlf_bom_and_a_missing_final_newline(ring, tmp_path):
+    spec = ring.CLIENTS["cursor"].file
+    path = str(tmp_path / "mcp.json")
+    original = '\ufeff{\r\n  "mcpServers": {\r\n    "other": {"command": "x"}\r\n  }\r\n}'
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        handle.write(original)
+    entry = {"command": "python3", "args": ["w.py"]}
+    old, new = ring.plan_install("cursor", path, entry, spec=spec)
+    assert old == original and new.startswith("\ufeff{\r\n") and "\n" not in new.replace("\r\n", "")
+    assert not new.endswith("\n") and json.loads(new[1:])["mcpServers"]["websearch-ring"] == entry
+    ring.write_config(path, old, new)
+    old2, back = ring.plan_install("cursor", path, None, uninstall=True, spec=spec)
+    assert json.loads(back[1:]) == {"mcpServers": {"other": {"command": "x"}}} and back.startswith("\ufeff")
+    # A reader that changed the file meanwhile: nothing written over it.
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("{}")
+    with pytest.raises(ring.MergeError):
+        ring.write_config(path, old2, back)
+
+
+def test_install_into_continue_global_config_is_a_list_item(ring):
+    text = "name: Local\nmcpServers:\n  - name: other\n    command: other-mcp\n"
+    entry = {"name": "websearch-ring", "type": "stdio", "command": "python3", "args": ["w.py"]}
+    new = ring.yaml_edit_sequence_item(text, "mcpServers", "name", "websearch-ring", entry)
+    assert new.startswith(text) and "  - name: \"websearch-ring\"\n" in new
+    assert ring.yaml_edit_sequence_item(new, "mcpServers", "name", "websearch-ring", entry) == new
+    assert ring.yaml_edit_sequence_item(new, "mcpServers", "name", "websearch-ring", None, uninstall=True) == text
+
+
+def test_cli_install_is_a_command_with_did_you_mean(tmp_path):
+    env = {"HOME": str(tmp_path), "USERPROFILE": str(tmp_path), "APPDATA": str(tmp_path)}
+    run = run_cli("install", "cursr", env=env)
+    assert run.code == 2 and "did you mean 'cursor'?" in run.err, run
+    run = run_cli("install", "cursor", "--dry-rn", env=env)
+    assert run.code == 2 and "did you mean --dry-run?" in run.err, run
+    run = run_cli("install", "cursor", "--dry-run", env=env)
+    assert run.code == 0 and run.out.startswith("--- /dev/null") and not any(tmp_path.iterdir()), run
+
+
+# ----------------------------------------------------------------------------------------------
+# §32 Command line
+# ----------------------------------------------------------------------------------------------
 
 def test_cli_search_prints_the_readable_text_and_exits_zero(fake_upstream):
     fake_upstream.route("POST", "/search", "tavily/search_success.json")
@@ -12644,255 +12945,6 @@ def test_a_filter_that_matches_nothing_is_no_results_not_an_outage_and_exits_thr
         ("tavily", "no_results", "filtered_out")]
     run = run_cli("search", CLI_QUERY, "--include", "nothing-matches.example", env=env)
     assert run.code == 3 and run.err.startswith('No results for "%s": no result matched the filters' % CLI_QUERY), run
-
-
-# ---- install and uninstall ----
-
-INSTALL_KEY = TAVILY_KEYS[0]
-# What each file client's entry holds for TAVILY_API_KEY: its own reference, never the value. None: the
-# client has no reference syntax (the key stays out); codex and goose forward the variable by name.
-INSTALL_REFERENCES = {
-    "claude-desktop": None, "codex": "env_vars", "cursor": "${env:TAVILY_API_KEY}",
-    "vscode": "${input:websearch-ring-tavily-api-key}", "opencode": "{env:TAVILY_API_KEY}",
-    "mimocode": "{env:TAVILY_API_KEY}", "hermes": "${TAVILY_API_KEY}", "windsurf": "${env:TAVILY_API_KEY}",
-    "gemini-cli": "${TAVILY_API_KEY}", "zed": None, "cline": "${env:TAVILY_API_KEY}",
-    "roo-code": "${env:TAVILY_API_KEY}", "lm-studio": None, "continue": "${{ secrets.TAVILY_API_KEY }}",
-    "goose": "env_keys"}
-
-
-@pytest.fixture
-def install_home(tmp_path, monkeypatch):
-    """A fresh home (and working folder) for install: every client file lands under tmp_path."""
-    for name in ("HOME", "USERPROFILE"):
-        monkeypatch.setenv(name, str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def _tiny_yaml(text):
-    """The YAML subset install writes, read independently of the module: nested block mappings whose
-    scalars are "quoted" (JSON strings), [flow, lists] (JSON arrays), true/false, integers or plain words."""
-    root = {}
-    stack = [(-1, root)]
-    for raw in text.splitlines():
-        if not raw.strip() or raw.lstrip().startswith("#"):
-            continue
-        indent = len(raw) - len(raw.lstrip(" "))
-        while stack[-1][0] >= indent:
-            stack.pop()
-        key, _, value = raw.strip().partition(":")
-        key, value = key.strip().strip('"'), value.strip()
-        if value == "":
-            stack[-1][1][key] = {}
-            stack.append((indent, stack[-1][1][key]))
-        else:
-            stack[-1][1][key] = json.loads(value) if value[0] in '"[' or value in ("true", "false") or \
-                value.isdigit() else value
-    return root
-
-
-def _read_back(ring, client, text):
-    """A written file parsed as the client reads it: strict JSON (all files written fresh are), TOML with
-    tomllib (3.11+), the YAML subset by a reader of its own."""
-    fmt = ring.CLIENTS[client].file["format"]
-    if fmt == "json":
-        return json.loads(text)
-    if fmt == "toml":
-        import tomllib      # the caller skips TOML before Python 3.11
-        return tomllib.loads(text)
-    return _tiny_yaml_document(text)
-
-
-def _tiny_yaml_document(text):
-    """_tiny_yaml, with Continue's ``mcpServers:`` list of items read as a list."""
-    if "\n  - " in text:
-        head, _, items = text.partition("mcpServers:\n")
-        doc = _tiny_yaml(head)
-        doc["mcpServers"] = [_tiny_yaml(chunk.replace("\n    ", "\n"))
-                             for chunk in ("\n" + items).split("\n  - ")[1:]]
-        return doc
-    return _tiny_yaml(text)
-
-
-def _server_entry(ring, client, doc):
-    """websearch-ring's entry in a parsed file (KeyError when absent)."""
-    spec = ring.CLIENTS[client].file
-    if spec["format"] == "yaml-file":
-        [entry] = [e for e in doc["mcpServers"] if e["name"] == "websearch-ring"]
-        return entry
-    if spec["format"] == "yaml":
-        return doc[spec["key"]]["websearch-ring"]
-    for key in spec["path"]:
-        doc = doc[key]
-    return doc["websearch-ring"]
-
-
-@pytest.mark.parametrize("client", sorted(INSTALL_REFERENCES))
-def test_install_writes_each_clients_file_parsed_back_then_reruns_and_uninstalls(ring, install_home, capsys, client):
-    if client == "codex" and sys.version_info < (3, 11):
-        pytest.skip("tomllib reads the written file back on Python 3.11+")
-    env = {"TAVILY_API_KEY": INSTALL_KEY, "WEBSEARCH_VENDORS": "exa,bing"}
-    assert ring.cli_install(client, env) == 0
-    path = ring.pick_path(client, ring.config_paths(client, env=env))
-    out = capsys.readouterr().out
-    assert path.startswith(str(install_home)) and ("written to " + path) in out, out
-    text = open(path, encoding="utf-8").read()
-    assert INSTALL_KEY not in text
-    entry = _server_entry(ring, client, _read_back(ring, client, text))
-    command = entry.get("command", entry.get("cmd"))
-    argv = (command if isinstance(command, list) else [command]) + entry.get("args", [])
-    assert argv[:2] == [sys.executable, os.path.abspath(ring.__file__)]
-    env_block = entry.get("env") or entry.get("environment") or entry.get("envs") or {}
-    assert env_block.get("WEBSEARCH_VENDORS") == "exa,bing"
-    reference = INSTALL_REFERENCES[client]
-    if reference in ("env_vars", "env_keys"):
-        assert entry[reference] == ["TAVILY_API_KEY"] and "TAVILY_API_KEY" not in env_block
-    elif reference is None:
-        assert "TAVILY_API_KEY" not in env_block and "--with-keys" in out
-    else:
-        assert env_block["TAVILY_API_KEY"] == reference
-    # Again: nothing to change, nothing written.
-    assert ring.cli_install(client, env) == 0
-    assert "nothing to change" in capsys.readouterr().out
-    assert open(path, encoding="utf-8").read() == text and not os.path.exists(path + ".websearch-ring.bak")
-    # Out again: the entry is gone, the file before it kept as the backup.
-    assert ring.cli_install(client, env, uninstall=True) == 0
-    assert open(path + ".websearch-ring.bak", encoding="utf-8").read() == text
-    if client == "continue":
-        assert not os.path.exists(path)
-    else:
-        remaining = open(path, encoding="utf-8").read()
-        with pytest.raises((KeyError, TypeError)):
-            _server_entry(ring, client, _read_back(ring, client, remaining) if remaining.strip() else {})
-
-
-def test_install_keeps_every_other_entry_comment_and_format(ring, install_home, capsys):
-    env = {"TAVILY_API_KEY": INSTALL_KEY}
-    zed = install_home / ".config" / "zed" / "settings.json"
-    zed.parent.mkdir(parents=True)
-    zed.write_text('// Zed settings\n{\n    "theme": "One Dark", // mine\n    "context_servers": {\n'
-                   '        "other": {"command": "other-mcp"},\n    },\n}\n', encoding="utf-8")
-    codex = install_home / ".codex" / "config.toml"
-    codex.parent.mkdir()
-    codex.write_text('model = "o3"  # mine\n\n[mcp_servers.other]\ncommand = "other-mcp"\n', encoding="utf-8")
-    hermes = install_home / ".hermes" / "config.yaml"
-    hermes.parent.mkdir()
-    hermes.write_text("# hermes\nmodel: x\nmcp_servers:\n  other:\n    command: other-mcp\n", encoding="utf-8")
-    before = {p: p.read_text(encoding="utf-8") for p in (zed, codex, hermes)}
-    assert ring.cli_install("zed", env, dry_run=True) == 0
-    diff = capsys.readouterr().out
-    assert diff.startswith("--- %s" % zed) and '+        "websearch-ring": {' in diff
-    assert zed.read_text(encoding="utf-8") == before[zed]          # --dry-run writes nothing
-    for client in ("zed", "codex", "hermes"):
-        assert ring.cli_install(client, env) == 0
-    after = {p: p.read_text(encoding="utf-8") for p in before}
-    assert after[zed].startswith('// Zed settings\n{\n    "theme": "One Dark", // mine\n') and \
-        '"other": {"command": "other-mcp"},' in after[zed]
-    assert ring.json_load(after[zed], "jsonc")[0]["context_servers"]["websearch-ring"]["source"] == "custom"
-    assert after[codex].startswith(before[codex])
-    if sys.version_info >= (3, 11):
-        import tomllib
-        doc = tomllib.loads(after[codex])
-        assert doc["model"] == "o3" and set(doc["mcp_servers"]) == {"other", "websearch-ring"}
-    assert after[hermes].startswith(before[hermes]) and "  websearch-ring:\n" in after[hermes]
-    for client, path in (("zed", zed), ("codex", codex), ("hermes", hermes)):
-        assert (path.parent / (path.name + ".websearch-ring.bak")).read_text(encoding="utf-8") == before[path]
-        assert ring.cli_install(client, env, uninstall=True) == 0
-        assert path.read_text(encoding="utf-8") == before[path], client
-
-
-def test_install_refuses_a_file_it_cannot_edit_safely_and_writes_nothing(ring, install_home, capsys):
-    cursor = install_home / ".cursor" / "mcp.json"
-    cursor.parent.mkdir()
-    cursor.write_text('{"mcpServers": {"a": {"command": "x"},},}', encoding="utf-8")   # strict JSON client
-    assert ring.cli_install("cursor", {}) == 1
-    assert "nothing was written" in capsys.readouterr().err
-    assert cursor.read_text(encoding="utf-8") == '{"mcpServers": {"a": {"command": "x"},},}'
-
-
-@pytest.mark.skipif(os.name == "nt", reason="POSIX file modes")
-def test_install_with_keys_writes_the_values_into_a_private_new_file(ring, install_home, capsys):
-    assert ring.cli_install("claude-desktop", {"TAVILY_API_KEY": INSTALL_KEY}, with_keys=True) == 0
-    path = ring.pick_path("claude-desktop", ring.config_paths("claude-desktop", env={}))
-    entry = json.load(open(path))["mcpServers"]["websearch-ring"]
-    assert entry["env"] == {"TAVILY_API_KEY": INSTALL_KEY}
-    assert os.stat(path).st_mode & 0o777 == 0o600
-
-
-def test_install_prints_the_command_or_steps_for_clients_without_a_file(ring, install_home, capsys):
-    env = {"TAVILY_API_KEY": INSTALL_KEY, "WEBSEARCH_VENDORS": "exa"}
-    assert ring.cli_install("claude-code", env, scope="user") == 0
-    out = capsys.readouterr().out
-    assert out.startswith("claude mcp add --scope user -e WEBSEARCH_VENDORS=exa websearch-ring -- ") and \
-        INSTALL_KEY not in out
-    assert ring.cli_install("claude-code", {}, uninstall=True) == 0
-    assert capsys.readouterr().out.startswith("claude mcp remove --scope local websearch-ring")
-    for client in ("cherry-studio", "jetbrains"):
-        assert ring.cli_install(client, {"WEBSEARCH_VENDORS": "exa", "TAVILY_API_KEY": INSTALL_KEY}) == 0
-        out = capsys.readouterr().out
-        assert '"websearch-ring"' in out and '"WEBSEARCH_VENDORS": "exa"' in out and INSTALL_KEY not in out
-    assert not any(install_home.iterdir())
-
-
-@pytest.mark.parametrize("editor, text", [
-    ("toml", 'mcp_servers.websearch-ring.command = "x"\n'),                        # a dotted key
-    ("toml", '[mcp_servers]\nwebsearch-ring = { command = "x" }\n'),              # an inline table
-    ("toml", '[[mcp_servers.websearch-ring]]\ncommand = "x"\n'),                  # an array of tables
-    ("toml", 'a = "unterminated\n'),
-    ("yaml", "mcp_servers: &shared\n  other:\n    command: x\n"),              # an anchor at the key
-    ("yaml", "mcp_servers: {other: {command: x}}\n"),                            # flow style
-    ("yaml", "mcp_servers:\n\tother: x\n"),                                     # a tab
-    ("json", '{"mcpServers": {"websearch-ring": {}, "websearch-ring": {}}}'),    # a duplicate key
-    ("json", '{"mcpServers": [1, 2]}'),                                          # not an object
-])
-def test_install_editors_refuse_what_they_cannot_edit_safely(ring, editor, text):
-    entry = {"command": "python3", "args": ["websearch_ring.py"]}
-    with pytest.raises(ring.MergeError):
-        if editor == "toml":
-            ring.toml_edit_table(text, ["mcp_servers"], "websearch-ring", entry)
-        elif editor == "yaml":
-            ring.yaml_edit_mapping_entry(text, "mcp_servers", "websearch-ring", entry)
-        else:
-            ring.json_set_member(text, ["mcpServers"], "websearch-ring", entry, "json", "cursor")
-
-
-def test_install_keeps_crlf_bom_and_a_missing_final_newline(ring, tmp_path):
-    spec = ring.CLIENTS["cursor"].file
-    path = str(tmp_path / "mcp.json")
-    original = '\ufeff{\r\n  "mcpServers": {\r\n    "other": {"command": "x"}\r\n  }\r\n}'
-    with open(path, "w", encoding="utf-8", newline="") as handle:
-        handle.write(original)
-    entry = {"command": "python3", "args": ["w.py"]}
-    old, new = ring.plan_install("cursor", path, entry, spec=spec)
-    assert old == original and new.startswith("\ufeff{\r\n") and "\n" not in new.replace("\r\n", "")
-    assert not new.endswith("\n") and json.loads(new[1:])["mcpServers"]["websearch-ring"] == entry
-    ring.write_config(path, old, new)
-    old2, back = ring.plan_install("cursor", path, None, uninstall=True, spec=spec)
-    assert json.loads(back[1:]) == {"mcpServers": {"other": {"command": "x"}}} and back.startswith("\ufeff")
-    # A reader that changed the file meanwhile: nothing written over it.
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write("{}")
-    with pytest.raises(ring.MergeError):
-        ring.write_config(path, old2, back)
-
-
-def test_install_into_continue_global_config_is_a_list_item(ring):
-    text = "name: Local\nmcpServers:\n  - name: other\n    command: other-mcp\n"
-    entry = {"name": "websearch-ring", "type": "stdio", "command": "python3", "args": ["w.py"]}
-    new = ring.yaml_edit_sequence_item(text, "mcpServers", "name", "websearch-ring", entry)
-    assert new.startswith(text) and "  - name: \"websearch-ring\"\n" in new
-    assert ring.yaml_edit_sequence_item(new, "mcpServers", "name", "websearch-ring", entry) == new
-    assert ring.yaml_edit_sequence_item(new, "mcpServers", "name", "websearch-ring", None, uninstall=True) == text
-
-
-def test_cli_install_is_a_command_with_did_you_mean(tmp_path):
-    env = {"HOME": str(tmp_path), "USERPROFILE": str(tmp_path), "APPDATA": str(tmp_path)}
-    run = run_cli("install", "cursr", env=env)
-    assert run.code == 2 and "did you mean 'cursor'?" in run.err, run
-    run = run_cli("install", "cursor", "--dry-rn", env=env)
-    assert run.code == 2 and "did you mean --dry-run?" in run.err, run
-    run = run_cli("install", "cursor", "--dry-run", env=env)
-    assert run.code == 0 and run.out.startswith("--- /dev/null") and not any(tmp_path.iterdir()), run
 
 
 # ----------------------------------------------------------------------------------------------
