@@ -9531,7 +9531,7 @@ class HealthBoard:
                 if was is Health.HALF_OPEN:
                     h.state = Health.COOLDOWN       # expired: the next caller probes again
                 return
-            cooldown, long = self._rest_s(outcome, retry_after_s)
+            cooldown, lasting = self._rest_s(outcome, retry_after_s)
             if cooldown is None and (outcome in self.NEUTRAL or code in ("bad_parameters", "bad_request")):
                 h.failures = 0
                 window = exhausted_window(headers or {}) if outcome == "success" else None
@@ -9547,11 +9547,11 @@ class HealthBoard:
                     h.state, h.reason, h.long = Health.HEALTHY, None, False
                     self.log.info("%s is healthy again", name)
                 return
-            h.state, h.until, h.long = Health.COOLDOWN, self._clock() + cooldown, long
+            h.state, h.until, h.long = Health.COOLDOWN, self._clock() + cooldown, lasting
             h.reason = "%s%s" % (outcome, ": " + message if message else "")
             h.failures = 0
         self.log.warning("%s in cooldown for %.0f s (%s)%s", name, cooldown, h.reason,
-                         "; check its key or plan" if long else "")
+                         "; check its key or plan" if lasting else "")
 
     def _rest_s(self, outcome, retry_after_s):
         """``(seconds, long)`` of the cooldown that ``outcome`` itself calls for; ``(None, False)``
