@@ -14175,11 +14175,12 @@ class PageTools:
         text, _ = _cap_text("\n".join(lines + good), self.config.max_chars)
         return s, text, False
 
-    def _map_urls(self, url, values, ctx):
-        """``(urls, provider, stats, attempts)``: the map providers in turn until one finds URLs (a
-        private or malformed URL stops them all)."""
-        attempts, urls, provider, stats = [], None, None, {}
-        for name in self.config.map_providers:
+    def _provider_chain(self, names, ask, found_enough, ctx):
+        """``(answer, provider, attempts, last error)``: ``ask(name)`` for each provider of ``names`` in
+        turn until one answers with ``found_enough(answer)`` (a private or malformed URL stops them all;
+        Tavily without a usable key is skipped). ``answer`` is the last success, None when none."""
+        attempts, answer, provider, failure = [], None, None, None
+        for name in names:
             ctx.check()
             if name == "tavily" and not (self.mapper.tavily.keyed and self.config.tavily_enabled):
                 attempts.append(attempt_record("tavily", "skipped", 0.0, code="not_usable",
@@ -14187,18 +14188,28 @@ class PageTools:
                 continue
             began = self._clock()
             try:
-                urls, stats = (self.mapper.via_tavily if name == "tavily" else self.mapper.direct)(url, values, ctx)
+                found = ask(name)
             except UpstreamError as exc:
                 ctx.check()
                 attempts.append(attempt_record(name, exc.outcome, self._clock() - began, code=exc.code,
                                                http_status=exc.status, message=exc.message))
+                failure = exc
                 if exc.code in ("private_address", "bad_url"):
                     break
                 continue
             attempts.append(attempt_record(name, "success", self._clock() - began))
-            provider = name
-            if urls:
+            answer, provider = found, name
+            if found_enough(found):
                 break
+        return answer, provider, attempts, failure
+
+    def _map_urls(self, url, values, ctx):
+        """``(urls, provider, stats, attempts)``: the map providers in turn until one finds URLs."""
+        found, provider, attempts, _ = self._provider_chain(
+            self.config.map_providers, lambda name: (self.mapper.via_tavily if name == "tavily" else
+                                                     self.mapper.direct)(url, values, ctx),
+            lambda found: found[0], ctx)
+        urls, stats = found if found is not None else (None, {})
         return urls, provider, stats, attempts
 
     def web_crawl(self, args, call):
@@ -14222,29 +14233,9 @@ class PageTools:
     def _crawl_providers(self, url, opts, timeout_s, ctx):
         """``(outcome, provider, attempts, last error)``: the crawl providers in turn until one reads
         pages (a private or malformed URL stops them all); outcome None when every one failed."""
-        attempts, outcome, provider, failure = [], None, None, None
-        for name in self.config.crawl_providers:
-            ctx.check()
-            if name == "tavily" and not (self.mapper.tavily.keyed and self.config.tavily_enabled):
-                attempts.append(attempt_record("tavily", "skipped", 0.0, code="not_usable",
-                                               message="no Tavily key (TAVILY_API_KEY or TAVILY_API_KEYS)"))
-                continue
-            began = self._clock()
-            try:
-                found = self.crawler.via_tavily(url, opts, timeout_s, ctx) if name == "tavily" else \
-                    self.crawler.crawl(url, opts, ctx)
-            except UpstreamError as exc:
-                ctx.check()
-                attempts.append(attempt_record(name, exc.outcome, self._clock() - began, code=exc.code,
-                                               http_status=exc.status, message=exc.message))
-                failure = exc
-                if exc.code in ("private_address", "bad_url"):
-                    break
-                continue
-            attempts.append(attempt_record(name, "success", self._clock() - began))
-            outcome, provider = found, name
-            if found["pages"]:
-                break
+        outcome, provider, attempts, failure = self._provider_chain(
+            self.config.crawl_providers, lambda name: self.crawler.via_tavily(url, opts, timeout_s, ctx)
+            if name == "tavily" else self.crawler.crawl(url, opts, ctx), lambda found: found["pages"], ctx)
         if outcome is None and failure is None:
             failure = UpstreamError("direct", "no_results", "no_provider",
                                     "no web_crawl provider is usable (WEBSEARCH_CRAWL_PROVIDERS=%s)" % ",".join(
