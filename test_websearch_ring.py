@@ -2,16 +2,23 @@
 
 Run: ``python -m pytest -q test_websearch_ring.py``
 
-Contents (grep -n '^# §'): the test infrastructure first, then the server's own sections in order,
-then the vendor payloads
+Contents (grep -n '^# §'): the test infrastructure first, then the tests under the numbers of the
+sections of websearch_ring.py they exercise, in the same order (a section with no tests of its own
+has no banner here), then the README's and the vendor payloads
  § Test infrastructure   starting the server (ServerProcess over pipes, from cached bytecode),
                          environment builders, FakeClock, waiting and threads, pytest fixtures;
                          then the helpers of vendors and rings, fetch and map, answers, and of
                          the command line, planning and README tests; then self-tests of all
                          of these
- §1 Constants  §2 Errors  §3 Utilities  §4 Configuration  §5 Deadlines and cancellation
- §6 HTTP transport  §7 Streaming LLM client  §8 HTML to Markdown  §9 Key pool and circuit breaker
- §10 Cache and coalescing  §11 Vendors  §12 Ring  §13 Tools  §14 JSON-RPC server  §15 CLI
+ §1 Constants  §2 Errors  §3 Utilities  §4 HTML parsing and page metadata  §6 HTML to Markdown
+ §7 PDF: filters and encryption  §8 PDF: objects and cross-references  §9 PDF: fonts and encodings
+ §10 PDF: text layout  §11 robots.txt and sitemaps  §12 Configuration
+ §13 Deadlines and cancellation  §14 HTTP transport  §15 Streaming LLM client
+ §16 Key pool, circuit breaker and engine health  §17 Cache and coalescing  §18 Vendors
+ §19 Fetch providers and the site mapper  §20 Site crawler  §21 Ring
+ §22 Tool schemas and argument checking  §23 Search and page tools
+ §24 Answer and configuration tools  §25 Planning tools  §26 JSON-RPC server  §27 Streamable HTTP
+ §28 Client files: JSON  §31 Installing into a client  §32 Command line
  § README
  § Vendor payloads       FIXTURES, the vendor payloads carried in this file
 
@@ -20,9 +27,9 @@ Protocol behaviour is tested against the real server started as a subprocess
 HTTP fake (``FakeUpstream``) is smoke_test.py's: both files share one harness.
 
 No test reaches beyond 127.0.0.1: every vendor base URL of a server under test points either at
-a ``FakeUpstream`` or at a closed loopback port. The payloads come from the contracts in
-``../shared/contracts/fixtures`` and are carried inside this file, byte for byte, because a
-user's clone of the repository has no ``../shared``. Nothing here reads that folder at run time.
+a ``FakeUpstream`` or at a closed loopback port. The payloads are the vendors' real responses,
+captured with their status and headers and carried inside this file byte for byte, so the suite
+reads nothing outside the repository.
 """
 
 import ast
@@ -13014,9 +13021,9 @@ def test_readme_and_help_env_name_every_variable(ring, readme_text):
 # ----------------------------------------------------------------------------------------------
 # § Vendor payloads
 # ----------------------------------------------------------------------------------------------
-# Copied byte for byte from ../shared/contracts/fixtures/<vendor>/ with the status and headers of
-# its manifest.json (and the manifest's note, where it has one). Keys are "<folder>/<file>".
-# status None marks a decode table for unit tests, not a response. ../shared is never read here.
+# The vendors' captured responses, byte for byte, with the status and headers each was served with
+# (and a note, where the capture has one). Keys are "<folder>/<file>".
+# status None marks a decode table for unit tests, not a response.
 # The tests above read FIXTURES when they run; nothing uses it while this file is imported.
 
 FIXTURES = {
