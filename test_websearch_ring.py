@@ -2720,6 +2720,29 @@ def test_fetcher_stops_a_long_extraction_at_the_deadline_with_extraction_timeout
 
 
 
+def test_documents_are_converted_a_few_at_a_time_and_waiting_for_a_turn_keeps_the_deadline(ring):
+    class PageTransport:
+        def request(self, method, url, **options):
+            return types.SimpleNamespace(status=200, url=url, body=b"<p>words here, and more words</p>" * 20,
+                                         headers={"content-type": "text/html; charset=utf-8"})
+    fetcher = ring.Fetcher(ring.Config.from_env({}), PageTransport(), None, quiet_logger(ring))
+    held = [ring._EXTRACTING.acquire(timeout=DEFAULT_TIMEOUT_S) for _ in range(ring.EXTRACTION_SLOTS)]
+    try:
+        assert all(held)                      # every slot taken: the next conversion waits for one
+        with pytest.raises(ring.UpstreamError) as info:
+            fetcher._direct("https://example.org/a", "markdown", ring.CallContext(deadline=ring.Deadline(0.1)))
+        assert info.value.code == "extraction_timeout"
+        token = ring.CancelToken()
+        token.cancel("client cancelled")
+        with pytest.raises(ring.Cancelled):
+            fetcher._direct("https://example.org/a", "markdown", ring.CallContext(token, ring.Deadline(60.0)))
+    finally:
+        for _ in held:
+            ring._EXTRACTING.release()
+    document = fetcher._direct("https://example.org/a", "markdown", ring.CallContext(deadline=ring.Deadline(60.0)))
+    assert "words here" in document.content
+
+
 def test_a_long_text_tail_with_an_ampersand_is_kept(ring):
     # html.parser holds back a final run of text with a bare "&"; that is text, not broken markup.
     title, text = ring.html_to_markdown("<p>" + "word, " * 400 + "see AT&T", "https://example.com/", plain=True)

@@ -51,6 +51,7 @@ __all__ = ["Config", "Server", "main", "__version__"]
 import bisect
 import codecs
 import collections
+import contextlib
 import datetime
 import enum
 import gc
@@ -11340,7 +11341,8 @@ class Fetcher:
         budget = ctx.budget.child(limit, "this page") if ctx.budget is not None else MemoryBudget(limit, "this page")
         try:
             budget.charge(len(resp.body))
-            return self._read_page(url, fmt, ctx, resp, budget)
+            with _extraction_slot(url, ctx):
+                return self._read_page(url, fmt, ctx, resp, budget)
         except TooLarge as exc:
             raise UpstreamError("direct", "bad_response", "too_large", "%s: %s (WEBSEARCH_DOCUMENT_MAX_MB, "
                                 "WEBSEARCH_CALL_MAX_MB, WEBSEARCH_PROCESS_MAX_MB)" % (url, exc), status=200,
@@ -11393,6 +11395,26 @@ class Fetcher:
                                 status=resp.status,
                                 retryable=resp.status >= 500 or resp.status == 429)
         return resp
+
+
+# Documents converted at once in the whole process. Conversion is pure Python under the interpreter
+# lock: more threads at it make no page faster, and with ten hostile pages of one call converting
+# together the thread that reads stdin waited ~50 ms (up to half a second) for its turn to answer ping.
+EXTRACTION_SLOTS = 2
+_EXTRACTING = threading.BoundedSemaphore(EXTRACTION_SLOTS)
+
+
+@contextlib.contextmanager
+def _extraction_slot(url, ctx, slots=_EXTRACTING):
+    """Hold one of the process's conversion slots; waiting for it stops at the call's deadline
+    (``extraction_timeout``) or cancel like the conversion itself."""
+    check = _extraction_check(url, ctx)
+    while not slots.acquire(timeout=0.05):
+        check()
+    try:
+        yield
+    finally:
+        slots.release()
 
 
 def _extraction_check(url, ctx):
