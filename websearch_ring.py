@@ -335,7 +335,6 @@ _SECRET_PATTERNS = LazyPattern(
     r"|(?i:bearer|basic)(?:\s|\\[nrt])+(?=[a-z._~-]*[A-Z0-9+/=])[A-Za-z0-9._~+/=-]{8,}|exaApiKey=[^&\s\"']+)")
 # Cheap substring tests that must all fail before _SECRET_PATTERNS can match.
 _SECRET_MARKERS = ("tvly-", "xai-", "sk-", "earer", "EARER", "asic", "ASIC", "exaApiKey")
-_WS = LazyPattern(r"\s+")
 # Result fields that hold document text (a page, a snippet, an answer, the text block): an example
 # key in documentation is content there, so only the configured secrets are masked in them.
 _DOCUMENT_FIELDS = frozenset(("title", "snippet", "content", "text"))
@@ -536,7 +535,7 @@ def collapse_ws(text):
     >>> collapse_ws("  a \\n\\t b ")
     'a b'
     """
-    return _WS.sub(" ", text).strip()
+    return " ".join(text.split())    # str.split() splits on exactly the characters \s matches
 
 
 def json_line(obj):
@@ -13387,8 +13386,9 @@ class Tool:
     ``page_tools``, ``answer_tools``, ``plan_tools``) and its method, called as
     ``method(*bound, args, call)`` and returning ``(structured, text, is_error)``.  ``inline``: None, the
     call runs on a worker thread; ``"always"``, the method runs on the reader thread (it never waits
-    for an upstream); ``"try"``, the method is first asked with ``inline=True`` there, answers what needs
-    no upstream (invalid arguments, a cache hit) and returns None for the rest, which goes to a worker.
+    for an upstream); ``"try"``, the method is asked with ``inline=True`` there, answers what needs
+    no upstream (invalid arguments, a cache hit) and returns the rest of its work as a callable, which
+    a worker runs (so the arguments are checked once).
     ``command``: its :class:`Command`, or None when the command line does not offer it.
     """
 
@@ -13776,8 +13776,8 @@ class SearchTools:
         self.pages = pages          # PageTools, for include_content
 
     def web_search(self, args, call, inline=False):
-        """The web_search tool.  With ``inline`` it answers only what needs no
-        upstream (invalid arguments, cache hits) and returns None otherwise."""
+        """The web_search tool.  With ``inline`` it answers only what needs no upstream (invalid
+        arguments, cache hits) and returns the rest of its work as a callable otherwise."""
         started = self._clock()
         values, issues, adjustments = validate_search_args(args, self.config)
         if issues:
@@ -13791,7 +13791,11 @@ class SearchTools:
                filters.key(), self.config.vendors)
         cached = self.cache.get(key)
         if inline and (cached is None or values["include_content"]):
-            return None
+            return lambda: self._search(started, values, adjustments, filters, key, cached, call)
+        return self._search(started, values, adjustments, filters, key, cached, call)
+
+    def _search(self, started, values, adjustments, filters, key, cached, call):
+        """The rest of :meth:`web_search` once its arguments are checked: ``cached`` or the ring's outcome."""
         try:
             outcome, how = self._outcome(key, values, filters, cached, call)
         except DeadlineExceeded as exc:
@@ -13816,10 +13820,10 @@ class SearchTools:
                                             lambda: self.cache.get(key))
             if how != "cached":
                 if how == "shared":
-                    self.log.info("web_search %r shared a concurrent call", values["query"][:80])
+                    self.log.debug("web_search %r shared a concurrent call", values["query"][:80])
                 return value, how
             cached = value
-        self.log.info("cache hit for web_search %r (age %.0f s)", values["query"][:80], self._clock() - cached[1])
+        self.log.debug("cache hit for web_search %r (age %.0f s)", values["query"][:80], self._clock() - cached[1])
         return cached[0], how
 
     def _ask_ring(self, flight, key, values, filters):
@@ -13954,7 +13958,8 @@ class PageTools:
         self.crawler = SiteCrawler(config, fetcher, mapper, documents, logger)
 
     def web_fetch(self, args, call, inline=False):
-        """The web_fetch tool.  With ``inline`` only what needs no network is answered."""
+        """The web_fetch tool.  With ``inline`` only what needs no network is answered, and the rest of
+        its work returned as a callable."""
         started = self._clock()
         values, issues, adjustments = check_args(WEB_FETCH_INPUT, args)
         many = args.get("urls") is not None
@@ -13964,13 +13969,19 @@ class PageTools:
         if issues:
             return validation_result("web_fetch", issues, {"request_id": call.request_id})
         fmt, start, length = values["format"], values["start_index"], values["max_length"]
-        if not many:
-            result = self._fetch_page(values["url"], fmt, start, length, call, started, inline)
-        elif inline:
-            return None
+        if many:
+            def work():
+                return with_adjustments(self._fetch_pages(values["urls"], fmt, start, length, call, started),
+                                        adjustments)
         else:
-            result = self._fetch_pages(values["urls"], fmt, start, length, call, started)
-        return with_adjustments(result, adjustments)
+            result = self._fetch_page(values["url"], fmt, start, length, call, started, inline)
+            if result is not None:
+                return with_adjustments(result, adjustments)
+
+            def work():
+                return with_adjustments(self._fetch_page(values["url"], fmt, start, length, call, started),
+                                        adjustments)
+        return work if inline else work()
 
     def fetch_many(self, urls, fmt, start, length, ctx, on_done=None):
         """``[(structured, text, is_error)]`` of one page of each URL, fetched at once (the upstream
@@ -14072,7 +14083,7 @@ class PageTools:
             return None
         doc, how, attempts = found
         if how == "cached":
-            self.log.info("fetch cache hit for %s (start_index %d)", url[:120], start)
+            self.log.debug("fetch cache hit for %s (start_index %d)", url[:120], start)
         if doc is None:
             return self._fetch_failure(call, url, fmt, attempts, started)
         total = len(doc.content)
@@ -15226,7 +15237,7 @@ class Server:
         self.notify("notifications/message", {"level": level, "logger": SERVER_NAME, "data": text})
 
     def _evicted(self, key, reason):
-        self.log.info("cache %s eviction: %s %r", "LRU" if reason == "lru" else "TTL", key[0], key[1][:80])
+        self.log.debug("cache %s eviction: %s %r", "LRU" if reason == "lru" else "TTL", key[0], key[1][:80])
 
     # -- input ----------------------------------------------------------------
 
@@ -15329,8 +15340,8 @@ class Server:
             send(token)
             return None
         response = self._call_response(message, token, peer, send, inline=True)
-        if response is _DEFER:
-            self._spawn(self._answer_call, message, token, peer, send)
+        if isinstance(response, _Later):
+            self._spawn(self._finish_later, response, peer, send)
         elif response is not None:
             send(response)
         return token
@@ -15444,8 +15455,13 @@ class Server:
             token = peer.calls[key] = CancelToken()
         return token
 
-    def _answer_call(self, message, token, peer, send):
-        response = self._call_response(message, token, peer, send)
+    def _finish_later(self, later, peer, send):
+        """Finish on a worker a call begun on the reader thread (see :meth:`handle_call`)."""
+        try:
+            response = self._finish(later)
+        finally:
+            with self._state_lock:
+                peer.calls.pop(_call_key(later.msg_id), None)
         if response is not None:
             send(response)
 
@@ -15562,35 +15578,46 @@ class Server:
     # -- tools/call ---------------------------------------------------------------
 
     def _call_response(self, message, token, peer, send, inline=False):
-        """Run one tools/call of ``peer`` to completion, its progress through ``send``; None when it
+        """The response to one tools/call of ``peer``, its progress through ``send``; None when it
         was cancelled.
 
-        With ``inline`` the call may instead return ``_DEFER``: it needs a worker.
+        With ``inline`` (on the reader thread) the call may instead return a :class:`_Later`: the
+        rest of its work, for a worker.
         """
-        response = _DEFER
+        response = None
         try:
             response = self._run_call(message, token, send, inline)
+            if not inline and isinstance(response, _Later):
+                response = self._finish(response)
             return response
         finally:
-            if response is not _DEFER:
+            if not isinstance(response, _Later):
                 with self._state_lock:
                     peer.calls.pop(_call_key(message["id"]), None)
 
-    def _run_call(self, message, token, send, inline=False):
+    def _run_call(self, message, token, send, inline):
         msg_id = message["id"]
         try:
             name, args, meta, modern = self._read_call(message.get("params"))
         except RpcError as exc:
             return rpc_error(msg_id, exc.code, exc.message, exc.data)
-        handler = self.inline_handlers.get(name) if inline else self.handlers[name]
+        call = CallContext(token, progress=self._progress_sink(meta.get("progressToken"), token, send),
+                           budget=self.memory.child(self.config.call_max_mb << 20, "this call"))
+        handler = self.inline_handlers.get(name) if inline else None
         if handler is None:
-            return _DEFER
-        answer = self._invoke(name, handler, args, CallContext(token, progress=self._progress_sink(
-            meta.get("progressToken"), token, send),
-            budget=self.memory.child(self.config.call_max_mb << 20, "this call")))
-        if answer is None or answer is _DEFER:
-            return answer
-        return rpc_result(msg_id, self._tool_result(*answer, modern))
+            handler = self.handlers[name]
+            return _Later(msg_id, name, modern, lambda: handler(args, call), call)
+        answer = self._invoke(name, lambda: handler(args, call), call)
+        if callable(answer):
+            return _Later(msg_id, name, modern, answer, call)
+        return self._tool_response(msg_id, answer, modern)
+
+    def _finish(self, later):
+        """The response to a call once its ``later.work`` has run; None when it was cancelled."""
+        return self._tool_response(later.msg_id, self._invoke(later.name, later.work, later.call), later.modern)
+
+    def _tool_response(self, msg_id, answer, modern):
+        return None if answer is None else rpc_result(msg_id, self._tool_result(*answer, modern))
 
     def _read_call(self, params):
         """``(name, arguments, _meta, modern)`` of a tools/call; RpcError unless it calls a listed tool."""
@@ -15611,11 +15638,12 @@ class Server:
         meta = params.get("_meta")
         return name, args, meta if isinstance(meta, dict) else {}, modern
 
-    def _invoke(self, name, handler, args, call):
-        """``(structured, text, is_error)`` of one tool call: None when it was cancelled, ``_DEFER`` when
-        an inline handler needs a worker.  A bug in a tool is its ``internal_error`` result."""
+    def _invoke(self, name, work, call):
+        """``(structured, text, is_error)`` of ``work()``, one tool call (or the rest of its work, a
+        callable, from an inline handler): None when it was cancelled.  A bug in a tool is its
+        ``internal_error`` result."""
         try:
-            answer = handler(args, call)
+            answer = work()
         except Cancelled:
             return None
         except Exception as exc:
@@ -15625,8 +15653,6 @@ class Server:
             answer = (status_fields("error", "internal_error", error_detail(
                 "internal_error", "%s: %s" % (type(exc).__name__, exc), name)),
                 "Internal error in %s: %s" % (name, exc), True)
-        if answer is None:
-            return _DEFER
         return None if call.cancelled else answer
 
     def _tool_result(self, structured, text, is_error, modern):
@@ -15659,7 +15685,9 @@ class Server:
         return progress
 
 
-_DEFER = object()   # a tools/call that needs a worker thread
+class _Later(collections.namedtuple("_Later", "msg_id name modern work call")):
+    """A tools/call begun on the reader thread whose ``work()`` (the rest of it) needs a worker."""
+    __slots__ = ()
 
 
 def _valid_id(value):
