@@ -1808,33 +1808,33 @@ class Bench:
             compile(source, self.server_path, "exec", dont_inherit=True)
             compile_ms.append((time.perf_counter() - t0) * 1000)
 
-        baseline_ms, spawn_ms, module_ms = [], [], []
+        baseline_ms, spawn_ms, import_ms = [], [], []
         env = offline_env(self.fake.url)
         script_argv = [sys.executable, self.server_path]
         baseline_argv = [sys.executable, "-c", "import json, threading"]
-        # `python -m` with cached bytecode, from a private copy so no .pyc lands in the repo.
-        # (PYTHONPYCACHEPREFIX would do that too, but it also moves the stdlib's cache.)
-        module_dir = _TempDir("smoke-module-")
+        # The launch config and install write, with cached bytecode, from a private copy so no .pyc
+        # lands in the repo. (PYTHONPYCACHEPREFIX would do that too, but it also moves the stdlib's cache.)
+        import_dir = _TempDir("smoke-import-")
         try:
-            module_argv, module_env = _module_launch(self.server_path, module_dir.path, env)
+            import_argv = _import_launch(self.server_path, import_dir.path, env)
             for _ in range(STARTUP_RUNS):  # interleaved, so drift hits all three alike
                 baseline_ms.append(_time_run(baseline_argv, env))
                 spawn_ms.append(_time_init(script_argv, env))
-                module_ms.append(_time_init(module_argv, module_env, module_dir.path))
+                import_ms.append(_time_init(import_argv, env, import_dir.path))
             idle = _idle_rss_kb(script_argv, env)
-            module_idle = _idle_rss_kb(module_argv, module_env, module_dir.path)
+            import_idle = _idle_rss_kb(import_argv, env, import_dir.path)
         finally:
-            module_dir.remove()
+            import_dir.remove()
         spawn, base, comp = _median(spawn_ms), _median(baseline_ms), _median(compile_ms)
         budget = base + comp + 10.0
         self.row("python -c 'import json, threading'", "%.1f ms" % base)
         self.row("compile(websearch_ring.py)", "%.1f ms" % comp)
         self.row("spawn -> initialize answered", "%.1f ms" % spawn, "<= %.1f ms (base+compile+10)" % budget,
                  _verdict(spawn <= budget))
-        # No target: DESIGN sets none, and runpy alone costs ~18 ms on Python 3.9.
-        self.row("  same via python -m (cached .pyc, no compile)", "%.1f ms" % _median(module_ms))
+        # No target: DESIGN sets none (unmarshalling the bytecode is not free either).
+        self.row("  same as config/install start it (imported, cached .pyc)", "%.1f ms" % _median(import_ms))
         self.row("idle RSS", _mb(idle), "< 20 MB", "" if idle is None else _verdict(idle < 20 * 1024))
-        self.row("  same via python -m (cached .pyc, no compile)", _mb(module_idle))
+        self.row("  same as config/install start it (imported, cached .pyc)", _mb(import_idle))
         self.row("  python -c 'import json, threading'", _mb(_baseline_rss_kb(env)))
 
     # -- round trips and CPU -----------------------------------------------------------------
@@ -1890,8 +1890,9 @@ class Bench:
     # -- side by side with the floor: a minimal stdlib MCP server making the same request -----
 
     def floor(self):
-        """CPU per uncached call and round trips of the floor server, this one as a script and with
-        ``-m``, all three running at once and taking turns, so drift hits them alike."""
+        """CPU per uncached call and round trips of the floor server, this one as a script and as
+        config/install start it (imported), all three running at once and taking turns, so drift hits
+        them alike."""
         env = offline_env(self.fake.url)
         work = _TempDir("smoke-floor-")
         clients = {}
@@ -1899,12 +1900,10 @@ class Bench:
             floor_path = os.path.join(work.path, "floor_server.py")
             with open(floor_path, "w") as f:
                 f.write(FLOOR_SERVER)
-            module_argv, module_env = _module_launch(self.server_path, work.path, env)
-            for name, argv, run_env in (("floor", [sys.executable, floor_path], env),
-                                        ("script", [sys.executable, self.server_path], env),
-                                        ("-m", module_argv, module_env)):
-                clients[name] = RpcClient(argv, run_env, threaded=False, lifetime_s=BENCH_PHASE_LIFETIME_S,
-                                          cwd=work.path)
+            import_argv = _import_launch(self.server_path, work.path, env)
+            for name, argv in (("floor", [sys.executable, floor_path]), ("script", [sys.executable, self.server_path]),
+                               ("imported", import_argv)):
+                clients[name] = RpcClient(argv, env, threaded=False, lifetime_s=BENCH_PHASE_LIFETIME_S, cwd=work.path)
             figures = self._floor_rounds(clients)
         finally:
             for client in clients.values():
@@ -1944,7 +1943,7 @@ class Bench:
         floor_rtt = _median(figures["floor"]["rtt"])
         self.row("floor: CPU per uncached call", "n/a" if floor_cpu is None else "%.3f ms" % floor_cpu)
         self.row("floor: uncached round trip", "%.3f ms" % floor_rtt)
-        for name in ("script", "-m"):
+        for name in ("script", "imported"):
             f = figures[name]
             if floor_cpu and f["cpu"]:
                 cpu = _median(f["cpu"])
@@ -2498,14 +2497,17 @@ def _time_run(argv, env, timeout_s=30.0):
     return (time.perf_counter() - t0) * 1000
 
 
-def _module_launch(server_path, directory, env):
-    """Copy the server into directory, byte-compile it there; return (argv, env) for `-m`."""
+def _import_launch(server_path, directory, env):
+    """Copy the server into directory, byte-compile it there; return the argv that `config` gives a
+    client for that copy (the imported form, which starts from the bytecode)."""
     import py_compile
-    name = os.path.splitext(os.path.basename(server_path))[0]
-    copy = os.path.join(directory, name + ".py")
+    copy = os.path.join(directory, "websearch_ring.py")
     shutil.copyfile(server_path, copy)
     py_compile.compile(copy, doraise=True)
-    return [sys.executable, "-m", name], dict(env, PYTHONPATH=directory)
+    done = subprocess.run([sys.executable, copy, "config", "cursor"], env=env, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    entry = json.loads(done.stdout.decode("utf-8"))["mcpServers"]["websearch-ring"]
+    return [entry["command"]] + entry["args"]
 
 
 def _time_init(argv, env, cwd=None):

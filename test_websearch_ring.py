@@ -1498,8 +1498,14 @@ def route_small_site(fake):
 
 
 def server_abspath():
-    """The absolute path the server sees as its own file (what `config` prints)."""
+    """The absolute path the server sees as its own file (what `config --script` prints)."""
     return os.path.abspath(str(SERVER_PATH))
+
+
+def launch_args(folder=None):
+    """The interpreter arguments of every snippet and install: the server imported from `folder`
+    (default: the folder of the one under test)."""
+    return ["-I", "-c", import_server_module()._IMPORT_LAUNCH, folder or os.path.dirname(server_abspath())]
 
 
 def repo_file(name):
@@ -12106,7 +12112,7 @@ def test_install_writes_each_clients_file_parsed_back_then_reruns_and_uninstalls
     entry = _server_entry(ring, client, _read_back(ring, client, text))
     command = entry.get("command", entry.get("cmd"))
     argv = (command if isinstance(command, list) else [command]) + entry.get("args", [])
-    assert argv[:2] == [sys.executable, os.path.abspath(ring.__file__)]
+    assert argv == [sys.executable] + launch_args()
     env_block = entry.get("env") or entry.get("environment") or entry.get("envs") or {}
     assert env_block.get("WEBSEARCH_VENDORS") == "exa,bing"
     reference = INSTALL_REFERENCES[client]
@@ -12239,6 +12245,22 @@ def test_install_keeps_crlf_bom_and_a_missing_final_newline(ring, tmp_path):
         handle.write("{}")
     with pytest.raises(ring.MergeError):
         ring.write_config(path, old2, back)
+
+
+def test_install_writes_the_bytecode_its_launch_starts_from(tmp_path):
+    """Even when the client (here, the install) runs with PYTHONDONTWRITEBYTECODE set."""
+    folder = tmp_path / "tools"
+    folder.mkdir()
+    script = folder / "websearch_ring.py"
+    shutil.copyfile(str(SERVER_PATH), str(script))
+    target = tmp_path / "mcp.json"
+    done = subprocess.run([sys.executable, str(script), "install", "cursor", "--path", str(target)],
+                          env=server_env({"PYTHONDONTWRITEBYTECODE": "1"}), stdin=subprocess.DEVNULL,
+                          capture_output=True, timeout=DEFAULT_TIMEOUT_S * 3)
+    assert done.returncode == 0, done
+    assert os.path.isfile(importlib.util.cache_from_source(str(script)))
+    entry = json.loads(target.read_text(encoding="utf-8"))["mcpServers"]["websearch-ring"]
+    assert entry["args"] == launch_args(str(folder))
 
 
 def test_install_into_continue_global_config_is_a_list_item(ring):
@@ -12802,7 +12824,7 @@ def test_config_prints_a_snippet_with_this_file_and_this_python(client):
     run = run_cli("config", client, env=snippet_env())
     assert run.code == 0, run
     assert run.err.startswith("# %s: " % client) and run.err.count("\n") == 1, run
-    check_snippet(client, run.out, [server_abspath()], {})
+    check_snippet(client, run.out, launch_args(), {})
 
 
 @pytest.mark.parametrize("client", CONFIG_CLIENTS)
@@ -12813,11 +12835,11 @@ def test_config_shows_placeholders_never_the_secret_values(client):
     assert run.code == 0, run
     assert SNIPPET_TAVILY_SECRET not in run.out + run.err and SNIPPET_BRAVE_SECRET not in run.out + run.err
     if client == "vscode":
-        check_snippet(client, run.out, [server_abspath()], {"WEBSEARCH_VENDORS": "brave,tavily"},
+        check_snippet(client, run.out, launch_args(), {"WEBSEARCH_VENDORS": "brave,tavily"},
                       secrets=("BRAVE_API_KEY", "TAVILY_API_KEY"))
         return
     assert "<your TAVILY_API_KEY>" in run.out and "<your BRAVE_API_KEY>" in run.out
-    check_snippet(client, run.out, [server_abspath()], {
+    check_snippet(client, run.out, launch_args(), {
         "WEBSEARCH_VENDORS": "brave,tavily", "TAVILY_API_KEY": "<your TAVILY_API_KEY>",
         "BRAVE_API_KEY": "<your BRAVE_API_KEY>"})
 
@@ -12830,20 +12852,24 @@ def test_config_snippets_stay_valid_for_any_path(tmp_path):
     shutil.copyfile(str(SERVER_PATH), str(script))
     env = server_env(snippet_env(PYTHONIOENCODING="utf-8", TAVILY_API_KEY=SNIPPET_TAVILY_SECRET,
                                  WEBSEARCH_UA="agent \"x\" \\ \U0001d11e"))
-    # One process per client, two at a time: each compiles the script copy, which has no bytecode.
+    # Each client's snippet printed by the copy started as the snippets start it (from its bytecode,
+    # compiled here once), two at a time.
+    py_compile.compile(str(script), cfile=importlib.util.cache_from_source(str(script)), doraise=True)
+
     def config_of(client):
-        return subprocess.run([sys.executable, str(script), "config", client], env=env, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=DEFAULT_TIMEOUT_S)
+        return subprocess.run([sys.executable] + launch_args(str(folder)) + ["config", client], env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=DEFAULT_TIMEOUT_S)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         runs = dict(zip(CONFIG_CLIENTS, pool.map(config_of, CONFIG_CLIENTS)))
     for client, done in runs.items():
         out = done.stdout.decode("utf-8")
         assert done.returncode == 0, (client, done.stderr)
         if client == "vscode":
-            check_snippet(client, out, [str(script)], {"WEBSEARCH_UA": "agent \"x\" \\ \U0001d11e"},
+            check_snippet(client, out, launch_args(str(folder)), {"WEBSEARCH_UA": "agent \"x\" \\ \U0001d11e"},
                           secrets=("TAVILY_API_KEY",))
         else:
-            check_snippet(client, out, [str(script)], {"WEBSEARCH_UA": "agent \"x\" \\ \U0001d11e",
+            check_snippet(client, out, launch_args(str(folder)), {"WEBSEARCH_UA": "agent \"x\" \\ \U0001d11e",
                                                        "TAVILY_API_KEY": "<your TAVILY_API_KEY>"})
 
 
@@ -12862,17 +12888,22 @@ def test_config_claude_code_scope_is_passed_on():
     assert words[words.index("--") - 3:words.index("--")] == ["--scope", "user", "websearch-ring"]
 
 
-@pytest.mark.parametrize("client", ["cursor", "codex", "hermes", "claude-code", "opencode"])
-def test_config_module_form_runs_with_pythonpath(client, tmp_path):
-    run = run_cli("config", client, "--module", env=snippet_env())
-    assert run.code == 0, run
-    folder = os.path.dirname(server_abspath())
-    check_snippet(client, run.out, ["-m", "websearch_ring"], {"PYTHONPATH": folder})
-    env = server_env({"PYTHONPATH": folder})
-    done = subprocess.run([sys.executable, "-m", "websearch_ring", "--version"], env=env,
-                          cwd=str(tmp_path), stdin=subprocess.DEVNULL,
+def test_the_launch_imports_this_file_whatever_the_working_directory_and_pythonpath_hold(tmp_path):
+    """A websearch_ring.py (or a json.py) in the client's working directory or on its PYTHONPATH
+    cannot stand in for the server."""
+    for name in ("websearch_ring.py", "json.py"):
+        (tmp_path / name).write_text("raise SystemExit('the wrong %s ran')\n" % name)
+    done = subprocess.run([sys.executable] + launch_args() + ["--version"],
+                          env=server_env({"PYTHONPATH": str(tmp_path)}), cwd=str(tmp_path), stdin=subprocess.DEVNULL,
                           capture_output=True, timeout=DEFAULT_TIMEOUT_S)
-    assert done.returncode == 0 and done.stdout.startswith(b"websearch-ring ")
+    assert done.returncode == 0 and done.stdout.startswith(b"websearch-ring "), done
+
+
+@pytest.mark.parametrize("client", ["cursor", "codex", "claude-code"])
+def test_config_script_form_runs_the_file_by_its_path(client):
+    run = run_cli("config", client, "--script", env=snippet_env())
+    assert run.code == 0, run
+    check_snippet(client, run.out, [server_abspath()], {})
 
 
 def test_config_unknown_client_lists_the_clients_and_exits_two():

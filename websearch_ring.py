@@ -18762,8 +18762,8 @@ def _install_arguments(p, uninstall=False):
     p.add_argument("--with-keys", action="store_true",
                    help="write the keys set in the environment as plain values (the file is then created 0600); "
                         "by default they go in as the client's own references or prompts")
-    p.add_argument("--module", action="store_true",
-                   help="run as python -m websearch_ring with PYTHONPATH (reuses cached bytecode)")
+    p.add_argument("--script", action="store_true",
+                   help="run the file by its path (easier to read; compiles all of it at every start)")
     p.add_argument("--scope", choices=("local", "user", "project"),
                    help="claude-code: local (this project, you; the default), user (every project) or project "
                         "(the shared .mcp.json)")
@@ -18771,8 +18771,8 @@ def _install_arguments(p, uninstall=False):
 
 def _config_arguments(p):
     p.add_argument("client", nargs="?", help="one of: " + ", ".join(CLIENTS))
-    p.add_argument("--module", action="store_true",
-                   help="run as python -m websearch_ring with PYTHONPATH (reuses cached bytecode)")
+    p.add_argument("--script", action="store_true",
+                   help="run the file by its path (easier to read; compiles all of it at every start)")
     p.add_argument("--scope", choices=("local", "user", "project"),
                    help="claude-code: this project only for you (default), every project, or the shared .mcp.json")
     p.add_argument("--url", help="point the client at a running serve --http (e.g. http://127.0.0.1:8765/mcp) "
@@ -18891,12 +18891,12 @@ def run_cli(argv, env):
         return _cli_unknown_words(command, extra)
     if opts.command in ("install", "uninstall"):
         return cli_install(opts.client, env, opts.command == "uninstall", opts.dry_run, opts.path,
-                           getattr(opts, "with_keys", False), getattr(opts, "module", False), getattr(opts, "scope", None))
+                           getattr(opts, "with_keys", False), getattr(opts, "script", False), getattr(opts, "scope", None))
     config = Config.from_env(env)
     if opts.command == "config":
         if opts.url:
             return cli_config_url(opts.client, opts.url, env, opts.scope)
-        return cli_config(opts.client, env, opts.module, opts.scope)
+        return cli_config(opts.client, env, opts.script, opts.scope)
     server = _cli_server(config)
     if opts.command == "check":
         return cli_check(server, opts.json)
@@ -19189,14 +19189,14 @@ def _install_variables(launch, env):
     for name, value in launch.variables.items():
         if name in secrets:
             continue
-        if name != "PYTHONPATH" and env.get(name) != value:
+        if env.get(name) != value:
             secrets.append(name)
         else:
             plain[name] = value
     return plain, secrets
 
 
-def cli_install(client, env, uninstall=False, dry_run=False, path=None, with_keys=False, module=False,
+def cli_install(client, env, uninstall=False, dry_run=False, path=None, with_keys=False, script=False,
                 scope=None):
     """``install``/``uninstall CLIENT``: merge the server's entry into the client's own file (or take it
     out), keeping everything else; a backup beside the file, an atomic write, ``--dry-run`` the diff.
@@ -19204,8 +19204,10 @@ def cli_install(client, env, uninstall=False, dry_run=False, path=None, with_key
     name = _known_client(client)
     if name is None:
         return 2
-    row, launch = CLIENTS[name], _Launch(env, module, scope)
+    row, launch = CLIENTS[name], _Launch(env, script, scope)
     plain, secrets = _install_variables(launch, env)
+    if not uninstall and not dry_run and not script:
+        _compile_bytecode()
     if row.file is None:
         for line in command_instructions(name, launch.exe, launch.args, secrets, scope or "local", uninstall,
                                          quote=_shell_quote, plain_env=plain):
@@ -19214,6 +19216,7 @@ def cli_install(client, env, uninstall=False, dry_run=False, path=None, with_key
     entry, extras = client_entry(name, launch.exe, launch.args, plain, secrets, with_keys,
                                  {n: env[n] for n in secrets if n in env}, syntax=row.secret)
     target = path or pick_path(name, config_paths(name, env=env))
+    # PYTHONPATH: the launch of earlier versions set it; an update takes it out.
     owned = default_owned(name, [n for var in VARIABLES for n in (var.name,) + var.aliases] + ["PYTHONPATH"])
     try:
         old, new = plan_install(name, target, None if uninstall else entry, uninstall, inputs=extras.get("inputs"),
@@ -19230,6 +19233,41 @@ def cli_install(client, env, uninstall=False, dry_run=False, path=None, with_key
     for line in ([] if uninstall else _install_notes(name, row, secrets, with_keys)):
         _emit(line)
     return 0
+
+
+def _compile_bytecode():
+    """Write this file's bytecode where its import looks for it, unless what is there is current, so
+    the first start is fast too (a client may start the server with PYTHONDONTWRITEBYTECODE set,
+    and then no start would write it)."""
+    import importlib.util
+    import py_compile
+    path = os.path.abspath(__file__)
+    cfile = importlib.util.cache_from_source(path)
+    try:
+        if not _bytecode_is_current(path, cfile):
+            py_compile.compile(path, cfile=cfile, doraise=True)
+    except (OSError, py_compile.PyCompileError) as exc:
+        _emit("could not write the bytecode of %s (%s): every start compiles it (see README, launch form)" % (
+            path, exc), sys.stderr)
+
+
+def _bytecode_is_current(path, cfile):
+    """Whether the import of ``path`` would take ``cfile`` as it is (PEP 552: the source's modification
+    time and size, or its hash, in the header)."""
+    import importlib.util
+    try:
+        with open(cfile, "rb") as f:
+            head = f.read(16)
+        stat = os.stat(path)
+    except OSError:
+        return False
+    if len(head) < 16 or head[:4] != importlib.util.MAGIC_NUMBER:
+        return False
+    if int.from_bytes(head[4:8], "little") & 1:         # hash-based
+        with open(path, "rb") as f:
+            return importlib.util.source_hash(f.read()) == head[8:16]
+    return head[8:16] == (int(stat.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + \
+        (stat.st_size & 0xFFFFFFFF).to_bytes(4, "little")
 
 
 def _install_notes(client, row, secrets, with_keys):
@@ -19253,7 +19291,7 @@ def _install_notes(client, row, secrets, with_keys):
     return notes
 
 
-def cli_config(client, env, module=False, scope=None):
+def cli_config(client, env, script=False, scope=None):
     """Print a configuration snippet for ``client`` on stdout and where it goes on stderr (or, without
     a client, the clients and where each snippet goes); secrets the user has set become placeholders."""
     if client is None:
@@ -19265,15 +19303,20 @@ def cli_config(client, env, module=False, scope=None):
     if client is None:
         return 2
     style, where, merge = CLIENTS[client][:3]
-    if module and style == "goose":
-        _emit("goose does not pass PYTHONPATH to a server: printing the script form", sys.stderr)
-        module = False
-    _emit(_SNIPPETS[style](_Launch(env, module, scope)))
+    _emit(_SNIPPETS[style](_Launch(env, script, scope)))
     places = dict.fromkeys(where)
     _emit("# %s: %s; %s" % (client, "; ".join("%s (%s)" % (p, ", ".join(
         os_name for os_name, q in zip(("Linux", "macOS", "Windows"), where) if q == p)) for p in places)
         if len(places) > 1 else where[0], merge), sys.stderr)
     return 0
+
+
+# The launch every snippet uses: the file imported, not run by path, so Python keeps its bytecode and
+# starts from it (a script is compiled whole at every start); -I keeps the working directory and
+# PYTHONPATH off sys.path, so no other websearch_ring.py (or json.py) there can stand in for ours.
+# The folder comes as the first argument (no quoting of a path inside code).
+_IMPORT_LAUNCH = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import websearch_ring; "
+                  "sys.exit(websearch_ring.run_main())")
 
 
 class _Launch:
@@ -19283,15 +19326,13 @@ class _Launch:
     __slots__ = ("exe", "args", "variables", "secrets", "scope")
     NAME = "websearch-ring"     # the server's name in every client's configuration
 
-    def __init__(self, env, module, scope):
+    def __init__(self, env, script, scope):
         path = os.path.abspath(__file__)
         self.exe = sys.executable or "python3"
-        self.args = ["-m", "websearch_ring"] if module else [path]
+        self.args = [path] if script else ["-I", "-c", _IMPORT_LAUNCH, os.path.dirname(path)]
         self.variables, self.secrets = {}, []
         for var in VARIABLES:
             self._take(var, env)
-        if module:
-            self.variables["PYTHONPATH"] = os.path.dirname(path)
         self.scope = scope
 
     def _take(self, var, env):
