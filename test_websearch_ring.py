@@ -181,6 +181,215 @@ def with_pythonpath(env, folder):
     return dict(env, PYTHONPATH=os.pathsep.join([folder] + rest))
 
 
+# ---- Forking servers from one started process ----------------------------------------------------
+# A start of `python -S -m websearch_ring` costs ~45 ms of CPU (the interpreter, then unmarshalling
+# and running the module), and the suite starts a server some 500 times. On Linux one process per
+# interpreter setting (a "fork server") imports websearch_ring once and forks each server from
+# there: the child takes its pipes, working directory, environment and arguments, and runs what
+# `python -m websearch_ring ARGS` runs. It is a process of its own (its pid takes signals, it exits
+# with a status), so the tests see no difference. Forked children only come from a process with
+# no threads: the fork server has none. An intermediate process (the waiter) forks the server,
+# reports its pid and its exit status through a pipe, since only a parent may wait for a child.
+
+_FORK_SERVER = r"""
+import gc, json, os, signal, socket, sys
+import websearch_ring
+
+websearch_ring.Config.from_env({})   # the standard modules every start imports (it is pure)
+gc.freeze()     # what is here now stays out of the children's collections (their pages stay shared)
+
+
+def serve(control):
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)       # waiters are reaped by the kernel
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(control, 1 << 20, 4)
+        except OSError:
+            return None
+        if not data:                                    # the test process closed its end
+            return None
+        if os.fork() == 0:                              # the waiter
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            control.close()
+            pid = os.fork()
+            if pid == 0:
+                return json.loads(data.decode("utf-8")), fds
+            for fd in fds[:3]:
+                os.close(fd)
+            os.write(fds[3], b"%d\n" % pid)
+            os.write(fds[3], b"%d\n" % os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+            os._exit(0)
+        for fd in fds:
+            os.close(fd)
+
+
+job = serve(socket.socket(fileno=int(sys.argv[1])))
+if job is None:
+    sys.exit(0)
+spec, fds = job
+os.close(fds[3])
+for target, fd in enumerate(fds[:3]):
+    os.dup2(fd, target)
+    os.close(fd)
+os.chdir(spec["cwd"])
+os.environ.clear()
+os.environ.update(spec["env"])
+sys.argv = [websearch_ring.__file__] + spec["args"]
+sys.exit(websearch_ring.run_main())
+"""
+
+# What the interpreter reads from the environment as it starts (a forked child keeps its fork
+# server's): servers whose environments differ in these come from different fork servers.
+_INTERPRETER_ENV = ("LANG", "LC_ALL", "LC_CTYPE")
+_fork_servers = {}      # interpreter settings -> (Popen, control socket, bytecode stamp)
+_fork_lock = threading.Lock()
+
+
+def _interpreter_settings(env):
+    return tuple(sorted((name, value) for name, value in env.items() if name in _INTERPRETER_ENV or (
+        name.startswith("PYTHON") and name not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE"))))
+
+
+def _fork(spec, env, fds):
+    """Ask the fork server for `env`'s interpreter settings (started if needed) to fork a server with
+    `fds` as its stdin, stdout, stderr and status pipe. One message a packet, one sender at a time."""
+    key, stamp = _interpreter_settings(env), _bytecode["stamp"]
+    with _fork_lock:
+        found = _fork_servers.get(key)
+        if found is None or found[0].poll() is not None or found[2] != stamp:
+            if found is not None:
+                found[1].close()        # a fork server of an older file (or a dead one) ends
+            found = _fork_servers[key] = _start_fork_server(env, stamp)
+        socket.send_fds(found[1], [spec], list(fds))
+
+
+def _start_fork_server(env, stamp):
+    """``(Popen, control socket, stamp)`` of a new fork server started with `env`."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = subprocess.Popen(
+        [sys.executable, "-S", "-c", _FORK_SERVER, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=dict(env, PYTHONPATH=str(SERVER_PATH.parent)), cwd=str(SERVER_PATH.parent))
+    theirs.close()
+    return proc, ours, stamp
+
+
+def stop_fork_servers():
+    """End every fork server (each exits when its control socket closes)."""
+    with _fork_lock:
+        servers = list(_fork_servers.values())
+        _fork_servers.clear()
+    for proc, control, _ in servers:
+        control.close()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+class ForkedServer:
+    """The part of subprocess.Popen the tests use (stdin, stdout, stderr, pid, poll, wait,
+    send_signal, kill, communicate), for a server forked by a fork server."""
+
+    def __init__(self, args, env, cwd, stdin_devnull=False):
+        self.args, self.returncode = args, None
+        child_in = os.open(os.devnull, os.O_RDONLY) if stdin_devnull else None
+        if child_in is None:
+            child_in, stdin_w = os.pipe()
+            self.stdin = io.open(stdin_w, "wb")
+        else:
+            self.stdin = None
+        stdout_r, child_out = os.pipe()
+        stderr_r, child_err = os.pipe()
+        status_r, child_status = os.pipe()
+        fds = (child_in, child_out, child_err, child_status)
+        try:
+            _fork(json.dumps({"args": list(args), "env": env, "cwd": cwd}).encode("utf-8"), env, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self.stdout, self.stderr = io.open(stdout_r, "rb"), io.open(stderr_r, "rb")
+        self._status, self._status_text = status_r, b""
+        started = self._read_status(DEFAULT_TIMEOUT_S, lines=1)
+        if started is None:
+            raise RuntimeError("the fork server did not start %s" % self.args)
+        self.pid = int(started[0])
+
+    def _read_status(self, timeout, lines=2):
+        """The waiter's first `lines` lines (the pid, the exit status); None if not there within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while self._status_text.count(b"\n") < lines:
+            if not select.select([self._status], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                return None
+            chunk = os.read(self._status, 64)
+            if not chunk:
+                raise RuntimeError("the waiter of server %s ended without its status" % self.args)
+            self._status_text += chunk
+        return self._status_text.split(b"\n")
+
+    def poll(self):
+        if self.returncode is None:
+            status = self._read_status(0)
+            if status is not None:
+                self.returncode = int(status[1])
+                os.close(self._status)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            remaining = 3600.0 if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            select.select([self._status], [], [], remaining)
+        return self.returncode
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout):
+        """``(stdout, stderr)`` once the server has exited (stdin is the null device)."""
+        out, err = [], []
+        readers = [threading.Thread(target=lambda s, into: into.append(s.read()), args=pair, daemon=True)
+                   for pair in ((self.stdout, out), (self.stderr, err))]
+        for reader in readers:
+            reader.start()
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.wait(DEFAULT_TIMEOUT_S)
+            raise
+        finally:
+            for reader in readers:
+                reader.join(DEFAULT_TIMEOUT_S)
+            self.stdout.close()
+            self.stderr.close()
+        return out[0], err[0]
+
+
+def can_fork_servers():
+    """Fork servers run on Linux (macOS frameworks are not safe to fork into; Windows has no fork)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+
+
+def start_server_process(args, env, cwd, stdin_devnull=False):
+    """`python -S -m websearch_ring ARGS` (see server_command) with `env` in `cwd`: forked when it can
+    be (see ForkedServer), else a subprocess.Popen. stdout and stderr are pipes; stdin a pipe, or
+    the null device."""
+    argv, folder = server_command(args)
+    env = with_pythonpath(env, folder)
+    if folder is not None and can_fork_servers():
+        return ForkedServer(list(args), env, cwd, stdin_devnull)
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL if stdin_devnull else subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
+
+
 def import_server_module():
     """websearch_ring imported in-process, for unit tests of its classes (one module object)."""
     module = sys.modules.get("websearch_ring")
@@ -398,14 +607,12 @@ class ServerProcess:
 
     def __init__(self, env=None, *, args=(), script=None, cwd=None):
         self.env = server_env(env)
+        cwd = str(cwd or pathlib.Path(script or SERVER_PATH).parent)
         if script is None:
-            argv, folder = server_command(args)
-            self.env = with_pythonpath(self.env, folder)
+            self.proc = start_server_process(args, self.env, cwd)
         else:
-            argv = [sys.executable, str(script), *args]
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=self.env, cwd=str(cwd or pathlib.Path(script or SERVER_PATH).parent))
+            self.proc = subprocess.Popen([sys.executable, str(script), *args], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env, cwd=cwd)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self.raw_lines = []        # every stdout line, bytes as received
@@ -1035,6 +1242,12 @@ def upstreams():
     assert not errors, "FakeUpstream handler errors:\n" + "\n".join(errors)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fork_servers_end_with_the_session():
+    yield
+    stop_fork_servers()
+
+
 @pytest.fixture
 def start_server():
     """Factory ``start_server(env=None, **kwargs) -> ServerProcess``.
@@ -1478,11 +1691,14 @@ def run_cli(*args, env=None, timeout=30.0, as_script=False):
         pytest.skip("websearch_ring.py is not written yet")
     overrides = {"PYTHONIOENCODING": "utf-8"}
     overrides.update(env or {})
-    argv, folder = server_command(args, as_script=as_script)
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, env=with_pythonpath(server_env(overrides), folder),
-                          cwd=str(SERVER_PATH.parent), timeout=timeout)
-    return CliRun(done)
+    if as_script:
+        done = subprocess.run([sys.executable, str(SERVER_PATH), *args], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=server_env(overrides),
+                              cwd=str(SERVER_PATH.parent), timeout=timeout)
+        return CliRun(done)
+    proc = start_server_process(args, server_env(overrides), str(SERVER_PATH.parent), stdin_devnull=True)
+    out, err = proc.communicate(timeout=timeout)
+    return CliRun(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
 
 
 def route_small_site(fake):
