@@ -2548,9 +2548,11 @@ HOSTILE_UNITS = {
 
 # ---- memory budgets: the converter charges what it builds; pages share their call's budget ----
 
-_BUDGET_PAGES = {"divs": "<div>" * 40000, "paragraphs": "<p>Some words here.</p>" * 15000,
-                 "attributes": "<i a=1 b=2 c=3 d=4 e=5>" * 15000, "text": "<p>" + "word " * 80000,
-                 "lists": "<ul><li>x" * 8000, "tables": "<table><tr><td>x" * 4000}
+# Sizes where the charge is already proportional (the ratio to tracemalloc's peak is the same at
+# four times these), small because tracemalloc slows the conversion tenfold.
+_BUDGET_PAGES = {"divs": "<div>" * 10000, "paragraphs": "<p>Some words here.</p>" * 4000,
+                 "attributes": "<i a=1 b=2 c=3 d=4 e=5>" * 4000, "text": "<p>" + "word " * 20000,
+                 "lists": "<ul><li>x" * 2000, "tables": "<table><tr><td>x" * 1000}
 
 
 # ----------------------------------------------------------------------------------------------
