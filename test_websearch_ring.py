@@ -22,8 +22,8 @@ has no banner here), then the README's and the vendor payloads
  § README
  § Vendor payloads       FIXTURES, the vendor payloads carried in this file
 
-Protocol behaviour is tested against the real server started as a subprocess
-(``ServerProcess``); unit behaviour by importing the module (the ``ring`` fixture). The loopback
+Protocol behaviour is tested against the real server in a process of its own (``ServerProcess``;
+on Linux forked from a process that has imported it, see ForkedServer); unit behaviour by importing the module (the ``ring`` fixture). The loopback
 HTTP fake (``FakeUpstream``) is smoke_test.py's: both files share one harness.
 
 No test reaches beyond 127.0.0.1: every vendor base URL of a server under test points either at
@@ -124,7 +124,7 @@ def closed_url():
 
 # ---- Starting the server: from cached bytecode, or as the script a client runs ------------------
 #
-# Compiling the 7,000-line file takes ~0.1-0.2 s at every start of `python websearch_ring.py`,
+# Compiling the 19,500-line file takes ~0.1-0.3 s at every start of `python websearch_ring.py`,
 # and hundreds of tests start it. So the file is compiled once into the __pycache__ beside it
 # (PYTHONDONTWRITEBYTECODE only stops the implicit writes) and the tests that are not about the
 # script itself run `python -m websearch_ring` with that folder on PYTHONPATH. The bytecode is
