@@ -3023,7 +3023,9 @@ def test_a_large_page_defers_the_cyclic_collector_and_frees_its_tree_in_slices(r
     # Full collections over a big element tree held the interpreter lock for 200-500 ms at a
     # time, so ping waited; the converter defers them and frees its cyclic tree itself.
     import gc
-    page = "<html><body><article>" + "<p>Some words, and more words.</p><div></span>" * 12000 + "</article></body></html>"
+    paragraphs = 6000        # a page just over the size where collections are deferred
+    page = "<html><body><article>" + "<p>Some words, and more words.</p><div></span>" * paragraphs + \
+        "</article></body></html>"
     assert len(page) > ring._GC_DEFER_CHARS
     seen = []
     with ring._cyclic_gc_deferred():
@@ -3031,7 +3033,7 @@ def test_a_large_page_defers_the_cyclic_collector_and_frees_its_tree_in_slices(r
         title, text = ring.html_to_markdown(page, "https://example.com/", plain=True)
         seen.append(gc.isenabled())       # still off: an outer conversion is running
     assert seen == [False, False] and gc.isenabled()
-    assert text.count("Some words, and more words.") == 12000
+    assert text.count("Some words, and more words.") == paragraphs
     gc.disable()
     try:
         ring.html_to_markdown(page, "https://example.com/")
@@ -7165,7 +7167,7 @@ def test_waiting_for_our_own_upstream_slots_is_busy_and_never_benches_an_engine(
                                              WEBSEARCH_FAILURE_THRESHOLD="1"))
     board.transport.slots.acquire()          # every slot taken, by someone else
     for _ in range(3):
-        outcome = board.search("q", 3, "tavily", ring.CallContext(deadline=ring.Deadline(0.2)), filters=ring.NO_FILTERS)
+        outcome = board.search("q", 3, "tavily", ring.CallContext(deadline=ring.Deadline(0.1)), filters=ring.NO_FILTERS)
         [attempt] = outcome["attempts"]
         assert (attempt["outcome"], attempt["code"]) == ("busy", "upstream_slots"), attempt
         assert "WEBSEARCH_MAX_INFLIGHT" in attempt["message"]
