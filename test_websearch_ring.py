@@ -23,8 +23,9 @@ has no banner here), then the README's and the vendor payloads
  § Vendor payloads       FIXTURES, the vendor payloads carried in this file
 
 Protocol behaviour is tested against the real server in a process of its own (``ServerProcess``;
-on Linux forked from a process that has imported it, see ForkedServer); unit behaviour by importing the module (the ``ring`` fixture). The loopback
-HTTP fake (``FakeUpstream``) is smoke_test.py's: both files share one harness.
+on Linux forked from a process that has imported it, see ForkedServer); unit behaviour by
+importing the module (the ``ring`` fixture). The loopback HTTP fake (``FakeUpstream``) is
+smoke_test.py's: both files share one harness.
 
 No test reaches beyond 127.0.0.1: every vendor base URL of a server under test points either at
 a ``FakeUpstream`` or at a closed loopback port. The payloads are the vendors' real responses,
@@ -187,7 +188,7 @@ def with_pythonpath(env, folder):
 # interpreter setting (a "fork server") imports websearch_ring once and forks each server from
 # there: the child takes its pipes, working directory, environment and arguments, and runs what
 # `python -m websearch_ring ARGS` runs. It is a process of its own (its pid takes signals, it exits
-# with a status), so the tests see no difference. Forked children only come from a process with
+# with a status); only its exit is shorter (see below). Forked children only come from a process with
 # no threads: the fork server has none. An intermediate process (the waiter) forks the server,
 # reports its pid and its exit status through a pipe, since only a parent may wait for a child.
 
