@@ -1033,7 +1033,7 @@ def assert_linear(fn, n, what):
     plain round first (most calls end there), then up to three rounds, each the best of three runs;
     the cyclic collector's debts are paid before every run. What lived before the check is frozen
     out of those collections: the suite's long-lived objects (the parsed source tree alone holds
-    some 250,000) made each one take 80-130 ms.
+    some 220,000) made each one take 80-130 ms.
     """
     import gc
 
