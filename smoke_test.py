@@ -2510,6 +2510,7 @@ def _import_launch(server_path, directory, env):
     py_compile.compile(copy, doraise=True)
     done = subprocess.run([sys.executable, copy, "config", "cursor"], env=env, stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    expect(done.returncode == 0, "config cursor exited %d: %s" % (done.returncode, _short(done.stderr)))
     entry = json.loads(done.stdout.decode("utf-8"))["mcpServers"]["websearch-ring"]
     return [entry["command"]] + entry["args"]
 

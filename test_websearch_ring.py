@@ -312,21 +312,22 @@ class ForkedServer:
 
     def __init__(self, args, env, cwd, stdin_devnull=False):
         self.args, self.returncode = args, None
-        child_in = os.open(os.devnull, os.O_RDONLY) if stdin_devnull else None
-        if child_in is None:
-            child_in, stdin_w = os.pipe()
-            self.stdin = io.open(stdin_w, "wb")
-        else:
-            self.stdin = None
+        child_in, stdin_w = (os.open(os.devnull, os.O_RDONLY), None) if stdin_devnull else os.pipe()
         stdout_r, child_out = os.pipe()
         stderr_r, child_err = os.pipe()
         status_r, child_status = os.pipe()
         fds = (child_in, child_out, child_err, child_status)
         try:
             _fork(json.dumps({"args": list(args), "env": env, "cwd": cwd}).encode("utf-8"), env, fds)
+        except BaseException:
+            for fd in (stdin_w, stdout_r, stderr_r, status_r):
+                if fd is not None:
+                    os.close(fd)
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
+        self.stdin = None if stdin_w is None else io.open(stdin_w, "wb")
         self.stdout, self.stderr = io.open(stdout_r, "rb"), io.open(stderr_r, "rb")
         self._status, self._status_text = status_r, b""
         started = self._read_status(DEFAULT_TIMEOUT_S, lines=1)
@@ -1716,7 +1717,7 @@ def run_cli(*args, env=None, timeout=30.0, as_script=False):
     overrides = {"PYTHONIOENCODING": "utf-8"}
     overrides.update(env or {})
     if as_script:
-        done = subprocess.run([sys.executable, str(SERVER_PATH), *args], stdin=subprocess.DEVNULL,
+        done = subprocess.run(server_command(args, as_script=True)[0], stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=server_env(overrides),
                               cwd=str(SERVER_PATH.parent), timeout=timeout)
         return CliRun(done)
