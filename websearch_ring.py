@@ -314,6 +314,7 @@ _html_entities = LazyModule("html.entities")
 _html_parser = LazyModule("html.parser")
 _http_client = LazyModule("http.client")
 _ipaddress = LazyModule("ipaddress")
+_queue = LazyModule("queue")
 _random = LazyModule("random")
 _shlex = LazyModule("shlex")
 _socket = LazyModule("socket")
@@ -7709,7 +7710,8 @@ def _notify(cond):
 
 
 class Slots:
-    """A counting semaphore whose waiters give up on cancellation or deadline.
+    """A counting semaphore whose waiters give up on cancellation or deadline; ``on_queue(slots)``
+    is told when a request finds them all busy and nobody waiting yet.
 
     Invariant (under ``_cond``): ``0 <= in_use <= limit``; ``waiting`` counts
     threads blocked in :meth:`acquire`.
@@ -7730,7 +7732,8 @@ class Slots:
             if self.in_use < self.limit and not self.waiting:
                 self.in_use += 1
                 return
-        if self._on_queue is not None:
+            first = not self.waiting
+        if first and self._on_queue is not None:   # once as a queue forms, not once per waiter
             self._on_queue(self)
         token, deadline = (ctx.token, ctx.deadline) if ctx is not None else (None, None)
         handle = token.add_callback(self._wake) if token is not None else None
@@ -8066,7 +8069,7 @@ class Transport:
         self._pool_lock = threading.Lock()
 
     def _queued(self, slots):
-        self._log.info("all %d upstream slots busy (WEBSEARCH_MAX_INFLIGHT); request queued", slots.limit)
+        self._log.info("all %d upstream slots busy (WEBSEARCH_MAX_INFLIGHT); requests wait for one", slots.limit)
 
     def _context(self):
         with self._ssl_lock:
@@ -14514,7 +14517,7 @@ class AnswerTools:
         self._sleep = sleep or _sleep   # backoff: sleep(ctx, seconds), ended early by a cancellation
         self._rng = rng or _random.Random()
         self.slots = Slots(config.grok_concurrency, "answer", on_queue=lambda s: logger.info(
-            "all %d answer slots busy (GROK_MAX_CONCURRENCY); question queued", s.limit))
+            "all %d answer slots busy (GROK_MAX_CONCURRENCY); questions wait for one", s.limit))
         self.override = None            # set by switch_model, this process only
         self.model_file = ModelFile(config.config_file)
         self.search_cache = None        # web_search's cache, set by the Server: get_config_info shows it
@@ -15132,11 +15135,14 @@ class Server:
         self.peer = Peer(self.send)    # the stdio client
         self._peers = _weakref.WeakSet([self.peer])   # every peer whose calls a shutdown cancels
         # Worker threads are kept for a while and reused: a thread per call cost CPU to start, and
-        # memory in the allocator's per-thread arenas over a long run.  Under _workers_cond:
-        self._workers_cond = threading.Condition(self._state_lock)
-        self._tasks = collections.deque()   # (target, args) not yet taken by a worker
+        # memory in the allocator's per-thread arenas over a long run.  A task wakes one waiting
+        # worker (no herd: a burst of calls would otherwise wake every idle worker for every task).
+        # Invariant: the workers waiting on _tasks = _idle + tasks owed to them (counted off _idle,
+        # or a new worker's first).  Under _state_lock:
+        self._tasks = _queue.SimpleQueue()  # (target, args) not yet taken by a worker
         self._busy = 0                      # tasks queued or running
-        self._idle = 0                      # workers waiting for a task, not yet promised one
+        self._idle = 0                      # workers waiting for a task, not counted on for one
+        self._drained = threading.Condition(self._state_lock)   # drain() waits here for _busy == 0
         self._sweeper = None
         self._stdout_broken = False
         self.cache = TTLCache(config.cache_max, config.ttl_s, clock, on_evict=self._evicted)
@@ -15288,12 +15294,12 @@ class Server:
     def drain(self, timeout_s):
         """Wait up to ``timeout_s`` for every call in flight to end; True when they all have."""
         until = time.monotonic() + timeout_s
-        with self._workers_cond:
+        with self._drained:
             while self._busy:
                 remaining = until - time.monotonic()
                 if remaining <= 0:
                     return False
-                self._workers_cond.wait(remaining)
+                self._drained.wait(remaining)
         return True
 
     def shutdown(self, reason, grace_s=SHUTDOWN_GRACE_S):
@@ -15398,13 +15404,12 @@ class Server:
 
     def _spawn(self, target, *args):
         """Run ``target(*args)`` on a worker: an idle one, else a new one."""
-        with self._workers_cond:
-            self._tasks.append((target, args))
+        with self._state_lock:
             self._busy += 1
             reuse = self._idle > 0
             if reuse:
-                self._idle -= 1           # promised to this task
-                self._workers_cond.notify_all()
+                self._idle -= 1           # that worker is counted on for this task
+        self._tasks.put((target, args))
         if self._sweeper is None:
             self._start_sweeper()
         if not reuse:
@@ -15413,21 +15418,24 @@ class Server:
     def _work(self):
         """A worker: runs tasks until none has come for WORKER_IDLE_S."""
         while True:
-            with self._workers_cond:
-                while not self._tasks:      # a task is always promised to a worker woken for it
-                    if not self._workers_cond.wait(WORKER_IDLE_S) and self._idle > 0 and not self._tasks:
-                        self._idle -= 1     # nobody promised this worker a task: it ends
+            try:
+                target, args = self._tasks.get(timeout=WORKER_IDLE_S)
+            except _queue.Empty:
+                with self._state_lock:
+                    if self._idle > 0:    # not counted on for a task: it ends
+                        self._idle -= 1
                         return
-                target, args = self._tasks.popleft()
+                continue                  # a task is on its way to this worker
             try:
                 target(*args)
             except Exception as exc:
                 self.log.unexpected("internal error in a worker", exc)
             finally:
-                with self._workers_cond:
+                with self._state_lock:
                     self._busy -= 1
                     self._idle += 1
-                    self._workers_cond.notify_all()
+                    if not self._busy:
+                        self._drained.notify_all()
 
     def _start_sweeper(self):
         def sweep():
