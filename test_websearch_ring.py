@@ -4996,6 +4996,106 @@ def test_a_body_cut_short_is_truncated_for_both_readers(ring, cut):
         assert caught.value.code == "truncated_body"
 
 
+# -- the response head, read by hand: what servers send and what a hostile one could
+
+def test_interim_answers_folded_and_repeated_headers_are_read_as_http_client_did(ring):
+    raw = (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
+           + _raw("HTTP/1.1 200", [("Set-Cookie", "a=1"), ("X-Folded", "one"), ("set-cookie", "b=2"),
+                                   ("Content-Length", "2, 2")], b"ok").replace(b"X-Folded: one\r\n",
+                                                                            b"X-Folded: one\r\n\t two\r\n"))
+    transport = inprocess_transport(ring)
+    with RawUpstream([(raw, True)]) as upstream:
+        for _ in range(2):
+            response = transport.request("GET", upstream.url + "/page", timeout_s=DEFAULT_TIMEOUT_S)
+            assert (response.status, response.reason, response.body) == (200, "", b"ok")
+            assert response.headers["set-cookie"] == "a=1, b=2" and response.headers["x-folded"] == "one two"
+        assert upstream.connections == 1
+
+
+@pytest.mark.parametrize("raw,code", [
+    (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "bad_http"),
+    (b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n", "bad_http"),
+    (b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 101 + b"\r\n", "bad_http"),
+    (b"HTTP/1.1 100 Continue\r\n\r\n" * 11 + _raw("HTTP/1.1 200 OK", [("Content-Length", 0)]), "bad_http"),
+    (_raw("HTTP/1.1 200 OK", [("Content-Length", "-1")]), "bad_http"),
+    (_raw("HTTP/1.1 200 OK", [("Content-Length", "1, 2")], b"xy"), "bad_http"),
+    (_raw("HTTP/1.1 200 OK", [("Transfer-Encoding", "chunked")], b"zz\r\nxy\r\n0\r\n\r\n"), "bad_http"),
+    (_raw("HTTP/1.1 200 OK", [("Transfer-Encoding", "chunked")], b"1\r\nxyz\r\n0\r\n\r\n"), "bad_http"),
+    (_raw("HTTP/1.1 101 Switching Protocols", [("Upgrade", "websocket")]), "bad_http"),
+    (b"HTTP/1.1 200 OK\r\nContent-Le", "truncated_body"),
+    (b"HTTP/1.1 20", "truncated_body"),
+    (b"", "connection_error"),
+], ids=["not-http", "long-header-line", "too-many-headers", "endless-interim", "negative-length",
+        "two-lengths", "bad-chunk-size", "chunk-longer-than-its-size", "unasked-upgrade", "cut-in-headers",
+        "cut-in-status-line", "closed-without-answer"])
+def test_a_broken_or_hostile_response_head_is_a_clear_transport_error(ring, raw, code):
+    transport = inprocess_transport(ring)
+    with RawUpstream([(raw, False)]) as upstream:
+        with pytest.raises(ring.TransportError) as caught:
+            transport.request("GET", upstream.url + "/page", timeout_s=DEFAULT_TIMEOUT_S)
+    assert caught.value.code == code, caught.value.message
+    assert transport.slots.in_use == 0
+
+
+def test_bytes_beyond_the_response_leave_its_connection_unused(ring):
+    raw = _raw("HTTP/1.1 200 OK", [("Content-Length", 2)], b"okHTTP/1.1 200 OK\r\n")
+    transport = inprocess_transport(ring)
+    with RawUpstream([(raw, True)]) as upstream:
+        for _ in range(2):
+            assert transport.request("GET", upstream.url + "/page", timeout_s=DEFAULT_TIMEOUT_S).body == b"ok"
+        assert upstream.connections == 2
+
+
+@pytest.mark.parametrize("headers", [{"User-Agent": "bot\r\nX-Injected: 1"}, {"X-Key": "a\nb"},
+                                     {"Bad Name": "x"}, {"X-Key": "\u20ac"}])
+def test_a_header_that_would_break_the_request_is_refused_before_anything_is_sent(ring, headers):
+    transport = inprocess_transport(ring)
+    with RawUpstream([(_raw("HTTP/1.1 200 OK", [("Content-Length", 0)]), False)]) as upstream:
+        with pytest.raises(ring.TransportError) as caught:
+            transport.request("GET", upstream.url + "/page", headers=headers, timeout_s=DEFAULT_TIMEOUT_S)
+        assert (caught.value.outcome, caught.value.code) == ("network_error", "bad_header")
+        assert upstream.requests == []
+
+
+def test_the_request_head_names_the_host_and_the_body_length(ring):
+    transport = inprocess_transport(ring)
+    with RawUpstream([(_raw("HTTP/1.1 200 OK", [("Content-Length", 0)]), True)]) as upstream:
+        transport.request("POST", upstream.url + "/search?q=1", headers={"Content-Type": "application/json"},
+                          body=b'{"q": 1}', timeout_s=DEFAULT_TIMEOUT_S)
+        transport.request("POST", upstream.url + "/empty", timeout_s=DEFAULT_TIMEOUT_S)
+    first, second = (head.lower() for head in upstream.requests)
+    assert first.startswith("post /search?q=1 http/1.1\r\nhost: 127.0.0.1:%d\r\n" % upstream.port)
+    assert "content-length: 8" in first and "content-type: application/json" in first
+    assert "content-length: 0" in second
+
+
+def test_a_head_dripped_a_byte_at_a_time_costs_linear_work_and_ends_with_the_deadline(ring):
+    class Dripping:
+        """A socket whose peer sends one byte per recv: headers without end."""
+        def __init__(self):
+            self.calls = 0
+
+        def settimeout(self, seconds):
+            pass
+
+        def recv(self, n):
+            self.calls += 1
+            return b"HTTP/1.1 200 OK\r\n"[self.calls - 1:self.calls] if self.calls <= 17 else b"x"
+
+    clock = [0.0]
+    ctx = ring.CallContext().within(1.0, clock=lambda: clock[0])
+    sock = Dripping()
+    started = time.process_time()
+    with pytest.raises(ring.TransportError) as caught:
+        ring._HttpResponse(sock, "GET", ctx)
+    assert caught.value.code == "bad_http" and sock.calls > 65536
+    assert time.process_time() - started < 5.0          # quadratic would be minutes
+    sock, clock[0] = Dripping(), 2.0                     # the deadline has passed: no more reads
+    with pytest.raises(TimeoutError):
+        ring._HttpResponse(sock, "GET", ctx)
+    assert sock.calls == 0
+
+
 def test_head_request_ends_at_the_headers_whatever_the_content_length(ring):
     raw = _raw("HTTP/1.1 200 OK", [("Content-Length", len(_BODY)), ("Content-Type", "text/html")])
     transport = inprocess_transport(ring)

@@ -8324,6 +8324,7 @@ class Transport:
         headers.update(ex.headers)
         if absolute:
             headers.update(conn._proxy_headers)
+        request = _request_bytes(ex.method, ex.target(absolute), ex.parts, headers, ex.body)
         try:
             if conn.sock is None:
                 _open_connection(conn)
@@ -8332,16 +8333,15 @@ class Transport:
             ctx.check()
             sock.settimeout(max(0.05, ctx.remaining()))
             self.requests_sent += 1
-            conn.request(ex.method, ex.target(absolute), body=ex.body, headers=headers)
-            resp = conn.getresponse()
+            sock.sendall(request)
+            resp = _HttpResponse(sock, ex.method, ctx)
             answered = True
-            raw, whole = _read_body(resp, sock, ex)
-            headers = _merged_headers(resp)
-            resp.close()    # a body read to its length leaves the response open; reuse needs it closed
-            keep = whole and not resp.will_close and not absolute and getattr(conn, "_tunnel_host", None) is None
-            if headers.get("content-encoding", "").lower() in ("gzip", "deflate", "x-gzip"):
+            raw, whole = _read_body(resp, ex)
+            keep = whole and not resp.will_close and not resp.leftover and not absolute \
+                and getattr(conn, "_tunnel_host", None) is None
+            if resp.headers.get("content-encoding", "").lower() in ("gzip", "deflate", "x-gzip"):
                 raw = _decompress(raw, ex.max_bytes, ex.truncate, ctx)
-            return Response(resp.status, resp.reason, headers, raw, ex.url, 0.0)
+            return Response(resp.status, resp.reason, resp.headers, raw, ex.url, 0.0)
         except (TransportError, Cancelled):
             raise
         except (OSError, _http_client.HTTPException) as exc:
@@ -8369,7 +8369,8 @@ class Transport:
             raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         url, parts, headers = _credentials_to_header(url, parts, headers or {})
-        ex = _Exchange(method, url, dict(headers), body, ctx, max_bytes, wait_s=timeout_s, parts=parts)
+        ex = _Exchange(method, url, dict(headers, **{"Accept-Encoding": "identity"}), body, ctx, max_bytes,
+                       wait_s=timeout_s, parts=parts)
         self._take_slot(ctx)
         conn = handle = None
         try:
@@ -8377,15 +8378,16 @@ class Transport:
             conn, absolute = self._connect(parts.scheme, parts.hostname, port, wait_s)
             if absolute:
                 ex.headers.update(conn._proxy_headers)
+            request = _request_bytes(method, ex.target(absolute), parts, ex.headers,
+                                     body.encode("utf-8") if isinstance(body, str) else body)
             _open_connection(conn)
             sock = conn.sock
             handle = ctx.token.add_callback(lambda: _shutdown(sock))
             ctx.check()
             sock.settimeout(wait_s)
             self.requests_sent += 1
-            conn.request(method, ex.target(absolute), body=body.encode("utf-8") if isinstance(body, str) else body,
-                         headers=ex.headers)
-            return HttpStream(self, ex, conn, sock, conn.getresponse(), handle)
+            sock.sendall(request)
+            return HttpStream(self, ex, conn, _HttpResponse(sock, method, ctx, timeout_s), handle)
         except BaseException as exc:
             ctx.token.remove(handle)
             if conn is not None:
@@ -8400,18 +8402,17 @@ class Transport:
 class HttpStream:
     """An HTTP response being read piece by piece; lines come out of :meth:`lines`."""
 
-    def __init__(self, transport, ex, conn, sock, resp, handle):
+    def __init__(self, transport, ex, conn, resp, handle):
         self._transport = transport
         self._conn = conn
         self._resp = resp
-        self._sock = sock
         self._ctx = ex.ctx
         self._handle = handle
         self._timeout_s = ex.wait_s
         self._max_bytes = ex.max_bytes
         self.url = ex.url
         self.status = resp.status
-        self.headers = {k.lower(): v for k, v in resp.getheaders()}
+        self.headers = resp.headers
         self.received = 0
         self._closed = False
 
@@ -8419,16 +8420,10 @@ class HttpStream:
         """Body pieces as they arrive; ends at the end of the body, raises on a cut or a timeout."""
         try:
             while True:
-                wait = min(self._timeout_s, self._ctx.remaining())
-                if wait <= 0:
+                if self._ctx.remaining() <= 0:
                     raise TransportError("timeout", "timeout", "the stream outlived its time budget")
-                chunk = _read_piece(self._resp, self._sock, wait)
+                chunk = self._resp.read_piece()
                 if not chunk:
-                    self._ctx.check()     # a cancel shuts the socket: what looks like the end is not
-                    if self._resp.length:
-                        raise TransportError("bad_response", "truncated_body",
-                                             "the connection closed with %d bytes of the body "
-                                             "missing" % self._resp.length)
                     return
                 self.received += len(chunk)
                 if self.received > self._max_bytes:
@@ -8437,19 +8432,13 @@ class HttpStream:
                 yield chunk
         except (TransportError, Cancelled):
             raise
-        except _http_client.IncompleteRead:
-            self._ctx.check()
-            raise TransportError("bad_response", "truncated_body",
-                                 "the connection closed in the middle of the stream") from None
         except _TIMEOUTS:
             self._ctx.check()
             raise TransportError("timeout", "timeout",
                                  "no data from the upstream for %.0f s" % self._timeout_s) from None
-        except (OSError, _http_client.HTTPException, ValueError) as exc:
+        except OSError as exc:
             self._ctx.check()
-            raise TransportError("network_error", "connection_error",
-                                 _describe_os_error(exc) if isinstance(exc, OSError) else str(exc)) \
-                from None
+            raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
 
     def lines(self):
         """Decoded text lines (without line ends); the last partial line too."""
@@ -8635,39 +8624,263 @@ def _open_connection(conn):
         raise TransportError("network_error", "proxy_error", "proxy %s %s" % (proxy, what)) from None
 
 
-def _read_piece(resp, sock, wait_s):
-    """The next piece of a response body, ``b""`` at its end, waiting at most ``wait_s`` for it.
+# One HTTP/1.1 exchange is written and read here by hand (RFC 9112); http.client only connects
+# (sockets, TLS, a proxy's CONNECT tunnel).  Its request writer and its header parser (the email
+# package) cost a search more CPU than the rest of the exchange.  http.client's limits are kept:
+_HEAD_LINE_MAX = 65536      # bytes in the status line, one header line or one chunk-size line
+_HEAD_LINES_MAX = 100       # header lines of a response (and trailer lines of a chunked body)
+_INTERIM_MAX = 10           # 1xx answers (100 Continue, 103 Early Hints) before the real one
+_RECV_BYTES = 65536
+_HEADER_NAME = LazyPattern(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+_HEADER_VALUE_BREAK = LazyPattern(r"[\x00\r\n]")
+_TARGET_BREAK = LazyPattern(r"[\x00-\x20\x7f]")
+_STATUS_LINE = LazyPattern(rb"HTTP/1\.([0-9]) ([1-9][0-9][0-9])(?: (.*))?\Z", re.S)
 
-    Python 3.13 and newer close the response inside ``read1()`` as soon as a
-    body with a ``Content-Length`` is complete, and with ``Connection: close``
-    the socket goes with it: a closed response is the end of the body, not a
-    socket to arm with a timeout.
+
+class _NoAnswer(ConnectionError):
+    """The connection closed before a response began (a kept-alive one the server had dropped)."""
+
+
+def _request_bytes(method, target, parts, headers, body):
+    """The request as it goes on the wire, head and body in one buffer (one send).  A header that
+    would break the head (a line break in a key or a User-Agent) is refused, as is a target with
+    spaces or control characters."""
+    if _TARGET_BREAK.search(target) or not target.isascii():
+        raise TransportError("network_error", "bad_url", "the request target holds spaces or control "
+                             "characters: %r" % target[:200])
+    host = parts.hostname
+    port = parts.port
+    lines = ["%s %s HTTP/1.1" % (method, target),
+             "Host: " + ("[%s]" % host if ":" in host else host) + (
+                 ":%d" % port if port and port != (443 if parts.scheme == "https" else 80) else "")]
+    for name, value in headers.items():
+        value = str(value).strip()
+        if not _HEADER_NAME.match(name) or _HEADER_VALUE_BREAK.search(value):
+            raise TransportError("network_error", "bad_header", "the request header %r holds a line break or a "
+                                 "character a header cannot carry (check the key or WEBSEARCH_UA)" % name[:100])
+        lines.append("%s: %s" % (name, value))
+    if body is not None or method in ("POST", "PUT", "PATCH"):
+        lines.append("Content-Length: %d" % len(body or b""))
+    try:
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    except UnicodeEncodeError:
+        raise TransportError("network_error", "bad_header", "a request header holds characters outside "
+                             "Latin-1 (check the keys and WEBSEARCH_UA)") from None
+    return head + body if body else head
+
+
+class _HttpResponse:
+    """One HTTP/1.1 response read from ``sock``: the status line and headers at once, then the
+    body piece by piece (:meth:`read_piece`), framed by Content-Length, the chunked transfer
+    coding or the end of the connection (RFC 9112 section 6.3).
+
+    Every read from the socket waits at most what is left of ``ctx``'s deadline (and at most
+    ``wait_s`` when given: a stream's longest silence); a connection that a cancel shut is the
+    cancellation, not the end of the body.  Every line of the head is capped and nothing is
+    scanned twice, so a response dripped a byte at a time costs linear work until the deadline.
+
+    ``headers``: names in lower case, a repeated header's values joined by ``", "``.
+    ``will_close``: the connection cannot carry another request after this one.  ``length``: body
+    bytes still expected by Content-Length (None otherwise).
     """
-    if resp.isclosed():
-        return b""
-    sock.settimeout(wait_s)
-    return resp.read1(65536)
+
+    __slots__ = ("status", "reason", "headers", "will_close", "length", "_sock", "_ctx", "_wait_s", "_buf", "_pos",
+                 "_chunk_left", "_chunked", "_done")
+
+    def __init__(self, sock, method, ctx, wait_s=None):
+        self._sock = sock
+        self._ctx = ctx
+        self._wait_s = wait_s
+        self._buf = bytearray()     # bytes received and not yet consumed from _pos on
+        self._pos = 0
+        self._chunk_left = 0        # bytes left in the current chunk of a chunked body
+        self._read_head(method)
+
+    # -- the socket and the buffer ------------------------------------------------------------
+
+    def _fill(self):
+        """Receive more bytes; False at the end of the connection."""
+        if self._pos:
+            del self._buf[:self._pos]
+            self._pos = 0
+        wait_s = self._ctx.remaining()
+        if self._wait_s is not None:
+            wait_s = min(wait_s, self._wait_s)
+        if wait_s <= 0:
+            raise TimeoutError("timed out")
+        self._sock.settimeout(wait_s)
+        data = self._sock.recv(_RECV_BYTES)
+        if not data:
+            self._ctx.check()       # a cancel shuts the socket: what looks like the end is not
+            return False
+        self._buf += data
+        return True
+
+    def _line(self, what):
+        """The next line (without its CRLF or LF), or None at the end of the connection."""
+        scan = self._pos
+        while True:
+            end = self._buf.find(b"\n", scan)
+            if end >= 0:
+                if end - self._pos > _HEAD_LINE_MAX:
+                    break
+                line = bytes(self._buf[self._pos:end])
+                self._pos = end + 1
+                return line[:-1] if line.endswith(b"\r") else line
+            if len(self._buf) - self._pos > _HEAD_LINE_MAX:
+                break
+            scan = len(self._buf) - self._pos       # no line end so far, from here on after _fill
+            if not self._fill():
+                return None
+        raise TransportError("bad_response", "bad_http", "%s is longer than %d bytes" % (what, _HEAD_LINE_MAX))
+
+    # -- the head -----------------------------------------------------------------------------
+
+    def _read_head(self, method):
+        for _ in range(_INTERIM_MAX + 1):
+            line = self._line("the status line")
+            if line is None:
+                if self._buf:
+                    raise TransportError("bad_response", "truncated_body", "the connection closed in the "
+                                         "middle of the status line")
+                raise _NoAnswer("the connection closed before an answer")
+            match = _STATUS_LINE.match(line)
+            if match is None:
+                raise TransportError("bad_response", "bad_http", "not an HTTP/1.x status line: %r" % line[:80])
+            self.status = int(match.group(2))
+            self.reason = (match.group(3) or b"").decode("latin-1").strip()
+            self.headers = self._header_lines("header")
+            if not 100 <= self.status < 200:
+                break
+            if self.status == 101:
+                raise TransportError("bad_response", "bad_http", "the server switched protocols (101) unasked")
+            # 100 Continue, 103 Early Hints ...: interim answers before the real one
+        else:
+            raise TransportError("bad_response", "bad_http", "more than %d interim (1xx) answers" % _INTERIM_MAX)
+        version_1_0 = match.group(1) == b"0"
+        connection = self.headers.get("connection", "").lower()
+        self.will_close = "close" in connection or (version_1_0 and "keep-alive" not in connection)
+        self._frame(method)
+
+    def _header_lines(self, what):
+        """The header (or trailer) lines up to the empty line, as a dict."""
+        headers, name = {}, None
+        for _ in range(_HEAD_LINES_MAX + 1):
+            line = self._line("a %s line" % what)
+            if line is None:
+                raise TransportError("bad_response", "truncated_body", "the connection closed in the middle "
+                                     "of the headers")
+            if not line:
+                return headers
+            text = line.decode("latin-1")
+            if text[0] in " \t" and name is not None:     # an obsolete folded continuation line
+                headers[name] = (headers[name] + " " + text.strip()).strip()
+                continue
+            name, colon, value = text.partition(":")
+            name = name.strip().lower()
+            if not colon or not name:
+                name = None                  # not a header: skipped, as browsers do
+                continue
+            value = value.strip()
+            headers[name] = headers[name] + ", " + value if name in headers else value
+        raise TransportError("bad_response", "bad_http", "more than %d %s lines" % (_HEAD_LINES_MAX, what))
+
+    def _frame(self, method):
+        """How the body ends: RFC 9112 section 6.3, in its order."""
+        self.length = None
+        self._chunked = False
+        self._done = False
+        if method == "HEAD" or self.status in (204, 304):
+            self._done = True
+            return
+        coding = self.headers.get("transfer-encoding")
+        if coding is not None:
+            self._chunked = coding.rsplit(",", 1)[-1].strip().lower() == "chunked"
+            # Not chunked: the body ends with the connection.  With a Content-Length too, the coding
+            # wins, and the connection, whose framing two headers dispute, is not used again.
+            self.will_close = self.will_close or not self._chunked or "content-length" in self.headers
+            return
+        length = self.headers.get("content-length")
+        if length is not None:
+            values = {v.strip() for v in length.split(",")}
+            value = values.pop() if len(values) == 1 else ""
+            if not value.isdigit() or not value.isascii():
+                raise TransportError("bad_response", "bad_http", "invalid Content-Length %r" % length[:80])
+            self.length = int(value)
+            self._done = self.length == 0
+            return
+        self.will_close = True               # the body ends with the connection
+
+    # -- the body -----------------------------------------------------------------------------
+
+    @property
+    def leftover(self):
+        """Bytes received beyond this response (a connection with any cannot be reused)."""
+        return len(self._buf) - self._pos
+
+    def read_piece(self):
+        """The next piece of the body, ``b""`` at its end; raises TransportError when the
+        connection closes before the framing says the body is complete."""
+        if self._done:
+            return b""
+        if self._chunked:
+            return self._chunk_piece()
+        if self._pos == len(self._buf) and not self._fill():
+            if self.length:
+                raise TransportError("bad_response", "truncated_body", "the connection closed with %d of the "
+                                     "body's bytes missing" % self.length)
+            self._done = True
+            return b""
+        end = len(self._buf) if self.length is None else min(len(self._buf), self._pos + self.length)
+        piece = bytes(self._buf[self._pos:end])
+        self._pos = end
+        if self.length is not None:
+            self.length -= len(piece)
+            self._done = not self.length
+        return piece
+
+    def _chunk_piece(self):
+        if not self._chunk_left:
+            size = self._line("a chunk-size line")
+            if size is None:
+                raise TransportError("bad_response", "truncated_body", "the connection closed before the "
+                                     "last chunk of the body")
+            digits = size.split(b";", 1)[0].strip()
+            if not digits or len(digits) > 16 or digits.strip(b"0123456789abcdefABCDEF"):
+                raise TransportError("bad_response", "bad_http", "invalid chunk size %r" % size[:40])
+            self._chunk_left = int(digits, 16)
+            if not self._chunk_left:
+                self._header_lines("trailer")
+                self._done = True
+                return b""
+        if self._pos == len(self._buf) and not self._fill():
+            raise TransportError("bad_response", "truncated_body", "the connection closed in the middle of "
+                                 "a chunk of the body")
+        end = min(len(self._buf), self._pos + self._chunk_left)
+        piece = bytes(self._buf[self._pos:end])
+        self._pos = end
+        self._chunk_left -= len(piece)
+        if not self._chunk_left:
+            end = self._line("the end of a chunk")
+            if end is None:
+                raise TransportError("bad_response", "truncated_body", "the connection closed after a chunk "
+                                     "of the body")
+            if end:
+                raise TransportError("bad_response", "bad_http", "a chunk of the body is longer than its size")
+        return piece
 
 
-def _read_body(resp, sock, ex):
-    """``(body, whole)``: the body of ``resp`` within the cap and the deadline of ``ex``; ``whole``
-    is False when ``ex.truncate`` cut it at the cap."""
-    ctx, cap = ex.ctx, ex.max_bytes
-    length = resp.getheader("content-length")
-    if length and length.isdigit() and int(length) > cap and not ex.truncate:
+def _read_body(resp, ex):
+    """``(body, whole)``: the body of ``resp`` (an :class:`_HttpResponse`) within the cap of ``ex``;
+    ``whole`` is False when ``ex.truncate`` cut it at the cap."""
+    cap = ex.max_bytes
+    if resp.length is not None and resp.length > cap and not ex.truncate:
         raise TransportError("bad_response", "body_too_large",
-                             "body of %s bytes is over the %d byte cap" % (length, cap))
+                             "body of %d bytes is over the %d byte cap" % (resp.length, cap))
     chunks, total = [], 0
     while True:
-        remaining = ctx.remaining()
-        if remaining <= 0:
-            raise TransportError("timeout", "timeout", "timed out reading the body")
-        chunk = _read_piece(resp, sock, remaining)
+        chunk = resp.read_piece()
         if not chunk:
-            ctx.check()    # a cancel shuts the socket: what looks like the end is not
-            if resp.length:   # read1() ends quietly when the peer closes before Content-Length
-                raise TransportError("bad_response", "truncated_body",
-                                     "connection closed with %d of the body's bytes missing" % resp.length)
             return b"".join(chunks), True
         total += len(chunk)
         if total > cap:
@@ -8678,15 +8891,6 @@ def _read_body(resp, sock, ex):
         chunks.append(chunk)
 
 
-def _merged_headers(resp):
-    """The headers of ``resp``, names in lower case, a repeated header's values joined by ``", "``."""
-    headers = {}
-    for name, value in resp.getheaders():
-        name = name.lower()
-        headers[name] = headers[name] + ", " + value if name in headers else value
-    return headers
-
-
 def _send_failure(exc, ctx, maybe_stale):
     """The error to raise for ``exc``, an OS or HTTP failure while a request was sent or its answer read.
 
@@ -8694,13 +8898,9 @@ def _send_failure(exc, ctx, maybe_stale):
     :class:`_StaleConnection`, to be tried again on a new one.
     """
     ctx.check()
-    if isinstance(exc, _http_client.IncompleteRead):
-        return TransportError("bad_response", "truncated_body",
-                              "connection closed after %d bytes of the body" % len(exc.partial))
     if isinstance(exc, _TIMEOUTS):
         return TransportError("timeout", "timeout", "timed out waiting for the upstream")
-    if maybe_stale and isinstance(exc, (ConnectionError, _http_client.RemoteDisconnected,
-                                        _http_client.BadStatusLine)):
+    if maybe_stale and isinstance(exc, ConnectionError):
         return _StaleConnection()
     if ctx.expired():
         return TransportError("timeout", "timeout", "timed out")
@@ -8738,6 +8938,8 @@ def _describe_os_error(exc):
         return "TLS certificate verification failed (%s): %s" % (exc.verify_message or exc.reason, TLS_HINT)
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
+    if isinstance(exc, _NoAnswer):
+        return str(exc)
     if isinstance(exc, _socket.gaierror):
         return "DNS lookup failed (%s)" % (exc.strerror or exc)
     name = type(exc).__name__
