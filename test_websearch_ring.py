@@ -4318,6 +4318,16 @@ def test_invalid_number_is_reported_at_start_and_in_every_tool_result(start_serv
     assert result_text(response).startswith("Configuration problem")
 
 
+def test_config_fields_are_plain_frozen_attributes_that_shadow_nothing(ring):
+    config = ring.Config.from_env({"WEBSEARCH_TIMEOUT_MS": "5000"})
+    assert config.timeout_s == 5.0 and "timeout_s" in vars(config)
+    assert not [v.field for v in ring.VARIABLES if hasattr(ring.Config, v.field)]
+    with pytest.raises(AttributeError):
+        config.timeout_s = 1.0
+    with pytest.raises(AttributeError):
+        config.no_such_field
+
+
 def test_config_unset_or_whitespace_variables_take_their_defaults(ring):
     for env in ({}, {"WEBSEARCH_TIMEOUT_MS": "   ", "WEBSEARCH_MAX_INFLIGHT": "\t",
                      "WEBSEARCH_VENDORS": " ", "WEBSEARCH_TTL_MS": "\n"}):

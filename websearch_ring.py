@@ -271,16 +271,15 @@ class LazyPattern:
     'cbt'
     """
 
-    __slots__ = ("_args", "_compiled")
-
     def __init__(self, pattern, flags=0):
         self._args = (pattern, flags)
-        self._compiled = None
 
     def __getattr__(self, name):
-        if self._compiled is None:
-            self._compiled = re.compile(*self._args)
-        return getattr(self._compiled, name)
+        # Kept on the instance: from then on ``.match`` and the rest cost a plain attribute read,
+        # not a call of this method (re.compile's own cache makes the compile once).
+        value = getattr(re.compile(*self._args), name)
+        self.__dict__[name] = value
+        return value
 
 
 class LazyModule:
@@ -393,9 +392,15 @@ class Redactor:
     def needed(self, text):
         """False when the JSON text of a message holds nothing :meth:`outgoing` would change:
         the common case, found by one scan of the text instead of a walk over every string."""
-        if any(head in text for head in self._heads) or ("@" in text and _URL_USERINFO.search(text)):
+        if "@" in text and _URL_USERINFO.search(text):
             return True
-        return any(marker in text for marker in _SECRET_MARKERS) and _SECRET_PATTERNS.search(text) is not None
+        for head in self._heads:
+            if head in text:
+                return True
+        for marker in _SECRET_MARKERS:     # a loop, not any(): this runs on every message
+            if marker in text:
+                return _SECRET_PATTERNS.search(text) is not None
+        return False
 
     def outgoing(self, message):
         """``message`` (any JSON value) with every string in it masked: the one pass every
@@ -7439,12 +7444,8 @@ class Config:
         object.__setattr__(self, "_values", dict(values))
         object.__setattr__(self, "problems", tuple(problems))
         object.__setattr__(self, "sources", dict(sources))   # field -> variable that set it
-
-    def __getattr__(self, name):
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+        # Every field as a plain attribute: read on every call, a lookup must not cost a method call.
+        self.__dict__.update(self._values)
 
     def __setattr__(self, name, value):
         raise AttributeError("Config is frozen")
@@ -8226,7 +8227,7 @@ class Transport:
         except ValueError as exc:
             raise TransportError("network_error", "bad_url", "invalid URL %r (%s)" % (url[:200], exc)) from None
         ex = _Exchange(method, url, headers or {}, body, ctx, max_bytes, truncate)
-        seen, trusted = set(), _origin(url)
+        seen, trusted = set(), None      # trusted: the first URL's origin, read at a redirect
         self._take_slot(ctx)
         granted = ctx.remaining()       # what the upstream gets: less after a wait for a slot
         try:
@@ -8237,6 +8238,7 @@ class Transport:
                 location = response.headers.get("location")
                 if response.status not in _REDIRECTS or not location or max_redirects == 0:
                     break
+                trusted = trusted or _origin(url)
                 ex = ex._replace(url=_redirect_url(ex.url, location))
                 if ex.url in seen:
                     raise TransportError("bad_response", "too_many_redirects", "redirect loop at %s" % ex.url)
@@ -8324,7 +8326,7 @@ class Transport:
         headers.update(ex.headers)
         if absolute:
             headers.update(conn._proxy_headers)
-        request = _request_bytes(ex.method, ex.target(absolute), ex.parts, headers, ex.body)
+        request = _request_bytes(ex.method, ex.target(absolute), _host_header(*ex.key[:3]), headers, ex.body)
         try:
             if conn.sock is None:
                 _open_connection(conn)
@@ -8378,8 +8380,8 @@ class Transport:
             conn, absolute = self._connect(parts.scheme, parts.hostname, port, wait_s)
             if absolute:
                 ex.headers.update(conn._proxy_headers)
-            request = _request_bytes(method, ex.target(absolute), parts, ex.headers,
-                                     body.encode("utf-8") if isinstance(body, str) else body)
+            request = _request_bytes(method, ex.target(absolute), _host_header(parts.scheme, parts.hostname, port),
+                                     ex.headers, body.encode("utf-8") if isinstance(body, str) else body)
             _open_connection(conn)
             sock = conn.sock
             handle = ctx.token.add_callback(lambda: _shutdown(sock))
@@ -8631,8 +8633,6 @@ _HEAD_LINE_MAX = 65536      # bytes in the status line, one header line or one c
 _HEAD_LINES_MAX = 100       # header lines of a response (and trailer lines of a chunked body)
 _INTERIM_MAX = 10           # 1xx answers (100 Continue, 103 Early Hints) before the real one
 _RECV_BYTES = 65536
-_HEADER_NAME = LazyPattern(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
-_HEADER_VALUE_BREAK = LazyPattern(r"[\x00\r\n]")
 _TARGET_BREAK = LazyPattern(r"[\x00-\x20\x7f]")
 _STATUS_LINE = LazyPattern(rb"HTTP/1\.([0-9]) ([1-9][0-9][0-9])(?: (.*))?\Z", re.S)
 
@@ -8641,21 +8641,24 @@ class _NoAnswer(ConnectionError):
     """The connection closed before a response began (a kept-alive one the server had dropped)."""
 
 
-def _request_bytes(method, target, parts, headers, body):
+def _host_header(scheme, host, port):
+    """The ``Host`` of a request to ``host:port``: the port only when it is not the scheme's own."""
+    default = 443 if scheme == "https" else 80
+    return ("[%s]" % host if ":" in host else host) + ("" if port == default else ":%d" % port)
+
+
+def _request_bytes(method, target, host, headers, body):
     """The request as it goes on the wire, head and body in one buffer (one send).  A header that
     would break the head (a line break in a key or a User-Agent) is refused, as is a target with
     spaces or control characters."""
     if _TARGET_BREAK.search(target) or not target.isascii():
         raise TransportError("network_error", "bad_url", "the request target holds spaces or control "
                              "characters: %r" % target[:200])
-    host = parts.hostname
-    port = parts.port
-    lines = ["%s %s HTTP/1.1" % (method, target),
-             "Host: " + ("[%s]" % host if ":" in host else host) + (
-                 ":%d" % port if port and port != (443 if parts.scheme == "https" else 80) else "")]
+    lines = ["%s %s HTTP/1.1" % (method, target), "Host: " + host]
     for name, value in headers.items():
         value = str(value).strip()
-        if not _HEADER_NAME.match(name) or _HEADER_VALUE_BREAK.search(value):
+        if "\n" in value or "\r" in value or "\0" in value or not name.replace("-", "").isalnum() \
+                or not name.isascii():
             raise TransportError("network_error", "bad_header", "the request header %r holds a line break or a "
                                  "character a header cannot carry (check the key or WEBSEARCH_UA)" % name[:100])
         lines.append("%s: %s" % (name, value))
@@ -8802,8 +8805,10 @@ class _HttpResponse:
             return
         length = self.headers.get("content-length")
         if length is not None:
-            values = {v.strip() for v in length.split(",")}
-            value = values.pop() if len(values) == 1 else ""
+            value = length
+            if "," in value:                 # the same length twice is one length
+                values = {v.strip() for v in value.split(",")}
+                value = values.pop() if len(values) == 1 else ""
             if not value.isdigit() or not value.isascii():
                 raise TransportError("bad_response", "bad_http", "invalid Content-Length %r" % length[:80])
             self.length = int(value)
@@ -10294,11 +10299,12 @@ def make_result(title, url, snippet="", published=None, score=None, language=Non
     >>> make_result(["t"], "https://example.org/a", 5, float("nan"), float("nan"))["score"] is None
     True
     """
-    title = collapse_ws(_text(title) or "")
+    title = collapse_ws(title) if isinstance(title, str) else ""
     if title.lower() in ("", "n/a", "none", "null", "untitled"):
         title = title_from_url(url)
-    result = {"title": title, "url": url, "snippet": collapse_ws(_text(snippet) or ""),
-              "published": _text(published) or None, "score": _finite(score)}
+    result = {"title": title, "url": url, "snippet": collapse_ws(snippet) if isinstance(snippet, str) else "",
+              "published": published if isinstance(published, str) and published else None,
+              "score": _finite(score)}
     if isinstance(language, str) and re.fullmatch(r"[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8})*", language):
         result["language"] = language
     return result
