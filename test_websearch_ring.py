@@ -11991,6 +11991,99 @@ def test_an_upstream_title_with_a_lone_surrogate_is_still_answered(tmp_path):
     assert server.check_stdout() == []
 
 
+class PipedServer:
+    """An in-process Server reading a real pipe (serve() on its own thread), its stdout collected."""
+
+    def __init__(self, ring, env, eof_grace_s=DEFAULT_TIMEOUT_S):
+        read_end, self._write_end = os.pipe()
+        self.lines, self._lock = [], threading.Lock()
+        self.server = ring.Server(ring.Config.from_env(env), stdin=os.fdopen(read_end, "rb"), stdout=self,
+                                  logger=quiet_logger(ring))
+        self.box, self.done = in_thread(self.server.serve, eof_grace_s)
+
+    def write(self, data):                     # the server's stdout
+        with self._lock:
+            self.lines.extend(json.loads(line) for line in data.splitlines())
+
+    def flush(self):
+        pass
+
+    def send(self, message):
+        os.write(self._write_end, (json.dumps(message) + "\n").encode())
+
+    def response(self, msg_id, timeout_s=DEFAULT_TIMEOUT_S):
+        found = []
+        wait_until(lambda: found.extend(m for m in list(self.lines) if m.get("id") == msg_id) or found,
+                   timeout=timeout_s, what="the response to %r" % msg_id)
+        return found[0]
+
+    def close_stdin(self):
+        os.close(self._write_end)
+
+
+def _call(msg_id, query):
+    return {"jsonrpc": "2.0", "id": msg_id, "method": "tools/call",
+            "params": {"name": "web_search", "arguments": {"query": query}}}
+
+
+def test_the_reader_runs_a_lone_call_itself_and_the_watcher_reads_on_while_it_waits(ring, fake_upstream):
+    release = threading.Event()
+    fake_upstream.route("POST", "/search", [{"fixture": "tavily/search_success.json", "block_until": release},
+                                            "tavily/search_success.json"])
+    piped = PipedServer(ring, ring_env({"tavily": fake_upstream}))
+    piped.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": LATEST_PROTOCOL}})
+    piped.response(1)
+    piped.send(_call(2, "alpha"))
+    fake_upstream.wait_for_requests(1, path="/search")
+    assert piped.server._inline_since is not None          # the reader thread itself waits on the upstream
+    piped.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+    assert piped.response(3)["result"] == {}               # answered while that call still waits
+    piped.send(_call(4, "beta"))                           # read by the watcher: a worker answers it
+    assert piped.response(4)["result"]["isError"] is False
+    piped.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}})
+    wait_until(lambda: piped.server._inline_since is None, what="the cancelled call to end")
+    release.set()
+    piped.send(_call(5, "gamma"))
+    assert piped.response(5)["result"]["isError"] is False
+    piped.close_stdin()
+    assert piped.done.wait(DEFAULT_TIMEOUT_S) and piped.box.get("value") == 0
+    assert [m["id"] for m in piped.lines] == [1, 3, 4, 5]  # the cancelled call got no answer
+
+
+def test_the_end_of_stdin_gives_the_readers_own_call_the_grace_then_cancels_it(ring, fake_upstream):
+    release = threading.Event()
+    fake_upstream.route("POST", "/search", {"fixture": "tavily/search_success.json", "block_until": release})
+    piped = PipedServer(ring, ring_env({"tavily": fake_upstream}), eof_grace_s=0.2)
+    piped.send(_call(1, "alpha"))
+    fake_upstream.wait_for_requests(1, path="/search")
+    started = time.monotonic()
+    piped.close_stdin()
+    try:
+        assert piped.done.wait(DEFAULT_TIMEOUT_S) and piped.box.get("value") == 0
+    finally:
+        release.set()
+    assert time.monotonic() - started >= 0.2               # the grace, then the cancel
+    assert piped.lines == []
+
+
+def test_stdin_lines_are_read_in_pieces_and_an_overlong_one_is_dropped_whole(ring):
+    class Dripping:
+        def __init__(self, data):
+            self.data = data
+
+        def read1(self, n):
+            piece, self.data = self.data[:3], self.data[3:]
+            return piece
+    lines = ring._LineReader(Dripping(b"hello\nthis-line-is-too-long\nok\nlast"))
+    assert not lines.has_line()
+    assert lines.readline(10) == b"hello\n"
+    assert lines.readline(10) is None and lines.readline(10) == b"ok\n"
+    assert (lines.readline(10), lines.readline(10)) == (b"last", b"")
+    lines = ring._LineReader(io.BytesIO(b"a\nb\n" + b"x" * 11))
+    assert lines.readline(10) == b"a\n" and lines.has_line()
+    assert (lines.readline(10), lines.readline(10), lines.readline(10)) == (b"b\n", None, b"")
+
+
 def test_calls_run_on_reused_worker_threads_and_drain_waits_for_them(ring):
     server = ring.Server(ring.Config.from_env({}), stdin=io.BytesIO(), stdout=io.BytesIO(),
                          logger=quiet_logger(ring))

@@ -113,6 +113,9 @@ WORKER_IDLE_S = 30.0      # a worker thread with no call for this long ends
 # After stdin EOF, calls in flight first get this long to finish and be answered: a client that pipes
 # its requests and closes stdin (`printf ... | server`) still reads the answers. SIGTERM skips it.
 EOF_GRACE_S = 2.0
+# A call the stdio reader thread answers itself (see Server._read_stdin): once it has run this long,
+# the stdin watcher reads on, so pings, cancels and other calls never wait for it.
+STDIN_WATCH_AFTER_S = 0.02
 
 # The keyless four close every default ring; keyed vendors and SearXNG go first when configured.
 RING_VENDORS = ("exa", "tavily", "bing", "duckduckgo")
@@ -9969,6 +9972,8 @@ class Coalescer:
         if not done:
             raise DeadlineExceeded("deadline passed while waiting for a shared call")
         if flight.error is not None:
+            if how == "shared" and not isinstance(flight.error, Exception):
+                raise Cancelled("the shared call was stopped")   # a Stop belongs to its own thread
             raise flight.error
         return flight.value, how
 
@@ -15324,6 +15329,44 @@ class Peer:
         self.calls = {}
 
 
+class _LineReader:
+    """The lines of a binary stream (stdin), read in large pieces: unlike the stream's own
+    ``readline``, :meth:`has_line` tells whether a whole line is already here."""
+
+    __slots__ = ("_read", "_buf", "_pos")
+
+    def __init__(self, stream):
+        self._read = getattr(stream, "read1", None) or stream.read
+        self._buf = bytearray()
+        self._pos = 0
+
+    def has_line(self):
+        return self._buf.find(b"\n", self._pos) >= 0
+
+    def readline(self, limit):
+        """The next line with its line end (the last one may have none), ``b""`` at the end of the
+        stream; None for a line longer than ``limit`` bytes, which is read to its end and dropped."""
+        scan, dropping = self._pos, False
+        while True:
+            end = self._buf.find(b"\n", scan)
+            if end >= 0:
+                line = bytes(self._buf[self._pos:end + 1])
+                self._pos = end + 1
+                return None if dropping or len(line) > limit + 1 else line
+            if len(self._buf) - self._pos > limit:
+                dropping = True
+                self._pos = len(self._buf)         # what is here of the line goes
+            scan = len(self._buf) - self._pos      # no line end before this, after the move below
+            del self._buf[:self._pos]
+            self._pos = 0
+            chunk = self._read(65536)
+            if not chunk:
+                rest = bytes(self._buf)
+                self._buf.clear()
+                return None if dropping or len(rest) > limit else rest
+            self._buf += chunk
+
+
 class Server:
     """The MCP server: reads JSON-RPC lines, runs tool calls on worker threads, writes answers.
 
@@ -15351,6 +15394,17 @@ class Server:
         self._busy = 0                      # tasks queued or running
         self._idle = 0                      # workers waiting for a task, not counted on for one
         self._drained = threading.Condition(self._state_lock)   # drain() waits here for _busy == 0
+        # Stdin is read by one thread at a time, holding _reading: the reader thread (serve's), or, while
+        # the reader runs a call of its own for longer than STDIN_WATCH_AFTER_S, the watcher.
+        self._lines = _LineReader(self._stdin)
+        self._reading = threading.Lock()
+        self._stdin_ended = False
+        self._eof_grace_s = EOF_GRACE_S
+        self._watcher = None
+        # Under _state_lock:
+        self._watch_cond = threading.Condition(self._state_lock)   # the watcher waits here
+        self._inline_since = None       # when the reader's own call began; None while it reads
+        self._watcher_idle = False      # the watcher waits for such a call with no timeout
         self._sweeper = None
         self._stdout_broken = False
         self.cache = TTLCache(config.cache_max, config.ttl_s, clock, on_evict=self._evicted)
@@ -15466,6 +15520,7 @@ class Server:
         for problem in self.config.problems:
             self.log.warning("configuration: %s", problem.message)
         reason = "the client closed stdin"
+        self._eof_grace_s = eof_grace_s
         try:
             self._read_stdin()
             if not self.drain(eof_grace_s):
@@ -15476,28 +15531,88 @@ class Server:
         return 0
 
     def _read_stdin(self):
-        """Answer stdin lines until its end (or a read error)."""
-        while True:
-            try:
-                line = self._stdin.readline(MAX_LINE_BYTES + 1)
-            except (OSError, ValueError):
-                return
-            if not line:
-                return
-            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-                self._discard_rest_of_line()
-                self.send(rpc_error(None, INVALID_REQUEST, "message longer than %d bytes" % MAX_LINE_BYTES))
-                continue
-            try:
-                self.handle_line(line)
-            except Exception as exc:   # nothing escapes the stdin loop
-                self.log.unexpected("internal error handling a message", exc)
+        """Answer stdin lines until its end (or a read error).
 
-    def _discard_rest_of_line(self):
+        A tools/call that needs a worker, read when no other line is waiting behind it, is run
+        right here instead: a client that waits for each answer then costs no hand-off between
+        threads.  Should that call run longer than STDIN_WATCH_AFTER_S, the watcher thread reads on
+        meanwhile (pings, cancels, and calls, which go to workers), then hands stdin back.
+        """
         while True:
-            chunk = self._stdin.readline(MAX_LINE_BYTES)
-            if not chunk or chunk.endswith(b"\n"):
+            with self._reading:
+                if self._stdin_ended:
+                    return
+                mine = self._read_line(inline=True)
+            if mine is not None:
+                self._run_inline(*mine)
+
+    def _read_line(self, inline):
+        """Read one stdin line and answer it; at the end of stdin (or a read error) mark it ended.
+        With ``inline``, a call for a worker with no whole line waiting behind it is returned as
+        ``(later, peer, send)`` instead, for the caller to run."""
+        try:
+            line = self._lines.readline(MAX_LINE_BYTES)
+        except (OSError, ValueError):
+            line = b""
+        if not line:
+            if line is None:
+                self.send(rpc_error(None, INVALID_REQUEST, "message longer than %d bytes" % MAX_LINE_BYTES))
+            else:
+                self._stdin_ended = True
+            return None
+        kept = []
+        try:
+            self.handle_line(line, kept.append if inline and not self._lines.has_line() else None)
+        except Exception as exc:   # nothing escapes the stdin loop
+            self.log.unexpected("internal error handling a message", exc)
+        return kept[0] if kept else None
+
+    def _run_inline(self, later, peer, send):
+        """Run on the reader thread a call it read (see :meth:`_read_stdin`), the watcher on guard."""
+        with self._state_lock:
+            self._busy += 1
+            self._inline_since = time.monotonic()
+            if self._watcher_idle:
+                self._watch_cond.notify()
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch_stdin, name="stdin-watcher", daemon=True)
+            self._watcher.start()
+        try:
+            self._finish_later(later, peer, send)
+        except Exception as exc:
+            self.log.unexpected("internal error in a call", exc)
+        finally:
+            with self._state_lock:
+                self._inline_since = None
+                self._call_ended_locked()
+
+    def _watch_stdin(self):
+        """The watcher: reads stdin while the reader thread's own call runs longer than
+        STDIN_WATCH_AFTER_S; at the end of stdin it gives that call the grace of every other."""
+        while self._await_long_inline_call():
+            with self._reading:
+                while not self._stdin_ended and self._inline_since is not None:
+                    self._read_line(inline=False)
+            if self._stdin_ended:
+                if not self.drain(self._eof_grace_s):
+                    self.shutdown("the client closed stdin")
                 return
+
+    def _await_long_inline_call(self):
+        """Wait until the reader thread's own call has run STDIN_WATCH_AFTER_S; False when stdin has ended."""
+        with self._watch_cond:
+            while not self._stdin_ended:
+                since = self._inline_since
+                if since is None:
+                    self._watcher_idle = True
+                    self._watch_cond.wait()
+                    self._watcher_idle = False
+                    continue
+                delay = since + STDIN_WATCH_AFTER_S - time.monotonic()
+                if delay <= 0:
+                    return True
+                self._watch_cond.wait(delay)
+            return False
 
     def drain(self, timeout_s):
         """Wait up to ``timeout_s`` for every call in flight to end; True when they all have."""
@@ -15521,8 +15636,9 @@ class Server:
         if not self.drain(grace_s):
             self.log.warning("%s: calls still unwinding after %.1f s; exiting anyway", reason, grace_s)
 
-    def handle_line(self, line):
-        """Parse one stdin line and answer it (tool calls answer from their own thread)."""
+    def handle_line(self, line, keep=None):
+        """Parse one stdin line and answer it (tool calls answer from their own thread, or, given
+        ``keep``, a call for a worker goes to ``keep((later, peer, send))``)."""
         line = line.strip()
         if not line:
             return
@@ -15538,16 +15654,17 @@ class Server:
             self._handle_batch(message, self.peer)
             return
         if self._is_call(message):
-            self.handle_call(message, self.peer)
+            self.handle_call(message, self.peer, keep=keep)
             return
         response = self.dispatch(message)
         if response is not None:
             self.send(response)
 
-    def handle_call(self, message, peer, send=None):
+    def handle_call(self, message, peer, send=None, keep=None):
         """A tools/call of ``peer``, answered through ``send`` (default: the peer's): what needs no
         upstream (a cache hit, invalid arguments) is answered here on the reader thread; the rest goes
-        to a worker thread.  Returns the call's CancelToken, or None when it was refused."""
+        to a worker thread (or to ``keep((later, peer, send))``, whose caller runs it).  Returns the
+        call's CancelToken, or None when it was refused."""
         send = send or peer.send
         token = self._register(message["id"], peer)
         if isinstance(token, dict):
@@ -15555,7 +15672,10 @@ class Server:
             return None
         response = self._call_response(message, token, peer, send, inline=True)
         if isinstance(response, _Later):
-            self._spawn(self._finish_later, response, peer, send)
+            if keep is not None:
+                keep((response, peer, send))
+            else:
+                self._spawn(self._finish_later, response, peer, send)
         elif response is not None:
             send(response)
         return token
@@ -15640,10 +15760,14 @@ class Server:
                 self.log.unexpected("internal error in a worker", exc)
             finally:
                 with self._state_lock:
-                    self._busy -= 1
                     self._idle += 1
-                    if not self._busy:
-                        self._drained.notify_all()
+                    self._call_ended_locked()
+
+    def _call_ended_locked(self):
+        """A call (a worker's task or the reader's own) has ended; ``_state_lock`` is held."""
+        self._busy -= 1
+        if not self._busy:
+            self._drained.notify_all()
 
     def _start_sweeper(self):
         def sweep():
