@@ -547,6 +547,10 @@ def collapse_ws(text):
     return " ".join(text.split())    # str.split() splits on exactly the characters \s matches
 
 
+# json.dumps with options builds an encoder per call; every message goes through this one (it keeps no state).
+_STRICT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def json_line(obj):
     """One compact, strict JSON message as UTF-8 bytes with a trailing newline, whatever it holds.
 
@@ -560,10 +564,10 @@ def json_line(obj):
     b'{"t":"\\\\ud83d"}\\n'
     """
     try:
-        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = _STRICT_JSON.encode(obj)
     except ValueError:
         obj = finite_json(obj)
-        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = _STRICT_JSON.encode(obj)
     try:
         return text.encode("utf-8") + b"\n"
     except UnicodeEncodeError:
@@ -9888,7 +9892,7 @@ class _Flight:
     __slots__ = ("cond", "done", "value", "error", "waiters", "token", "listeners")
 
     def __init__(self):
-        self.cond = threading.Condition(threading.Lock())
+        self.cond = None            # made when a second caller comes to wait (most flights have one)
         self.done = False
         self.value = None
         self.error = None
@@ -9942,6 +9946,8 @@ class Coalescer:
             how = "own" if flight is None else "shared"
             if flight is None:
                 flight = self._flights[key] = _Flight()
+            elif flight.cond is None:
+                flight.cond = threading.Condition(threading.Lock())
             flight.waiters += 1
             listener = ctx.progress
             if listener is not None:
@@ -9999,12 +10005,16 @@ class Coalescer:
             value = work(CallContext(flight.token, progress=flight.emit, budget=budget))
         except BaseException as exc:   # handed to every waiter
             error = exc
-        with self._lock:
+        with self._lock:      # a caller joining from now on finds no flight; one that joined has a cond
             if self._flights.get(key) is flight:
                 del self._flights[key]
-        with flight.cond:
-            flight.value, flight.error, flight.done = value, error, True
-            flight.cond.notify_all()
+            cond = flight.cond
+            if cond is None:
+                flight.value, flight.error, flight.done = value, error, True
+        if cond is not None:
+            with cond:
+                flight.value, flight.error, flight.done = value, error, True
+                cond.notify_all()
 
 
 _sqlite3 = LazyModule("sqlite3")
