@@ -11876,13 +11876,13 @@ def test_without_a_terminal_the_server_says_nothing_on_stderr_before_a_request(s
 
 # -- the client going away
 
-def _streaming_answer_server(fake, tmp_path):
+def _streaming_answer_server(fake, tmp_path, script=None):
     # An answer stream that drips for half a minute: the call is mid-stream when the client goes.
     body = "".join("data: %s\n\n" % json.dumps({"choices": [{"index": 0, "delta": {"content": "word "}}]})
                    for _ in range(300))
     fake.route("POST", "/v1/chat/completions", {"status": 200, "headers": {"Content-Type": "text/event-stream"},
                                                 "body": body, "drip": (len(body) // 300, 0.1)})
-    server = ServerProcess(answer_env(fake, tmp_path))
+    server = ServerProcess(answer_env(fake, tmp_path), script=script)
     server.initialize()
     call = server.start_call_tool("web_answer", {"query": "what happens when the client leaves"},
                                   meta={"progressToken": "p1"})
@@ -11894,12 +11894,14 @@ def _streaming_answer_server(fake, tmp_path):
     return server, call
 
 
-@pytest.mark.parametrize("how", ["stdin_eof", "sigterm"])
+@pytest.mark.parametrize("how", ["stdin_eof", "sigterm", "sigterm_script"])
 def test_client_gone_cancels_a_streaming_answer_and_exits_zero_at_once(tmp_path, how):
-    if how == "sigterm" and os.name == "nt":
+    # sigterm_script: the server as a script, so the interpreter's own exit runs too (it would abort
+    # if a thread still held stdin's buffer: the answer runs on the reader thread, the watcher reads).
+    if how.startswith("sigterm") and os.name == "nt":
         pytest.skip("SIGTERM cannot be caught on Windows")
     with FakeUpstream(fixtures=FIXTURES) as fake:
-        server, call = _streaming_answer_server(fake, tmp_path)
+        server, call = _streaming_answer_server(fake, tmp_path, SERVER_PATH if how == "sigterm_script" else None)
         try:
             started = time.monotonic()
             if how == "stdin_eof":

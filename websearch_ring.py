@@ -15341,11 +15341,15 @@ class Peer:
 
 class _LineReader:
     """The lines of a binary stream (stdin), read in large pieces: unlike the stream's own
-    ``readline``, :meth:`has_line` tells whether a whole line is already here."""
+    ``readline``, :meth:`has_line` tells whether a whole line is already here.
+
+    A buffered stream is read through its raw stream, which holds no lock while it waits: at the
+    interpreter's exit a thread still blocked in a buffered read would abort the process."""
 
     __slots__ = ("_read", "_buf", "_pos")
 
     def __init__(self, stream):
+        stream = getattr(stream, "raw", stream)
         self._read = getattr(stream, "read1", None) or stream.read
         self._buf = bytearray()
         self._pos = 0
