@@ -12052,6 +12052,35 @@ def test_the_reader_runs_a_lone_call_itself_and_the_watcher_reads_on_while_it_wa
     assert [m["id"] for m in piped.lines] == [1, 3, 4, 5]  # the cancelled call got no answer
 
 
+def test_calls_that_come_while_the_reader_runs_one_all_reach_the_upstream_at_once(ring, fake_upstream):
+    release = threading.Event()
+    fake_upstream.route("POST", "/search", {"fixture": "tavily/search_success.json", "block_until": release})
+    piped = PipedServer(ring, ring_env({"tavily": fake_upstream}))
+    piped.send(_call(1, "alpha"))
+    fake_upstream.wait_for_requests(1, path="/search")   # the lone first call: on the reader thread
+    os.write(piped._write_end, b"".join((json.dumps(_call(i, "q%d" % i)) + "\n").encode() for i in (2, 3, 4)))
+    fake_upstream.wait_for_requests(4, path="/search")   # all three read and at the upstream together
+    release.set()
+    for i in (1, 2, 3, 4):
+        assert piped.response(i)["result"]["isError"] is False
+    piped.close_stdin()
+    assert piped.done.wait(DEFAULT_TIMEOUT_S) and piped.box.get("value") == 0
+
+
+def test_lines_waiting_in_a_pipe_are_seen_before_they_are_read(ring):
+    if os.name == "nt":
+        pytest.skip("select() asks sockets only on Windows: there a message is seen once it is read")
+    read_end, write_end = os.pipe()
+    with os.fdopen(read_end, "rb") as stream:
+        lines = ring._LineReader(stream)
+        os.write(write_end, b"one\n")
+        assert lines.more_waiting()                     # still in the pipe
+        assert lines.readline(100) == b"one\n" and not lines.more_waiting()
+        os.write(write_end, b"two\nthree\n")
+        assert lines.readline(100) == b"two\n" and lines.more_waiting()
+        os.close(write_end)
+
+
 def test_the_end_of_stdin_gives_the_readers_own_call_the_grace_then_cancels_it(ring, fake_upstream):
     release = threading.Event()
     fake_upstream.route("POST", "/search", {"fixture": "tavily/search_success.json", "block_until": release})
@@ -12077,12 +12106,12 @@ def test_stdin_lines_are_read_in_pieces_and_an_overlong_one_is_dropped_whole(rin
             piece, self.data = self.data[:3], self.data[3:]
             return piece
     lines = ring._LineReader(Dripping(b"hello\nthis-line-is-too-long\nok\nlast"))
-    assert not lines.has_line()
+    assert not lines.more_waiting()
     assert lines.readline(10) == b"hello\n"
     assert lines.readline(10) is None and lines.readline(10) == b"ok\n"
     assert (lines.readline(10), lines.readline(10)) == (b"last", b"")
     lines = ring._LineReader(io.BytesIO(b"a\nb\n" + b"x" * 11))
-    assert lines.readline(10) == b"a\n" and lines.has_line()
+    assert lines.readline(10) == b"a\n" and lines.more_waiting()
     assert (lines.readline(10), lines.readline(10), lines.readline(10)) == (b"b\n", None, b"")
 
 

@@ -318,6 +318,7 @@ _http_client = LazyModule("http.client")
 _ipaddress = LazyModule("ipaddress")
 _queue = LazyModule("queue")
 _random = LazyModule("random")
+_select = LazyModule("select")
 _shlex = LazyModule("shlex")
 _socket = LazyModule("socket")
 _ssl = LazyModule("ssl")
@@ -15341,21 +15342,35 @@ class Peer:
 
 class _LineReader:
     """The lines of a binary stream (stdin), read in large pieces: unlike the stream's own
-    ``readline``, :meth:`has_line` tells whether a whole line is already here.
+    ``readline``, :meth:`more_waiting` tells whether another message is already on its way.
 
     A buffered stream is read through its raw stream, which holds no lock while it waits: at the
     interpreter's exit a thread still blocked in a buffered read would abort the process."""
 
-    __slots__ = ("_read", "_buf", "_pos")
+    __slots__ = ("_read", "_buf", "_pos", "_fd")
 
     def __init__(self, stream):
         stream = getattr(stream, "raw", stream)
         self._read = getattr(stream, "read1", None) or stream.read
         self._buf = bytearray()
         self._pos = 0
+        self._fd = None         # a pipe or terminal that select() can ask (not on Windows: sockets only)
+        if os.name != "nt":
+            try:
+                self._fd = stream.fileno()
+            except (AttributeError, OSError, ValueError):
+                pass
 
-    def has_line(self):
-        return self._buf.find(b"\n", self._pos) >= 0
+    def more_waiting(self):
+        """True when a whole line is here already, or more bytes wait to be read."""
+        if self._buf.find(b"\n", self._pos) >= 0:
+            return True
+        if self._fd is None:
+            return False
+        try:
+            return bool(_select.select([self._fd], [], [], 0)[0])
+        except (OSError, ValueError):
+            return False
 
     def readline(self, limit):
         """The next line with its line end (the last one may have none), ``b""`` at the end of the
@@ -15547,7 +15562,7 @@ class Server:
     def _read_stdin(self):
         """Answer stdin lines until its end (or a read error).
 
-        A tools/call that needs a worker, read when no other line is waiting behind it, is run
+        A tools/call that needs a worker, read when no other message is waiting behind it, is run
         right here instead: a client that waits for each answer then costs no hand-off between
         threads.  Should that call run longer than STDIN_WATCH_AFTER_S, the watcher thread reads on
         meanwhile (pings, cancels, and calls, which go to workers), then hands stdin back.
@@ -15562,7 +15577,7 @@ class Server:
 
     def _read_line(self, inline):
         """Read one stdin line and answer it; at the end of stdin (or a read error) mark it ended.
-        With ``inline``, a call for a worker with no whole line waiting behind it is returned as
+        With ``inline``, a call for a worker with no message waiting behind it is returned as
         ``(later, peer, send)`` instead, for the caller to run."""
         try:
             line = self._lines.readline(MAX_LINE_BYTES)
@@ -15576,7 +15591,7 @@ class Server:
             return None
         kept = []
         try:
-            self.handle_line(line, kept.append if inline and not self._lines.has_line() else None)
+            self.handle_line(line, kept.append if inline and not self._lines.more_waiting() else None)
         except Exception as exc:   # nothing escapes the stdin loop
             self.log.unexpected("internal error handling a message", exc)
         return kept[0] if kept else None
@@ -16071,8 +16086,6 @@ REQUEST_CANCELLED = -32800
 _HTTP_STATUS_OF_ERROR = {PARSE_ERROR: 400, INVALID_REQUEST: 400, INVALID_PARAMS: 400, HEADER_MISMATCH: 400,
                          MISSING_CAPABILITY: 400, UNSUPPORTED_VERSION: 400, METHOD_NOT_FOUND: 404}
 _CANCELLED = object()          # queued to an exchange when its call was cancelled
-_select = LazyModule("select")
-_queue = LazyModule("queue")
 _hmac = LazyModule("hmac")
 _secrets = LazyModule("secrets")
 _http_server = LazyModule("http.server")
