@@ -5065,6 +5065,8 @@ def test_a_header_that_would_break_the_request_is_refused_before_anything_is_sen
             transport.request("GET", upstream.url + "/page", headers=headers, timeout_s=DEFAULT_TIMEOUT_S)
         assert (caught.value.outcome, caught.value.code) == ("network_error", "bad_header")
         assert upstream.requests == []
+        assert transport.request("GET", upstream.url + "/page", timeout_s=DEFAULT_TIMEOUT_S).status == 200
+        assert len(upstream.requests) == 1 and transport.slots.in_use == 0
 
 
 def test_the_request_head_names_the_host_and_the_body_length(ring):

@@ -8334,8 +8334,8 @@ class Transport:
         headers.update(ex.headers)
         if absolute:
             headers.update(conn._proxy_headers)
-        request = _request_bytes(ex.method, ex.target(absolute), _host_header(*ex.key[:3]), headers, ex.body)
         try:
+            request = _request_bytes(ex.method, ex.target(absolute), _host_header(*ex.key[:3]), headers, ex.body)
             if conn.sock is None:
                 _open_connection(conn)
             sock = conn.sock
@@ -8379,7 +8379,7 @@ class Transport:
             raise TransportError("network_error", "bad_url", "not an http(s) URL: %r" % url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         url, parts, headers = _credentials_to_header(url, parts, headers or {})
-        ex = _Exchange(method, url, dict(headers, **{"Accept-Encoding": "identity"}), body, ctx, max_bytes,
+        ex = _Exchange(method, url, dict({"Accept-Encoding": "identity"}, **headers), body, ctx, max_bytes,
                        wait_s=timeout_s, parts=parts)
         self._take_slot(ctx)
         conn = handle = None
