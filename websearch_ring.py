@@ -8745,6 +8745,13 @@ class _HttpResponse:
                 return None
         raise TransportError("bad_response", "bad_http", "%s is longer than %d bytes" % (what, _HEAD_LINE_MAX))
 
+    def _whole_line(self, what):
+        """:meth:`_line`, where the end of the connection cuts the response short."""
+        line = self._line(what)
+        if line is None:
+            raise TransportError("bad_response", "truncated_body", "the connection closed before %s" % what)
+        return line
+
     # -- the head -----------------------------------------------------------------------------
 
     def _read_head(self, method):
@@ -8777,10 +8784,7 @@ class _HttpResponse:
         """The header (or trailer) lines up to the empty line, as a dict."""
         headers, name = {}, None
         for _ in range(_HEAD_LINES_MAX + 1):
-            line = self._line("a %s line" % what)
-            if line is None:
-                raise TransportError("bad_response", "truncated_body", "the connection closed in the middle "
-                                     "of the headers")
+            line = self._whole_line("a %s line" % what)
             if not line:
                 return headers
             text = line.decode("latin-1")
@@ -8844,20 +8848,22 @@ class _HttpResponse:
                                      "body's bytes missing" % self.length)
             self._done = True
             return b""
-        end = len(self._buf) if self.length is None else min(len(self._buf), self._pos + self.length)
-        piece = bytes(self._buf[self._pos:end])
-        self._pos = end
+        piece = self._take(self.length)
         if self.length is not None:
             self.length -= len(piece)
             self._done = not self.length
         return piece
 
+    def _take(self, limit):
+        """Up to ``limit`` (None: every one) of the bytes received and not yet consumed, consumed."""
+        end = len(self._buf) if limit is None else min(len(self._buf), self._pos + limit)
+        piece = bytes(self._buf[self._pos:end])
+        self._pos = end
+        return piece
+
     def _chunk_piece(self):
         if not self._chunk_left:
-            size = self._line("a chunk-size line")
-            if size is None:
-                raise TransportError("bad_response", "truncated_body", "the connection closed before the "
-                                     "last chunk of the body")
+            size = self._whole_line("a chunk-size line")
             digits = size.split(b";", 1)[0].strip()
             if not digits or len(digits) > 16 or digits.strip(b"0123456789abcdefABCDEF"):
                 raise TransportError("bad_response", "bad_http", "invalid chunk size %r" % size[:40])
@@ -8869,16 +8875,10 @@ class _HttpResponse:
         if self._pos == len(self._buf) and not self._fill():
             raise TransportError("bad_response", "truncated_body", "the connection closed in the middle of "
                                  "a chunk of the body")
-        end = min(len(self._buf), self._pos + self._chunk_left)
-        piece = bytes(self._buf[self._pos:end])
-        self._pos = end
+        piece = self._take(self._chunk_left)
         self._chunk_left -= len(piece)
         if not self._chunk_left:
-            end = self._line("the end of a chunk")
-            if end is None:
-                raise TransportError("bad_response", "truncated_body", "the connection closed after a chunk "
-                                     "of the body")
-            if end:
+            if self._whole_line("the end of a chunk"):
                 raise TransportError("bad_response", "bad_http", "a chunk of the body is longer than its size")
         return piece
 
