@@ -2321,6 +2321,9 @@ def test_redactor_masks_known_secrets_and_key_shaped_strings(ring):
     assert ring.fingerprint(secret) in text          # still tells keys apart: my-o…e-42
     assert "tvly…5678" in text
     assert redact("nothing secret here") == "nothing secret here"
+    # Bearer and Basic in any case (the pattern ignores it; so must the cheap test before it).
+    for header in ("BeaRer", "bearer", "BEARER", "bAsIc"):
+        assert "AbcdefGH12345678" not in redact("Authorization: %s AbcdefGH12345678" % header), header
 
 
 def test_parse_retry_after_reads_seconds_and_http_dates(ring):
@@ -6461,7 +6464,8 @@ def test_needed_finds_whatever_outgoing_would_mask_in_the_json_text(ring):
     redact = ring.Redactor(['q"uo\\te-s\u00e9cret-1'], ["p@ss\u00fcword"])
     for message in ({"m": 'x q"uo\\te-s\u00e9cret-1 y'}, {"m": "cut: q\"uo\\te-s"}, {"m": "pw p@ss\u00fcword"},
                     {"m": "Authorization: Bearer\nabcdefghijk9"}, {"url": "http://u:p@h/"},
-                    {"m": "tvly-abcdefgh1234"}):
+                    {"m": "tvly-abcdefgh1234"}, {"m": "Authorization: BeaRer AbcdefGH12345678"},
+                    {"m": "BASIC dXNlcjpwYXNzd29yZA=="}):
         for text in (json.dumps(message, ensure_ascii=False), json.dumps(message)):
             assert redact.needed(text), text
             assert redact.outgoing(message) != message

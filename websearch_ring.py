@@ -337,8 +337,24 @@ _weakref = LazyModule("weakref")
 _SECRET_PATTERNS = LazyPattern(
     r"((?<![A-Za-z0-9])(?:tvly-[A-Za-z0-9_-]{6,}|xai-[A-Za-z0-9_-]{6,}|sk-[A-Za-z0-9_-]{10,})"
     r"|(?i:bearer|basic)(?:\s|\\[nrt])+(?=[a-z._~-]*[A-Z0-9+/=])[A-Za-z0-9._~+/=-]{8,}|exaApiKey=[^&\s\"']+)")
-# Cheap substring tests that must all fail before _SECRET_PATTERNS can match.
-_SECRET_MARKERS = ("tvly-", "xai-", "sk-", "earer", "EARER", "asic", "ASIC", "exaApiKey")
+# Substrings of a lower-cased text, one of which it holds when _SECRET_PATTERNS can match in it
+# (whose Bearer and Basic ignore case: "BeaRer" too).
+_SECRET_MARKERS = ("tvly-", "xai-", "sk-", "bearer", "basic", "exaapikey")
+
+
+def _may_hold_key(text):
+    """False when ``text`` holds nothing _SECRET_PATTERNS can match: cheap substring tests
+    instead of the regular expression, on every string and message that goes out.
+
+    >>> _may_hold_key("a BeaRer token"), _may_hold_key("no key here")
+    (True, False)
+    """
+    text = text.lower()
+    for marker in _SECRET_MARKERS:     # a loop, not any(): this runs on every message
+        if marker in text:
+            return True
+    return False
+
 # Result fields that hold document text (a page, a snippet, an answer, the text block): an example
 # key in documentation is content there, so only the configured secrets are masked in them.
 _DOCUMENT_FIELDS = frozenset(("title", "snippet", "content", "text"))
@@ -389,7 +405,7 @@ class Redactor:
 
     @staticmethod
     def _shaped(text):
-        if not any(marker in text for marker in _SECRET_MARKERS):
+        if not _may_hold_key(text):
             return text          # the common case, without running the regular expression
         return _SECRET_PATTERNS.sub(lambda m: fingerprint(m.group(0)), text)
 
@@ -401,10 +417,7 @@ class Redactor:
         for head in self._heads:
             if head in text:
                 return True
-        for marker in _SECRET_MARKERS:     # a loop, not any(): this runs on every message
-            if marker in text:
-                return _SECRET_PATTERNS.search(text) is not None
-        return False
+        return _may_hold_key(text) and _SECRET_PATTERNS.search(text) is not None
 
     def outgoing(self, message):
         """``message`` (any JSON value) with every string in it masked: the one pass every
@@ -424,7 +437,7 @@ class Redactor:
         """Add to ``found`` the key-shaped strings of every field that is neither document text nor a bare URL."""
         if isinstance(value, str):
             if field not in _DOCUMENT_FIELDS and not _is_bare_url(value) \
-                    and any(marker in value for marker in _SECRET_MARKERS):
+                    and _may_hold_key(value):
                 found.update(m.group(0) for m in _SECRET_PATTERNS.finditer(value))
         elif isinstance(value, dict):
             for key, item in value.items():
