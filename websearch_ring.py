@@ -12805,7 +12805,7 @@ def rank_results(results, num, vendor, per_domain=None):
         if key not in seen:
             seen.add(key)
             unique.append(item)
-    return [dict(item, rank=i, vendors=[vendor])
+    return [{"rank": i, **item, "vendors": [vendor]}       # the order of RESULT_FIELDS (project_results)
             for i, item in enumerate(cap_per_domain(unique, per_domain)[:num], 1)]
 
 
@@ -13446,7 +13446,8 @@ def _normalize_select(args, values, issues, adjustments):
 def project_results(results, select):
     """Each result with only the ``select`` fields (a language nobody reported is null)."""
     keep = [part for field in select for part in _FIELD_PARTS.get(field, (field,))]
-    return [{name: r.get(name) for name in keep if name in r or name == "language"} for r in results]
+    return [r if list(r) == keep else {name: r.get(name) for name in keep if name in r or name == "language"}
+            for r in results]       # a result with just those fields in that order is kept as it is
 
 
 def _escape_pointer(name):
