@@ -13,12 +13,12 @@ has no banner here), then the README's and the vendor payloads
  §1 Constants  §2 Errors  §3 Utilities  §4 HTML parsing and page metadata  §6 HTML to Markdown
  §7 PDF: filters and encryption  §8 PDF: objects and cross-references  §9 PDF: fonts and encodings
  §10 PDF: text layout  §11 robots.txt and sitemaps  §12 Configuration
- §13 Deadlines and cancellation  §14 HTTP transport  §15 Streaming LLM client
- §16 Key pool, circuit breaker and engine health  §17 Cache and coalescing  §18 Vendors
- §19 Fetch providers and the site mapper  §20 Site crawler  §21 Ring
- §22 Tool schemas and argument checking  §23 Search and page tools
- §24 Answer and configuration tools  §25 Planning tools  §26 JSON-RPC server  §27 Streamable HTTP
- §28 Client files: JSON  §31 Installing into a client  §32 Command line
+ §13 Deadlines and cancellation  §15 HTTP transport (§14 HTTP messages through it)  §16 Streaming LLM client
+ §17 Key pool, circuit breaker and engine health  §18 Cache and coalescing  §19 Vendors
+ §20 Fetch providers and the site mapper  §21 Site crawler  §22 Ring
+ §23 Tool schemas and argument checking  §24 Search and page tools
+ §25 Answer and configuration tools  §26 Planning tools  §27 JSON-RPC server  §28 Streamable HTTP
+ §29 Client files: JSON  §32 Installing into a client  §33 Command line
  § README
  § Vendor payloads       FIXTURES, the vendor payloads carried in this file
 
@@ -4798,10 +4798,12 @@ def test_cancelled_caller_of_a_coalesced_pair_leaves_the_other_undisturbed(
 
 
 # ----------------------------------------------------------------------------------------------
-# §14 HTTP transport
+# §15 HTTP transport
 # ----------------------------------------------------------------------------------------------
 
 # Transport tests drive a FakeUpstream (drip, truncate, close, size=6_000_000 for the 5 MB cap).
+# The HTTP messages of §14 (the request head, the response reader, the decompressor) are tested
+# through the transport that uses them.
 
 
 def test_streamed_body_over_five_megabytes_is_refused_as_bad_response(start_server, fake_upstream):
@@ -5503,7 +5505,7 @@ def test_non_public_reason_is_the_same_on_every_python(ring, address, reason):
 
 
 # ----------------------------------------------------------------------------------------------
-# §15 Streaming LLM client
+# §16 Streaming LLM client
 # ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, expected", [
@@ -5791,7 +5793,7 @@ def test_stream_answer_cut_connection_is_a_retryable_bad_response(ring, fake_ups
 
 
 # ----------------------------------------------------------------------------------------------
-# §16 Key pool, circuit breaker and engine health
+# §17 Key pool, circuit breaker and engine health
 # ----------------------------------------------------------------------------------------------
 
 # Unit tests take a FakeClock (`fake_clock` fixture).
@@ -6075,7 +6077,7 @@ FANOUT_VENDORS = ("brave", "serper", "yep", "searxng")
 
 
 # ----------------------------------------------------------------------------------------------
-# §17 Cache and coalescing
+# §18 Cache and coalescing
 # ----------------------------------------------------------------------------------------------
 
 def test_ttl_cache_hits_do_not_extend_the_ttl(ring, fake_clock):
@@ -6331,7 +6333,7 @@ def test_persistent_cache_expires_and_two_writers_lose_nothing(ring, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# §18 Vendors
+# §19 Vendors
 # ----------------------------------------------------------------------------------------------
 
 def test_tavily_keyless_request_is_a_json_post_with_the_access_mode_header(
@@ -7437,7 +7439,7 @@ def test_a_result_field_of_the_wrong_type_never_breaks_a_vendor(ring, vendor):
 
 
 # ----------------------------------------------------------------------------------------------
-# §19 Fetch providers and the site mapper
+# §20 Fetch providers and the site mapper
 # ----------------------------------------------------------------------------------------------
 
 def test_mask_url_credentials_finds_every_url_in_text_and_runs_in_linear_time(ring):
@@ -7540,7 +7542,7 @@ FILTER_VALIDATION_CASES = [
 
 
 # ----------------------------------------------------------------------------------------------
-# §20 Site crawler
+# §21 Site crawler
 # ----------------------------------------------------------------------------------------------
 
 def route_crawl_site(fake):
@@ -7877,7 +7879,7 @@ def test_web_crawl_over_the_protocol_reports_each_page_and_a_cancel_gets_no_resp
 
 
 # ----------------------------------------------------------------------------------------------
-# §21 Ring
+# §22 Ring
 # ----------------------------------------------------------------------------------------------
 
 def test_failover_moves_past_a_rate_limited_vendor_and_notes_it(start_server, fake_upstream):
@@ -8739,7 +8741,7 @@ def test_cap_per_domain_keeps_order_and_counts_registrable_domains(ring):
 
 
 # ----------------------------------------------------------------------------------------------
-# §22 Tool schemas and argument checking
+# §23 Tool schemas and argument checking
 # ----------------------------------------------------------------------------------------------
 
 def test_web_search_is_lenient_where_the_intent_is_plain_and_lists_what_it_read(ring):
@@ -9080,7 +9082,7 @@ def test_filter_arguments_are_validated_with_a_pointer_and_a_suggestion(
 
 
 # ----------------------------------------------------------------------------------------------
-# §23 Search and page tools
+# §24 Search and page tools
 # ----------------------------------------------------------------------------------------------
 
 def test_web_search_returns_tavily_results_with_the_familiar_first_line(
@@ -10373,7 +10375,7 @@ def test_an_empty_error_body_does_not_repeat_the_status(start_server, fake_upstr
 
 
 # ----------------------------------------------------------------------------------------------
-# §24 Answer and configuration tools
+# §25 Answer and configuration tools
 # ----------------------------------------------------------------------------------------------
 
 def test_get_sources_returns_the_sources_of_an_earlier_search(start_server, fake_upstream):
@@ -11304,7 +11306,7 @@ def test_answer_sources_deduplicates_and_keeps_the_first_known_title(ring):
 
 
 # ----------------------------------------------------------------------------------------------
-# §25 Planning tools
+# §26 Planning tools
 # ----------------------------------------------------------------------------------------------
 
 def test_plan_level_one_completes_after_intent_complexity_and_a_sub_query(start_server):
@@ -11537,7 +11539,7 @@ def test_plan_sessions_beyond_256_evict_the_least_recently_used(ring, fake_clock
 
 
 # ----------------------------------------------------------------------------------------------
-# §26 JSON-RPC server
+# §27 JSON-RPC server
 # ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("requested, expected", [(v, v) for v in KNOWN_PROTOCOLS]
@@ -12182,7 +12184,7 @@ def _raw_post(port, message, headers):
 
 
 # ----------------------------------------------------------------------------------------------
-# §27 Streamable HTTP
+# §28 Streamable HTTP
 # ----------------------------------------------------------------------------------------------
 
 class HttpFrontRunner:
@@ -12494,7 +12496,7 @@ def test_serve_http_subprocess_health_and_sigterm():
 
 
 # ----------------------------------------------------------------------------------------------
-# §28 Client files: JSON
+# §29 Client files: JSON
 # ----------------------------------------------------------------------------------------------
 
 # ---- install and uninstall ----
@@ -12512,7 +12514,7 @@ INSTALL_REFERENCES = {
 
 
 # ----------------------------------------------------------------------------------------------
-# §31 Installing into a client
+# §32 Installing into a client
 # ----------------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -12767,7 +12769,7 @@ def test_cli_install_is_a_command_with_did_you_mean(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# §32 Command line
+# §33 Command line
 # ----------------------------------------------------------------------------------------------
 
 def test_cli_search_prints_the_readable_text_and_exits_zero(fake_upstream):

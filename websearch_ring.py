@@ -37,12 +37,12 @@ Contents (grep -n '^# §'), in two parts:
  §8 PDF: objects and cross-references  §9 PDF: fonts and encodings  §10 PDF: text layout
  §11 robots.txt and sitemaps
  Server:
- §12 Configuration  §13 Deadlines and cancellation  §14 HTTP transport  §15 Streaming LLM client
- §16 Key pool, circuit breaker and engine health  §17 Cache and coalescing  §18 Vendors
- §19 Fetch providers and the site mapper  §20 Site crawler  §21 Ring
- §22 Tool schemas and argument checking  §23 Search and page tools  §24 Answer and configuration tools
- §25 Planning tools  §26 JSON-RPC server  §27 Streamable HTTP  §28 Client files: JSON
- §29 Client files: TOML  §30 Client files: YAML  §31 Installing into a client  §32 Command line
+ §12 Configuration  §13 Deadlines and cancellation  §14 HTTP messages  §15 HTTP transport
+ §16 Streaming LLM client  §17 Key pool, circuit breaker and engine health  §18 Cache and coalescing
+ §19 Vendors  §20 Fetch providers and the site mapper  §21 Site crawler  §22 Ring
+ §23 Tool schemas and argument checking  §24 Search and page tools  §25 Answer and configuration tools
+ §26 Planning tools  §27 JSON-RPC server  §28 Streamable HTTP  §29 Client files: JSON
+ §30 Client files: TOML  §31 Client files: YAML  §32 Installing into a client  §33 Command line
 """
 
 __version__ = "0.1.0"
@@ -7916,7 +7916,7 @@ def _sleep(ctx, seconds):
 
 
 # ---------------------------------------------------------------------------
-# §14 HTTP transport
+# §14 HTTP messages
 # ---------------------------------------------------------------------------
 
 class Response:
@@ -7943,13 +7943,6 @@ class Response:
             return json.loads(self.body.decode("utf-8", errors="replace"))
         except RecursionError:
             raise ValueError("JSON nested too deeply") from None
-
-
-POOL_PER_HOST = 8       # idle kept-alive connections per upstream host
-# A request that times out with less than this share of its own timeout (it waited for a slot, or
-# the call was nearly over) is a ``call_deadline`` timeout: no upstream is blamed for it.
-SHORT_TIMEOUT_SHARE = 0.9
-POOL_IDLE_S = 30.0      # older idle connections are closed rather than reused
 
 
 def body_message(response, limit=300):
@@ -8024,6 +8017,413 @@ def error_page_text(html):
             break
         pos = lower.find(">", pos) + 1 or len(html)
     return _html.unescape(_TAG.sub(" ", "".join(pieces)))
+
+
+# One HTTP/1.1 exchange is written and read here by hand (RFC 9112); http.client only connects
+# (sockets, TLS, a proxy's CONNECT tunnel).  Its request writer and its header parser (the email
+# package) cost a search more CPU than the rest of the exchange.  http.client's limits are kept:
+_HEAD_LINE_MAX = 65536      # bytes in the status line, one header line or one chunk-size line
+_HEAD_LINES_MAX = 100       # header lines of a response (and trailer lines of a chunked body)
+_INTERIM_MAX = 10           # 1xx answers (100 Continue, 103 Early Hints) before the real one
+_RECV_BYTES = 65536
+_TARGET_BREAK = LazyPattern(r"[\x00-\x20\x7f]")
+_STATUS_LINE = LazyPattern(rb"HTTP/1\.([0-9]) ([1-9][0-9][0-9])(?: (.*))?\Z", re.S)
+
+
+class _NoAnswer(ConnectionError):
+    """The connection closed before a response began (a kept-alive one the server had dropped)."""
+
+
+def _host_header(scheme, host, port):
+    """The ``Host`` of a request to ``host:port``: the port only when it is not the scheme's own."""
+    default = 443 if scheme == "https" else 80
+    return ("[%s]" % host if ":" in host else host) + ("" if port == default else ":%d" % port)
+
+
+def _request_bytes(method, target, host, headers, body):
+    """The request as it goes on the wire, head and body in one buffer (one send).  A header that
+    would break the head (a line break in a key or a User-Agent) is refused, as is a target with
+    spaces or control characters."""
+    if _TARGET_BREAK.search(target) or not target.isascii():
+        raise TransportError("network_error", "bad_url", "the request target holds spaces or control "
+                             "characters: %r" % target[:200])
+    lines = ["%s %s HTTP/1.1" % (method, target), "Host: " + host]
+    for name, value in headers.items():
+        value = str(value).strip()
+        if "\n" in value or "\r" in value or "\0" in value or not name.replace("-", "").isalnum() \
+                or not name.isascii():
+            raise TransportError("network_error", "bad_header", "the request header %r holds a line break or a "
+                                 "character a header cannot carry (check the key or WEBSEARCH_UA)" % name[:100])
+        lines.append("%s: %s" % (name, value))
+    if body is not None or method in ("POST", "PUT", "PATCH"):
+        lines.append("Content-Length: %d" % len(body or b""))
+    try:
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    except UnicodeEncodeError:
+        raise TransportError("network_error", "bad_header", "a request header holds characters outside "
+                             "Latin-1 (check the keys and WEBSEARCH_UA)") from None
+    return head + body if body else head
+
+
+class _HttpResponse:
+    """One HTTP/1.1 response read from ``sock``: the status line and headers at once, then the
+    body piece by piece (:meth:`read_piece`), framed by Content-Length, the chunked transfer
+    coding or the end of the connection (RFC 9112 section 6.3).
+
+    Every read from the socket waits at most what is left of ``ctx``'s deadline (and at most
+    ``wait_s`` when given: a stream's longest silence); a connection that a cancel shut is the
+    cancellation, not the end of the body.  Every line of the head is capped and nothing is
+    scanned twice, so a response dripped a byte at a time costs linear work until the deadline.
+
+    ``headers``: names in lower case, a repeated header's values joined by ``", "``.
+    ``will_close``: the connection cannot carry another request after this one.  ``length``: body
+    bytes still expected by Content-Length (None otherwise).
+    """
+
+    __slots__ = ("status", "reason", "headers", "will_close", "length", "_sock", "_ctx", "_wait_s", "_buf", "_pos",
+                 "_chunk_left", "_chunked", "_done")
+
+    def __init__(self, sock, method, ctx, wait_s=None):
+        self._sock = sock
+        self._ctx = ctx
+        self._wait_s = wait_s
+        self._buf = bytearray()     # bytes received and not yet consumed from _pos on
+        self._pos = 0
+        self._chunk_left = 0        # bytes left in the current chunk of a chunked body
+        self._read_head(method)
+
+    # -- the socket and the buffer ------------------------------------------------------------
+
+    def _fill(self):
+        """Receive more bytes; False at the end of the connection."""
+        if self._pos:
+            del self._buf[:self._pos]
+            self._pos = 0
+        wait_s = self._ctx.remaining()
+        if self._wait_s is not None:
+            wait_s = min(wait_s, self._wait_s)
+        if wait_s <= 0:
+            raise TimeoutError("timed out")
+        self._sock.settimeout(wait_s)
+        data = self._sock.recv(_RECV_BYTES)
+        if not data:
+            self._ctx.check()       # a cancel shuts the socket: what looks like the end is not
+            return False
+        self._buf += data
+        return True
+
+    def _line(self, what):
+        """The next line (without its CRLF or LF), or None at the end of the connection."""
+        scan = self._pos
+        while True:
+            end = self._buf.find(b"\n", scan)
+            if end >= 0:
+                if end - self._pos > _HEAD_LINE_MAX:
+                    break
+                line = bytes(self._buf[self._pos:end])
+                self._pos = end + 1
+                return line[:-1] if line.endswith(b"\r") else line
+            if len(self._buf) - self._pos > _HEAD_LINE_MAX:
+                break
+            scan = len(self._buf) - self._pos       # no line end so far, from here on after _fill
+            if not self._fill():
+                return None
+        raise TransportError("bad_response", "bad_http", "%s is longer than %d bytes" % (what, _HEAD_LINE_MAX))
+
+    def _whole_line(self, what):
+        """:meth:`_line`, where the end of the connection cuts the response short."""
+        line = self._line(what)
+        if line is None:
+            raise TransportError("bad_response", "truncated_body", "the connection closed before %s" % what)
+        return line
+
+    # -- the head -----------------------------------------------------------------------------
+
+    def _read_head(self, method):
+        for _ in range(_INTERIM_MAX + 1):
+            line = self._line("the status line")
+            if line is None:
+                if self._buf:
+                    raise TransportError("bad_response", "truncated_body", "the connection closed in the "
+                                         "middle of the status line")
+                raise _NoAnswer("the connection closed before an answer")
+            match = _STATUS_LINE.match(line)
+            if match is None:
+                raise TransportError("bad_response", "bad_http", "not an HTTP/1.x status line: %r" % line[:80])
+            self.status = int(match.group(2))
+            self.reason = (match.group(3) or b"").decode("latin-1").strip()
+            self.headers = self._header_lines("header")
+            if not 100 <= self.status < 200:
+                break
+            if self.status == 101:
+                raise TransportError("bad_response", "bad_http", "the server switched protocols (101) unasked")
+            # 100 Continue, 103 Early Hints ...: interim answers before the real one
+        else:
+            raise TransportError("bad_response", "bad_http", "more than %d interim (1xx) answers" % _INTERIM_MAX)
+        version_1_0 = match.group(1) == b"0"
+        connection = self.headers.get("connection", "").lower()
+        self.will_close = "close" in connection or (version_1_0 and "keep-alive" not in connection)
+        self._frame(method)
+
+    def _header_lines(self, what):
+        """The header (or trailer) lines up to the empty line, as a dict."""
+        headers, name = {}, None
+        for _ in range(_HEAD_LINES_MAX + 1):
+            line = self._whole_line("a %s line" % what)
+            if not line:
+                return headers
+            text = line.decode("latin-1")
+            if text[0] in " \t" and name is not None:     # an obsolete folded continuation line
+                headers[name] = (headers[name] + " " + text.strip()).strip()
+                continue
+            name, colon, value = text.partition(":")
+            name = name.strip().lower()
+            if not colon or not name:
+                name = None                  # not a header: skipped, as browsers do
+                continue
+            value = value.strip()
+            headers[name] = headers[name] + ", " + value if name in headers else value
+        raise TransportError("bad_response", "bad_http", "more than %d %s lines" % (_HEAD_LINES_MAX, what))
+
+    def _frame(self, method):
+        """How the body ends: RFC 9112 section 6.3, in its order."""
+        self.length = None
+        self._chunked = False
+        self._done = False
+        if method == "HEAD" or self.status in (204, 304):
+            self._done = True
+            return
+        coding = self.headers.get("transfer-encoding")
+        if coding is not None:
+            self._chunked = coding.rsplit(",", 1)[-1].strip().lower() == "chunked"
+            # Not chunked: the body ends with the connection.  With a Content-Length too, the coding
+            # wins, and the connection, whose framing two headers dispute, is not used again.
+            self.will_close = self.will_close or not self._chunked or "content-length" in self.headers
+            return
+        length = self.headers.get("content-length")
+        if length is not None:
+            value = length
+            if "," in value:                 # the same length twice is one length
+                values = {v.strip() for v in value.split(",")}
+                value = values.pop() if len(values) == 1 else ""
+            if not value.isdigit() or not value.isascii():
+                raise TransportError("bad_response", "bad_http", "invalid Content-Length %r" % length[:80])
+            self.length = int(value)
+            self._done = self.length == 0
+            return
+        self.will_close = True               # the body ends with the connection
+
+    # -- the body -----------------------------------------------------------------------------
+
+    @property
+    def leftover(self):
+        """Bytes received beyond this response (a connection with any cannot be reused)."""
+        return len(self._buf) - self._pos
+
+    def read_piece(self):
+        """The next piece of the body, ``b""`` at its end; raises TransportError when the
+        connection closes before the framing says the body is complete."""
+        if self._done:
+            return b""
+        if self._chunked:
+            return self._chunk_piece()
+        if self._pos == len(self._buf) and not self._fill():
+            if self.length:
+                raise TransportError("bad_response", "truncated_body", "the connection closed with %d of the "
+                                     "body's bytes missing" % self.length)
+            self._done = True
+            return b""
+        piece = self._take(self.length)
+        if self.length is not None:
+            self.length -= len(piece)
+            self._done = not self.length
+        return piece
+
+    def _take(self, limit):
+        """Up to ``limit`` (None: every one) of the bytes received and not yet consumed, consumed."""
+        end = len(self._buf) if limit is None else min(len(self._buf), self._pos + limit)
+        piece = bytes(self._buf[self._pos:end])
+        self._pos = end
+        return piece
+
+    def _chunk_piece(self):
+        if not self._chunk_left:
+            size = self._whole_line("a chunk-size line")
+            digits = size.split(b";", 1)[0].strip()
+            if not digits or len(digits) > 16 or digits.strip(b"0123456789abcdefABCDEF"):
+                raise TransportError("bad_response", "bad_http", "invalid chunk size %r" % size[:40])
+            self._chunk_left = int(digits, 16)
+            if not self._chunk_left:
+                self._header_lines("trailer")
+                self._done = True
+                return b""
+        if self._pos == len(self._buf) and not self._fill():
+            raise TransportError("bad_response", "truncated_body", "the connection closed in the middle of "
+                                 "a chunk of the body")
+        piece = self._take(self._chunk_left)
+        self._chunk_left -= len(piece)
+        if not self._chunk_left:
+            if self._whole_line("the end of a chunk"):
+                raise TransportError("bad_response", "bad_http", "a chunk of the body is longer than its size")
+        return piece
+
+
+def _read_body(resp, ex):
+    """``(body, whole)``: the body of ``resp`` (an :class:`_HttpResponse`) within the cap of ``ex``;
+    ``whole`` is False when ``ex.truncate`` cut it at the cap."""
+    cap = ex.max_bytes
+    if resp.length is not None and resp.length > cap and not ex.truncate:
+        raise TransportError("bad_response", "body_too_large",
+                             "body of %d bytes is over the %d byte cap" % (resp.length, cap))
+    chunks, total = [], 0
+    while True:
+        chunk = resp.read_piece()
+        if not chunk:
+            return b"".join(chunks), True
+        total += len(chunk)
+        if total > cap:
+            if not ex.truncate:
+                raise TransportError("bad_response", "body_too_large", "body over the %d byte cap" % cap)
+            chunks.append(chunk[:cap - (total - len(chunk))])
+            return b"".join(chunks), False
+        chunks.append(chunk)
+
+
+# Compressed bytes fed to the inflater per step: small enough that the copy zlib makes of the
+# unread input at each member's end (``unused_data``) stays a constant, so a body of many tiny
+# gzip members inflates in linear time; inflated bytes per step: the call's deadline and cancel
+# are checked between steps, a few milliseconds of work apart at most.
+_INFLATE_IN_STEP = 1024
+_INFLATE_OUT_STEP = 256 * 1024
+
+
+def _decompress(raw, max_bytes, truncate=False, ctx=None):
+    """A gzip (every member), zlib or raw deflate body, capped at ``max_bytes`` once inflated.
+
+    A compressed stream that stops before its end marker is a truncated body, unless
+    ``truncate`` asked for a cut (the compressed body was itself cut at the cap).  Time is linear
+    in the body's size (many empty members too); with ``ctx``, the call's cancel and deadline
+    stop the work (``Cancelled``, or a ``timeout``).
+
+    >>> import gzip; _decompress(gzip.compress(b"one ") + gzip.compress(b"two"), 100)
+    b'one two'
+    """
+    out = []
+    for wbits in (47, -15):     # 47: gzip or zlib, told apart by the header; -15: raw deflate
+        out = []
+        try:
+            return _inflate(raw, wbits, max_bytes, truncate, ctx, out)
+        except zlib.error:
+            if out:
+                return b"".join(out)              # a damaged member after good ones
+    raise TransportError("bad_response", "bad_encoding", "body is not valid gzip/deflate data")
+
+
+def _inflate_check(ctx):
+    """Between two steps of inflating: stop on the call's cancel or at its deadline."""
+    if ctx is not None:
+        ctx.check()
+        if ctx.expired():
+            raise TransportError("timeout", "timeout", "timed out decompressing the body")
+
+
+def _inflate(raw, wbits, max_bytes, truncate, ctx, out):
+    """Inflate every member of ``raw`` into ``out`` (a list of pieces), in bounded steps."""
+    view, pos, end, size = memoryview(raw), 0, len(raw), 0
+    inflater, members = zlib.decompressobj(wbits), 0
+    while True:
+        data = view[pos:pos + _INFLATE_IN_STEP]
+        pos += len(data)
+        while True:
+            piece = inflater.decompress(data, min(_INFLATE_OUT_STEP, max_bytes + 1 - size))
+            size += len(piece)
+            if size > max_bytes:
+                if truncate:                  # cut the last piece, not the joined whole: one copy less
+                    out.append(piece[:len(piece) - (size - max_bytes)])
+                    return b"".join(out)
+                raise TransportError("bad_response", "body_too_large",
+                                     "decompressed body over the %d byte cap" % max_bytes)
+            if piece:
+                out.append(piece)
+                _inflate_check(ctx)
+            data = inflater.unconsumed_tail
+            if not data or inflater.eof:
+                break
+        if inflater.eof:
+            pos -= len(inflater.unused_data)
+            if not (wbits == 47 and view[pos:pos + 2] == b"\x1f\x8b"):
+                return b"".join(out)          # no further gzip member; trailing bytes are ignored
+            inflater = zlib.decompressobj(wbits)
+            members += 1
+            if members % 64 == 0:           # empty members inflate to nothing: check by count
+                _inflate_check(ctx)
+        elif pos >= end:
+            if truncate:
+                return b"".join(out)
+            raise TransportError("bad_response", "truncated_body", "the compressed body ends before its end marker")
+
+
+def _reset_seconds(value, now=None):
+    """X-RateLimit-Reset as seconds from now: an epoch in s or ms, or a delta."""
+    value = int(value)
+    now = time.time() if now is None else now
+    if value > 1e12:
+        return max(0.0, value / 1000.0 - now)
+    if value > 1e9:
+        return max(0.0, value - now)
+    return float(value)
+
+
+def retry_after_of(headers):
+    """Seconds to wait from Retry-After or X-RateLimit-Reset (the longest window).
+
+    >>> retry_after_of({"retry-after": "7"}), retry_after_of({"x-ratelimit-reset": "1, 30"})
+    (7.0, 30.0)
+    """
+    wait = parse_retry_after(headers.get("retry-after"))
+    if wait is not None:
+        return wait
+    resets = [r.strip() for r in headers.get("x-ratelimit-reset", "").split(",")]
+    resets = [_reset_seconds(r) for r in resets if r.isdigit()]
+    return max(resets) if resets else None
+
+
+def exhausted_window(headers):
+    """Seconds until a rate-limit window that has no requests left resets, or None.
+
+    Windows are comma-separated (Brave: per second, per month); a limit of 0
+    means unlimited, not exhausted.
+
+    >>> exhausted_window({"x-ratelimit-limit": "1, 2000", "x-ratelimit-remaining": "0, 1946",
+    ...                   "x-ratelimit-reset": "1, 1419704"})
+    1.0
+    >>> exhausted_window({"x-ratelimit-limit": "50, 0", "x-ratelimit-remaining": "49, 0",
+    ...                   "x-ratelimit-reset": "1, 2558678"}) is None
+    True
+    """
+    remaining = [r.strip() for r in headers.get("x-ratelimit-remaining", "").split(",")]
+    if not any(r == "0" for r in remaining):
+        return None
+    limits = [r.strip() for r in headers.get("x-ratelimit-limit", "").split(",")]
+    resets = [r.strip() for r in headers.get("x-ratelimit-reset", "").split(",")]
+    waits = []
+    for i, r in enumerate(remaining):
+        if r != "0" or (i < len(limits) and limits[i] == "0"):
+            continue
+        if i < len(resets) and resets[i].isdigit():
+            waits.append(_reset_seconds(resets[i]))
+    return max(waits) if waits else None
+
+
+# ---------------------------------------------------------------------------
+# §15 HTTP transport
+# ---------------------------------------------------------------------------
+
+POOL_PER_HOST = 8       # idle kept-alive connections per upstream host
+# A request that times out with less than this share of its own timeout (it waited for a slot, or
+# the call was nearly over) is a ``call_deadline`` timeout: no upstream is blamed for it.
+SHORT_TIMEOUT_SHARE = 0.9
+POOL_IDLE_S = 30.0      # older idle connections are closed rather than reused
 
 
 _LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
@@ -8647,276 +9047,6 @@ def _open_connection(conn):
         raise TransportError("network_error", "proxy_error", "proxy %s %s" % (proxy, what)) from None
 
 
-# One HTTP/1.1 exchange is written and read here by hand (RFC 9112); http.client only connects
-# (sockets, TLS, a proxy's CONNECT tunnel).  Its request writer and its header parser (the email
-# package) cost a search more CPU than the rest of the exchange.  http.client's limits are kept:
-_HEAD_LINE_MAX = 65536      # bytes in the status line, one header line or one chunk-size line
-_HEAD_LINES_MAX = 100       # header lines of a response (and trailer lines of a chunked body)
-_INTERIM_MAX = 10           # 1xx answers (100 Continue, 103 Early Hints) before the real one
-_RECV_BYTES = 65536
-_TARGET_BREAK = LazyPattern(r"[\x00-\x20\x7f]")
-_STATUS_LINE = LazyPattern(rb"HTTP/1\.([0-9]) ([1-9][0-9][0-9])(?: (.*))?\Z", re.S)
-
-
-class _NoAnswer(ConnectionError):
-    """The connection closed before a response began (a kept-alive one the server had dropped)."""
-
-
-def _host_header(scheme, host, port):
-    """The ``Host`` of a request to ``host:port``: the port only when it is not the scheme's own."""
-    default = 443 if scheme == "https" else 80
-    return ("[%s]" % host if ":" in host else host) + ("" if port == default else ":%d" % port)
-
-
-def _request_bytes(method, target, host, headers, body):
-    """The request as it goes on the wire, head and body in one buffer (one send).  A header that
-    would break the head (a line break in a key or a User-Agent) is refused, as is a target with
-    spaces or control characters."""
-    if _TARGET_BREAK.search(target) or not target.isascii():
-        raise TransportError("network_error", "bad_url", "the request target holds spaces or control "
-                             "characters: %r" % target[:200])
-    lines = ["%s %s HTTP/1.1" % (method, target), "Host: " + host]
-    for name, value in headers.items():
-        value = str(value).strip()
-        if "\n" in value or "\r" in value or "\0" in value or not name.replace("-", "").isalnum() \
-                or not name.isascii():
-            raise TransportError("network_error", "bad_header", "the request header %r holds a line break or a "
-                                 "character a header cannot carry (check the key or WEBSEARCH_UA)" % name[:100])
-        lines.append("%s: %s" % (name, value))
-    if body is not None or method in ("POST", "PUT", "PATCH"):
-        lines.append("Content-Length: %d" % len(body or b""))
-    try:
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    except UnicodeEncodeError:
-        raise TransportError("network_error", "bad_header", "a request header holds characters outside "
-                             "Latin-1 (check the keys and WEBSEARCH_UA)") from None
-    return head + body if body else head
-
-
-class _HttpResponse:
-    """One HTTP/1.1 response read from ``sock``: the status line and headers at once, then the
-    body piece by piece (:meth:`read_piece`), framed by Content-Length, the chunked transfer
-    coding or the end of the connection (RFC 9112 section 6.3).
-
-    Every read from the socket waits at most what is left of ``ctx``'s deadline (and at most
-    ``wait_s`` when given: a stream's longest silence); a connection that a cancel shut is the
-    cancellation, not the end of the body.  Every line of the head is capped and nothing is
-    scanned twice, so a response dripped a byte at a time costs linear work until the deadline.
-
-    ``headers``: names in lower case, a repeated header's values joined by ``", "``.
-    ``will_close``: the connection cannot carry another request after this one.  ``length``: body
-    bytes still expected by Content-Length (None otherwise).
-    """
-
-    __slots__ = ("status", "reason", "headers", "will_close", "length", "_sock", "_ctx", "_wait_s", "_buf", "_pos",
-                 "_chunk_left", "_chunked", "_done")
-
-    def __init__(self, sock, method, ctx, wait_s=None):
-        self._sock = sock
-        self._ctx = ctx
-        self._wait_s = wait_s
-        self._buf = bytearray()     # bytes received and not yet consumed from _pos on
-        self._pos = 0
-        self._chunk_left = 0        # bytes left in the current chunk of a chunked body
-        self._read_head(method)
-
-    # -- the socket and the buffer ------------------------------------------------------------
-
-    def _fill(self):
-        """Receive more bytes; False at the end of the connection."""
-        if self._pos:
-            del self._buf[:self._pos]
-            self._pos = 0
-        wait_s = self._ctx.remaining()
-        if self._wait_s is not None:
-            wait_s = min(wait_s, self._wait_s)
-        if wait_s <= 0:
-            raise TimeoutError("timed out")
-        self._sock.settimeout(wait_s)
-        data = self._sock.recv(_RECV_BYTES)
-        if not data:
-            self._ctx.check()       # a cancel shuts the socket: what looks like the end is not
-            return False
-        self._buf += data
-        return True
-
-    def _line(self, what):
-        """The next line (without its CRLF or LF), or None at the end of the connection."""
-        scan = self._pos
-        while True:
-            end = self._buf.find(b"\n", scan)
-            if end >= 0:
-                if end - self._pos > _HEAD_LINE_MAX:
-                    break
-                line = bytes(self._buf[self._pos:end])
-                self._pos = end + 1
-                return line[:-1] if line.endswith(b"\r") else line
-            if len(self._buf) - self._pos > _HEAD_LINE_MAX:
-                break
-            scan = len(self._buf) - self._pos       # no line end so far, from here on after _fill
-            if not self._fill():
-                return None
-        raise TransportError("bad_response", "bad_http", "%s is longer than %d bytes" % (what, _HEAD_LINE_MAX))
-
-    def _whole_line(self, what):
-        """:meth:`_line`, where the end of the connection cuts the response short."""
-        line = self._line(what)
-        if line is None:
-            raise TransportError("bad_response", "truncated_body", "the connection closed before %s" % what)
-        return line
-
-    # -- the head -----------------------------------------------------------------------------
-
-    def _read_head(self, method):
-        for _ in range(_INTERIM_MAX + 1):
-            line = self._line("the status line")
-            if line is None:
-                if self._buf:
-                    raise TransportError("bad_response", "truncated_body", "the connection closed in the "
-                                         "middle of the status line")
-                raise _NoAnswer("the connection closed before an answer")
-            match = _STATUS_LINE.match(line)
-            if match is None:
-                raise TransportError("bad_response", "bad_http", "not an HTTP/1.x status line: %r" % line[:80])
-            self.status = int(match.group(2))
-            self.reason = (match.group(3) or b"").decode("latin-1").strip()
-            self.headers = self._header_lines("header")
-            if not 100 <= self.status < 200:
-                break
-            if self.status == 101:
-                raise TransportError("bad_response", "bad_http", "the server switched protocols (101) unasked")
-            # 100 Continue, 103 Early Hints ...: interim answers before the real one
-        else:
-            raise TransportError("bad_response", "bad_http", "more than %d interim (1xx) answers" % _INTERIM_MAX)
-        version_1_0 = match.group(1) == b"0"
-        connection = self.headers.get("connection", "").lower()
-        self.will_close = "close" in connection or (version_1_0 and "keep-alive" not in connection)
-        self._frame(method)
-
-    def _header_lines(self, what):
-        """The header (or trailer) lines up to the empty line, as a dict."""
-        headers, name = {}, None
-        for _ in range(_HEAD_LINES_MAX + 1):
-            line = self._whole_line("a %s line" % what)
-            if not line:
-                return headers
-            text = line.decode("latin-1")
-            if text[0] in " \t" and name is not None:     # an obsolete folded continuation line
-                headers[name] = (headers[name] + " " + text.strip()).strip()
-                continue
-            name, colon, value = text.partition(":")
-            name = name.strip().lower()
-            if not colon or not name:
-                name = None                  # not a header: skipped, as browsers do
-                continue
-            value = value.strip()
-            headers[name] = headers[name] + ", " + value if name in headers else value
-        raise TransportError("bad_response", "bad_http", "more than %d %s lines" % (_HEAD_LINES_MAX, what))
-
-    def _frame(self, method):
-        """How the body ends: RFC 9112 section 6.3, in its order."""
-        self.length = None
-        self._chunked = False
-        self._done = False
-        if method == "HEAD" or self.status in (204, 304):
-            self._done = True
-            return
-        coding = self.headers.get("transfer-encoding")
-        if coding is not None:
-            self._chunked = coding.rsplit(",", 1)[-1].strip().lower() == "chunked"
-            # Not chunked: the body ends with the connection.  With a Content-Length too, the coding
-            # wins, and the connection, whose framing two headers dispute, is not used again.
-            self.will_close = self.will_close or not self._chunked or "content-length" in self.headers
-            return
-        length = self.headers.get("content-length")
-        if length is not None:
-            value = length
-            if "," in value:                 # the same length twice is one length
-                values = {v.strip() for v in value.split(",")}
-                value = values.pop() if len(values) == 1 else ""
-            if not value.isdigit() or not value.isascii():
-                raise TransportError("bad_response", "bad_http", "invalid Content-Length %r" % length[:80])
-            self.length = int(value)
-            self._done = self.length == 0
-            return
-        self.will_close = True               # the body ends with the connection
-
-    # -- the body -----------------------------------------------------------------------------
-
-    @property
-    def leftover(self):
-        """Bytes received beyond this response (a connection with any cannot be reused)."""
-        return len(self._buf) - self._pos
-
-    def read_piece(self):
-        """The next piece of the body, ``b""`` at its end; raises TransportError when the
-        connection closes before the framing says the body is complete."""
-        if self._done:
-            return b""
-        if self._chunked:
-            return self._chunk_piece()
-        if self._pos == len(self._buf) and not self._fill():
-            if self.length:
-                raise TransportError("bad_response", "truncated_body", "the connection closed with %d of the "
-                                     "body's bytes missing" % self.length)
-            self._done = True
-            return b""
-        piece = self._take(self.length)
-        if self.length is not None:
-            self.length -= len(piece)
-            self._done = not self.length
-        return piece
-
-    def _take(self, limit):
-        """Up to ``limit`` (None: every one) of the bytes received and not yet consumed, consumed."""
-        end = len(self._buf) if limit is None else min(len(self._buf), self._pos + limit)
-        piece = bytes(self._buf[self._pos:end])
-        self._pos = end
-        return piece
-
-    def _chunk_piece(self):
-        if not self._chunk_left:
-            size = self._whole_line("a chunk-size line")
-            digits = size.split(b";", 1)[0].strip()
-            if not digits or len(digits) > 16 or digits.strip(b"0123456789abcdefABCDEF"):
-                raise TransportError("bad_response", "bad_http", "invalid chunk size %r" % size[:40])
-            self._chunk_left = int(digits, 16)
-            if not self._chunk_left:
-                self._header_lines("trailer")
-                self._done = True
-                return b""
-        if self._pos == len(self._buf) and not self._fill():
-            raise TransportError("bad_response", "truncated_body", "the connection closed in the middle of "
-                                 "a chunk of the body")
-        piece = self._take(self._chunk_left)
-        self._chunk_left -= len(piece)
-        if not self._chunk_left:
-            if self._whole_line("the end of a chunk"):
-                raise TransportError("bad_response", "bad_http", "a chunk of the body is longer than its size")
-        return piece
-
-
-def _read_body(resp, ex):
-    """``(body, whole)``: the body of ``resp`` (an :class:`_HttpResponse`) within the cap of ``ex``;
-    ``whole`` is False when ``ex.truncate`` cut it at the cap."""
-    cap = ex.max_bytes
-    if resp.length is not None and resp.length > cap and not ex.truncate:
-        raise TransportError("bad_response", "body_too_large",
-                             "body of %d bytes is over the %d byte cap" % (resp.length, cap))
-    chunks, total = [], 0
-    while True:
-        chunk = resp.read_piece()
-        if not chunk:
-            return b"".join(chunks), True
-        total += len(chunk)
-        if total > cap:
-            if not ex.truncate:
-                raise TransportError("bad_response", "body_too_large", "body over the %d byte cap" % cap)
-            chunks.append(chunk[:cap - (total - len(chunk))])
-            return b"".join(chunks), False
-        chunks.append(chunk)
-
-
 def _send_failure(exc, ctx, maybe_stale):
     """The error to raise for ``exc``, an OS or HTTP failure while a request was sent or its answer read.
 
@@ -8973,134 +9103,8 @@ def _describe_os_error(exc):
     return text if name in text else "%s: %s" % (name, text)
 
 
-# Compressed bytes fed to the inflater per step: small enough that the copy zlib makes of the
-# unread input at each member's end (``unused_data``) stays a constant, so a body of many tiny
-# gzip members inflates in linear time; inflated bytes per step: the call's deadline and cancel
-# are checked between steps, a few milliseconds of work apart at most.
-_INFLATE_IN_STEP = 1024
-_INFLATE_OUT_STEP = 256 * 1024
-
-
-def _decompress(raw, max_bytes, truncate=False, ctx=None):
-    """A gzip (every member), zlib or raw deflate body, capped at ``max_bytes`` once inflated.
-
-    A compressed stream that stops before its end marker is a truncated body, unless
-    ``truncate`` asked for a cut (the compressed body was itself cut at the cap).  Time is linear
-    in the body's size (many empty members too); with ``ctx``, the call's cancel and deadline
-    stop the work (``Cancelled``, or a ``timeout``).
-
-    >>> import gzip; _decompress(gzip.compress(b"one ") + gzip.compress(b"two"), 100)
-    b'one two'
-    """
-    out = []
-    for wbits in (47, -15):     # 47: gzip or zlib, told apart by the header; -15: raw deflate
-        out = []
-        try:
-            return _inflate(raw, wbits, max_bytes, truncate, ctx, out)
-        except zlib.error:
-            if out:
-                return b"".join(out)              # a damaged member after good ones
-    raise TransportError("bad_response", "bad_encoding", "body is not valid gzip/deflate data")
-
-
-def _inflate_check(ctx):
-    """Between two steps of inflating: stop on the call's cancel or at its deadline."""
-    if ctx is not None:
-        ctx.check()
-        if ctx.expired():
-            raise TransportError("timeout", "timeout", "timed out decompressing the body")
-
-
-def _inflate(raw, wbits, max_bytes, truncate, ctx, out):
-    """Inflate every member of ``raw`` into ``out`` (a list of pieces), in bounded steps."""
-    view, pos, end, size = memoryview(raw), 0, len(raw), 0
-    inflater, members = zlib.decompressobj(wbits), 0
-    while True:
-        data = view[pos:pos + _INFLATE_IN_STEP]
-        pos += len(data)
-        while True:
-            piece = inflater.decompress(data, min(_INFLATE_OUT_STEP, max_bytes + 1 - size))
-            size += len(piece)
-            if size > max_bytes:
-                if truncate:                  # cut the last piece, not the joined whole: one copy less
-                    out.append(piece[:len(piece) - (size - max_bytes)])
-                    return b"".join(out)
-                raise TransportError("bad_response", "body_too_large",
-                                     "decompressed body over the %d byte cap" % max_bytes)
-            if piece:
-                out.append(piece)
-                _inflate_check(ctx)
-            data = inflater.unconsumed_tail
-            if not data or inflater.eof:
-                break
-        if inflater.eof:
-            pos -= len(inflater.unused_data)
-            if not (wbits == 47 and view[pos:pos + 2] == b"\x1f\x8b"):
-                return b"".join(out)          # no further gzip member; trailing bytes are ignored
-            inflater = zlib.decompressobj(wbits)
-            members += 1
-            if members % 64 == 0:           # empty members inflate to nothing: check by count
-                _inflate_check(ctx)
-        elif pos >= end:
-            if truncate:
-                return b"".join(out)
-            raise TransportError("bad_response", "truncated_body", "the compressed body ends before its end marker")
-
-
-def _reset_seconds(value, now=None):
-    """X-RateLimit-Reset as seconds from now: an epoch in s or ms, or a delta."""
-    value = int(value)
-    now = time.time() if now is None else now
-    if value > 1e12:
-        return max(0.0, value / 1000.0 - now)
-    if value > 1e9:
-        return max(0.0, value - now)
-    return float(value)
-
-
-def retry_after_of(headers):
-    """Seconds to wait from Retry-After or X-RateLimit-Reset (the longest window).
-
-    >>> retry_after_of({"retry-after": "7"}), retry_after_of({"x-ratelimit-reset": "1, 30"})
-    (7.0, 30.0)
-    """
-    wait = parse_retry_after(headers.get("retry-after"))
-    if wait is not None:
-        return wait
-    resets = [r.strip() for r in headers.get("x-ratelimit-reset", "").split(",")]
-    resets = [_reset_seconds(r) for r in resets if r.isdigit()]
-    return max(resets) if resets else None
-
-
-def exhausted_window(headers):
-    """Seconds until a rate-limit window that has no requests left resets, or None.
-
-    Windows are comma-separated (Brave: per second, per month); a limit of 0
-    means unlimited, not exhausted.
-
-    >>> exhausted_window({"x-ratelimit-limit": "1, 2000", "x-ratelimit-remaining": "0, 1946",
-    ...                   "x-ratelimit-reset": "1, 1419704"})
-    1.0
-    >>> exhausted_window({"x-ratelimit-limit": "50, 0", "x-ratelimit-remaining": "49, 0",
-    ...                   "x-ratelimit-reset": "1, 2558678"}) is None
-    True
-    """
-    remaining = [r.strip() for r in headers.get("x-ratelimit-remaining", "").split(",")]
-    if not any(r == "0" for r in remaining):
-        return None
-    limits = [r.strip() for r in headers.get("x-ratelimit-limit", "").split(",")]
-    resets = [r.strip() for r in headers.get("x-ratelimit-reset", "").split(",")]
-    waits = []
-    for i, r in enumerate(remaining):
-        if r != "0" or (i < len(limits) and limits[i] == "0"):
-            continue
-        if i < len(resets) and resets[i].isdigit():
-            waits.append(_reset_seconds(resets[i]))
-    return max(waits) if waits else None
-
-
 # ---------------------------------------------------------------------------
-# §15 Streaming LLM client
+# §16 Streaming LLM client
 # ---------------------------------------------------------------------------
 
 _INVALID_KEY = LazyPattern(r"incorrect api key|invalid api key|invalid_api_key|api key.{0,20}(invalid|not valid)"
@@ -9456,7 +9460,7 @@ def stream_answer(transport, config, protocol, model, system, user, ctx, timeout
 
 
 # ---------------------------------------------------------------------------
-# §16 Key pool, circuit breaker and engine health
+# §17 Key pool, circuit breaker and engine health
 # ---------------------------------------------------------------------------
 
 class KeyState(enum.Enum):
@@ -9812,7 +9816,7 @@ class HealthBoard:
 
 
 # ---------------------------------------------------------------------------
-# §17 Cache and coalescing
+# §18 Cache and coalescing
 # ---------------------------------------------------------------------------
 
 class TTLCache:
@@ -10201,7 +10205,7 @@ class LayeredCache:
 
 
 # ---------------------------------------------------------------------------
-# §18 Vendors
+# §19 Vendors
 # ---------------------------------------------------------------------------
 
 # A 200 whose text apologises instead of answering.
@@ -11346,7 +11350,7 @@ VENDOR_CLASSES = {cls.name: cls for cls in (BraveVendor, SerperVendor, YepVendor
 
 
 # ---------------------------------------------------------------------------
-# §19 Fetch providers and the site mapper
+# §20 Fetch providers and the site mapper
 # ---------------------------------------------------------------------------
 
 _MEDIA_HTML = ("text/html", "application/xhtml+xml")
@@ -12213,7 +12217,7 @@ class SiteMapper:
 
 
 # ---------------------------------------------------------------------------
-# §20 Site crawler
+# §21 Site crawler
 # ---------------------------------------------------------------------------
 
 CRAWL_MAX_PAGES, CRAWL_DEFAULT_PAGES = 100, 10
@@ -12728,7 +12732,7 @@ class SiteCrawler:
 
 
 # ---------------------------------------------------------------------------
-# §21 Ring
+# §22 Ring
 # ---------------------------------------------------------------------------
 
 RRF_K = 60   # reciprocal rank fusion constant (Cormack et al., 2009)
@@ -13028,7 +13032,7 @@ class Ring:
 
 
 # ---------------------------------------------------------------------------
-# §22 Tool schemas and argument checking
+# §23 Tool schemas and argument checking
 # ---------------------------------------------------------------------------
 
 # Output schemas are lean: they name the fields a caller reads, each with one type, and leave out the
@@ -13900,7 +13904,7 @@ def _argument_row(name, spec, required):
 
 
 # ---------------------------------------------------------------------------
-# §23 Search and page tools
+# §24 Search and page tools
 # ---------------------------------------------------------------------------
 
 def _cap_text(text, max_chars):
@@ -14634,7 +14638,7 @@ def _map_failure(url, attempts):
 
 
 # ---------------------------------------------------------------------------
-# §24 Answer and configuration tools
+# §25 Answer and configuration tools
 # ---------------------------------------------------------------------------
 
 # A few lines of extra guidance, each added only when the question is of its kind.
@@ -15147,7 +15151,7 @@ class _ProgressTicker:
 
 
 # ---------------------------------------------------------------------------
-# §25 Planning tools
+# §26 Planning tools
 # ---------------------------------------------------------------------------
 
 PLAN_REQUIRED = {1: PLAN_PHASES[:3], 2: PLAN_PHASES[:5], 3: PLAN_PHASES}
@@ -15315,7 +15319,7 @@ def _dependency_groups(sub_queries):
 
 
 # ---------------------------------------------------------------------------
-# §26 JSON-RPC server
+# §27 JSON-RPC server
 # ---------------------------------------------------------------------------
 
 _META_VERSION = "io.modelcontextprotocol/protocolVersion"
@@ -16084,7 +16088,7 @@ def _call_key(msg_id):
 
 
 # ---------------------------------------------------------------------------
-# §27 Streamable HTTP
+# §28 Streamable HTTP
 # ---------------------------------------------------------------------------
 
 HTTP_PATH = "/mcp"
@@ -16779,7 +16783,7 @@ def serve_http(server, address):
     return status
 
 
-# §28 Client files: JSON
+# §29 Client files: JSON
 # ---------------------------------------------------------------------------
 
 # `install` merges the server's entry into an MCP client's own configuration file and `uninstall` takes it
@@ -17389,7 +17393,7 @@ def _json_verify(text, dialect, client, expected):
 
 
 # ---------------------------------------------------------------------------
-# §29 Client files: TOML
+# §30 Client files: TOML
 # ---------------------------------------------------------------------------
 
 
@@ -17927,7 +17931,7 @@ def _toml_prune(doc, path):
 
 
 # ---------------------------------------------------------------------------
-# §30 Client files: YAML
+# §31 Client files: YAML
 # ---------------------------------------------------------------------------
 
 _YAML_SPECIAL = set(["", "~", "null", "true", "false", "yes", "no", "on", "off", "y", "n"])
@@ -18692,12 +18696,12 @@ def _flow_items(body):
 
 
 # ---------------------------------------------------------------------------
-# §31 Installing into a client
+# §32 Installing into a client
 # ---------------------------------------------------------------------------
 
 # Where each client keeps its file, the entry in the client's own shape (keys as its references), and the
 # careful write: a backup beside the file, a temporary file renamed over it, refused if the file changed.
-# What differs per client is in its CLIENTS row (§28); what the shape of an entry needs is here.
+# What differs per client is in its CLIENTS row (§29); what the shape of an entry needs is here.
 
 class _Places:
     """The folders client files live in on one platform: the home, %APPDATA%, $XDG_CONFIG_HOME, VS Code's
@@ -19069,7 +19073,7 @@ def write_config(path, old_text, new_text, backup=True, private=False):
 
 
 # ---------------------------------------------------------------------------
-# §32 Command line
+# §33 Command line
 # ---------------------------------------------------------------------------
 
 # The one command that is not a tool's: its client argument and options are the parser's own.
