@@ -2326,6 +2326,13 @@ def test_redactor_masks_known_secrets_and_key_shaped_strings(ring):
         assert "AbcdefGH12345678" not in redact("Authorization: %s AbcdefGH12345678" % header), header
 
 
+def test_a_logged_text_is_masked_before_repr_escapes_it(ring):
+    stream = io.StringIO()
+    logger = ring.Logger("debug", stream=stream)
+    logger.info("query %r from %s", "\x01tvly-abcdefgh1234", "Bearer\x0bABCDEFGH1234")
+    assert "abcdefgh1234" not in stream.getvalue() and "ABCDEFGH1234" not in stream.getvalue()
+
+
 def test_parse_retry_after_reads_seconds_and_http_dates(ring):
     assert ring.parse_retry_after("30") == 30.0
     assert ring.parse_retry_after(" 7 ") == 7.0
@@ -2336,6 +2343,11 @@ def test_parse_retry_after_reads_seconds_and_http_dates(ring):
     assert ring.parse_retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now=now) == 0.0  # in the past
     for unusable in (None, "", "   ", "soon", "Wed, 99 Foo 2015"):
         assert ring.parse_retry_after(unusable) is None, unusable
+    # A hostile or broken header parks a vendor for a month at most, never for years or forever.
+    month = ring.MAX_RETRY_AFTER_S
+    for value, wait in (("1e12", month), ("inf", month), ("nan", 0.0), ("-inf", 0.0),
+                        ("Fri, 31 Dec 9999 23:59:59 GMT", month)):
+        assert ring.parse_retry_after(value) == wait, value
 
 
 @pytest.mark.parametrize("url, expected", [
@@ -2468,6 +2480,12 @@ def test_retry_after_of_prefers_retry_after_then_the_longest_reset(ring):
     assert ring.retry_after_of({"x-ratelimit-reset": "1, 30"}) == 30.0
     assert ring.retry_after_of(_lower(FIXTURES["yep/rate_limited.json"]["headers"])) == 23.0
     assert ring.retry_after_of({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0.0   # past
+    # Digits int() cannot read ("\xb2" is a digit to isdigit(); 400 or 5,000 digits) are no reset.
+    for reset in ("\xb2", "9" * 400, "9" * 5000, "1\u0663"):
+        assert ring.retry_after_of({"x-ratelimit-reset": reset + ", 30"}) == 30.0
+        assert ring.exhausted_window({"x-ratelimit-remaining": "0", "x-ratelimit-reset": reset}) is None
+    assert ring.exhausted_window({"x-ratelimit-remaining": "0", "x-ratelimit-reset": "999999999"}) == \
+        ring.MAX_RETRY_AFTER_S
     in_a_minute_ms = str(int((time.time() + 60) * 1000))
     assert 55 <= ring.retry_after_of({"x-ratelimit-reset": in_a_minute_ms}) <= 60
     in_two_minutes = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 120))
@@ -4342,18 +4360,20 @@ def test_config_unset_or_whitespace_variables_take_their_defaults(ring):
         assert config.vendors == ("exa", "tavily", "bing", "duckduckgo")
 
 
-@pytest.mark.parametrize("name, guess", [("WEBSEARCH_VENDOR", "WEBSEARCH_VENDORS"),
-                                         ("WEBSEARCH_ALLOW_PRIVATE_URL", "WEBSEARCH_ALLOW_PRIVATE_URLS"),
-                                         ("TAVILY_KEY", "TAVILY_API_KEY"), ("GROK_MODLE", "GROK_MODEL"),
-                                         ("websearch_vendors", "WEBSEARCH_VENDORS"), ("BING_MARKET", None),
-                                         ("DUCKDUCKGO_REGION", None)])
-def test_an_unknown_variable_with_an_own_prefix_is_a_problem_naming_the_closest(ring, name, guess):
-    config = ring.Config.from_env({name: "tvly-dev-Ax7Qm2Lp9Rs4Tu6Vw8Yz0111", "HOME": "/x", "GROKKING": "1"})
+@pytest.mark.parametrize("name, guess, hidden", [
+    ("WEBSEARCH_VENDOR", "WEBSEARCH_VENDORS", False), ("WEBSEARCH_ALLOW_PRIVATE_URL", "WEBSEARCH_ALLOW_PRIVATE_URLS", False),
+    ("TAVILY_KEY", "TAVILY_API_KEY", True), ("GROK_MODLE", "GROK_MODEL", False),
+    ("websearch_vendors", "WEBSEARCH_VENDORS", False), ("BING_MARKET", None, False), ("DUCKDUCKGO_REGION", None, False),
+    # misspelt key variables: the name does not say "key", the variable it was meant to be does
+    ("BRAVE_API_KY", "BRAVE_API_KEY", True), ("WEBSEARCH_HTTP_TOKN", "WEBSEARCH_HTTP_TOKEN", True)])
+def test_an_unknown_variable_with_an_own_prefix_is_a_problem_naming_the_closest(ring, name, guess, hidden):
+    config = ring.Config.from_env({name: "BSAq7f3kL9xYzT2mN8pR4vW6", "HOME": "/x", "GROKKING": "1"})
     assert [p.variable for p in config.problems] == [name]
     message = config.problems[0].message
     assert message.startswith("%s is not a variable of websearch-ring and is ignored" % name)
     assert ("did you mean %s?" % guess in message) if guess else ("--help-env" in message)
-    assert ("Ax7Qm2" in config.problems[0].value) is (not ring._SECRET_NAME.search(name))
+    assert config.problems[0].value == ("<hidden>" if hidden else "BSAq7f3kL9xYzT2mN8pR4vW6")
+    assert "BSAq7f3k" not in json.dumps(config.problems[0].as_dict()) or not hidden
 
 
 def test_every_variable_read_is_known_to_the_typo_check(ring):
@@ -5174,6 +5194,101 @@ def test_a_redirect_to_a_malformed_url_is_a_bad_url_not_an_internal_error(ring):
     assert caught.value.code == "bad_url"
 
 
+def test_a_redirect_to_a_host_with_a_space_or_a_control_character_is_a_bad_url(ring):
+    transport = inprocess_transport(ring, WEBSEARCH_ALLOW_PRIVATE_URLS="1")
+    for location in ("http://a b/x", "http://a\x01b/x", "http://127.0.0.1\x7f/x"):
+        answer = _raw("HTTP/1.1 302 Found", [("Location", location), ("Content-Length", 0)])
+        with RawUpstream([(answer, True)]) as upstream:
+            with pytest.raises(ring.TransportError) as caught:
+                transport.request("GET", upstream.url + "/moved", timeout_s=DEFAULT_TIMEOUT_S, max_redirects=5)
+        assert caught.value.code == "bad_url", location
+    assert transport.slots.in_use == 0
+
+
+@pytest.mark.parametrize("length, outcome", [("0" * 4999 + "5", b"hello"), ("9" * 5000, "body_too_large")])
+def test_a_content_length_of_thousands_of_digits_is_read_or_refused_cleanly(ring, length, outcome):
+    transport = inprocess_transport(ring)
+    with RawUpstream([(_raw("HTTP/1.1 200 OK", [("Content-Length", length)], b"hello"), False)]) as upstream:
+        if isinstance(outcome, bytes):
+            assert transport.request("GET", upstream.url + "/", timeout_s=DEFAULT_TIMEOUT_S).body == outcome
+        else:
+            with pytest.raises(ring.TransportError) as caught:
+                transport.request("GET", upstream.url + "/", timeout_s=DEFAULT_TIMEOUT_S)
+            assert caught.value.code == outcome
+
+
+def test_an_idle_connection_with_bytes_sent_after_its_response_is_not_reused(ring):
+    # A 204 has no body: bytes that follow it later (here a whole response) must not be read as the
+    # answer to the next request on that connection.
+    transport = inprocess_transport(ring)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.settimeout(DEFAULT_TIMEOUT_S)
+    url = "http://127.0.0.1:%d" % listener.getsockname()[1]
+    go, sent, heads = threading.Event(), threading.Event(), []
+
+    def serve():
+        with contextlib.suppress(OSError):
+            first, _ = listener.accept()
+            with contextlib.closing(first):
+                first.settimeout(DEFAULT_TIMEOUT_S)
+                heads.append(first.recv(65536))
+                first.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+                go.wait(DEFAULT_TIMEOUT_S)
+                first.sendall(_raw("HTTP/1.1 200 OK", [("Content-Length", 4)], b"EVIL"))
+                sent.set()
+                second, _ = listener.accept()
+                with contextlib.closing(second):
+                    second.settimeout(DEFAULT_TIMEOUT_S)
+                    heads.append(second.recv(65536))
+                    second.sendall(_raw("HTTP/1.1 200 OK", [("Content-Length", 4)], b"GOOD"))
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        assert transport.request("GET", url + "/first", timeout_s=DEFAULT_TIMEOUT_S).status == 204
+        go.set()
+        assert sent.wait(DEFAULT_TIMEOUT_S)
+        time.sleep(_POLL_S * 4)                   # the late bytes reach the idle connection
+        assert transport.request("GET", url + "/second", timeout_s=DEFAULT_TIMEOUT_S).body == b"GOOD"
+    finally:
+        listener.close()
+        server.join(DEFAULT_TIMEOUT_S)
+    assert len(heads) == 2
+
+
+def test_content_encodings_are_undone_last_first_and_an_unasked_one_is_refused(ring):
+    transport = inprocess_transport(ring)
+    twice = gzip.compress(gzip.compress(_BODY))
+    answers = [(_raw("HTTP/1.1 301 Moved", [("Location", "/b"), ("Content-Encoding", "gzip"), ("Content-Length", 0)]),
+                True),
+               (_raw("HTTP/1.1 200 OK", [("Content-Encoding", "gzip, gzip"), ("Content-Length", len(twice))], twice),
+                True),
+               (_raw("HTTP/1.1 200 OK", [("Content-Encoding", "identity, gzip"), ("Content-Length", len(twice))],
+                     twice), True),
+               (_raw("HTTP/1.1 200 OK", [("Content-Encoding", "br"), ("Content-Length", 5)], b"\x8b\x02\x80ok"),
+                True)]
+    with RawUpstream(answers) as upstream:
+        # an empty body (a redirect, a 204) has nothing to undo
+        assert transport.request("GET", upstream.url + "/a", timeout_s=DEFAULT_TIMEOUT_S).status == 301
+        assert transport.request("GET", upstream.url + "/b", timeout_s=DEFAULT_TIMEOUT_S).body == _BODY
+        assert transport.request("GET", upstream.url + "/c", timeout_s=DEFAULT_TIMEOUT_S).body == gzip.compress(_BODY)
+        with pytest.raises(ring.TransportError) as caught:
+            transport.request("GET", upstream.url + "/d", timeout_s=DEFAULT_TIMEOUT_S)
+        assert caught.value.code == "bad_encoding"
+
+
+def test_raw_deflate_whose_last_match_crosses_an_inflate_step_is_read_whole(ring):
+    # zlib holds the end of a match past the output step after the input is used up.
+    for extra in range(0, 64, 7):
+        data = b"a" * (ring._INFLATE_OUT_STEP + extra)
+        packer = zlib.compressobj(6, zlib.DEFLATED, -15)
+        raw = packer.compress(data) + packer.flush()
+        assert ring._decompress(raw, 5 << 20) == data, extra
+        assert ring._decompress(raw, 5 << 20, truncate=True) == data, extra
+
+
 def test_a_gzip_body_cut_before_its_end_is_truncated_and_every_member_is_read(ring):
     transport = inprocess_transport(ring)
     packed = gzip.compress(_BODY)
@@ -5416,6 +5531,29 @@ def test_proxy_passwords_never_show_in_the_configuration_problems_or_snippets(ri
     for client in ("claude-code", "codex", "opencode"):
         run = run_cli("config", client, env={"WEBSEARCH_PROXY": "http://me:pr0xy-pw@127.0.0.1:3128"})
         assert run.code == 0 and "pr0xy-pw" not in run.out and "http://me:<password>@127.0.0.1:3128" in run.out
+
+
+@pytest.mark.parametrize("env", [
+    {"SEARXNG_URL": "u:hunt3r-pw@searx.lan:8080"}, {"SEARXNG_URL": "http://user:hunt3r/pw@searx.lan"},
+    {"WEBSEARCH_PROXY": "user:hunt3r-pw@"}, {"WEBSEARCH_PROXY": "user:hunt3r-pw@proxy.corp:3128"}])
+def test_a_url_password_the_mask_cannot_find_is_never_shown(ring, env):
+    # No scheme, or a "/" in the password: the whole value is hidden rather than shown with it.
+    config = ring.Config.from_env(env)
+    shown = json.dumps([config.masked(), [p.as_dict() for p in config.problems]])
+    assert "hunt3r" not in shown, shown
+    run = run_cli("config", "claude-code", env=env)
+    assert run.code == 0 and "hunt3r" not in run.out and "<your %s>" % next(iter(env)) in run.out
+
+
+def test_a_key_in_a_configured_url_is_masked_in_every_output(ring):
+    url = "https://mcp.exa.ai/mcp?exaApiKey=abcd1234-ef56"
+    config = ring.Config.from_env({"WEBSEARCH_EXA_MCP_URL": url})
+    server = ring.Server(config, stdin=io.BytesIO(), stdout=io.BytesIO())
+    sent = server.encode({"jsonrpc": "2.0", "id": 1, "result": {"configuration": config.masked(), "url": url}})
+    assert b"abcd1234" not in sent and b"exaA\xe2\x80\xa6ef56" in sent
+    # a URL's path is not searched for other key shapes: "-sk-..." in a slug is no key
+    slug = "https://example.com/risk-sk-abcdefghijkl"
+    assert ring.Redactor().outgoing({"url": slug}) == {"url": slug}
 
 @pytest.mark.parametrize("value, expected", [
     ("127.0.0.1:3128", "http://127.0.0.1:3128"), ("proxy.corp:8080", "http://proxy.corp:8080"),
@@ -6475,6 +6613,19 @@ def test_needed_finds_whatever_outgoing_would_mask_in_the_json_text(ring):
     assert not redact.needed(json.dumps(plain)) and redact.outgoing(plain) == plain
 
 
+@pytest.mark.parametrize("value", [
+    "invalid key:\ntvly-abcdefgh1234", "key\ttvly-abcdefgh1234", "\u00e9tvly-abcdefgh1234 \ud800",
+    "x\x01sk-abcdefghij1234", "Authorization: Bearer\x0bABCDEFGH1234", "Bearer\x0cABCDEFGH1234",
+    "Bearer\\nABCDEFGH1234", "Basic\xa0ABCDEFGH1234 \ud800", "bearer\u2028ABCDEFGH1234"])
+def test_a_key_after_a_character_json_escapes_is_masked_in_what_goes_out(ring, value):
+    # needed() reads the JSON text, where such a character is an escape: it must still see the key.
+    server = ring.Server(ring.Config.from_env({}), stdin=io.BytesIO(), stdout=io.BytesIO())
+    masked = ring.Redactor().outgoing({"message": value})["message"]
+    assert masked != value
+    sent = server.encode({"jsonrpc": "2.0", "id": 1, "error": {"code": -1, "message": value}})
+    assert json.loads(sent)["error"]["message"] == masked
+
+
 def test_decode_bing_url_matches_every_case_of_the_ck_links_table(ring):
     cases = fixture_json("bing_html/ck_links.json")["cases"]
     assert len(cases) == 5
@@ -7450,6 +7601,8 @@ def test_mask_url_credentials_finds_every_url_in_text_and_runs_in_linear_time(ri
     redact = ring.Redactor(["my-own-secret-value-42"])
     assert_linear(lambda n: redact("Bearer " + "a" * n + " bearer " * n + "my-own-secr" * n), 20000, "Redactor")
     assert_linear(lambda n: redact.needed("://" + "a" * n + "://x" * n + "@"), 20000, "Redactor.needed")
+    assert_linear(lambda n: redact.needed("Bearer" + "\\u000b" * n + " basic \\n" * n + "-" * n), 20000,
+                  "Redactor.needed on escapes")
     assert_linear(lambda n: ring.script_shell('<noscript x="' + "y" * n + '">' + "<noscript>" * n, ""), 20000,
                   "script_shell")
 

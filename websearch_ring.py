@@ -94,6 +94,9 @@ MISSING_CAPABILITY = -32021
 
 MAX_LINE_BYTES = 16 * 1024 * 1024     # a stdin line longer than this is discarded
 MAX_BODY_BYTES = 5 * 1024 * 1024      # every upstream body, streams too
+# The longest wait an upstream may ask for (Retry-After, X-RateLimit-Reset): the longest window a
+# vendor's quota counts (a month: Brave's), not the years or the forever a header may name.
+MAX_RETRY_AFTER_S = 31 * 86400.0
 LOG_FILE_MAX_BYTES = 5 * 1024 * 1024  # WEBSEARCH_LOG_DIR: the log, then one older file of this size
 MAX_QUERY_CHARS = 1000
 MIN_RESULTS, MAX_RESULTS, DEFAULT_RESULTS = 1, 20, 8
@@ -334,9 +337,21 @@ _weakref = LazyModule("weakref")
 # Secrets that look like keys even when we were not told about them (not inside a longer word:
 # "task-management" is no key; a token after Bearer or Basic has a capital or a digit, so
 # "Basic authentication" is no key either).
+_KEY_BODY = r"(?:tvly-[A-Za-z0-9_-]{6,}|xai-[A-Za-z0-9_-]{6,}|sk-[A-Za-z0-9_-]{10,})"
+_AUTH_TOKEN = r"(?=[a-z._~-]*[A-Z0-9+/=])[A-Za-z0-9._~+/=-]{8,}"
+_EXA_KEY = r"exaApiKey=[^&\s\"']+"      # Exa's hosted endpoint takes its key in the URL
 _SECRET_PATTERNS = LazyPattern(
-    r"((?<![A-Za-z0-9])(?:tvly-[A-Za-z0-9_-]{6,}|xai-[A-Za-z0-9_-]{6,}|sk-[A-Za-z0-9_-]{10,})"
-    r"|(?i:bearer|basic)(?:\s|\\[nrt])+(?=[a-z._~-]*[A-Z0-9+/=])[A-Za-z0-9._~+/=-]{8,}|exaApiKey=[^&\s\"']+)")
+    r"((?<![A-Za-z0-9])" + _KEY_BODY + r"|(?i:bearer|basic)(?:\s|\\[nrt])+" + _AUTH_TOKEN + "|" + _EXA_KEY + ")")
+# The one of them a bare URL is searched for (a URL's path may hold "-sk-..." that is no key).
+_URL_KEY_PATTERN = LazyPattern(_EXA_KEY)
+# The same, as such a string can look inside the JSON text of a message (Redactor.needed): right
+# after an escape (a newline before "tvly-" is the two characters \n there; an accented letter in
+# ASCII-only JSON is \u00e9) and with an escaped separator (\f, \u000b, a backslash written \\).
+# It matches wherever _SECRET_PATTERNS matches a string of the message, sometimes more (the
+# message is then walked for nothing).
+_SECRET_PATTERNS_IN_JSON = LazyPattern(
+    r"(?:(?<![A-Za-z0-9])|(?<=\\[bfnrt])|(?<=\\u[0-9a-fA-F]{4}))" + _KEY_BODY +
+    r"|(?i:bearer|basic)(?:\s|\\[bfnrt/]|\\u[0-9a-fA-F]{4}|\\\\[nrt])+" + _AUTH_TOKEN + r"|exaApiKey=")
 # Substrings of a lower-cased text, one of which it holds when _SECRET_PATTERNS can match in it
 # (whose Bearer and Basic ignore case: "BeaRer" too).
 _SECRET_MARKERS = ("tvly-", "xai-", "sk-", "bearer", "basic", "exaapikey")
@@ -407,7 +422,7 @@ class Redactor:
     def _shaped(text):
         if not _may_hold_key(text):
             return text          # the common case, without running the regular expression
-        return _SECRET_PATTERNS.sub(lambda m: fingerprint(m.group(0)), text)
+        return _SECRET_PATTERNS.sub(_fingerprint_match, text)
 
     def needed(self, text):
         """False when the JSON text of a message holds nothing :meth:`outgoing` would change:
@@ -417,7 +432,7 @@ class Redactor:
         for head in self._heads:
             if head in text:
                 return True
-        return _may_hold_key(text) and _SECRET_PATTERNS.search(text) is not None
+        return _may_hold_key(text) and _SECRET_PATTERNS_IN_JSON.search(text) is not None
 
     def outgoing(self, message):
         """``message`` (any JSON value) with every string in it masked: the one pass every
@@ -452,7 +467,7 @@ class Redactor:
             if field in _DOCUMENT_FIELDS:
                 return self.known(value, found)
             if _is_bare_url(value):
-                return mask_url_credentials(self.known(value))
+                return _URL_KEY_PATTERN.sub(_fingerprint_match, mask_url_credentials(self.known(value)))
             return self(value)
         if isinstance(value, dict):
             return {self.known(key) if isinstance(key, str) else key: self._masked(item, key, found)
@@ -533,6 +548,17 @@ def mask_url_credentials(text, mask="****"):
     return "".join(out)
 
 
+def shown_url(value, mask="****"):
+    """A URL or proxy setting to show: its password masked, or None when an ``@`` in it may hide a
+    password the mask cannot find (no scheme, a ``/`` in the password), so none of it is shown.
+
+    >>> shown_url("http://me:pw@proxy:3128"), shown_url("me:pw@proxy:3128"), shown_url("http://proxy:3128")
+    ('http://me:****@proxy:3128', None, 'http://proxy:3128')
+    """
+    masked = mask_url_credentials(value, mask)
+    return None if "@" in value and masked == value else masked
+
+
 _AUTHORITY_END = LazyPattern(r"[/?#\\\s\"'<>`]")
 # A URL that may carry user-info, also inside JSON text (where quotes come escaped).
 _URL_USERINFO = LazyPattern(r"://[^\s/?#@<>]*@")
@@ -550,6 +576,10 @@ def fingerprint(secret):
     if len(secret) < 10:
         return "…"
     return secret[:4] + "…" + secret[-4:]
+
+
+def _fingerprint_match(match):
+    return fingerprint(match.group(0))
 
 
 def collapse_ws(text):
@@ -619,6 +649,8 @@ def parse_retry_after(value, now=None):
     10.0
     >>> parse_retry_after("soon") is None
     True
+    >>> parse_retry_after("1e12"), parse_retry_after("inf"), parse_retry_after("nan")
+    (2678400.0, 2678400.0, 0.0)
     """
     if value is None:
         return None
@@ -626,7 +658,7 @@ def parse_retry_after(value, now=None):
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        return _wait_within(float(value))
     except ValueError:
         pass
     try:
@@ -638,7 +670,12 @@ def parse_retry_after(value, now=None):
     if when.tzinfo is None:      # the asctime form has no zone; HTTP dates are always UTC
         when = when.replace(tzinfo=datetime.timezone.utc)
     now = time.time() if now is None else now
-    return max(0.0, when.timestamp() - now)
+    return _wait_within(when.timestamp() - now)
+
+
+def _wait_within(seconds):
+    """``seconds`` of a wait an upstream asked for, between 0 and MAX_RETRY_AFTER_S (NaN: 0)."""
+    return min(MAX_RETRY_AFTER_S, seconds) if seconds > 0 else 0.0
 
 
 def closest(name, choices):
@@ -700,6 +737,8 @@ def iri_to_uri(url):
         except UnicodeError as exc:
             raise ValueError("the host %r cannot be encoded (%s)" % (host, exc)) from None
         hostport = host + colon + port
+    if _URI_UNSAFE_ASCII.search(hostport):       # http.client would refuse it with an error of its own
+        raise ValueError("the host %r holds a space or a character a host cannot have" % hostport[:200])
     netloc = _urllib_parse.quote(userinfo, safe=_URI_SAFE) + at + hostport
     quote = _urllib_parse.quote
     return _urllib_parse.urlunsplit((parts.scheme, netloc, quote(parts.path, safe=_URI_SAFE),
@@ -889,8 +928,8 @@ class Logger:
 
     def log(self, level, message, *args):
         """Log ``message % args`` at ``level`` (a name from LEVELS)."""
-        if args:
-            message = message % args
+        if args:      # each text masked before %r can escape it (a key after "\x01" is no longer at a word start)
+            message = message % tuple(self.redact(a) if isinstance(a, str) else a for a in args)
         text = self.redact(message)
         if self.LEVELS.get(level, 20) >= self.threshold:
             self._write(level, text)
@@ -6898,6 +6937,10 @@ def _parse_url(text, var):
         raise ValueError("not a URL") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("not an http(s) URL")
+    try:
+        parts.port        # "http://user:pa/ss@host" is the host "user" with the port "pa"
+    except ValueError:
+        raise ValueError("not a valid port (a password with / ? # in it must be percent-encoded)") from None
     return text.rstrip("/")
 
 
@@ -7354,12 +7397,15 @@ def unknown_variables(env):
     """A Problem for each variable of ``env`` with one of OWN_PREFIXES that this server does not read,
     naming the closest variable it does read (a typo would otherwise change nothing without a word)."""
     known = sorted({n for var in VARIABLES for n in (var.name,) + var.aliases if n.upper().startswith(OWN_PREFIXES)})
+    secret = {n for var in VARIABLES if var.secret for n in (var.name,) + var.aliases}
     problems = []
     for name in sorted(env):
         if name in known or not name.upper().startswith(OWN_PREFIXES):
             continue
         guess = closest(name, known)
-        shown = "<hidden>" if _SECRET_NAME.search(name) or "@" in str(env[name]) else str(env[name])[:100]
+        # A misspelt key variable (BRAVE_API_KY) holds a key: its value is never shown.
+        hide = _SECRET_NAME.search(name) or guess in secret or "@" in str(env[name])
+        shown = "<hidden>" if hide else str(env[name])[:100]
         problems.append(Problem(name, shown, "a variable listed by --help-env", "%s is not a variable of %s "
                                 "and is ignored; %s" % (name, SERVER_NAME, "did you mean %s?" % guess if guess else
                                                         "python3 websearch_ring.py --help-env lists them")))
@@ -7403,7 +7449,7 @@ def _raw_value(env, var):
 def _invalid_value(var, used, raw, exc):
     """The Problem of an invalid value: shown without secrets, with what is used instead."""
     shown = "<hidden>" if var.secret else (
-        mask_url_credentials(raw.strip()) if var.kind in ("url", "proxy") else raw)
+        shown_url(raw.strip()) or "<hidden>" if var.kind in ("url", "proxy") else raw)
     if var.kind == "proxy":   # going direct instead would bypass the proxy the user asked for
         fallback = "requests that would use it fail instead of going direct"
     elif var.field in ("tavily_api_key", "tavily_api_keys"):
@@ -8208,7 +8254,9 @@ class _HttpResponse:
                 value = values.pop() if len(values) == 1 else ""
             if not value.isdigit() or not value.isascii():
                 raise TransportError("bad_response", "bad_http", "invalid Content-Length %r" % length[:80])
-            self.length = int(value)
+            value = value.lstrip("0") or "0"
+            # More than 18 digits is beyond any cap (and int() refuses 4,300 of them).
+            self.length = int(value) if len(value) <= 18 else 10 ** 18
             self._done = self.length == 0
             return
         self.will_close = True               # the body ends with the connection
@@ -8319,6 +8367,25 @@ def _decompress(raw, max_bytes, truncate=False, ctx=None):
     raise TransportError("bad_response", "bad_encoding", "body is not valid gzip/deflate data")
 
 
+_CODINGS_MAX = 4     # Content-Encoding layers undone (a body gzipped twice is rare; a hundred times, hostile)
+
+
+def _decode_body(raw, coding, ex, ctx):
+    """``raw`` with its ``Content-Encoding`` undone, last coding first (``identity`` is none; an
+    empty body, a 204 or a redirect, has nothing to undo), within the cap of ``ex``.  A coding
+    this client never asks for (``br``) is a ``bad_encoding``, not compressed bytes as the body."""
+    codings = [c for c in (part.strip().lower() for part in coding.split(",")) if c and c != "identity"]
+    if not raw or not codings:
+        return raw
+    unread = [c for c in codings if c not in ("gzip", "x-gzip", "deflate")]
+    if unread or len(codings) > _CODINGS_MAX:
+        raise TransportError("bad_response", "bad_encoding", "the body is encoded as %r, which this client does not "
+                             "read (it asks for gzip or deflate)" % coding[:80])
+    for _ in codings:
+        raw = _decompress(raw, ex.max_bytes, ex.truncate, ctx)
+    return raw
+
+
 def _inflate_check(ctx):
     """Between two steps of inflating: stop on the call's cancel or at its deadline."""
     if ctx is not None:
@@ -8335,7 +8402,8 @@ def _inflate(raw, wbits, max_bytes, truncate, ctx, out):
         data = view[pos:pos + _INFLATE_IN_STEP]
         pos += len(data)
         while True:
-            piece = inflater.decompress(data, min(_INFLATE_OUT_STEP, max_bytes + 1 - size))
+            want = min(_INFLATE_OUT_STEP, max_bytes + 1 - size)
+            piece = inflater.decompress(data, want)
             size += len(piece)
             if size > max_bytes:
                 if truncate:                  # cut the last piece, not the joined whole: one copy less
@@ -8347,7 +8415,8 @@ def _inflate(raw, wbits, max_bytes, truncate, ctx, out):
                 out.append(piece)
                 _inflate_check(ctx)
             data = inflater.unconsumed_tail
-            if not data or inflater.eof:
+            # A piece cut at ``want`` may leave output inside the inflater with no input left.
+            if inflater.eof or (not data and len(piece) < want):
                 break
         if inflater.eof:
             pos -= len(inflater.unused_data)
@@ -8364,14 +8433,21 @@ def _inflate(raw, wbits, max_bytes, truncate, ctx, out):
 
 
 def _reset_seconds(value, now=None):
-    """X-RateLimit-Reset as seconds from now: an epoch in s or ms, or a delta."""
+    """X-RateLimit-Reset as seconds from now (an epoch in s or ms, or a delta); None unless it is
+    plain ASCII digits (``isdigit()`` also takes "²"), at most 15 of them.
+
+    >>> _reset_seconds("30"), _reset_seconds("\xb2"), _reset_seconds("9" * 400), _reset_seconds("999999999")
+    (30.0, None, None, 2678400.0)
+    """
+    if not (value.isascii() and value.isdigit() and len(value) <= 15):
+        return None
     value = int(value)
     now = time.time() if now is None else now
     if value > 1e12:
-        return max(0.0, value / 1000.0 - now)
+        return _wait_within(value / 1000.0 - now)
     if value > 1e9:
-        return max(0.0, value - now)
-    return float(value)
+        return _wait_within(value - now)
+    return _wait_within(float(value))
 
 
 def retry_after_of(headers):
@@ -8384,7 +8460,7 @@ def retry_after_of(headers):
     if wait is not None:
         return wait
     resets = [r.strip() for r in headers.get("x-ratelimit-reset", "").split(",")]
-    resets = [_reset_seconds(r) for r in resets if r.isdigit()]
+    resets = [wait for wait in map(_reset_seconds, resets) if wait is not None]
     return max(resets) if resets else None
 
 
@@ -8410,8 +8486,9 @@ def exhausted_window(headers):
     for i, r in enumerate(remaining):
         if r != "0" or (i < len(limits) and limits[i] == "0"):
             continue
-        if i < len(resets) and resets[i].isdigit():
-            waits.append(_reset_seconds(resets[i]))
+        wait = _reset_seconds(resets[i]) if i < len(resets) else None
+        if wait is not None:
+            waits.append(wait)
     return max(waits) if waits else None
 
 
@@ -8696,7 +8773,9 @@ class Transport:
             idle = self._pool.get(key)
             while idle:
                 conn, since = idle.pop()
-                if now - since < POOL_IDLE_S:
+                # Anything to read on an idle connection is bytes the server sent after its last
+                # response (they would be read as the next one's) or its close: not reused.
+                if now - since < POOL_IDLE_S and conn.sock is not None and not _is_readable_now(conn.sock):
                     return conn
                 conn.close()
         return None
@@ -8762,8 +8841,7 @@ class Transport:
             raw, whole = _read_body(resp, ex)
             keep = whole and not resp.will_close and not resp.leftover and not absolute \
                 and getattr(conn, "_tunnel_host", None) is None
-            if resp.headers.get("content-encoding", "").lower() in ("gzip", "deflate", "x-gzip"):
-                raw = _decompress(raw, ex.max_bytes, ex.truncate, ctx)
+            raw = _decode_body(raw, resp.headers.get("content-encoding", ""), ex, ctx)
             return Response(resp.status, resp.reason, resp.headers, raw, ex.url, 0.0)
         except (TransportError, Cancelled):
             raise
@@ -9074,6 +9152,21 @@ def _open_failure(exc, ctx):
     if isinstance(exc, (OSError, _http_client.HTTPException)):
         return TransportError("network_error", "connection_error", _describe_os_error(exc))
     return None
+
+
+def _is_readable_now(sock):
+    """True when ``sock`` has something to read at once (bytes, or its end), or cannot be asked.
+    poll() where there is one: select() refuses descriptors past FD_SETSIZE."""
+    try:
+        if getattr(sock, "pending", None) is not None and sock.pending():    # TLS bytes already read
+            return True
+        if hasattr(_select, "poll"):
+            poller = _select.poll()
+            poller.register(sock, _select.POLLIN)
+            return bool(poller.poll(0))
+        return bool(_select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 def _shutdown(sock):
@@ -16609,10 +16702,9 @@ class _HttpCall:
         if not self.watching:
             return False
         sock = self.h.connection
+        if not _is_readable_now(sock):
+            return False
         try:
-            readable = _select.select([sock], [], [], 0)[0]
-            if not readable:
-                return False
             if sock.recv(1, _socket.MSG_PEEK) == b"":
                 return True
         except (OSError, ValueError):
@@ -19725,9 +19817,9 @@ class _Launch:
         for name in (var.name,) + var.aliases:
             value = env.get(name)
             if value is not None and value.strip() and name.upper() == name:
-                hidden = var.secret or (var.kind in ("url", "proxy") and "?" in value)   # ?key=... may be a key
-                self.variables[name] = "<your %s>" % name if hidden else (
-                    mask_url_credentials(value, "<password>") if var.kind in ("url", "proxy") else value)
+                shown = shown_url(value, "<password>") if var.kind in ("url", "proxy") else value
+                hidden = var.secret or shown is None or (var.kind in ("url", "proxy") and "?" in value)   # ?key=
+                self.variables[name] = "<your %s>" % name if hidden else shown
                 if hidden:
                     self.secrets.append(name)
                 return
