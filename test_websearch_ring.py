@@ -5554,6 +5554,9 @@ def test_a_key_in_a_configured_url_is_masked_in_every_output(ring):
     # a URL's path is not searched for other key shapes: "-sk-..." in a slug is no key
     slug = "https://example.com/risk-sk-abcdefghijkl"
     assert ring.Redactor().outgoing({"url": slug}) == {"url": slug}
+    # text that only starts with a URL is text: a key after a long URL and a space is masked
+    long_text = "https://example.com/" + "x" * 3000 + " tvly-abcdefgh1234"
+    assert "abcdefgh1234" not in ring.Redactor().outgoing({"message": long_text})["message"]
 
 @pytest.mark.parametrize("value, expected", [
     ("127.0.0.1:3128", "http://127.0.0.1:3128"), ("proxy.corp:8080", "http://proxy.corp:8080"),

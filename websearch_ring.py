@@ -477,9 +477,14 @@ class Redactor:
         return value
 
 
+_ANY_SPACE = LazyPattern(r"\s")
+_URL_MAX_CHARS = 16384     # longer is text that starts with a URL, searched for keys like any text
+
+
 def _is_bare_url(text):
-    """True for a string that is one http(s) URL (no white space in its first 2,048 characters)."""
-    return text.startswith(("http://", "https://")) and not any(c.isspace() for c in text[:2048])
+    """True for a string that is one http(s) URL: no white space anywhere in it (a key after a long
+    URL and a space is text, not part of the URL)."""
+    return text.startswith(("http://", "https://")) and len(text) <= _URL_MAX_CHARS and not _ANY_SPACE.search(text)
 
 
 def _mask_cut(text, secret, mask):
