@@ -5017,6 +5017,29 @@ def test_stream_reader_reads_every_body_ending(ring, ending):
         assert transport.slots.in_use == 0
 
 
+def _stream_of(ring, pieces):
+    """An HttpStream whose body arrives as ``pieces`` (its line splitting, without a socket)."""
+    stream = object.__new__(ring.HttpStream)
+    stream.chunks = lambda: iter(pieces)
+    return stream
+
+
+def test_stream_lines_end_at_crlf_cr_or_lf_wherever_the_pieces_are_cut(ring):
+    assert list(_stream_of(ring, [b"data: a\r", b"\ndata: b\r\n", b"\r", b"\n"]).lines()) == \
+        ["data: a", "data: b", ""]
+    assert list(_stream_of(ring, [b"x\ry\nz"]).lines()) == ["x", "y", "z"]
+    assert list(_stream_of(ring, [b"caf\xc3", b"\xa9\n", b"tail\r"]).lines()) == ["caf\u00e9", "tail"]
+    assert list(_stream_of(ring, [b"a", b"b", b"", b"c\n\n"]).lines()) == ["abc", ""]
+
+
+def test_a_stream_line_that_never_ends_costs_linear_time(ring):
+    def read(n):
+        piece = b"x" * 256
+        for _ in _stream_of(ring, [piece] * (n // 256)).lines():
+            pass
+    assert_linear(read, 400000, "HttpStream.lines")
+
+
 @pytest.mark.parametrize("cut", sorted(BODIES_CUT_SHORT))
 def test_a_body_cut_short_is_truncated_for_both_readers(ring, cut):
     transport = inprocess_transport(ring)
@@ -5915,6 +5938,66 @@ def test_stream_answer_responses_json_body_without_search_has_no_citations(
     config = answer_config(ring, tmp_path, GROK_API_URL=fake_upstream.url + "/v1")
     result = stream_one_answer(ring, config, protocol="response")
     assert (result.content, result.citations) == ("2 + 2 = 4.", [])
+
+
+def _sse(*events):
+    return "".join("data: %s\n\n" % (e if isinstance(e, str) else json.dumps(e)) for e in events)
+
+
+@pytest.mark.parametrize("protocol, body", [
+    ("chat", _sse({"choices": [{"delta": {"content": "x", "annotations": 5}}]}, "[DONE]")),
+    ("response", _sse({"type": "response.output_text.annotation.added", "annotation": "s"})),
+    ("response", _sse({"type": "response.content_part.done", "part": ["x"]})),
+    ("response", _sse({"type": "response.completed", "response": {"output": {"a": 1}}})),
+    ("response", _sse({"type": "response.completed", "response": {"output": [], "citations": 5}})),
+])
+def test_an_answer_event_of_the_wrong_shape_is_malformed_json_not_a_crash(ring, fake_upstream, tmp_path,
+                                                                           protocol, body):
+    fake_upstream.route("POST", CHAT_PATH if protocol == "chat" else RESPONSES_PATH, sse_spec(body))
+    with pytest.raises(ring.UpstreamError) as caught:
+        stream_one_answer(ring, answer_config(ring, tmp_path, GROK_API_URL=fake_upstream.url + "/v1"), protocol)
+    assert (caught.value.outcome, caught.value.code) == ("bad_response", "malformed_json"), caught.value.message
+    assert "Error" not in caught.value.message
+
+
+@pytest.mark.parametrize("body", [b"[1, 2]", b"[" * 100_000, b'{"a":' * 100_000])
+def test_a_200_json_answer_that_is_no_object_is_invalid_json(ring, fake_upstream, tmp_path, body):
+    fake_upstream.route("POST", CHAT_PATH, {"status": 200, "headers": {"Content-Type": "application/json"},
+                                            "body": body})
+    with pytest.raises(ring.UpstreamError) as caught:
+        stream_one_answer(ring, answer_config(ring, tmp_path, GROK_API_URL=fake_upstream.url + "/v1"))
+    assert (caught.value.outcome, caught.value.code) == ("bad_response", "invalid_json")
+
+
+@pytest.mark.parametrize("protocol", ["chat", "response"])
+def test_an_error_envelope_in_a_200_is_classified_on_both_protocols(ring, fake_upstream, tmp_path, protocol):
+    envelope = {"code": "invalid-argument", "error": "Incorrect API key provided: xa***23."}
+    fake_upstream.route("POST", CHAT_PATH if protocol == "chat" else RESPONSES_PATH, json_spec(200, envelope))
+    with pytest.raises(ring.UpstreamError) as caught:
+        stream_one_answer(ring, answer_config(ring, tmp_path, GROK_API_URL=fake_upstream.url + "/v1"), protocol)
+    assert (caught.value.code, caught.value.retryable) == ("invalid_key", False)
+
+
+@pytest.mark.parametrize("protocol, body", [
+    ("chat", chat_stream("Half an ans", finish="length")),
+    ("chat", chat_stream("Half an ans", finish="content_filter")),
+    ("response", _sse({"type": "response.output_text.delta", "delta": "Half"},
+                      {"type": "response.completed", "response": {"status": "incomplete", "output": [],
+                                                                  "incomplete_details": {"reason": "max_output_tokens"}}})),
+])
+def test_an_answer_cut_short_is_incomplete_never_a_success(ring, fake_upstream, tmp_path, protocol, body):
+    fake_upstream.route("POST", CHAT_PATH if protocol == "chat" else RESPONSES_PATH, sse_spec(body))
+    with pytest.raises(ring.UpstreamError) as caught:
+        stream_one_answer(ring, answer_config(ring, tmp_path, GROK_API_URL=fake_upstream.url + "/v1"), protocol)
+    assert (caught.value.outcome, caught.value.code) == ("bad_response", "incomplete")
+
+
+def test_a_key_echoed_percent_encoded_is_masked(ring):
+    key = "xai-abc/def+ghi=jkl123"
+    redact = ring.Redactor([key])
+    for echo in ("https://relay.example/?k=xai-abc%2Fdef%2Bghi%3Djkl123", key):
+        assert "jkl123" not in redact("see " + echo)
+        assert redact.needed(json.dumps({"m": echo})) and "jkl123" not in json.dumps(redact.outgoing({"m": echo}))
 
 
 def test_stream_answer_empty_json_answer_is_a_retryable_empty_error(ring, fake_upstream, tmp_path):
@@ -7577,6 +7660,60 @@ def test_exa_mcp_tool_result_of_the_wrong_shape_is_bad_response(ring, result):
     outcome = board.search("q", 5, None, ring.CallContext(deadline=ring.Deadline(DEFAULT_TIMEOUT_S)))
     [attempt] = outcome["attempts"]
     assert attempt["outcome"] in ("bad_response", "no_results") and attempt["code"] != "internal_error", attempt
+
+
+def _answering(ring, vendor, status, body, ctype="application/json", **env):
+    """An in-process ring of ``vendor`` alone whose every request gets ``status`` and ``body`` (bytes)."""
+    keys = _JSON_VENDORS[vendor][2] if vendor in _JSON_VENDORS else {}
+    board, _ = inprocess_ring(ring, dict(keys, WEBSEARCH_VENDORS=vendor, NO_PROXY="*", **env))
+    board.transport.request = lambda method, url, **options: ring.Response(
+        status, "X", {"content-type": ctype}, body, url, 0.0)
+    outcome = board.search("q", 5, None, ring.CallContext(deadline=ring.Deadline(DEFAULT_TIMEOUT_S)))
+    return outcome
+
+
+@pytest.mark.parametrize("error", [{"code": "VALIDATION", "detail": {"reason": "bad"}, "meta": {}},
+                                   {"code": "VALIDATION", "detail": "bad", "meta": {"errors": 5}},
+                                   {"code": 7, "detail": "bad", "meta": {"errors": [{"loc": 3, "msg": "m"}]}}])
+def test_a_brave_error_body_of_the_wrong_shape_is_still_its_status(ring, error):
+    outcome = _answering(ring, "brave", 422, json.dumps({"error": error}).encode())
+    [attempt] = outcome["attempts"]
+    assert (attempt["outcome"], attempt["code"]) == ("http_error", "bad_parameters"), attempt
+
+
+def test_an_exa_mcp_event_nested_too_deep_is_bad_response_not_a_crash(ring):
+    event = "data: " + "[" * 100_000 + "\n\n"
+    outcome = _answering(ring, "exa", 200, event.encode(), "text/event-stream")
+    [attempt] = outcome["attempts"]
+    assert attempt["outcome"] == "bad_response" and attempt["code"] != "internal_error", attempt
+
+
+def test_exa_text_with_long_runs_of_blank_lines_is_read_in_linear_time(ring):
+    assert_linear(lambda n: ring.parse_exa_text("Title: A\nURL: https://a.example/\n" + "\n \n" * n + "x"),
+                  100_000, "parse_exa_text")
+    blocks = ring.parse_exa_text("Title: A\nURL: https://a.example/\nText: x\n\n  ---  \n\n"
+                                 "Title: B\nURL: https://b.example/\nText: y")
+    assert [(r["title"], r["snippet"]) for r in blocks] == [("A", "x"), ("B", "y")]
+
+
+def test_results_without_a_usable_url_are_left_out_and_none_at_all_is_bad_response(ring):
+    good = {"title": "ok", "url": "https://example.com/ok", "content": "c"}
+    bad = [{"title": "t", "url": url, "content": "c"} for url in
+           ("http://[::1", "https://", "https://a\r\nb.example/", "https://a.example/\u202e", "http://\ufffd/x")]
+    outcome = _answering(ring, "searxng", 200, json.dumps({"results": bad + [good]}).encode(),
+                         SEARXNG_URL="http://searx.example")
+    assert [r["url"] for r in outcome["results"]] == [good["url"]]
+    outcome = _answering(ring, "searxng", 200, json.dumps({"results": bad}).encode(),
+                         SEARXNG_URL="http://searx.example")
+    [attempt] = outcome["attempts"]
+    assert (attempt["outcome"], attempt["code"]) == ("bad_response", "bad_urls"), attempt
+
+
+def test_a_retry_hint_in_a_body_parks_an_engine_for_a_month_at_most(ring):
+    body = b'{"error": {"code": "keyless_limit", "message": "slow down", "retry_after_seconds": 1e400}}'
+    outcome = _answering(ring, "tavily", 429, body, WEBSEARCH_TAVILY_URL="http://tavily.example")
+    [attempt] = outcome["attempts"]
+    assert attempt["retry_after_s"] == ring.MAX_RETRY_AFTER_S, attempt
 
 
 @pytest.mark.parametrize("vendor", sorted(_JSON_VENDORS))

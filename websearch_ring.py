@@ -220,12 +220,18 @@ ATTEMPT_OUTCOMES = ("success", "skipped", "skipped_cooldown") + OUTCOMES
 _ATTEMPT_OUTCOME_SET = frozenset(ATTEMPT_OUTCOMES)
 
 
+def _wait_within(seconds):
+    """``seconds`` of a wait an upstream asked for, between 0 and MAX_RETRY_AFTER_S (NaN: 0)."""
+    return min(MAX_RETRY_AFTER_S, seconds) if seconds > 0 else 0.0
+
+
 class UpstreamError(RingError):
     """An upstream exchange that failed, classified: ``outcome`` from :data:`OUTCOMES`.
 
     ``service`` names the upstream (a vendor, ``tavily``, ``direct``,
     ``answer``); ``code`` is the finer reason; ``upstream_code`` the code the
-    upstream itself gave, when it gave one.
+    upstream itself gave, when it gave one.  ``retry_after_s``, from a header or a body, is held
+    to MAX_RETRY_AFTER_S (a body's 1e400 is infinity).
     """
 
     def __init__(self, service, outcome, code, message, *, status=None,
@@ -239,7 +245,7 @@ class UpstreamError(RingError):
         self.message = message
         self.status = status
         self.retryable = retryable
-        self.retry_after_s = retry_after_s
+        self.retry_after_s = None if retry_after_s is None else _wait_within(retry_after_s)
         self.upstream_code = upstream_code
         super().__init__(message)
 
@@ -388,6 +394,9 @@ class Redactor:
 
     def __init__(self, secrets=(), passwords=()):
         masks = {s: fingerprint(s) for s in secrets if s and len(s) >= 6}
+        # A key with / + = in it, as a URL or a relay's link writes it (%2F, %2B, %3D): masked too.
+        masks.update((form, masks[s]) for s in list(masks) for form in (_urllib_parse.quote(s, safe=""),)
+                     if form != s)
         masks.update((p, "****") for p in passwords if p and len(p) >= 4)
         self._masks = sorted(masks.items(), key=lambda item: len(item[0]), reverse=True)
         # How each secret starts inside JSON text (quotes and backslashes escaped), for needed().
@@ -564,6 +573,30 @@ def shown_url(value, mask="****"):
     return None if "@" in value and masked == value else masked
 
 
+# What a link given to a model may not hold: control characters, and the marks that reorder how
+# text is displayed (a U+202E makes a URL read as another one).
+_LINK_BREAK = LazyPattern(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def is_web_url(url):
+    """True for an absolute http(s) URL with a host (one IDNA can write: no white space, no U+FFFD),
+    of at most 8,192 characters, that holds no control or direction mark: a result, source or page
+    address an upstream gives is offered only then.
+
+    >>> is_web_url("https://example.com/a b"), is_web_url("http://[::1"), is_web_url("https://"), is_web_url("https://a\u202e.com")
+    (True, False, False, False)
+    """
+    if not isinstance(url, str) or len(url) > 8192 or not url[:8].lower().startswith(("http://", "https://")) \
+            or _LINK_BREAK.search(url):
+        return False
+    try:
+        parts = _urllib_parse.urlsplit(iri_to_uri(url))    # a host IDNA cannot encode is no host
+        parts.port
+    except ValueError:
+        return False
+    return bool(parts.hostname)
+
+
 _AUTHORITY_END = LazyPattern(r"[/?#\\\s\"'<>`]")
 # A URL that may carry user-info, also inside JSON text (where quotes come escaped).
 _URL_USERINFO = LazyPattern(r"://[^\s/?#@<>]*@")
@@ -677,10 +710,6 @@ def parse_retry_after(value, now=None):
     now = time.time() if now is None else now
     return _wait_within(when.timestamp() - now)
 
-
-def _wait_within(seconds):
-    """``seconds`` of a wait an upstream asked for, between 0 and MAX_RETRY_AFTER_S (NaN: 0)."""
-    return min(MAX_RETRY_AFTER_S, seconds) if seconds > 0 else 0.0
 
 
 def closest(name, choices):
@@ -8905,6 +8934,9 @@ class Transport:
             raise failure from None
 
 
+_LINE_ENDS = LazyPattern(r"\r\n|\r|\n")
+
+
 class HttpStream:
     """An HTTP response being read piece by piece; lines come out of :meth:`lines`."""
 
@@ -8947,17 +8979,27 @@ class HttpStream:
             raise TransportError("network_error", "connection_error", _describe_os_error(exc)) from None
 
     def lines(self):
-        """Decoded text lines (without line ends); the last partial line too."""
+        """Decoded text lines (without their CRLF, CR or LF); the last partial line too.  Only the
+        new piece is split each time: a line that never ends costs linear time, not a split of all
+        of it per piece.  A CR at the end of a piece waits for the next: with a LF, one line end."""
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        pending = ""
+        line, cr = [], ""          # the pieces of the line not yet ended; a CR held back
         for chunk in self.chunks():
-            pending += decoder.decode(chunk)
-            *complete, pending = re.split(r"\r\n|\r|\n", pending)
-            for line in complete:
-                yield line
-        pending += decoder.decode(b"", final=True)
-        if pending:
-            yield pending
+            text = cr + decoder.decode(chunk)
+            cr = "\r" if text.endswith("\r") else ""
+            parts = _LINE_ENDS.split(text[:-1] if cr else text)
+            line.append(parts[0])
+            if len(parts) > 1:
+                yield "".join(line)
+                yield from parts[1:-1]
+                line = [parts[-1]]
+        tail = decoder.decode(b"", final=True)
+        if cr:
+            yield "".join(line)
+            line = []
+        last = "".join(line) + tail
+        if last:
+            yield last
 
     def read(self):
         """The rest of the body as bytes."""
@@ -9313,8 +9355,18 @@ class AnswerResult:
 
 
 def _add_citation(citations, url, title=None):
-    if isinstance(url, str) and url.startswith(("http://", "https://")):
+    if is_web_url(url):
         citations.append((url, title if isinstance(title, str) and title and not title.isdigit() else None))
+
+
+# Chat finish reasons of an answer cut short: a partial answer is no answer (as /responses' incomplete;
+# with no text at all it is an empty answer, tried again).
+_CUT_SHORT = frozenset(("length", "content_filter"))
+
+
+def _stopped_early(reason):
+    raise answer_error("bad_response", "incomplete", "the answer stopped early (%s)" % str(reason)[:80],
+                       upstream_code=str(reason)[:80], retryable=False)
 
 
 class AnswerStreamParser:
@@ -9362,14 +9414,24 @@ class AnswerStreamParser:
             return
         try:
             data = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             return      # a stray non-JSON line is not the answer; the end marker decides
-        if not isinstance(data, dict):
-            return
-        if self.protocol == "chat":
-            self._chat(data)
-        else:
-            self._responses(data)
+        if isinstance(data, dict):
+            self.take(data)
+
+    def take(self, data):
+        """One event, or a whole JSON answer, by protocol.  Fields of types the protocol does not
+        allow (annotations as a number, an error as a string) are a ``malformed_json`` bad_response,
+        not a parser's exception."""
+        try:
+            if self.protocol == "chat":
+                self._chat(data)
+            else:
+                self._responses(data)
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError, RecursionError):
+            kind = data.get("type") if isinstance(data.get("type"), str) else "a chunk"
+            raise answer_error("bad_response", "malformed_json", "the answer stream sent %s of an unexpected "
+                               "shape" % kind[:80], status=200, retryable=True) from None
 
     def _fail(self, fields):
         code, message = fields
@@ -9430,13 +9492,12 @@ class AnswerStreamParser:
         self._fail(error_fields(data) or ("error", "error event"))
 
     def _on_failed(self, data, response):
-        err = response.get("error") or {}
+        err = response.get("error")
+        err = err if isinstance(err, dict) else {"message": err} if isinstance(err, str) else {}
         self._fail((str(err.get("code") or "failed"), str(err.get("message") or "the response failed")))
 
     def _on_incomplete(self, data, response):
-        reason = (response.get("incomplete_details") or {}).get("reason") or "unknown"
-        raise answer_error("bad_response", "incomplete", "the response stopped early (%s)" % reason,
-                           upstream_code=reason, retryable=False)
+        _stopped_early((response.get("incomplete_details") or {}).get("reason") or "unknown")
 
     def _on_annotation(self, data, response):
         ann = data.get("annotation") or {}
@@ -9446,6 +9507,10 @@ class AnswerStreamParser:
         self._collect(data.get("part") or data.get("item") or {})
 
     def _on_completed(self, data, response):
+        if response.get("status") == "failed":
+            self._on_failed(data, response)
+        if response.get("status") == "incomplete":
+            self._on_incomplete(data, response)
         self.model = response.get("model") or self.model
         texts = []
         for item in response.get("output") or []:
@@ -9521,7 +9586,7 @@ def stream_answer(transport, config, protocol, model, system, user, ctx, timeout
                 body = stream.read()
                 try:
                     fields = error_fields(json.loads(body.decode("utf-8", "replace")))
-                except ValueError:
+                except (ValueError, RecursionError):
                     fields = None
                 code, message = fields or (None, body_text_message(body, stream.status, 300))
                 raise classify_answer_error(stream.status, code, status_text(stream.status, message), codes,
@@ -9534,15 +9599,20 @@ def stream_answer(transport, config, protocol, model, system, user, ctx, timeout
             else:
                 try:
                     data = json.loads(stream.read().decode("utf-8", "replace"))
-                except ValueError:
+                except (ValueError, RecursionError):
+                    data = None
+                if not isinstance(data, dict):
                     raise answer_error("bad_response", "invalid_json",
-                                       "the endpoint answered 200 with neither a stream nor JSON",
-                                       status=200, retryable=True) from None
+                                       "the endpoint answered 200 with neither a stream nor a JSON object",
+                                       status=200, retryable=True)
+                fields = error_fields(data)        # an error envelope in a 200, on either protocol
+                if fields:
+                    parser._fail(fields)
                 if protocol == "chat" or "choices" in data:
                     parser.protocol = "chat"
-                    parser._chat(data)
+                    parser.take(data)
                 else:
-                    parser._responses({"type": "response.completed", "response": data})
+                    parser.take({"type": "response.completed", "response": data})
     except TransportError as exc:
         raise answer_error(exc.outcome, exc.code, exc.message, retryable=exc.code != "bad_url") from None
     except DeadlineExceeded as exc:
@@ -9553,6 +9623,8 @@ def stream_answer(transport, config, protocol, model, system, user, ctx, timeout
     result = parser.result()
     if not result.content.strip():
         raise answer_error("no_results", "empty", "the model returned an empty answer", retryable=True)
+    if result.finish in _CUT_SHORT:       # some text, but not the whole answer
+        _stopped_early(result.finish)
     result.model = result.model or model
     return result
 
@@ -10727,12 +10799,12 @@ class ExaVendor(Vendor):
             for event in iter_sse_events(text):
                 try:
                     candidates.append(json.loads(event))
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue
         else:
             try:
                 candidates.append(json.loads(text))
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
         for msg in candidates:
             if isinstance(msg, dict) and msg.get("id") == rpc_id and ("result" in msg or "error" in msg):
@@ -10759,6 +10831,20 @@ def iter_sse_events(text):
             data.append(line[5:].lstrip(" ") if line[5:6] == " " else line[5:])
 
 
+def _exa_blocks(text):
+    """The lines of each block of Exa's text format: blocks are parted by a line that is ``---``.
+    Line by line, not a pattern with white space around the dashes: whose runs of blank lines it
+    would try from every start."""
+    block = []
+    for line in text.split("\n"):
+        if line.strip() == "---":
+            yield block
+            block = []
+        else:
+            block.append(line)
+    yield block
+
+
 def parse_exa_text(text):
     """Results from the hosted Exa MCP text format (blocks joined by a ``---`` line).
 
@@ -10768,9 +10854,9 @@ def parse_exa_text(text):
     """
     text = re.sub(r"^Search Time: [\d.]+ ?ms\s*\n", "", text.strip())
     results = []
-    for block in re.split(r"\n\s*---\s*\n", text):
+    for block in _exa_blocks(text):
         fields, body_lines, in_body = {}, [], False
-        for line in block.strip("\n").split("\n"):
+        for line in block:
             if in_body:
                 body_lines.append(line)
                 continue
@@ -11257,7 +11343,8 @@ class BraveVendor(Vendor):
             err = {}
         if not isinstance(err, dict):
             err = {}
-        code, detail = err.get("code"), err.get("detail") or body_message(resp)
+        code = err.get("code") if isinstance(err.get("code"), str) else None
+        detail = err.get("detail") if isinstance(err.get("detail"), str) and err.get("detail") else body_message(resp)
         meta = err.get("meta") if isinstance(err.get("meta"), dict) else {}
         if code == "SUBSCRIPTION_TOKEN_INVALID" or (resp.status == 401):
             raise UpstreamError(self.name, "auth_error", "invalid_key",
@@ -11286,8 +11373,9 @@ class BraveVendor(Vendor):
     @staticmethod
     def _invalid_fields(meta):
         """`` (field: problem; ...)`` of a VALIDATION error's meta, or ``""``."""
-        fields = ["%s: %s" % (".".join(str(p) for p in e.get("loc") or [] if p != "query"), e.get("msg"))
-                  for e in meta.get("errors") or [] if isinstance(e, dict)]
+        errors = meta.get("errors") if isinstance(meta.get("errors"), list) else []
+        fields = ["%s: %s" % (".".join(str(p) for p in e["loc"] if p != "query") if isinstance(e.get("loc"), list)
+                              else "", e.get("msg")) for e in errors if isinstance(e, dict)]
         return " (%s)" % "; ".join(fields) if fields else ""
 
 
@@ -11818,7 +11906,7 @@ def _jina_document(url, fmt, resp):
     if not content.strip():
         raise UpstreamError("jina", "no_results", "empty", "Jina Reader found no content on %s" % url, status=200)
     final = text.get("url", "")
-    return Document(url, final if final.startswith("http") else url, text.get("title", ""), content.strip(),
+    return Document(url, final if is_web_url(final) else url, text.get("title", ""), content.strip(),
                     "jina", "text/html" if fmt == "html" else "text/markdown")
 
 
@@ -12989,8 +13077,15 @@ class Ring:
             raise
         except Exception as exc:   # an UpstreamError, or a parser bug: neither may end the ring
             return None, self._failed(name, exc, ctx, started), {}
-        self.health.record(name, "success", ctx.headers)
         elapsed = self._clock() - started
+        usable = [r for r in results if is_web_url(r["url"])]
+        if results and not usable:
+            message = "%d results, none with a usable http(s) URL" % len(results)
+            self.health.record(name, "bad_response", ctx.headers, None, "bad_urls", message)
+            return None, attempt_record(name, "bad_response", elapsed, code="bad_urls", http_status=200,
+                                        message=message), {}
+        self.health.record(name, "success", ctx.headers)
+        results = usable
         kept = apply_post_filters(results, filters, native) if post else results
         if not kept:
             return None, attempt_record(name, "no_results", elapsed, code="filtered_out", http_status=200,
@@ -14809,6 +14904,8 @@ def answer_sources(result):
         found.append((match.group(0).rstrip(".,;:!?"), None))
     sources, index = [], {}
     for url, title in found:
+        if not is_web_url(url):
+            continue
         key = normalize_url(url)
         if key in index:
             if title and not sources[index[key]]["title"]:
