@@ -12367,6 +12367,22 @@ def test_calls_that_come_while_the_reader_runs_one_all_reach_the_upstream_at_onc
     assert piped.done.wait(DEFAULT_TIMEOUT_S) and piped.box.get("value") == 0
 
 
+def test_calls_beyond_the_worker_threads_wait_for_one_and_are_all_answered(ring, fake_upstream, monkeypatch):
+    monkeypatch.setattr(ring, "MAX_WORKERS", 2)
+    release = threading.Event()
+    fake_upstream.route("POST", "/search", {"fixture": "tavily/search_success.json", "block_until": release})
+    piped = PipedServer(ring, ring_env({"tavily": fake_upstream}))
+    os.write(piped._write_end, b"".join((json.dumps(_call(i, "q%d" % i)) + "\n").encode() for i in range(1, 7)))
+    fake_upstream.wait_for_requests(3, path="/search")   # the reader's own call and two workers' calls
+    assert piped.server._workers == 2 and len(fake_upstream.requests) == 3
+    release.set()
+    for i in range(1, 7):
+        assert piped.response(i)["result"]["isError"] is False
+    assert piped.server._workers <= 2
+    piped.close_stdin()
+    assert piped.done.wait(DEFAULT_TIMEOUT_S) and piped.box.get("value") == 0
+
+
 def test_lines_waiting_in_a_pipe_are_seen_before_they_are_read(ring):
     if os.name == "nt":
         pytest.skip("select() asks sockets only on Windows: there a message is seen once it is read")
@@ -12706,6 +12722,46 @@ def test_http_refuses_bad_bodies(http_front):
     with sock:
         sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\r\n")
         assert sock.recv(100).startswith(b"HTTP/1.1 411")
+
+
+def _read_until_closed(sock):
+    """Everything ``sock`` receives until the server closes it (bounded by DEFAULT_TIMEOUT_S)."""
+    received, until = b"", time.monotonic() + DEFAULT_TIMEOUT_S
+    while time.monotonic() < until:
+        data = sock.recv(65536)
+        if not data:
+            break
+        received += data
+    return received
+
+
+@pytest.mark.parametrize("refused", [b"Origin: https://evil.example\r\n", b"Host: evil.example\r\n"])
+def test_http_a_refused_requests_body_is_never_read_as_a_request(http_front, fake_upstream, refused):
+    # A page may POST text/plain cross-origin: its body, a whole request without an Origin, must not run.
+    fake_upstream.route("POST", "/search", "tavily/search_success.json")
+    front = http_front(ring_env({"tavily": fake_upstream}))
+    inner = json.dumps(stateless_message(1, "tools/call", {"name": "web_search", "arguments": {
+        "query": "smuggled"}})).encode()
+    inner_request = (b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: web_search\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(inner) + inner)
+    head = b"POST /mcp HTTP/1.1\r\n" + (refused if refused.startswith(b"Host") else b"Host: 127.0.0.1\r\n" + refused)
+    for expect in (b"", b"Expect: 100-continue\r\n"):
+        with socket.create_connection(("127.0.0.1", front.port), timeout=DEFAULT_TIMEOUT_S) as sock:
+            sock.sendall(head + b"Content-Type: text/plain\r\n" + expect +
+                         b"Content-Length: %d\r\n\r\n" % len(inner_request) + inner_request)
+            received = _read_until_closed(sock)
+        assert received.count(b"HTTP/1.1 ") == 1 and b"100 Continue" not in received, received[:300]
+    assert fake_upstream.hits("POST", "/search") == 0
+
+
+@pytest.mark.parametrize("length, status", [("\xb2", b"411"), ("9" * 5000, b"413")])
+def test_http_a_content_length_int_cannot_read_is_still_answered(http_front, length, status):
+    front = http_front()
+    with socket.create_connection(("127.0.0.1", front.port), timeout=DEFAULT_TIMEOUT_S) as sock:
+        sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + length.encode("latin-1") + b"\r\n\r\n{}")
+        assert _read_until_closed(sock).startswith(b"HTTP/1.1 " + status)
 
 
 def test_http_drops_a_slow_client_without_disturbing_others(http_front):

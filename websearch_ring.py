@@ -113,6 +113,9 @@ SESSION_MAX, SESSION_TTL_S = 256, 3600.0
 CACHE_SWEEP_S = 60.0
 SHUTDOWN_GRACE_S = 0.5    # after stdin EOF or SIGTERM, calls get this long to unwind before the exit
 WORKER_IDLE_S = 30.0      # a worker thread with no call for this long ends
+# Worker threads at most: more calls at once wait in the queue for one (a flood of calls would
+# otherwise take a thread each, thousands of them, until the system refuses one).
+MAX_WORKERS = 256
 # After stdin EOF, calls in flight first get this long to finish and be answered: a client that pipes
 # its requests and closes stdin (`printf ... | server`) still reads the answers. SIGTERM skips it.
 EOF_GRACE_S = 2.0
@@ -15631,10 +15634,13 @@ class Server:
         # memory in the allocator's per-thread arenas over a long run.  A task wakes one waiting
         # worker (no herd: a burst of calls would otherwise wake every idle worker for every task).
         # Invariant: the workers waiting on _tasks = _idle + tasks owed to them (counted off _idle,
-        # or a new worker's first).  Under _state_lock:
+        # or a new worker's first); tasks no worker is owed to yet (_unowned) go to the next worker
+        # that ends a task.  Under _state_lock:
         self._tasks = _queue.SimpleQueue()  # (target, args) not yet taken by a worker
         self._busy = 0                      # tasks queued or running
         self._idle = 0                      # workers waiting for a task, not counted on for one
+        self._workers = 0                   # worker threads alive (at most MAX_WORKERS)
+        self._unowned = 0                   # queued tasks with no worker counted on for them
         self._drained = threading.Condition(self._state_lock)   # drain() waits here for _busy == 0
         # Stdin is read by one thread at a time, holding _reading: the reader thread (serve's), or, while
         # the reader runs a call of its own for longer than STDIN_WATCH_AFTER_S, the watcher.
@@ -15817,8 +15823,12 @@ class Server:
             if self._watcher_idle:
                 self._watch_cond.notify()
         if self._watcher is None:
-            self._watcher = threading.Thread(target=self._watch_stdin, name="stdin-watcher", daemon=True)
-            self._watcher.start()
+            watcher = threading.Thread(target=self._watch_stdin, name="stdin-watcher", daemon=True)
+            try:
+                watcher.start()
+                self._watcher = watcher
+            except RuntimeError as exc:   # the call still runs; stdin waits for it meanwhile
+                self.log.error("cannot start the stdin watcher thread (%s)", exc)
         try:
             self._finish_later(later, peer, send)
         except Exception as exc:
@@ -15976,14 +15986,25 @@ class Server:
         """Run ``target(*args)`` on a worker: an idle one, else a new one."""
         with self._state_lock:
             self._busy += 1
-            reuse = self._idle > 0
-            if reuse:
+            start = False
+            if self._idle > 0:
                 self._idle -= 1           # that worker is counted on for this task
+            elif self._workers < MAX_WORKERS:
+                self._workers += 1
+                start = True
+            else:
+                self._unowned += 1        # the next worker to end a task takes it
         self._tasks.put((target, args))
         if self._sweeper is None:
             self._start_sweeper()
-        if not reuse:
-            threading.Thread(target=self._work, name="call", daemon=True).start()
+        if start:
+            try:
+                threading.Thread(target=self._work, name="call", daemon=True).start()
+            except RuntimeError as exc:   # the system refused a thread: a running worker takes it
+                with self._state_lock:
+                    self._workers -= 1
+                    self._unowned += 1
+                self.log.error("cannot start a worker thread (%s): the call waits for a running one", exc)
 
     def _work(self):
         """A worker: runs tasks until none has come for WORKER_IDLE_S."""
@@ -15994,6 +16015,7 @@ class Server:
                 with self._state_lock:
                     if self._idle > 0:    # not counted on for a task: it ends
                         self._idle -= 1
+                        self._workers -= 1
                         return
                 continue                  # a task is on its way to this worker
             try:
@@ -16002,7 +16024,10 @@ class Server:
                 self.log.unexpected("internal error in a worker", exc)
             finally:
                 with self._state_lock:
-                    self._idle += 1
+                    if self._unowned:
+                        self._unowned -= 1    # this worker is counted on for a queued task
+                    else:
+                        self._idle += 1
                     self._call_ended_locked()
 
     def _call_ended_locked(self):
@@ -16498,7 +16523,6 @@ class HttpFront:
         if refused is not None:
             return self._refuse(h, *refused)
         if self.stopping:
-            h.close_connection = True
             return self._refuse(h, 503, INTERNAL_ERROR, "the server is shutting down")
         if path == "/health" and method == "GET":
             return self._health(h)
@@ -16584,16 +16608,20 @@ class HttpFront:
                                 "MCP-Protocol-Version is %s" % (_meta_version(message), version or "missing"))
         return self._session_post(h, message)
 
+    def refuses_before_body(self, h):
+        """True when the request in ``h`` is refused whatever its body (a foreign Origin or Host, no
+        token, a body over the cap): to be answered before a client that expects 100 Continue sends it."""
+        size = _content_length(h)
+        return self._guard(h, h.path.split("?", 1)[0] != "/health") is not None or (
+            size is not None and size > HTTP_MAX_BODY_BYTES)
+
     def _read_body(self, h):
         """The request body, or None after refusing it (411 without a length, 413 over the cap, 408 when it
         comes too slowly)."""
-        length = h.headers.get("Content-Length")
-        if length is None or not length.strip().isdigit():
-            h.close_connection = True
+        size = _content_length(h)
+        if size is None:
             return self._refuse(h, 411, INVALID_REQUEST, "Length Required: send the body with a Content-Length")
-        size = int(length)
-        if size > HTTP_MAX_BODY_BYTES:
-            h.close_connection = True       # the body stays unread
+        if size > HTTP_MAX_BODY_BYTES:      # the body stays unread
             return self._refuse(h, 413, INVALID_REQUEST, "Payload Too Large: at most %d bytes" % HTTP_MAX_BODY_BYTES)
         parts, got, until = [], 0, time.monotonic() + HTTP_BODY_DEADLINE_S
         while got < size:
@@ -16605,7 +16633,6 @@ class HttpFront:
                 h.close_connection = True
                 return None                 # the client left
             if chunk is None or time.monotonic() > until:
-                h.close_connection = True
                 return self._refuse(h, 408, INVALID_REQUEST, "Request Timeout: the body came too slowly")
             parts.append(chunk)
             got += len(chunk)
@@ -16706,7 +16733,19 @@ class HttpFront:
         h.end_headers()
 
     def _refuse(self, h, status, code, message, headers=None, msg_id=None, data=None):
+        # A body a refusal did not read would be read as the next request (with Origin and Host of
+        # its own choosing): the connection ends with the answer.
+        h.close_connection = True
         self._reply(h, status, rpc_error(msg_id, code, message, data), headers)
+
+
+def _content_length(h):
+    """The Content-Length of the request in ``h``: None when it has none or it is no number (plain
+    ASCII digits; more than 18 of them is beyond any cap)."""
+    length = (h.headers.get("Content-Length") or "").strip()
+    if not (length.isascii() and length.isdigit()):
+        return None
+    return int(length) if len(length) <= 18 else 10 ** 18
 
 
 def _meta_version(message):
@@ -16934,10 +16973,9 @@ def _build_http_classes():
         do_PUT = do_PATCH = do_OPTIONS = do_HEAD = _other
 
         def handle_expect_100(self):
-            # A body over the cap is refused before the client sends it.
-            length = self.headers.get("Content-Length") or ""
-            if length.isdigit() and int(length) > HTTP_MAX_BODY_BYTES:
-                self.server.front.handle(self, "POST")
+            # A request refused whatever its body is refused before the client sends it.
+            if self.server.front.refuses_before_body(self):
+                self.server.front.handle(self, self.command)
                 return False
             return super().handle_expect_100()
 
