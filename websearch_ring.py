@@ -8975,6 +8975,8 @@ class HttpStream:
             raise
         except _TIMEOUTS:
             self._ctx.check()
+            if self._ctx.expired():      # the wait was cut by the deadline, data or not before it
+                raise TransportError("timeout", "timeout", "the stream outlived its time budget") from None
             raise TransportError("timeout", "timeout",
                                  "no data from the upstream for %.0f s" % self._timeout_s) from None
         except OSError as exc:
