@@ -581,6 +581,11 @@ def shown_url(value, mask="****"):
 _LINK_BREAK = LazyPattern(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
+# A URL that is plainly one: http(s), a host name of letters, digits, dots and hyphens (no port, no
+# user), then printable ASCII only.
+_PLAIN_WEB_URL = LazyPattern(r"(?i)https?://[a-z0-9][a-z0-9.-]*(?:[/?#][\x21-\x7e]*)?\Z")
+
+
 def is_web_url(url):
     """True for an absolute http(s) URL with a host (one IDNA can write: no white space, no U+FFFD),
     of at most 8,192 characters, that holds no control or direction mark: a result, source or page
@@ -589,8 +594,11 @@ def is_web_url(url):
     >>> is_web_url("https://example.com/a b"), is_web_url("http://[::1"), is_web_url("https://"), is_web_url("https://a\u202e.com")
     (True, False, False, False)
     """
-    if not isinstance(url, str) or len(url) > 8192 or not url[:8].lower().startswith(("http://", "https://")) \
-            or _LINK_BREAK.search(url):
+    if not isinstance(url, str) or len(url) > 8192:
+        return False
+    if _PLAIN_WEB_URL.match(url):       # the common case, without parsing it
+        return True
+    if not url[:8].lower().startswith(("http://", "https://")) or _LINK_BREAK.search(url):
         return False
     try:
         parts = _urllib_parse.urlsplit(iri_to_uri(url))    # a host IDNA cannot encode is no host
