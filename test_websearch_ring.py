@@ -2326,6 +2326,12 @@ def test_redactor_masks_known_secrets_and_key_shaped_strings(ring):
         assert "AbcdefGH12345678" not in redact("Authorization: %s AbcdefGH12345678" % header), header
 
 
+def test_a_bearer_token_masked_in_one_field_is_masked_in_the_text_however_it_is_spaced(ring):
+    masked = ring.Redactor().outgoing({"error": "Bearer\nABCDEFGH1234",
+                                        "text": "the header was Bearer ABCDEFGH1234, then bearer\tABCDEFGH1234"})
+    assert "ABCDEFGH1234" not in json.dumps(masked), masked
+
+
 def test_a_logged_text_is_masked_before_repr_escapes_it(ring):
     stream = io.StringIO()
     logger = ring.Logger("debug", stream=stream)

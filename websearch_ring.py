@@ -351,6 +351,8 @@ _AUTH_TOKEN = r"(?=[a-z._~-]*[A-Z0-9+/=])[A-Za-z0-9._~+/=-]{8,}"
 _EXA_KEY = r"exaApiKey=[^&\s\"']+"      # Exa's hosted endpoint takes its key in the URL
 _SECRET_PATTERNS = LazyPattern(
     r"((?<![A-Za-z0-9])" + _KEY_BODY + r"|(?i:bearer|basic)(?:\s|\\[nrt])+" + _AUTH_TOKEN + "|" + _EXA_KEY + ")")
+# Where Bearer or Basic ends and its token begins (white space, or a \n written out).
+_AUTH_SPLIT = LazyPattern(r"(?:\s|\\[nrt])+")
 # The one of them a bare URL is searched for (a URL's path may hold "-sk-..." that is no key).
 _URL_KEY_PATTERN = LazyPattern(_EXA_KEY)
 # The same, as such a string can look inside the JSON text of a message (Redactor.needed): right
@@ -461,11 +463,16 @@ class Redactor:
         return self._masked(message, None, tuple(sorted(found, key=len, reverse=True)))
 
     def _collect(self, value, field, found):
-        """Add to ``found`` the key-shaped strings of every field that is neither document text nor a bare URL."""
+        """Add to ``found`` the key-shaped strings of every field that is neither document text nor a
+        bare URL, and of a ``Bearer``/``Basic`` one its token alone (the text may part them otherwise)."""
         if isinstance(value, str):
             if field not in _DOCUMENT_FIELDS and not _is_bare_url(value) \
                     and _may_hold_key(value):
-                found.update(m.group(0) for m in _SECRET_PATTERNS.finditer(value))
+                for match in _SECRET_PATTERNS.finditer(value):
+                    found.add(match.group(0))
+                    token = _AUTH_SPLIT.split(match.group(0))[-1]
+                    if len(token) >= 8:
+                        found.add(token)
         elif isinstance(value, dict):
             for key, item in value.items():
                 self._collect(item, key, found)
