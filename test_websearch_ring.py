@@ -12770,6 +12770,21 @@ def test_http_a_content_length_int_cannot_read_is_still_answered(http_front, len
         assert _read_until_closed(sock).startswith(b"HTTP/1.1 " + status)
 
 
+def test_http_connections_held_open_cannot_shut_other_clients_out(http_front, ring, monkeypatch):
+    monkeypatch.setattr(ring, "HTTP_MAX_CONNECTIONS", 3)
+    front = http_front()
+    idle = [socket.create_connection(("127.0.0.1", front.port), timeout=DEFAULT_TIMEOUT_S) for _ in range(3)]
+    try:
+        wait_until(lambda: front.front.connections == 3, what="three idle connections")
+        assert front.initialize()                        # the longest idle one made room
+        assert front.request("GET", path="/health")[0] == 200
+        ended = select.select(idle, [], [], DEFAULT_TIMEOUT_S)[0]
+        assert ended and all(sock.recv(10) == b"" for sock in ended)
+    finally:
+        for sock in idle:
+            sock.close()
+
+
 def test_http_drops_a_slow_client_without_disturbing_others(http_front):
     front = http_front(io_timeout_s=0.2)
     sock = socket.create_connection(("127.0.0.1", front.port), timeout=DEFAULT_TIMEOUT_S)

@@ -16335,7 +16335,7 @@ HTTP_BODY_DEADLINE_S = 60.0    # a whole request body
 HTTP_HEAD_DEADLINE_S = 30.0    # a request line and headers (a client dripping them byte by byte is cut off)
 HTTP_KEEPALIVE_S = 15.0        # a ": ping" on a quiet event stream, before clients and proxies give up on it
 HTTP_POLL_S = 0.1              # how often a waiting exchange looks whether its client is still there
-HTTP_MAX_CONNECTIONS = 512     # open client connections; more are refused with a 503
+HTTP_MAX_CONNECTIONS = 512     # open client connections; then the longest idle one makes room, or a 503
 REQUEST_CANCELLED = -32800
 # Stateless revision: the HTTP status of a JSON-RPC error (the spec's MUSTs and the SDK's table); others 200.
 _HTTP_STATUS_OF_ERROR = {PARSE_ERROR: 400, INVALID_REQUEST: 400, INVALID_PARAMS: 400, HEADER_MISMATCH: 400,
@@ -16509,6 +16509,21 @@ class HttpFront:
                 pass
         if self._clock() - self._swept >= min(60.0, self.idle_s):
             self.sweep()
+
+    def make_room(self):
+        """At the connection limit: end the connection that has waited longest for a request head
+        (idle between requests, or silent), so that held-open connections cannot shut others out.
+        False when every connection is busy with a request."""
+        with self._lock:
+            if not self._heads:
+                return False
+            sock = min(self._heads, key=self._heads.get)
+            del self._heads[sock]
+        try:
+            sock.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
+        return True
 
     def reading_head(self, sock, reading):
         """Note that ``sock`` waits for (``reading``) or has read a request's line and headers."""
@@ -16930,12 +16945,12 @@ def _build_http_classes():
         def process_request(self, request, client_address):
             with self.front._lock:
                 full = self.front.connections >= HTTP_MAX_CONNECTIONS
-                if not full:
-                    self.front.connections += 1
-            if full:
+            if full and not self.front.make_room():
                 _refuse_connection(request)
                 self.shutdown_request(request)
                 return
+            with self.front._lock:
+                self.front.connections += 1
             super().process_request(request, client_address)
 
         def process_request_thread(self, request, client_address):
