@@ -2809,6 +2809,23 @@ def test_html_to_markdown_renders_layout_and_nested_tables_as_blocks(ring):
 
 # ---- Boilerplate by what it is: link lines, tails, credits, dates, pitches, empty headings ------
 
+def test_a_table_of_one_wide_row_and_many_narrow_ones_stays_linear(ring):
+    def convert(n):
+        cells = "<td>x</td>" * (n // 20)
+        narrow = "<tr><td>y</td></tr>" * (n // 20)
+        _, markdown = ring.html_to_markdown("<table><tr>%s</tr>%s</table>" % (cells, narrow))
+        assert len(markdown) < 40 * n
+    assert_linear(convert, 40000, "a wide row over narrow ones")
+
+
+def test_links_to_other_than_http_keep_their_text_and_lose_their_target(ring):
+    html = ('<p><a href="JavaScript:alert(1)">a</a> <a href="java&#9;script:alert(1)">b</a> '
+            '<a href="data:text/html,x">c</a> <a href="vbscript:x">d</a> <a href="file:///etc/passwd">e</a> '
+            '<a href="/ok">f</a> <img src="JAVASCRIPT:x" alt="pic"></p>')
+    _, markdown = ring.html_to_markdown(html, "https://example.com/page")
+    assert markdown == "a b c d e [f](https://example.com/ok) pic"
+
+
 def test_a_data_table_is_content_whatever_its_class_says(ring):
     # A recipe's ingredients table had the class "table-header" ("header" after a word: chrome).
     body = ('<article><h1>Mandarin cake</h1>%s<table class="ingredients table-header"><tr><td>250 g</td>'
@@ -4151,6 +4168,14 @@ def test_robots_parser_and_matcher_grow_linearly_on_hostile_files(ring):
         for i in range(200):                  # rules x paths is a product: keep the paths fixed
             rules.allowed("/x/%d/aaa" % i)
     assert_linear(run, 2000, "robots.txt")        # 2n lines stay under the 500 KiB cap
+
+
+@pytest.mark.parametrize("body", ["<urlset>" + "<x>" * 200_000, "<urlset><url><loc>" + "<" * 200_000 + "</loc></url>",
+                                  "no url here\n" * 50_000])
+def test_a_sitemap_with_no_entries_still_asks_whether_to_go_on(ring, body):
+    asked = []
+    assert list(ring.iter_sitemap(body, keep_on=lambda: asked.append(1) or len(asked) < 3)) == []
+    assert len(asked) == 3                      # asked every few thousand steps; False ended it
 
 
 def test_sitemap_reads_cdata_entities_and_white_space(ring):
@@ -9932,6 +9957,21 @@ def test_web_fetch_direct_passes_text_and_json_through(start_server, fake_upstre
     assert is_error is False
     assert content["content"] == body.strip()
     assert content["content_type"] == content_type.split(";")[0]
+
+
+@pytest.mark.parametrize("content_type, body", [
+    ("text/html", "<html><title>T\x1b]0;owned\x07itle</title><p>a\x1b[2Jb &#x202E;gnp.exe c</p></html>"),
+    ("text/plain", "a\x1b[2Jb \u202egnp.exe c\x07"),
+])
+def test_web_fetch_hands_on_no_control_characters_or_reordering_marks(start_server, fake_upstream,
+                                                                     content_type, body):
+    fake_upstream.route("GET", "/page", {"headers": {"Content-Type": content_type}, "body": body})
+    server = start_server(direct_env())
+    server.initialize()
+    content, is_error = call_fetch(server, fake_upstream.url + "/page")
+    assert is_error is False and "gnp.exe" in content["content"]
+    for field in ("content", "title"):
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]", content[field] or ""), content[field]
 
 
 def test_web_fetch_direct_decodes_a_gzip_encoded_page(start_server, fake_upstream):

@@ -593,6 +593,21 @@ _LINK_BREAK = LazyPattern(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u
 _PLAIN_WEB_URL = LazyPattern(r"(?i)https?://[a-z0-9][a-z0-9.-]*(?:[/?#][\x21-\x7e]*)?\Z")
 
 
+# What a document's text may not hand on to a reader: control characters (a terminal obeys ESC
+# sequences) and the marks that reorder how text is shown (U+202E, the isolates).  Line ends and
+# tabs stay, and so do the plain direction marks of right-to-left text (U+200E, U+200F).
+_UNSHOWN = LazyPattern(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def shown_text(text):
+    """``text`` without what _UNSHOWN names (one search when there is none, the common case).
+
+    >>> shown_text("a\\x1b[2Jb\\u202ec\\n")
+    'a[2Jbc\\n'
+    """
+    return _UNSHOWN.sub("", text) if _UNSHOWN.search(text) else text
+
+
 def is_web_url(url):
     """True for an absolute http(s) URL with a host (one IDNA can write: no white space, no U+FFFD),
     of at most 8,192 characters, that holds no control or direction mark: a result, source or page
@@ -2832,7 +2847,7 @@ class _MarkdownConverter:
         href = _attr(attrs, "href") or ""
         url = None
         if href and not href.startswith(("javascript:", "#", "mailto:")):
-            url = True if self.plain else self._absolute(href)   # plain text shows no targets
+            url = True if self.plain else _web_target(self._absolute(href))   # plain text shows no targets
         self.links.append([url, len(self.inline)])
 
     def _absolute(self, href):
@@ -2867,7 +2882,7 @@ class _MarkdownConverter:
         if not alt:
             return
         src = _attr(attrs, "src") or ""
-        src = "" if self.plain or src.startswith("data:") else absolute_url(self.base_url, src)
+        src = "" if self.plain or src.startswith("data:") else _web_target(absolute_url(self.base_url, src))
         if not src:
             self.add(" %s " % alt)
         else:
@@ -2935,13 +2950,21 @@ def _code_lang(attrs):
     return match.group(1) if match else ""
 
 
+def _web_target(url):
+    """``url`` when it is an http(s) address, else None: a link to javascript:, data:, vbscript: or
+    file: (whatever its case or the tabs inside its scheme) keeps its text and loses its target."""
+    return url if url and url[:8].lower().startswith(("http://", "https://")) else None
+
+
 def _render_table(rows, plain):
     """A GitHub-flavoured Markdown table (plain: tab-separated lines)."""
     if plain:
         return "\n".join("\t".join(r) for r in rows)
+    # Only the header is widened to the widest row (a renderer drops cells past the header's and
+    # gives a shorter row empty ones): padding every row would make one wide row and many narrow
+    # ones quadratic in size.
     width = max(len(r) for r in rows)
-    rows = [r + [""] * (width - len(r)) for r in rows]
-    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * width]
+    lines = ["| " + " | ".join(rows[0] + [""] * (width - len(rows[0]))) + " |", "|" + "---|" * width]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     return "\n".join(lines)
 
@@ -6578,9 +6601,14 @@ def _attribute(raw, name):
         return _xml_unescape(raw[j:end].rstrip("/"))
 
 
-def _iter_text_sitemap(text):
+_SITEMAP_CHECK_EVERY = 4096        # tags (or lines) read between two calls of a sitemap's keep_on
+
+
+def _iter_text_sitemap(text, keep_on=None):
     """Entries of a plain-text sitemap: one absolute URL per line (sitemaps.org), other lines skipped."""
-    for line in text.splitlines():
+    for n, line in enumerate(text.splitlines(), 1):
+        if keep_on is not None and n % _SITEMAP_CHECK_EVERY == 0 and not keep_on():
+            return
         url = line.strip()
         if url[:8].lower().startswith(("http://", "https://")) and len(url.split()) == 1:   # no inner white space
             yield SitemapEntry(url, None, False)
@@ -6610,7 +6638,7 @@ def _xml_declaration_end(text, lt, gt):
     return gt
 
 
-def _xml_scan(text, reader):
+def _xml_scan(text, reader, keep_on=None):
     """Reads an XML document for ``reader``, by a scan of ``str.find`` calls that never looks back,
     and yields what the reader makes of it.
 
@@ -6619,13 +6647,17 @@ def _xml_scan(text, reader):
     None, is yielded. While ``reader.field`` is set, character data (CDATA content included) goes to
     ``reader.keep(start, end)``, and a ``<`` that opens no tag (another ``<`` comes before its ``>``)
     to ``reader.keep_lt()``. Comments, processing instructions and DOCTYPE are skipped; a tag that
-    never closes ends the scan.
+    never closes ends the scan, and so does ``keep_on()`` returning False (asked every
+    _SITEMAP_CHECK_EVERY steps, whether anything was yielded or not).
     """
     n = len(text)
     gt = -1                      # position of the next ">" at or after i (cached: never searched twice)
     name_at = _XML_NAME.match
-    i = 0
+    i = steps = 0
     while i < n:
+        steps += 1
+        if keep_on is not None and steps % _SITEMAP_CHECK_EVERY == 0 and not keep_on():
+            return
         lt = text.find("<", i)
         if lt < 0:
             lt = n
@@ -6771,7 +6803,7 @@ class _SitemapReader:
         return None
 
 
-def iter_sitemap(body, base_url=None):
+def iter_sitemap(body, base_url=None, keep_on=None):
     """The entries of a sitemap, lazily: ``SitemapEntry(url, lastmod, is_sitemap)``.
 
     Reads sitemaps.org ``<urlset>`` and ``<sitemapindex>`` files, plain-text sitemaps (one URL per
@@ -6780,6 +6812,8 @@ def iter_sitemap(body, base_url=None):
     A hand-written scanner of ``str.find`` calls: linear on any input (an unclosed ``<loc>``, comment
     or CDATA ends the scan or the field, never rescans), no entity expansion beyond the fixed ones
     (no DTD is read), ``base_url`` resolves relative feed links. ``body`` is text or UTF-8 bytes.
+    ``keep_on()``, asked every few thousand tags or lines, ends the entries when it returns False
+    (a call's deadline; its cancel raises).
 
     >>> doc = ("<?xml version='1.0'?><urlset xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'>"
     ...        "<url><loc> <![CDATA[https://a.example/?a=1&b=2]]> </loc><lastmod>2026-11-30</lastmod></url>"
@@ -6793,10 +6827,10 @@ def iter_sitemap(body, base_url=None):
         body = bytes(body).decode("utf-8", "replace")
     text = body.lstrip("\ufeff \t\r\n")
     if not text.startswith("<"):
-        yield from _iter_text_sitemap(text)
+        yield from _iter_text_sitemap(text, keep_on)
         return
     reader = _SitemapReader(text, base_url)
-    yield from _xml_scan(text, reader)
+    yield from _xml_scan(text, reader, keep_on)
     entry = reader.finish()              # a record never closed
     if entry is not None:
         yield entry
@@ -11574,7 +11608,8 @@ class Document:
 
     ``shell`` says why the direct extraction looks like a script-rendered
     shell (None when it does not); ``fallback`` why another provider served
-    the page instead of the one before it.
+    the page instead of the one before it.  Whatever provider read it, its text holds no control
+    characters and no marks that reorder how text is shown (:func:`shown_text`).
     """
 
     __slots__ = ("url", "final_url", "title", "content", "provider", "content_type", "shell", "fallback", "metadata")
@@ -11582,13 +11617,14 @@ class Document:
     def __init__(self, url, final_url, title, content, provider, content_type, shell=None, metadata=None):
         self.url = url
         self.final_url = final_url
-        self.title = title
-        self.content = content
+        self.title = shown_text(title)
+        self.content = shown_text(content)
         self.provider = provider
         self.content_type = content_type
         self.shell = shell
         self.fallback = None
-        self.metadata = metadata or {}   # what the page states about itself (see page_metadata)
+        self.metadata = {name: shown_text(value) if isinstance(value, str) else value
+                         for name, value in (metadata or {}).items()}   # what the page states about itself
 
     def weight(self):
         return len(self.content) * 2 + 256
@@ -12273,11 +12309,13 @@ class _MapRun:
             self.skip("sitemaps_unreadable", "%s (HTTP %d)" % (sitemap, resp.status))
             return
         self.stats["sitemaps_read"] += 1
-        for n, entry in enumerate(iter_sitemap(body, base_url=resp.url)):
-            if n % 512 == 511:
-                self.ctx.check()
-                if self.ctx.expired():
-                    return
+
+        def keep_on():
+            self.ctx.check()
+            return not self.ctx.expired()
+        for n, entry in enumerate(iter_sitemap(body, base_url=resp.url, keep_on=keep_on)):
+            if n % 512 == 511 and not keep_on():
+                return
             yield entry
 
     def read_sitemaps(self):
