@@ -2826,6 +2826,18 @@ def test_links_to_other_than_http_keep_their_text_and_lose_their_target(ring):
     assert markdown == "a b c d e [f](https://example.com/ok) pic"
 
 
+def test_page_text_cannot_forge_markdown_structure(ring):
+    html = ('<p>Read <a href="/docs">the docs](https://evil.example/login) [more</a> now.</p><p># Forged</p>'
+            '<p>a<br># also</p><pre>x\n```\n# in code\n</pre><p><a href="/a(b)c d">x</a> '
+            '<a href="/x"><img src="/i.png" alt="pic"></a></p>')
+    _, markdown = ring.html_to_markdown(html, "https://example.com/page")
+    assert "[the docs\\](https://evil.example/login) \\[more](https://example.com/docs)" in markdown
+    assert "\n# " not in "\n" + markdown.split("````")[0] and "\\# Forged" in markdown and "\\# also" in markdown
+    assert "````\nx\n```\n# in code\n````" in markdown          # the fence outlasts the code's own
+    assert "[x](https://example.com/a%28b%29c%20d)" in markdown
+    assert "[![pic](https://example.com/i.png)](https://example.com/x)" in markdown   # a linked image stays one
+
+
 def test_a_data_table_is_content_whatever_its_class_says(ring):
     # A recipe's ingredients table had the class "table-header" ("header" after a word: chrome).
     body = ('<article><h1>Mandarin cake</h1>%s<table class="ingredients table-header"><tr><td>250 g</td>'

@@ -2651,6 +2651,8 @@ class _MarkdownConverter:
         text = _SPACE_RUN.sub(" ", text).strip().replace(_BR, "\n").strip()
         if not text or self.table is not None:
             return
+        if not self.plain and not self.heading and "#" in text:
+            text = _LINE_HASH.sub("\\\\#", text)       # a page's "# text" is no heading of ours
         if self.quote and not self.plain:
             text = "\n".join("> " + line for line in text.split("\n"))
         self.emit(prefix + text)
@@ -2772,6 +2774,8 @@ class _MarkdownConverter:
             return
         if self.pre is None and self.table is None and not self.inline and not data.strip():
             return
+        if self.links and self.pre is None and not self.plain and ("[" in data or "]" in data):
+            data = data.replace("[", "\\[").replace("]", "\\]")     # link text cannot end the link early
         self.add(data)
 
     # -- blocks, headings and quotes ------------------------------------------------
@@ -2826,7 +2830,9 @@ class _MarkdownConverter:
         self.pre = None
         if code.strip():
             self.flush()
-            self.emit(code if self.plain else "```%s\n%s\n```" % (self.pre_lang, code))
+            # A fence longer than any run of backticks in the code: the code cannot close it.
+            fence = "`" * max(3, max(map(len, _BACKTICKS.findall(code)), default=0) + 1)
+            self.emit(code if self.plain else "%s%s\n%s\n%s" % (fence, self.pre_lang, code, fence))
 
     def _start_code(self, tag, attrs):
         if self.pre is not None and not self.pre_lang:
@@ -2868,6 +2874,7 @@ class _MarkdownConverter:
         href, start = self.links.pop()
         if not href or self.plain or self.pre is not None:
             return
+        href = _md_target(href)
         if self.table is not None and self.cell is not None:
             self.cell.append(" (%s)" % href)
             return
@@ -2886,7 +2893,7 @@ class _MarkdownConverter:
         if not src:
             self.add(" %s " % alt)
         else:
-            self.add("![%s](%s)" % (alt.replace("[", "\\[").replace("]", "\\]"), src))
+            self.add("![%s](%s)" % (alt.replace("[", "\\[").replace("]", "\\]"), _md_target(src)))
 
     def _rule(self, attrs):
         self.flush()
@@ -2948,6 +2955,16 @@ def _code_lang(attrs):
     """``python`` from ``class="language-python"`` / ``lang-python`` / ``highlight-python``."""
     match = re.search(r"(?:language|lang|highlight)-([\w+#.-]+)", _attr(attrs, "class") or "")
     return match.group(1) if match else ""
+
+
+_LINE_HASH = LazyPattern(r"(?m)^#")
+_BACKTICKS = LazyPattern(r"`{3,}")
+
+
+def _md_target(url):
+    """``url`` as the target of a Markdown link: a space or a parenthesis in it would end it early."""
+    return url.replace(" ", "%20").replace("(", "%28").replace(")", "%29") if " " in url or "(" in url \
+        or ")" in url else url
 
 
 def _web_target(url):
