@@ -13117,6 +13117,8 @@ def test_install_prints_the_command_or_steps_for_clients_without_a_file(ring, in
     ("toml", 'mcp_servers.websearch-ring.command = "x"\n'),                        # a dotted key
     ("toml", '[mcp_servers]\nwebsearch-ring = { command = "x" }\n'),              # an inline table
     ("toml", '[[mcp_servers.websearch-ring]]\ncommand = "x"\n'),                  # an array of tables
+    ("toml", '[[mcp_servers]]\nx = 1\n'),                                        # the path one
+    ("toml", "a = " + "[" * 500 + "]" * 500 + "\n"),                              # deeper than tomllib goes
     ("toml", 'a = "unterminated\n'),
     ("yaml", "mcp_servers: &shared\n  other:\n    command: x\n"),              # an anchor at the key
     ("yaml", "mcp_servers: {other: {command: x}}\n"),                            # flow style
@@ -13133,6 +13135,35 @@ def test_install_editors_refuse_what_they_cannot_edit_safely(ring, editor, text)
             ring.yaml_edit_mapping_entry(text, "mcp_servers", "websearch-ring", entry)
         else:
             ring.json_set_member(text, ["mcpServers"], "websearch-ring", entry, "json", "cursor")
+
+
+@pytest.mark.skipif(os.name == "nt", reason="symlinks need privileges on Windows")
+def test_install_writes_its_backup_beside_the_file_never_through_a_symlink(ring, tmp_path):
+    precious = tmp_path / "precious.txt"
+    precious.write_text("my data", encoding="utf-8")
+    path = tmp_path / "mcp.json"
+    path.write_text("{}", encoding="utf-8")
+    os.symlink(str(precious), str(path) + ring.BACKUP_SUFFIX)       # shipped by a cloned repository
+    backup = ring.write_config(str(path), "{}", '{"mcpServers": {}}')
+    assert precious.read_text(encoding="utf-8") == "my data"
+    assert not os.path.islink(backup) and open(backup, encoding="utf-8").read() == "{}"
+
+
+def test_install_refuses_an_entry_that_is_not_utf8_and_writes_nothing(ring, tmp_path):
+    path = tmp_path / "mcp.json"
+    path.write_text("{}", encoding="utf-8")
+    with pytest.raises(ring.MergeError, match="not UTF-8"):
+        ring.write_config(str(path), "{}", '{"ua": "bot\udcffbot"}')
+    assert path.read_text(encoding="utf-8") == "{}" and not os.path.exists(str(path) + ring.BACKUP_SUFFIX)
+
+
+def test_install_reads_a_one_line_json_file_in_linear_time(ring):
+    entry = {"command": "python3", "args": ["w.py"]}
+
+    def plan(n):
+        text = '{"x":[%s],"mcpServers":{}}' % ",".join('{"a":%d}' % i for i in range(n // 10))
+        assert ring.json_set_member(text, ["mcpServers"], "websearch-ring", entry, "json", "cursor")
+    assert_linear(plan, 40000, "a one-line JSON file")
 
 
 def test_install_keeps_crlf_bom_and_a_missing_final_newline(ring, tmp_path):

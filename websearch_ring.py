@@ -17149,7 +17149,12 @@ def _indent_at(text, pos):
 
 
 def _starts_line(text, pos):
-    return text[_line_start(text, pos):pos].strip(" \t") == ""
+    """True when only spaces and tabs stand between the start of its line and ``pos``: looked for
+    back from ``pos`` (slicing from the line's start made a one-line file quadratic)."""
+    i = pos - 1
+    while i >= 0 and text[i] in " \t":
+        i -= 1
+    return i < 0 or text[i] == "\n"
 
 
 def _merge_entry(old, new, owned=None):
@@ -18048,6 +18053,9 @@ def toml_edit_table(text, path, name, value=None, uninstall=False, merge=True, o
         node = expected
         for key in path:
             node = node.setdefault(key, {})
+            if not isinstance(node, dict):     # [[mcp_servers]]: an array of tables holds the path
+                raise MergeError("%s is not a table in this file (an array of tables or a value): edit it "
+                                 "by hand" % ".".join(path))
         node[name] = target
     _toml_verify(new_text, base, expected, path)
     return new_text
@@ -18062,6 +18070,8 @@ def _toml_checked(text):
         return reader.loads(text)
     except reader.TOMLDecodeError as exc:
         raise MergeError("not valid TOML: %s" % exc)
+    except RecursionError:
+        raise MergeError("not read: nested deeper than the TOML reader goes") from None
 
 
 def _toml_our_sections(text, lines, sections, base):
@@ -19345,6 +19355,24 @@ def unified_diff(path, old_text, new_text):
                                         tofile=path if new_text is not None else "/dev/null"))
 
 
+def _replace_with_copy(source, destination):
+    """``destination`` replaced by a copy of ``source`` (its bytes and mode), never written through:
+    a symlink or anything else already at ``destination`` is replaced, not followed."""
+    fd, tmp = _tempfile.mkstemp(dir=os.path.dirname(destination) or ".", suffix=".tmp",
+                                prefix="." + os.path.basename(destination) + ".")
+    try:
+        with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+            _shutil.copyfileobj(src, out)
+        _shutil.copymode(source, tmp)
+        os.replace(tmp, destination)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def write_config(path, old_text, new_text, backup=True, private=False):
     """Write ``new_text`` to ``path`` (delete it when None): the previous bytes go to
     ``path + BACKUP_SUFFIX`` first, the new file replaces the old atomically (temporary file in the
@@ -19358,10 +19386,15 @@ def write_config(path, old_text, new_text, backup=True, private=False):
         raise MergeError("%s changed while it was being edited; run the command again" % path)
     if new_text == old_text:
         return None
+    try:
+        data = None if new_text is None else new_text.encode("utf-8")
+    except UnicodeEncodeError:      # a lone surrogate: an environment value that was not UTF-8
+        raise MergeError("the entry holds text that is not UTF-8 (check the variables set for it, such "
+                         "as WEBSEARCH_UA)") from None
     backup_path = None
     if old_text is not None and backup:
         backup_path = target + BACKUP_SUFFIX
-        _shutil.copy2(target, backup_path)
+        _replace_with_copy(target, backup_path)
     if new_text is None:
         os.remove(target)
         return backup_path
@@ -19377,7 +19410,7 @@ def write_config(path, old_text, new_text, backup=True, private=False):
     fd, tmp = _tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(target) + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(new_text.encode("utf-8"))
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
