@@ -13149,6 +13149,21 @@ def test_install_writes_its_backup_beside_the_file_never_through_a_symlink(ring,
     assert not os.path.islink(backup) and open(backup, encoding="utf-8").read() == "{}"
 
 
+@pytest.mark.skipif(os.name == "nt", reason="POSIX file modes")
+def test_install_with_keys_makes_an_existing_file_private_and_leaves_a_read_only_one_alone(ring, tmp_path):
+    path = tmp_path / "mcp.json"
+    path.write_text("{}", encoding="utf-8")
+    os.chmod(str(path), 0o644)
+    backup = ring.write_config(str(path), "{}", '{"key": "x"}', private=True)
+    assert os.stat(str(path)).st_mode & 0o777 == 0o600 and os.stat(backup).st_mode & 0o777 == 0o600
+    locked = tmp_path / "locked.json"
+    locked.write_text("{}", encoding="utf-8")
+    os.chmod(str(locked), 0o444)
+    with pytest.raises(ring.MergeError, match="read-only"):
+        ring.write_config(str(locked), "{}", '{"a": 1}')
+    assert locked.read_text(encoding="utf-8") == "{}"
+
+
 def test_install_refuses_an_entry_that_is_not_utf8_and_writes_nothing(ring, tmp_path):
     path = tmp_path / "mcp.json"
     path.write_text("{}", encoding="utf-8")

@@ -19386,6 +19386,8 @@ def write_config(path, old_text, new_text, backup=True, private=False):
         raise MergeError("%s changed while it was being edited; run the command again" % path)
     if new_text == old_text:
         return None
+    if old_text is not None and not os.stat(target).st_mode & 0o222:
+        raise MergeError("%s is read-only: make it writable to change it" % path)
     try:
         data = None if new_text is None else new_text.encode("utf-8")
     except UnicodeEncodeError:      # a lone surrogate: an environment value that was not UTF-8
@@ -19395,6 +19397,8 @@ def write_config(path, old_text, new_text, backup=True, private=False):
     if old_text is not None and backup:
         backup_path = target + BACKUP_SUFFIX
         _replace_with_copy(target, backup_path)
+        if private:
+            os.chmod(backup_path, os.stat(backup_path).st_mode & 0o7700)
     if new_text is None:
         os.remove(target)
         return backup_path
@@ -19402,7 +19406,8 @@ def write_config(path, old_text, new_text, backup=True, private=False):
     if not os.path.isdir(directory):
         os.makedirs(directory, 0o700 if private else 0o777)
     if old_text is not None:
-        mode = os.stat(target).st_mode & 0o7777
+        # Keys written into a file others may read: it becomes the user's alone.
+        mode = os.stat(target).st_mode & (0o7700 if private else 0o7777)
     else:
         umask = os.umask(0)
         os.umask(umask)
