@@ -13118,7 +13118,6 @@ def test_install_prints_the_command_or_steps_for_clients_without_a_file(ring, in
     ("toml", '[mcp_servers]\nwebsearch-ring = { command = "x" }\n'),              # an inline table
     ("toml", '[[mcp_servers.websearch-ring]]\ncommand = "x"\n'),                  # an array of tables
     ("toml", '[[mcp_servers]]\nx = 1\n'),                                        # the path one
-    ("toml", "a = " + "[" * 500 + "]" * 500 + "\n"),                              # deeper than tomllib goes
     ("toml", 'a = "unterminated\n'),
     ("yaml", "mcp_servers: &shared\n  other:\n    command: x\n"),              # an anchor at the key
     ("yaml", "mcp_servers: {other: {command: x}}\n"),                            # flow style
@@ -13179,6 +13178,13 @@ def test_install_reads_a_one_line_json_file_in_linear_time(ring):
         text = '{"x":[%s],"mcpServers":{}}' % ",".join('{"a":%d}' % i for i in range(n // 10))
         assert ring.json_set_member(text, ["mcpServers"], "websearch-ring", entry, "json", "cursor")
     assert_linear(plan, 40000, "a one-line JSON file")
+
+
+def test_install_refuses_toml_nested_deeper_than_its_reader_goes(ring):
+    pytest.importorskip("tomllib")        # without it (Python 3.9, 3.10) nothing reads the nesting
+    with pytest.raises(ring.MergeError, match="nested deeper"):
+        ring.toml_edit_table("a = " + "[" * 500 + "]" * 500 + "\n", ["mcp_servers"], "websearch-ring",
+                             {"command": "python3"})
 
 
 def test_install_keeps_crlf_bom_and_a_missing_final_newline(ring, tmp_path):

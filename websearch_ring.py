@@ -18053,9 +18053,6 @@ def toml_edit_table(text, path, name, value=None, uninstall=False, merge=True, o
         node = expected
         for key in path:
             node = node.setdefault(key, {})
-            if not isinstance(node, dict):     # [[mcp_servers]]: an array of tables holds the path
-                raise MergeError("%s is not a table in this file (an array of tables or a value): edit it "
-                                 "by hand" % ".".join(path))
         node[name] = target
     _toml_verify(new_text, base, expected, path)
     return new_text
@@ -18085,6 +18082,8 @@ def _toml_our_sections(text, lines, sections, base):
                 raise MergeError("[[%s]] is an array of tables; edit it by hand" % ".".join(key))
             ours.append((head, first, end))
         elif base[:len(key)] == key:
+            if head is not None and lines[head].array:     # [[mcp_servers]]: no table to add ours to
+                raise MergeError("[[%s]] is an array of tables; edit it by hand" % ".".join(key))
             _toml_refuse_reaching_keys(text, lines, key, first if head is None else first + 1, end, base)
     return ours
 
